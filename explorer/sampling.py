@@ -1,0 +1,117 @@
+"""Turning logits into the distributions p (target) and q (draft), identically for both models.
+
+Speculative sampling is lossless with respect to the *processed* target distribution: temperature, top-k and
+top-p must be applied the same way to p and q (Leviathan et al. 2023, section 2.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Decoding settings shared by draft and target.
+
+    Attributes:
+        temperature: 0 means greedy (p and q become one-hot at their argmax); > 0 divides the logits.
+        top_k: keep the k most likely tokens (0 = off).
+        top_p: keep the smallest set of tokens whose mass reaches top_p (1.0 = off).
+        seed: seeds the engine's own torch.Generator, so the same seed gives the same trace.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k must be a non-negative integer, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Processed next-token distributions.
+
+    Args:
+        logits: ``(..., vocab)`` any float dtype.
+    Returns:
+        ``(..., vocab)`` float32 probabilities summing to 1 on the last axis. Greedy: one-hot at the argmax.
+    """
+    logits = logits.float()
+    if cfg.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass strictly before it already reaches top_p (the first token always stays).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= cfg.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def raw_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Plain softmax at temperature 1, float32: what the UI shows as a model's confidence in greedy mode."""
+    return logits.float().softmax(-1)
+
+
+class RowDists:
+    """Processed distributions of the rows of a logits matrix, computed on demand and cached.
+
+    Verification walks a handful of rows of a tree with hundreds of nodes, and each processed row costs a pass over
+    the vocabulary (a sort for top-p), so rows are computed only when asked for.
+
+    Args:
+        logits: ``(rows, vocab)`` any float dtype (model output rows).
+        cfg: the sampling settings.
+        offset: index of ``logits[0]`` (rows before it must be given in ``fixed``).
+        fixed: ``{row: (probs, logits)}`` for rows not in ``logits`` (float32 ``(vocab,)`` each).
+    """
+
+    def __init__(self, logits: torch.Tensor, cfg: SamplingConfig, offset: int = 0, fixed: dict | None = None):
+        self.logits = logits
+        self.cfg = cfg
+        self.offset = offset
+        self._probs: dict[int, torch.Tensor] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        self._lse: dict[int, float] = {}
+        for r, (p, lg) in (fixed or {}).items():
+            self._probs[r], self._logits[r] = p, lg
+
+    def row_logits(self, r: int) -> torch.Tensor:
+        """float32 ``(vocab,)`` logits of row ``r``."""
+        if r not in self._logits:
+            self._logits[r] = self.logits[r - self.offset].float()
+        return self._logits[r]
+
+    def __getitem__(self, r: int) -> torch.Tensor:
+        """Processed float32 ``(vocab,)`` distribution of row ``r`` (one-hot when greedy)."""
+        if r not in self._probs:
+            self._probs[r] = logits_to_probs(self.row_logits(r), self.cfg)
+        return self._probs[r]
+
+    def shown(self, r: int, token: int) -> float:
+        """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
+        if not self.cfg.greedy:
+            return float(self[r][token])
+        if r not in self._lse:
+            self._lse[r] = float(torch.logsumexp(self.row_logits(r), -1))
+        return float(torch.exp(self.row_logits(r)[token] - self._lse[r]))

@@ -1,0 +1,195 @@
+"""Step and run traces: plain data that the engine emits and the figures and the UI read.
+
+Nothing here imports torch: a saved trace replays without a model. ``to_dict``/``from_dict`` round-trip through
+JSON; ``load_run`` validates a file (schema version, required fields, size) and raises ``TraceError`` with a
+message a user can act on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+MAX_TRACE_BYTES = 50 * 1024 * 1024
+
+# Node status values.
+CONTEXT = "context"  # the anchor: the last committed token, root of the drawn tree
+ACCEPTED = "accepted"  # verified and accepted (for the lossy rule: accepted within its own branch)
+REJECTED = "rejected"  # verified and rejected
+UNVERIFIED = "unverified"  # never reached by verification (below a rejection, or in another branch)
+
+
+class TraceError(ValueError):
+    """A trace file or object that cannot be read: the message says what is wrong."""
+
+
+@dataclass
+class NodeTrace:
+    """One node of a step's draft tree.
+
+    ``id`` 0 is the anchor (last committed token); drafted nodes follow in breadth-first order (tree index + 1).
+    ``p`` and ``q`` are target and draft probabilities of this token at its parent (processed by temperature /
+    top-k / top-p; in greedy mode the plain softmax, for display). ``u`` and ``ratio`` are the uniform draw and
+    p/q of its acceptance test when it had one. ``residual_top`` lists ``[token_id, text, prob]`` of the residual
+    distribution after this node was rejected.
+    """
+
+    id: int
+    parent: int | None
+    token_id: int
+    text: str
+    depth: int
+    position_id: int
+    source: str  # context | draft | target
+    status: str
+    committed: bool = False
+    branch: int | None = None
+    q: float | None = None
+    p: float | None = None
+    u: float | None = None
+    ratio: float | None = None
+    residual_top: list = field(default_factory=list)
+
+
+@dataclass
+class StopSignal:
+    """The stop policy's view after drafting level ``level``: one score per branch, the threshold and the decision."""
+
+    level: int
+    scores: dict  # branch index (as str in JSON) -> score
+    score: float
+    threshold: float
+    keep_drafting: bool
+    policy: str
+
+
+@dataclass
+class StepTrace:
+    """Everything one speculative step did, as plain data.
+
+    Attributes:
+        mask: the topology-aware mask rows sent to the target, restricted to the step's own columns
+            (``mask_node_ids`` x ``mask_node_ids``, 1 = attend); every row also sees ``mask_context_len`` cached
+            context columns, omitted here.
+        position_ids: position id of each row of ``mask``.
+        committed_ids / committed_text: tokens this step added, the bonus token included (last).
+        accepted_draft_len: accepted draft-model tokens on the committed path; max_draft_len: the configured
+            maximum draft depth; drafted: draft-model tokens in the tree.
+        draft_ms / verify_ms / step_ms: wall-clock milliseconds.
+    """
+
+    index: int
+    method: str
+    lossy: bool
+    nodes: list[NodeTrace]
+    mask: list[list[int]]
+    mask_node_ids: list[int]
+    mask_context_len: int
+    position_ids: list[int]
+    branches: list[dict]
+    stop_signals: list[StopSignal]
+    committed_ids: list[int]
+    committed_text: list[str]
+    bonus_token: int | None
+    accepted_draft_len: int
+    max_draft_len: int
+    drafted: int
+    draft_calls: int
+    target_calls: int
+    draft_ms: float
+    verify_ms: float
+    step_ms: float
+    verifier: str = ""
+    finished: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "StepTrace":
+        d = dict(d)
+        d["nodes"] = [NodeTrace(**_known(NodeTrace, n)) for n in d["nodes"]]
+        d["stop_signals"] = [StopSignal(**_known(StopSignal, s)) for s in d.get("stop_signals", [])]
+        return StepTrace(**_known(StepTrace, d))
+
+
+@dataclass
+class RunTrace:
+    """A whole session: settings, prompt, every step, and the text so far."""
+
+    settings: dict
+    model: dict  # name, draft_id, target_id, dtype, device
+    prompt: str
+    prompt_ids: list[int]
+    steps: list[StepTrace] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return [t for s in self.steps for t in s.committed_ids]
+
+    @property
+    def generated_text(self) -> str:
+        return "".join(t for s in self.steps for t in s.committed_text)
+
+    def to_dict(self) -> dict:
+        return {"schema_version": self.schema_version, "settings": self.settings, "model": self.model,
+                "prompt": self.prompt, "prompt_ids": self.prompt_ids, "prefill_ms": self.prefill_ms,
+                "steps": [s.to_dict() for s in self.steps]}
+
+    @staticmethod
+    def from_dict(d: dict) -> "RunTrace":
+        if not isinstance(d, dict):
+            raise TraceError("a trace must be a JSON object")
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise TraceError(f"trace schema version {version!r} is not supported (this build reads {SCHEMA_VERSION})")
+        for key in ("settings", "model", "prompt", "prompt_ids", "steps"):
+            if key not in d:
+                raise TraceError(f"trace is missing the field {key!r}")
+        if not isinstance(d["steps"], list):
+            raise TraceError("trace field 'steps' must be a list")
+        try:
+            steps = [StepTrace.from_dict(s) for s in d["steps"]]
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise TraceError(f"a step of the trace is malformed: {exc}") from None
+        return RunTrace(settings=d["settings"], model=d["model"], prompt=d["prompt"], prompt_ids=d["prompt_ids"],
+                        steps=steps, prefill_ms=float(d.get("prefill_ms", 0.0)))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+
+def _known(cls, d: dict) -> dict:
+    """Keep the fields ``cls`` knows (newer writers may add some); missing required ones raise TypeError later."""
+    if not isinstance(d, dict):
+        raise TypeError(f"expected an object, got {type(d).__name__}")
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+def loads_run(text: str | bytes) -> RunTrace:
+    """Parse a JSON trace. Raises TraceError on size, JSON or schema problems."""
+    if len(text) > MAX_TRACE_BYTES:
+        raise TraceError(f"trace is {len(text) / 1e6:.1f} MB; the limit is {MAX_TRACE_BYTES / 1e6:.0f} MB")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"trace is not valid JSON: {exc}") from None
+    return RunTrace.from_dict(data)
+
+
+def save_run(run: RunTrace, path: str | Path) -> None:
+    Path(path).write_text(run.to_json(), encoding="utf-8")
+
+
+def load_run(path: str | Path) -> RunTrace:
+    """Read a trace file. Raises TraceError when the file is unreadable, too large, or malformed."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    return loads_run(data)
