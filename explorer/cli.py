@@ -1,0 +1,198 @@
+"""Command line: ``python -m explorer generate | greedy-check``.
+
+``generate`` decodes one prompt or a prompt file with one method and prints the text and metrics, or with
+``--json`` one JSON object a line per prompt. ``greedy-check`` runs transformers' greedy ``generate``, ``ar`` and
+every lossless method on a prompt set and reports where and why outputs differ (see ``equivalence.py``).
+Errors in the input are printed as one line on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import DEFAULTS, METHODS, MethodConfig
+from .prompts import Prompt, PromptError, load_prompt_set
+from .tree import TreeShapeError, parse_k_config
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--models", default="default", choices=["default", "tiny", "custom"],
+                   help="default: embedded Qwen2.5-Coder 0.5B -> 1.5B pair; tiny: random test pair; "
+                        "custom: --draft and --target")
+    g.add_argument("--draft", help="draft model: local HF folder, hub id or .gguf file (implies --models custom)")
+    g.add_argument("--target", help="target model: local HF folder, hub id or .gguf file")
+    g.add_argument("--dtype", default=None, help="bf16 (default), fp16 or fp32")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def _add_method_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("method and tree shape")
+    g.add_argument("--method", default="mcsd-improved", choices=METHODS)
+    g.add_argument("--gamma", type=int, help="sd: draft chain length (default 4)")
+    g.add_argument("--k-config", help="children per level, e.g. 4,2,2 (mcsd); first levels for mcsd-improved")
+    g.add_argument("--width", type=int, help="mcsd-improved --lossy: target-initialized roots")
+    g.add_argument("--max-depth", type=int, help="mcsd-improved: maximum draft levels")
+    g.add_argument("--lossy", action="store_true",
+                   help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
+    g.add_argument("--stop", choices=["none", "confidence"], help="mcsd-improved stop policy")
+    g.add_argument("--threshold", type=float, help="stop threshold tau")
+    g.add_argument("--replacement", action="store_true", help="draft children with replacement (SpecInfer)")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as is")
+
+
+def method_config_from_args(args) -> MethodConfig:
+    base = DEFAULTS[args.method]
+    changes = {}
+    for name in ("gamma", "width", "max_depth", "stop", "threshold"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    if getattr(args, "k_config", None) is not None:
+        changes["k_config"] = parse_k_config(args.k_config)
+    if getattr(args, "lossy", False):
+        changes["lossy"] = True
+        if "k_config" not in changes:
+            changes["k_config"] = (1,)  # the seed's fork: one draft chain under each root
+    if getattr(args, "replacement", False):
+        changes["replacement"] = True
+    return base.with_(**changes)
+
+
+def _prompts_from_args(args) -> list[Prompt]:
+    if args.prompt is not None:
+        return [Prompt("cli", args.prompt, "user")]
+    prompts = load_prompt_set(args.prompt_file)
+    return prompts[: args.limit] if args.limit else prompts
+
+
+def _load_pair(args):
+    from .models import load_named_pair
+
+    spec = "custom" if (args.draft or args.target) else args.models
+    return load_named_pair(spec, dtype=args.dtype, device=args.device, draft=args.draft, target=args.target,
+                           progress=lambda msg, frac: print(f"[models] {msg}", file=sys.stderr) if frac == 0 else None)
+
+
+def cmd_generate(args) -> int:
+    from .engine import Engine
+    from .metrics import run_metrics
+    from .prompts import encode_prompt
+    from .sampling import SamplingConfig
+    from .trace import save_run
+
+    config = method_config_from_args(args)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    prompts = _prompts_from_args(args)
+    pair = _load_pair(args)
+    for n, prompt in enumerate(prompts):
+        ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
+        engine = Engine(pair, config, sampling)
+        engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
+        trace = engine.run()
+        m = run_metrics(trace)
+        if args.save_trace:
+            out = Path(args.save_trace)
+            out.mkdir(parents=True, exist_ok=True)
+            save_run(trace, out / f"trace_{n:03d}.json")
+        if args.json:
+            print(json.dumps({"prompt_id": prompt.id, "method": config.method, "lossy": config.is_lossy,
+                              "token_ids": trace.generated_ids, "text": trace.generated_text,
+                              "target_calls": m["target_calls"],
+                              "tokens_per_target_call": m["tokens_per_target_call"],
+                              "acceptance_rate": m["acceptance_rate"],
+                              "mcsd_acceptance_rate": m["mcsd_acceptance_rate"], "tokens_per_s": m["tokens_per_s"],
+                              "generated_tokens": m["generated_tokens"], "seconds": m["seconds"]},
+                             ensure_ascii=False), flush=True)
+        else:
+            print(f"--- prompt {prompt.id} [{config.method}{' LOSSY' if config.is_lossy else ''}]")
+            print(trace.generated_text)
+            acc = m["acceptance_rate"]
+            print(f"--- {m['generated_tokens']} tokens, {m['target_calls']} target calls, "
+                  f"{m['tokens_per_target_call']:.2f} tokens/call, acceptance "
+                  f"{'n/a' if acc is None else f'{acc:.2f}'}, {m['tokens_per_s']:.2f} tokens/s", flush=True)
+    return 0
+
+
+def cmd_greedy_check(args) -> int:
+    from .equivalence import check_prompt
+    from .prompts import encode_prompt
+
+    prompts = _prompts_from_args(args)
+    pair = _load_pair(args)
+    totals: dict[str, dict] = {}
+    for prompt in prompts:
+        ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
+        report = check_prompt(pair, ids, args.max_new_tokens)
+        row = {"prompt_id": prompt.id, "source": prompt.source}
+        for name, r in report["methods"].items():
+            t = totals.setdefault(name, {"prompts": 0, "match": 0, "near_tie": 0, "other": 0})
+            t["prompts"] += 1
+            div = r["divergence"]
+            kind = "match" if div is None else ("near_tie" if div.get("near_tie") else "other")
+            t[kind] += 1
+            row[name] = {"result": kind, "steps": r["steps"], "seconds": round(r["seconds"], 2)}
+            if div:
+                row[name]["divergence"] = {k: v for k, v in div.items() if k != "reason" or v}
+        print(json.dumps(row, ensure_ascii=False), flush=True)
+    print(json.dumps({"summary": totals}), flush=True)
+    bad = sum(t["other"] for t in totals.values())
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m explorer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode prompts with one method and report metrics")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="JSONL file ('turns' list or 'prompt' string a line), or mt-bench / "
+                                           "humaneval")
+    gen.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
+    gen.add_argument("--json", action="store_true", help="one JSON object a line per prompt")
+    gen.add_argument("--save-trace", metavar="DIR", help="write each run's step trace as JSON into DIR")
+    _add_method_args(gen)
+    _add_sampling_args(gen)
+    _add_model_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    chk = sub.add_parser("greedy-check", help="greedy equivalence of every lossless method with ar and HF generate")
+    src = chk.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
+    chk.add_argument("--limit", type=int, default=0)
+    chk.add_argument("--max-new-tokens", type=int, default=64)
+    chk.add_argument("--no-chat-template", action="store_true")
+    _add_model_args(chk)
+    chk.set_defaults(func=cmd_greedy_check)
+    return parser
+
+
+def main(argv=None) -> int:
+    from .engine import EngineError
+    from .models import ModelPairError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (PromptError, TreeShapeError, ModelPairError, EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

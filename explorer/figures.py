@@ -1,0 +1,226 @@
+"""Plotly figures built from traces only (no torch, no model): the draft tree, the topology-aware mask, per-branch
+acceptance, stop signals, and the run so far.
+
+Every token string that reaches a figure goes through ``token_label`` (visible whitespace, HTML-escaped: Plotly
+renders a subset of HTML in labels, so a token like ``<br>`` must not become markup).
+"""
+
+from __future__ import annotations
+
+import html
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from .trace import ACCEPTED, CONTEXT, REJECTED, UNVERIFIED, RunTrace, StepTrace
+
+STATUS_COLORS = {CONTEXT: "#7f8c8d", ACCEPTED: "#2ca02c", REJECTED: "#d62728", UNVERIFIED: "#c7c7c7"}
+STATUS_LABELS = {CONTEXT: "last committed token", ACCEPTED: "accepted", REJECTED: "rejected",
+                 UNVERIFIED: "not verified"}
+BONUS_COLOR = "#1f77b4"
+
+
+def token_label(text: str, limit: int = 16) -> str:
+    """Printable, HTML-safe label for a token: whitespace made visible, long tokens shortened."""
+    shown = text.replace("\n", "↵").replace("\t", "⇥")
+    if not text.strip():  # an all-whitespace token: show its spaces
+        shown = shown.replace(" ", "␣")
+    if shown == "":
+        shown = "∅"
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return html.escape(shown)
+
+
+def node_label(node) -> str:
+    """Unique label "(id) token" (Plotly merges duplicate axis labels)."""
+    return f"({node.id}) {token_label(node.text, 12)}"
+
+
+def _fmt(x, digits=3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def tree_graph(step: StepTrace) -> nx.DiGraph:
+    """The step's tree as a networkx DiGraph (edges parent -> child), node attributes = NodeTrace fields."""
+    g = nx.DiGraph()
+    for n in step.nodes:
+        g.add_node(n.id, **n.__dict__)
+    for n in step.nodes:
+        if n.parent is not None:
+            g.add_edge(n.parent, n.id)
+    return g
+
+
+def tree_layout(g: nx.DiGraph, root: int = 0) -> dict[int, tuple[float, float]]:
+    """Tidy layered layout: x = depth, leaves on successive rows, a parent centred on its children."""
+    pos: dict[int, tuple[float, float]] = {}
+    next_row = 0.0
+    for node in nx.dfs_postorder_nodes(g, root):
+        kids = list(g.successors(node))
+        depth = g.nodes[node]["depth"]
+        if kids:
+            y = sum(pos[k][1] for k in kids) / len(kids)
+        else:
+            y = next_row
+            next_row += 1.0
+        pos[node] = (float(depth), -y)
+    return pos
+
+
+def _hover(n) -> str:
+    lines = [f"<b>{token_label(n.text, 40)}</b> (id {n.token_id})", f"status: {STATUS_LABELS.get(n.status, n.status)}"
+             + (" · committed" if n.committed and n.status != CONTEXT else ""),
+             f"depth {n.depth} · position id {n.position_id}" + (f" · branch {n.branch}" if n.branch is not None else "")]
+    if n.status != CONTEXT:
+        lines.append(f"p (target) {_fmt(n.p)} · q (draft) {_fmt(n.q)}")
+        if n.source == "target":
+            lines.append("root sampled from the target (target-initialized)")
+        if n.ratio is not None or n.u is not None:
+            lines.append(f"p/q {_fmt(n.ratio)} · u {_fmt(n.u)}")
+        if n.residual_top:
+            lines.append("residual: " + ", ".join(f"{token_label(t, 10)} {pr:.2f}" for _, t, pr in n.residual_top[:3]))
+    return "<br>".join(lines)
+
+
+def tree_figure(step: StepTrace, height: int | None = None) -> go.Figure:
+    """The draft token tree of one step, coloured by verification status; committed nodes get a thick outline,
+    target-sampled roots are diamonds, and the bonus token hangs off the committed path as a blue star."""
+    g = tree_graph(step)
+    pos = tree_layout(g)
+    fig = go.Figure()
+    ex, ey = [], []
+    for a, b in g.edges:
+        ex += [pos[a][0], pos[b][0], None]
+        ey += [pos[a][1], pos[b][1], None]
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=1), hoverinfo="skip",
+                             showlegend=False))
+    for status in (CONTEXT, ACCEPTED, REJECTED, UNVERIFIED):
+        nodes = [n for n in step.nodes if n.status == status]
+        if not nodes:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
+            name=STATUS_LABELS[status], text=[token_label(n.text, 10) for n in nodes], textposition="middle right",
+            customdata=[n.id for n in nodes], hovertext=[_hover(n) for n in nodes], hoverinfo="text",
+            marker=dict(size=16, color=STATUS_COLORS[status],
+                        symbol=["diamond" if n.source == "target" else "circle" for n in nodes],
+                        line=dict(color=["#000" if n.committed and n.status != CONTEXT else "#fff" for n in nodes],
+                                  width=[3 if n.committed and n.status != CONTEXT else 1 for n in nodes]))))
+    if step.bonus_token is not None:
+        path = [n for n in step.nodes if n.committed]
+        last = max(path, key=lambda n: n.depth)
+        x, y = pos[last.id][0] + 1, pos[last.id][1]
+        fig.add_trace(go.Scatter(x=[pos[last.id][0], x], y=[y, y], mode="lines", hoverinfo="skip",
+                                 line=dict(color=BONUS_COLOR, dash="dot"), showlegend=False))
+        text = step.committed_text[-1]
+        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", name="bonus token (from target)",
+                                 text=[token_label(text, 10)], textposition="middle right",
+                                 hovertext=[f"<b>{token_label(text, 40)}</b><br>bonus token sampled from the "
+                                            "target after the accepted path"], hoverinfo="text",
+                                 marker=dict(size=18, color=BONUS_COLOR, symbol="star")))
+    depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
+    leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
+    fig.update_layout(
+        title=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)" + (" · LOSSY rule" if step.lossy else ""),
+        height=height or max(320, min(900, 34 * leaves + 120)), margin=dict(l=10, r=10, t=50, b=10),
+        xaxis=dict(title="depth (position id - anchor position)", dtick=1, range=[-0.5, depth + 1.2], zeroline=False),
+        yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.08), hoverlabel=dict(align="left"),
+        clickmode="event+select")
+    return fig
+
+
+def mask_figure(step: StepTrace) -> go.Figure:
+    """The topology-aware attention mask sent to the target in this step (the step's own rows and columns; every
+    row also attends to all ``mask_context_len`` cached context tokens, not drawn)."""
+    by_id = {n.id: n for n in step.nodes}
+    labels = [f"{node_label(by_id[i])} @{p}" for i, p in zip(step.mask_node_ids, step.position_ids)]
+    cols = [node_label(by_id[i]) for i in step.mask_node_ids]
+    hover = [[f"row {labels[r]}<br>col {cols[c]}<br>{'attends' if v else 'masked'}"
+              for c, v in enumerate(row)] for r, row in enumerate(step.mask)]
+    fig = go.Figure(go.Heatmap(z=step.mask, x=cols, y=labels, colorscale=[[0, "#f4f4f4"], [1, "#3b6fb6"]],
+                               zmin=0, zmax=1, showscale=False, xgap=1, ygap=1, hovertext=hover,
+                               hoverinfo="text"))
+    n = len(step.mask)
+    fig.update_layout(
+        title=f"Tree attention mask sent to the target: {n}×{n} (+{step.mask_context_len} context columns, all 1)",
+        height=max(300, min(900, 22 * n + 140)), margin=dict(l=10, r=10, t=50, b=10),
+        yaxis=dict(autorange="reversed", title="query (node @ position id)", tickfont=dict(size=10)),
+        xaxis=dict(title="key", tickangle=-60, tickfont=dict(size=10)))
+    return fig
+
+
+def branch_figure(step: StepTrace) -> go.Figure:
+    """Drafted vs accepted draft tokens per branch (the anchor's children); the committed branch is marked."""
+    rows = step.branches
+    x = [f"b{r['branch']}: {token_label(r['root_text'], 10)}" + (" ✔" if r["chosen"] else "") for r in rows]
+    fig = go.Figure([
+        go.Bar(name="drafted", x=x, y=[r["drafted"] for r in rows], marker_color="#c7c7c7"),
+        go.Bar(name="accepted", x=x, y=[r["accepted"] for r in rows], marker_color=STATUS_COLORS[ACCEPTED]),
+    ])
+    fig.update_layout(barmode="overlay", height=300, margin=dict(l=10, r=10, t=50, b=10),
+                      title="Per-branch acceptance" + (" (each branch verified on its own: LOSSY)" if step.lossy
+                                                       else ""),
+                      yaxis=dict(title="draft tokens", dtick=1), legend=dict(orientation="h", y=-0.25))
+    if not rows:
+        fig.add_annotation(text="no draft tree in this step (autoregressive)", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+    return fig
+
+
+def stop_figure(step: StepTrace) -> go.Figure:
+    """Stop-policy score per level and branch against its threshold, and the decision after each level."""
+    fig = go.Figure()
+    sigs = step.stop_signals
+    branches = sorted({b for s in sigs for b in s.scores}, key=int)
+    for b in branches:
+        pts = [(s.level, s.scores[b]) for s in sigs if b in s.scores]
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                 name=f"branch {b}"))
+    if sigs:
+        fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.threshold for s in sigs], mode="lines",
+                                 name=f"threshold τ ({sigs[0].policy})", line=dict(color="#000", dash="dash")))
+        for s in sigs:
+            fig.add_annotation(x=s.level, y=1.08, text="continue" if s.keep_drafting else "<b>stop</b>",
+                               showarrow=False, font=dict(color="#2ca02c" if s.keep_drafting else "#d62728"))
+    else:
+        fig.add_annotation(text="no early-stop decisions in this step (static depth)", showarrow=False, x=0.5,
+                           y=0.5, xref="paper", yref="paper")
+    fig.update_layout(title="Stop signal per draft level", height=300, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="draft level", dtick=1), yaxis=dict(title="score", range=[0, 1.15]),
+                      legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def run_figure(run: RunTrace) -> go.Figure:
+    """Tokens committed per step: accepted draft tokens, target roots and the bonus token, stacked."""
+    xs = [s.index + 1 for s in run.steps]
+    bonus = [1 if s.bonus_token is not None else 0 for s in run.steps]
+    accepted = [s.accepted_draft_len for s in run.steps]
+    roots = [len(s.committed_ids) - a - b for s, a, b in zip(run.steps, accepted, bonus)]
+    fig = go.Figure([go.Bar(name="accepted draft tokens", x=xs, y=accepted, marker_color=STATUS_COLORS[ACCEPTED]),
+                     go.Bar(name="target root", x=xs, y=roots, marker_color="#9467bd"),
+                     go.Bar(name="bonus token", x=xs, y=bonus, marker_color=BONUS_COLOR)])
+    fig.update_layout(barmode="stack", height=260, margin=dict(l=10, r=10, t=40, b=10),
+                      title="Tokens committed per target call", xaxis=dict(title="step"),
+                      yaxis=dict(title="tokens", dtick=1), legend=dict(orientation="h", y=-0.35))
+    return fig
+
+
+def text_html(run: RunTrace, current: int | None = None) -> str:
+    """The generated text with each step's tokens in alternating shades; bonus tokens underlined in blue and the
+    ``current`` step outlined. All text is HTML-escaped."""
+    parts = []
+    for s in run.steps:
+        shade = "#e8f4e8" if s.index % 2 == 0 else "#e6eef8"
+        outline = "outline:2px solid #ff7f0e;" if current == s.index else ""
+        toks = []
+        for j, t in enumerate(s.committed_text):
+            esc = html.escape(t).replace("\n", "↵\n")
+            if s.bonus_token is not None and j == len(s.committed_text) - 1:
+                esc = f'<span style="border-bottom:2px solid {BONUS_COLOR}">{esc}</span>'
+            toks.append(esc)
+        parts.append(f'<span title="step {s.index + 1}" style="background:{shade};{outline}border-radius:3px">'
+                     + "".join(toks) + "</span>")
+    body = "".join(parts) or "<i>nothing generated yet: press Step</i>"
+    return f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">{body}</div>'

@@ -1,0 +1,40 @@
+"""Run metrics computed from step traces (plain data; no torch).
+
+* block efficiency = generated tokens / target calls (tokens per target call); comparable across all methods.
+* acceptance rate (seed paper, Lu et al. 2024) = mean over steps of longest accepted draft length / maximum draft
+  length.
+* acceptance rate (MCSD, Yang et al. 2024) = accepted draft tokens / drafted tokens.
+* tokens/s = generated tokens / wall-clock seconds (prefill included).
+"""
+
+from __future__ import annotations
+
+from .trace import RunTrace
+
+
+def run_metrics(run: RunTrace) -> dict:
+    """Metrics of a run; acceptance rates are None for ``ar`` (nothing drafted)."""
+    steps = run.steps
+    generated = sum(len(s.committed_ids) for s in steps)
+    target_calls = sum(s.target_calls for s in steps)
+    drafted = sum(s.drafted for s in steps)
+    accepted = sum(s.accepted_draft_len for s in steps)
+    with_draft = [s for s in steps if s.max_draft_len > 0]
+    seconds = (run.prefill_ms + sum(s.step_ms for s in steps)) / 1e3
+    return {
+        "generated_tokens": generated,
+        "steps": len(steps),
+        "target_calls": target_calls,
+        "draft_calls": sum(s.draft_calls for s in steps),
+        "tokens_per_target_call": generated / target_calls if target_calls else None,
+        "acceptance_rate": (sum(s.accepted_draft_len / s.max_draft_len for s in with_draft) / len(with_draft)
+                            if with_draft else None),
+        "mcsd_acceptance_rate": accepted / drafted if drafted else None,
+        "drafted_tokens": drafted,
+        "accepted_draft_tokens": accepted,
+        "seconds": seconds,
+        "tokens_per_s": generated / seconds if seconds > 0 else None,
+        "prefill_ms": run.prefill_ms,
+        "draft_ms": sum(s.draft_ms for s in steps),
+        "verify_ms": sum(s.verify_ms for s in steps),
+    }

@@ -1,0 +1,193 @@
+import pytest
+import torch
+
+from explorer.config import DEFAULTS, MethodConfig
+from explorer.engine import Engine, EngineError
+from explorer.equivalence import hf_greedy
+from explorer.sampling import SamplingConfig
+from explorer.trace import ACCEPTED, REJECTED, UNVERIFIED, RunTrace
+from explorer.tree import TreeShapeError
+
+PROMPTS = ["def add(a, b):\n    return", "The quick brown fox", "x"]
+LOSSLESS = [
+    MethodConfig(method="sd", gamma=3),
+    MethodConfig(method="sd", gamma=6),
+    MethodConfig(method="mcsd", k_config=(4, 2, 2)),
+    MethodConfig(method="mcsd", k_config=(3, 1, 2, 1)),
+    MethodConfig(method="mcsd", k_config=(2, 2), replacement=True),
+    MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, threshold=0.2),
+    MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=4, stop="none"),
+]
+
+
+def run(pair, cfg, prompt_ids, n, sampling=None):
+    eng = Engine(pair, cfg, sampling or SamplingConfig())
+    eng.start(prompt_ids, n)
+    return eng, eng.run()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_ar_matches_transformers_greedy_generate(tiny, prompt):
+    ids = tiny.tokenizer.encode(prompt)
+    ref = hf_greedy(tiny, ids, 30)
+    _, trace = run(tiny, DEFAULTS["ar"], ids, 30)
+    assert trace.generated_ids == ref
+
+
+@pytest.mark.parametrize("cfg", LOSSLESS, ids=lambda c: f"{c.method}-{c.k_config}-{c.gamma}-{c.replacement}")
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_every_lossless_method_matches_ar_when_greedy(tiny, cfg, prompt):
+    ids = tiny.tokenizer.encode(prompt)
+    _, ar = run(tiny, DEFAULTS["ar"], ids, 40)
+    _, tr = run(tiny, cfg, ids, 40)
+    assert tr.generated_ids == ar.generated_ids
+    assert len(tr.steps) <= len(ar.steps)
+
+
+def test_speculation_saves_target_calls_on_a_pair_that_agrees(tiny):
+    # Draft == target: every draft token must be accepted, so each call commits gamma + 1 tokens.
+    from explorer.models import make_pair
+
+    same = make_pair(tiny.target, tiny.target, tiny.tokenizer, name="same", draft_id="t", target_id="t")
+    ids = tiny.tokenizer.encode(PROMPTS[0])
+    _, tr = run(same, MethodConfig(method="sd", gamma=4), ids, 25)
+    assert [len(s.committed_ids) for s in tr.steps] == [5] * 5
+    _, tr = run(same, MethodConfig(method="mcsd", k_config=(3, 2)), ids, 24)
+    assert all(s.accepted_draft_len == 2 for s in tr.steps)
+
+
+def _fresh_kv(model, ids):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("cfg", [MethodConfig(method="mcsd", k_config=(3, 2, 2)),
+                                 MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_kv_caches_hold_exactly_the_committed_prefix(tiny, cfg, temperature):
+    """After every step each trimmed cache equals a fresh prefill of the committed tokens it covers."""
+    ids = tiny.tokenizer.encode(PROMPTS[1])
+    eng = Engine(tiny, cfg, SamplingConfig(temperature=temperature, seed=3))
+    eng.start(ids, 30)
+    for _ in range(6):
+        eng.step()
+        for model, cache, n in ((tiny.target, eng.target_cache, eng.target_len()),
+                                (tiny.draft, eng.draft_cache, eng.draft_len())):
+            expected = len(eng.committed) - (0 if (cfg.is_lossy and model is tiny.target) else 1)
+            assert n <= len(eng.committed)
+            if model is tiny.target:
+                assert n == expected
+            fresh = _fresh_kv(model, eng.committed[:n])
+            for got, ref in zip(cache.layers, fresh.layers):
+                assert torch.allclose(got.keys, ref.keys, atol=1e-5)
+                assert torch.allclose(got.values, ref.values, atol=1e-5)
+
+
+def test_tree_forward_logits_equal_sequential_path_logits(tiny):
+    """The float tree mask and position ids make every node see exactly its own path."""
+    ids = tiny.tokenizer.encode(PROMPTS[0])
+    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2)), SamplingConfig(temperature=1.0, seed=1))
+    eng.start(ids, 20)
+    step = eng.step()
+    # rebuild each node's path and score it as a plain sequence
+    by_id = {n.id: n for n in step.nodes}
+    anchor_ctx = eng.trace.prompt_ids
+    for n in step.nodes[1:]:
+        path, cur = [], n
+        while cur.parent is not None:
+            path.append(cur.token_id)
+            cur = by_id[cur.parent]
+        seq = anchor_ctx + path[::-1]
+        with torch.inference_mode():
+            logits = tiny.target(input_ids=torch.tensor([seq[:-1]])).logits[0, -1]
+        p_seq = float(torch.softmax(logits.float(), -1)[n.token_id])
+        assert abs(p_seq - n.p) < 1e-4, (n.id, p_seq, n.p)
+
+
+def test_same_seed_same_trace_and_different_seed_differs(tiny):
+    ids = tiny.tokenizer.encode(PROMPTS[1])
+    cfg = MethodConfig(method="mcsd", k_config=(3, 2))
+    traces = [run(tiny, cfg, ids, 30, SamplingConfig(temperature=1.0, seed=s))[1] for s in (5, 5, 6)]
+    strip = lambda t: [{k: v for k, v in s.to_dict().items() if not k.endswith("_ms")} for s in t.steps]  # noqa: E731
+    assert strip(traces[0]) == strip(traces[1])
+    assert traces[0].generated_ids != traces[2].generated_ids
+
+
+def test_step_trace_is_consistent(tiny):
+    ids = tiny.tokenizer.encode(PROMPTS[0])
+    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(4, 2)), SamplingConfig(temperature=0.8, seed=2))
+    eng.start(ids, 40)
+    L = len(ids)
+    for _ in range(5):
+        s = eng.step()
+        nodes = s.nodes
+        assert nodes[0].parent is None and nodes[0].position_id == L - 1
+        assert len(nodes) == 1 + 4 + 8
+        for n in nodes[1:]:
+            assert n.position_id == L - 1 + n.depth
+            assert n.status in (ACCEPTED, REJECTED, UNVERIFIED)
+            assert 0.0 <= n.q <= 1.0 and 0.0 <= n.p <= 1.0
+        committed_nodes = [n for n in nodes[1:] if n.committed]
+        assert [n.token_id for n in committed_nodes] == s.committed_ids[: len(committed_nodes)]
+        assert len(s.committed_ids) == len(committed_nodes) + 1  # the bonus token
+        assert s.mask_node_ids[0] == 0 and len(s.mask) == len(nodes)
+        assert s.position_ids == [nodes[i].position_id for i in s.mask_node_ids]
+        for r, i in enumerate(s.mask_node_ids):  # each row attends to exactly its ancestors and itself
+            allowed = set()
+            cur = nodes[i]
+            while cur is not None:
+                allowed.add(cur.id)
+                cur = nodes[cur.parent] if cur.parent is not None else None
+            assert {s.mask_node_ids[c] for c, v in enumerate(s.mask[r]) if v} == allowed
+        L += len(s.committed_ids)
+
+
+def test_max_new_tokens_and_eos_end_the_run(tiny):
+    ids = tiny.tokenizer.encode(PROMPTS[2])
+    eng, tr = run(tiny, MethodConfig(method="mcsd", k_config=(4, 2, 2)), ids, 7)
+    assert len(tr.generated_ids) == 7 and eng.finished and tr.steps[-1].finished
+    with pytest.raises(EngineError):
+        eng.step()
+    from explorer.models import make_pair
+
+    pair = make_pair(tiny.draft, tiny.target, tiny.tokenizer, name="t", draft_id="d", target_id="t")
+    first = run(pair, DEFAULTS["ar"], ids, 5)[1].generated_ids
+    pair.eos_token_ids = (first[2],)
+    eng, tr = run(pair, DEFAULTS["sd"], ids, 50)
+    assert tr.generated_ids == first[:3] and eng.finished
+
+
+def test_bad_input_is_refused_with_a_clear_error(tiny):
+    eng = Engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
+    with pytest.raises(EngineError, match="empty"):
+        eng.start([], 10)
+    with pytest.raises(EngineError, match="positions"):
+        eng.start([1] * 600, 10)
+    with pytest.raises(EngineError, match="start"):
+        Engine(tiny, DEFAULTS["mcsd"], SamplingConfig()).step()
+    with pytest.raises(TreeShapeError):
+        MethodConfig(method="mcsd", k_config=(0, 2))
+    with pytest.raises(TreeShapeError):
+        MethodConfig(method="sd", gamma=0)
+    with pytest.raises(ValueError, match="unknown method"):
+        MethodConfig(method="beam")
+
+
+def test_lossy_method_is_labelled_and_commits_root_plus_branch(tiny):
+    ids = tiny.tokenizer.encode(PROMPTS[0])
+    cfg = MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3)
+    eng, tr = run(tiny, cfg, ids, 30, SamplingConfig(temperature=1.0, seed=0))
+    assert tr.settings["verifier"] == "longest-branch"
+    for s in tr.steps:
+        assert s.lossy and s.bonus_token is None
+        roots = [n for n in s.nodes if n.source == "target"]
+        assert len(roots) == 3 and all(n.parent == 0 for n in roots)
+        chosen = [b for b in s.branches if b["chosen"]]
+        assert len(chosen) == 1
+        if not s.finished:
+            assert len(s.committed_ids) == 1 + chosen[0]["accepted"]
+    assert RunTrace.from_dict(tr.to_dict()).generated_ids == tr.generated_ids

@@ -1,0 +1,83 @@
+import torch
+
+from explorer.tree import DraftTree
+from explorer.verify import verify_greedy, verify_longest_branch, verify_rrs
+
+V = 6
+
+
+def onehot(i):
+    t = torch.zeros(V)
+    t[i] = 1.0
+    return t
+
+
+def two_level_tree():
+    tree = DraftTree()
+    tree.add_level([-1, -1], [1, 2])  # nodes 0, 1
+    tree.add_level([0, 1], [3, 4])  # nodes 2 (under 0), 3 (under 1)
+    return tree
+
+
+def test_greedy_follows_argmax_and_takes_bonus():
+    tree = two_level_tree()
+    # anchor prefers token 2 (node 1); node 1 prefers 4 (node 3); node 3 prefers 5 -> bonus
+    p = torch.stack([onehot(2), onehot(0), onehot(4), onehot(0), onehot(5)])
+    r = verify_greedy(tree, p)
+    assert r.path == [1, 3] and r.bonus == 5 and r.chosen_branch == 1
+    assert r.decisions[0].accepted is False and r.decisions[1].accepted is True
+    assert r.branch_accepted == {0: 0, 1: 2}
+
+
+def test_greedy_rejects_all_children():
+    tree = two_level_tree()
+    p = torch.stack([onehot(5)] * 5)
+    r = verify_greedy(tree, p)
+    assert r.path == [] and r.bonus == 5 and r.chosen_branch is None
+
+
+def test_rrs_accepts_everything_when_p_equals_q():
+    tree = two_level_tree()
+    dist = torch.full((V,), 1.0 / V)
+    p = torch.stack([dist] * 5)
+    q = {0: dist, 1: dist, 2: dist}
+    g = torch.Generator().manual_seed(0)
+    r = verify_rrs(tree, p, q, generator=g)
+    assert r.path == [0, 2]  # first child always accepted (ratio 1)
+    assert r.decisions[0].ratio == 1.0
+
+
+def test_rrs_rejection_uses_residual_and_removes_the_drafted_token():
+    tree = DraftTree()
+    tree.add_level([-1, -1], [1, 2])
+    p_anchor = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0])  # target wants token 3 only
+    q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
+    p = torch.stack([p_anchor, onehot(0), onehot(0)])
+    g = torch.Generator().manual_seed(0)
+    r = verify_rrs(tree, p, {0: q_anchor}, generator=g)
+    assert r.path == [] and r.bonus == 3
+    assert all(not d.accepted and d.ratio == 0.0 for d in r.decisions.values())
+    assert r.decisions[0].residual_top[0][0] == 3
+
+
+def test_rrs_without_replacement_second_sibling_faces_renormalised_q():
+    # q = (0.5, 0.5) on tokens 1, 2; p = (0.5 on 1, 0.5 on 2): child 1 (token 1) accepted w.p. 1
+    tree = DraftTree()
+    tree.add_level([-1, -1], [1, 2])
+    p_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
+    q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
+    p = torch.stack([p_anchor, onehot(0), onehot(0)])
+    r = verify_rrs(tree, p, {0: q_anchor}, generator=torch.Generator().manual_seed(1))
+    assert r.path == [0]
+
+
+def test_longest_branch_commits_the_longest_accepted_branch():
+    tree = DraftTree()
+    tree.add_level([-1, -1], [1, 2], source="target")  # roots 0, 1
+    tree.add_level([0, 1], [3, 4])  # 2 under root 0, 3 under root 1
+    # greedy: root 0's child (3) is rejected (target wants 5), root 1's child (4) accepted
+    p = torch.stack([onehot(1), onehot(5), onehot(4), onehot(0), onehot(0)])
+    r = verify_longest_branch(tree, p, {}, generator=None, greedy=True)
+    assert r.path == [1, 3] and r.bonus is None and r.chosen_branch == 1
+    assert r.branch_accepted == {0: 0, 1: 1}
+    assert int(r.next_dist.argmax()) == 0 and r.next_row == 4
