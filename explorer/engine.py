@@ -6,9 +6,10 @@ shape, where its roots come from, the stop policy and the verifier (see ``config
 Invariants between steps (batch size 1):
 
 * ``committed`` holds prompt + generated token ids. Each model's KV cache covers a prefix of it:
-  ``target_len`` and ``draft_len`` tokens. Lossless methods leave exactly the last committed token (the bonus
-  token, the tree's *anchor*) out of the target cache; the lossy target-initialized method caches everything and
-  keeps the target's next-token distribution (``next_dist``) for the next roots. The prompt is never recomputed.
+  ``target_len`` and ``draft_len`` tokens. After a lossless step the last committed token (the bonus token, the
+  next tree's *anchor*) is not in the target cache yet; after the prefill, and after every step of the lossy
+  target-initialized method, the target caches everything and keeps its next-token distribution (``next_dist``)
+  for the anchor. The prompt is never recomputed.
 * A step feeds each model the committed tokens it lacks (its *chain*) together with tree nodes; tree nodes use
   the topology-aware float mask and position ids ``L - 1 + depth`` (``tree.py``). After verification both caches
   are cut to the committed context plus the accepted path (rows gathered per layer).
@@ -111,8 +112,8 @@ class Engine:
     def start(self, prompt_ids: list[int], max_new_tokens: int, prompt_text: str = "") -> RunTrace:
         """Prefill both models on the prompt and open a new RunTrace.
 
-        The target caches ``prompt[:-1]`` (the last prompt token is the first anchor), or the whole prompt for the
-        lossy method, which needs the target's next-token distribution before its first step.
+        The target caches the whole prompt and keeps its next-token distribution for the first step; the draft
+        caches ``prompt[:-1]`` and feeds the last prompt token (the first anchor) in its first forward.
         """
         if not prompt_ids:
             raise EngineError("the prompt is empty: type a prompt or pick an example")
@@ -137,14 +138,13 @@ class Engine:
         self.next_dist = None
         self.next_logits = None
         t0 = _now(self.pair.device)
+        # The target prefills the whole prompt exactly as transformers' generate does (same kernels, same cache
+        # rounding), and its last row gives p for the first step's anchor.
+        fwd = self._forward(self.pair.target, self.target_cache, self.committed, list(range(self.n_prompt)), None,
+                            keep=1)
+        self.next_logits = fwd.logits[-1].float()
+        self.next_dist = logits_to_probs(self.next_logits, self.sampling)
         head = self.committed[:-1]
-        if self.config.is_lossy:
-            fwd = self._forward(self.pair.target, self.target_cache, self.committed,
-                                list(range(self.n_prompt)), None, keep=1)
-            self.next_logits = fwd.logits[-1].float()
-            self.next_dist = logits_to_probs(self.next_logits, self.sampling)
-        elif head:
-            self._forward(self.pair.target, self.target_cache, head, list(range(len(head))), None, keep=1)
         if self.draft_cache is not None and head:
             self._forward(self.pair.draft, self.draft_cache, head, list(range(len(head))), None, keep=1)
         prefill_ms = (_now(self.pair.device) - t0) * 1e3
@@ -250,12 +250,16 @@ class Engine:
         n = len(tree)
         mask = step_mask(past, len(chain), True, tree.anc, 0, n)
         pos = step_position_ids(past, len(chain), True, tree.depth, 0, n)
-        fwd = self._forward(self.pair.target, self.target_cache, chain + tree.token, pos,
-                            mask if n else None, keep=n + (1 if chain else 0))
+        target_calls = 1 if chain or n else 0
+        if target_calls:
+            logits = self._forward(self.pair.target, self.target_cache, chain + tree.token, pos,
+                                   mask if n else None, keep=n + (1 if chain else 0)).logits
+        else:  # first `ar` step: the prefill already gave the anchor's distribution
+            logits = torch.empty(0, self.pair.vocab_size)
         if chain:  # logits row 0 = anchor (p row 0), row 1 + i = node i
-            p_rows = RowDists(fwd.logits, self.sampling)
-        else:  # lossy: the anchor's distribution was kept from the previous step
-            p_rows = RowDists(fwd.logits, self.sampling, offset=1, fixed={0: (self.next_dist, self.next_logits)})
+            p_rows = RowDists(logits, self.sampling)
+        else:  # the anchor is cached: its distribution was kept from the prefill or the previous (lossy) step
+            p_rows = RowDists(logits, self.sampling, offset=1, fixed={0: (self.next_dist, self.next_logits)})
         result = verify.VERIFIERS[self.verifier_name](
             tree, p_rows, q_rows, generator=self.generator, greedy=self.sampling.greedy,
             replacement=self.config.replacement)
@@ -275,7 +279,7 @@ class Engine:
         t_end = _now(device)
 
         step = self._record(tree, L, chain, mask, pos, past, q_show, p_rows, result, new_tokens,
-                            stop_signals, draft_calls, (t_drafted - t_start) * 1e3, (t_end - t_drafted) * 1e3,
+                            stop_signals, draft_calls, target_calls, (t_drafted - t_start) * 1e3, (t_end - t_drafted) * 1e3,
                             (t_end - t_start) * 1e3)
         self.trace.steps.append(step)
         return step
@@ -304,7 +308,7 @@ class Engine:
     # ------------------------------------------------------------------ trace
 
     def _record(self, tree, L, chain, mask, pos, past, q_show, p_rows, result, new_tokens, stop_signals,
-                draft_calls, draft_ms, verify_ms, step_ms) -> StepTrace:
+                draft_calls, target_calls, draft_ms, verify_ms, step_ms) -> StepTrace:
         committed_nodes = set(result.path[: len(new_tokens)])
         branches = tree.children(-1)
         branch_of = tree.branch_ids()
@@ -344,7 +348,7 @@ class Engine:
             committed_ids=list(new_tokens), committed_text=[self._text(t) for t in new_tokens],
             bonus_token=result.bonus if (result.bonus is not None and len(new_tokens) > len(result.path)) else None,
             accepted_draft_len=accepted_draft, max_draft_len=len(self.branching), drafted=drafted,
-            draft_calls=draft_calls, target_calls=1, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
+            draft_calls=draft_calls, target_calls=target_calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
             verifier=self.verifier_name, finished=self.finished)
 
     # ------------------------------------------------------------------ whole runs

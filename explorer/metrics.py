@@ -1,6 +1,7 @@
 """Run metrics computed from step traces (plain data; no torch).
 
-* block efficiency = generated tokens / target calls (tokens per target call); comparable across all methods.
+* block efficiency = generated tokens / target calls (tokens per target call), the prefill counted as a call since
+  it scores the first new token (so ``ar`` is exactly 1.0); comparable across all methods.
 * acceptance rate (seed paper, Lu et al. 2024) = mean over steps of longest accepted draft length / maximum draft
   length.
 * acceptance rate (MCSD, Yang et al. 2024) = accepted draft tokens / drafted tokens.
@@ -16,7 +17,7 @@ def run_metrics(run: RunTrace) -> dict:
     """Metrics of a run; acceptance rates are None for ``ar`` (nothing drafted)."""
     steps = run.steps
     generated = sum(len(s.committed_ids) for s in steps)
-    target_calls = sum(s.target_calls for s in steps)
+    target_calls = sum(s.target_calls for s in steps) + (1 if steps else 0)  # + the prefill, which scores token 1
     drafted = sum(s.drafted for s in steps)
     accepted = sum(s.accepted_draft_len for s in steps)
     with_draft = [s for s in steps if s.max_draft_len > 0]
