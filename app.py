@@ -3,12 +3,14 @@
 Data flows one way: models (cached, shared) -> engine (per session) -> RunTrace -> figures -> this page. The page
 never touches the engine's tensors; it reads ``engine.trace``.
 
-Run: ``streamlit run app.py``.
+Run: ``streamlit run app.py`` (``SPEC_EXPLORER_PAIR=tiny`` starts on the tiny random pair instead of the
+embedded one).
 """
 
 from __future__ import annotations
 
 import html
+import os
 
 import streamlit as st
 
@@ -70,7 +72,9 @@ def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
 def sidebar():
     sb = st.sidebar
     sb.header("Model pair")
-    spec = sb.radio("Pair", list(PAIRS), format_func=PAIRS.get, key="pair_spec")
+    initial = os.environ.get("SPEC_EXPLORER_PAIR", "default")
+    spec = sb.radio("Pair", list(PAIRS), index=list(PAIRS).index(initial) if initial in PAIRS else 0,
+                    format_func=PAIRS.get, key="pair_spec")
     draft = target = ""
     if spec == "custom":
         draft = sb.text_input("Draft model", key="draft_path", placeholder="path, hub id or file.gguf")
@@ -243,11 +247,11 @@ def main():
     chat = st.checkbox("Apply the chat template", value=True, key="chat")
 
     b1, b2, b3, _ = st.columns([1, 1, 1, 5])
-    if b1.button("Step", type="primary"):
+    if b1.button("Step", type="primary", key="step_btn"):
         guarded(do_step, pair, settings, prompt_text, chat)
-    if b2.button("Run to end"):
+    if b2.button("Run to end", key="run_btn"):
         guarded(do_step, pair, settings, prompt_text, chat, run_to_end=True)
-    if b3.button("Reset"):
+    if b3.button("Reset", key="reset_btn"):
         st.session_state.pop("engine", None)
         set_error(None)
 

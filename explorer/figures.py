@@ -122,10 +122,12 @@ def tree_figure(step: StepTrace, height: int | None = None) -> go.Figure:
     depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     fig.update_layout(
-        title=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)" + (" · LOSSY rule" if step.lossy else ""),
-        height=height or max(320, min(900, 34 * leaves + 120)), margin=dict(l=10, r=10, t=50, b=10),
+        title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
+                   + (" · LOSSY rule" if step.lossy else ""), y=0.98),
+        height=height or max(340, min(900, 34 * leaves + 140)), margin=dict(l=10, r=10, t=80, b=10),
         xaxis=dict(title="depth (position id - anchor position)", dtick=1, range=[-0.5, depth + 1.2], zeroline=False),
-        yaxis=dict(visible=False), legend=dict(orientation="h", y=-0.08), hoverlabel=dict(align="left"),
+        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
+        hoverlabel=dict(align="left"),
         clickmode="event+select")
     return fig
 
@@ -143,8 +145,9 @@ def mask_figure(step: StepTrace) -> go.Figure:
                                hoverinfo="text"))
     n = len(step.mask)
     fig.update_layout(
-        title=f"Tree attention mask sent to the target: {n}×{n} (+{step.mask_context_len} context columns, all 1)",
-        height=max(300, min(900, 22 * n + 140)), margin=dict(l=10, r=10, t=50, b=10),
+        title=f"Tree attention mask sent to the target: {n}×{n}<br><sup>+{step.mask_context_len} cached context "
+              "columns, all attended (not drawn)</sup>",
+        height=max(300, min(900, 22 * n + 160)), margin=dict(l=10, r=10, t=70, b=10),
         yaxis=dict(autorange="reversed", title="query (node @ position id)", tickfont=dict(size=10)),
         xaxis=dict(title="key", tickangle=-60, tickfont=dict(size=10)))
     return fig

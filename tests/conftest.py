@@ -1,8 +1,11 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("SPEC_EXPLORER_PAIR", "tiny")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py helpers
 
 
 def pytest_configure(config):

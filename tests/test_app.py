@@ -1,0 +1,105 @@
+"""The Streamlit app driven headlessly (AppTest) on the tiny pair: steps, metrics, and bad input shown as messages."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+@pytest.fixture()
+def app(monkeypatch):
+    monkeypatch.setenv("SPEC_EXPLORER_PAIR", "tiny")
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def click(at, key):
+    at.button(key=key).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_step_twice_draws_a_run(app):
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    click(app, "step_btn")
+    assert not app.error
+    engine = app.session_state["engine"]
+    assert len(engine.trace.steps) == 2
+    labels = {m.label: m.value for m in app.metric}
+    assert int(labels["Generated tokens"]) == len(engine.trace.generated_ids) >= 2
+    assert "Tokens / target call" in labels and "Acceptance (seed)" in labels
+    click(app, "reset_btn")
+    assert "engine" not in app.session_state
+
+
+def test_run_to_end_finishes(app):
+    app.sidebar.slider(key="max_new").set_value(10)
+    app.text_area(key="prompt_text").set_value("hello")
+    click(app, "run_btn")
+    engine = app.session_state["engine"]
+    assert engine.finished and engine.n_generated == 10
+    assert any("finished" in s.value for s in app.success)
+
+
+def test_example_prompt_fills_the_box(app):
+    options = app.selectbox(key="example").options
+    pick = next(o for o in options if o.startswith("HumanEval"))
+    app.selectbox(key="example").set_value(pick).run()
+    assert "def " in app.text_area(key="prompt_text").value
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda at: at.text_area(key="prompt_text").set_value("   "), "prompt is empty"),
+    (lambda at: at.sidebar.text_input(key="k_config_mcsd-improved_False").set_value("2,0"), "k_config"),
+    (lambda at: at.sidebar.text_input(key="k_config_mcsd-improved_False").set_value("two"), "not an integer"),
+])
+def test_bad_input_shows_a_message_and_the_app_keeps_running(app, setup, message):
+    app.text_area(key="prompt_text").set_value("hello")
+    setup(app)
+    click(app, "step_btn")
+    assert any(message in e.value for e in app.error), [e.value for e in app.error]
+    # still usable afterwards
+    app.text_area(key="prompt_text").set_value("hello")
+    app.sidebar.text_input(key="k_config_mcsd-improved_False").set_value("2,2")
+    click(app, "step_btn")
+    assert not app.error and len(app.session_state["engine"].trace.steps) == 1
+
+
+def test_custom_pair_errors_are_messages(app, tiny, tmp_path):
+    app.sidebar.radio(key="pair_spec").set_value("custom").run()
+    app.sidebar.text_input(key="draft_path").set_value("/no/such/draft")
+    app.sidebar.text_input(key="target_path").set_value("/no/such/target").run()
+    assert not app.exception
+    assert any("Cannot load this model pair" in e.value for e in app.error)
+    from explorer.tiny import tiny_tokenizer
+
+    tiny.draft.save_pretrained(tmp_path / "d")
+    tiny.tokenizer.save_pretrained(tmp_path / "d")
+    tiny.target.save_pretrained(tmp_path / "t")
+    other = tiny_tokenizer()
+    other.add_tokens(["<other>"])
+    other.save_pretrained(tmp_path / "t")
+    app.sidebar.text_input(key="draft_path").set_value(str(tmp_path / "d"))
+    app.sidebar.text_input(key="target_path").set_value(str(tmp_path / "t")).run()
+    assert not app.exception
+    assert any("tokenizers differ" in e.value for e in app.error)
+    app.sidebar.radio(key="pair_spec").set_value("tiny").run()
+    assert not app.error
+
+
+def test_every_method_steps_in_the_app(app):
+    app.text_area(key="prompt_text").set_value("x = ")
+    for method in ("ar", "sd", "mcsd", "mcsd-improved"):
+        click(app, "reset_btn")
+        app.sidebar.selectbox(key="method").set_value(method).run()
+        click(app, "step_btn")
+        assert not app.error, (method, [e.value for e in app.error])
+        assert app.session_state["engine"].trace.steps[-1].method == method
+    app.sidebar.checkbox(key="lossy").check().run()
+    click(app, "reset_btn")
+    click(app, "step_btn")
+    assert any("Lossy" in w.value for w in app.warning)

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from explorer import figures
+from explorer.config import MethodConfig
+from explorer.engine import Engine
+from explorer.metrics import run_metrics
+from explorer.sampling import SamplingConfig
+from explorer.trace import RunTrace, TraceError, load_run, loads_run, save_run
+
+
+@pytest.fixture(scope="module")
+def run_trace(tiny):
+    eng = Engine(tiny, MethodConfig(method="mcsd-improved", k_config=(3, 2), max_depth=4, threshold=0.05),
+                 SamplingConfig(temperature=0.8, seed=4))
+    eng.start(tiny.tokenizer.encode("print(<br>"), 24, prompt_text="print(<br>")
+    return eng.run()
+
+
+def test_trace_round_trips_through_json(run_trace, tmp_path):
+    path = tmp_path / "t.json"
+    save_run(run_trace, path)
+    back = load_run(path)
+    assert back.to_dict() == run_trace.to_dict()
+    assert back.generated_ids == run_trace.generated_ids
+    assert run_metrics(back) == run_metrics(run_trace)
+
+
+def test_metrics_are_consistent(run_trace):
+    m = run_metrics(run_trace)
+    assert m["generated_tokens"] == 24 == len(run_trace.generated_ids)
+    assert m["target_calls"] == len(run_trace.steps) + 1
+    assert m["tokens_per_target_call"] == pytest.approx(24 / m["target_calls"])
+    assert 0 <= m["acceptance_rate"] <= 1 and 0 <= m["mcsd_acceptance_rate"] <= 1
+    assert m["accepted_draft_tokens"] == sum(s.accepted_draft_len for s in run_trace.steps)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "not valid JSON"),
+    ("[]", "JSON object"),
+    ('{"schema_version": 99}', "schema version"),
+    ('{"schema_version": 1, "settings": {}}', "missing the field"),
+    ('{"schema_version": 1, "settings": {}, "model": {}, "prompt": "", "prompt_ids": [], "steps": [{"index": 0}]}',
+     "malformed"),
+])
+def test_malformed_traces_are_refused(text, message):
+    with pytest.raises(TraceError, match=message):
+        loads_run(text)
+
+
+def test_unreadable_trace_file(tmp_path):
+    with pytest.raises(TraceError, match="cannot read"):
+        load_run(tmp_path / "missing.json")
+
+
+def test_figures_build_from_a_replayed_trace_without_a_model(run_trace):
+    replay = RunTrace.from_dict(json.loads(run_trace.to_json()))
+    for step in replay.steps:
+        tree = figures.tree_figure(step)
+        node_ids = [c for tr in tree.data if tr.customdata is not None for c in tr.customdata]
+        assert sorted(node_ids) == [n.id for n in step.nodes]
+        mask = figures.mask_figure(step)
+        assert len(mask.data[0].y) == len(set(mask.data[0].y)) == len(step.mask)  # unique labels
+        assert len(figures.branch_figure(step).data[0].x) == len(step.branches)
+        figures.stop_figure(step)
+    figures.run_figure(replay)
+
+
+def test_token_text_is_escaped_everywhere(run_trace):
+    assert figures.token_label("<br>") == "&lt;br&gt;"
+    assert figures.token_label("\n") == "↵" and figures.token_label("  ") == "␣␣"
+    html_text = figures.text_html(run_trace)
+    # a generated "<" must never reach the page as markup
+    raw = run_trace.generated_text
+    if "<" in raw:
+        assert "&lt;" in html_text
+    step = run_trace.steps[0]
+    step.nodes[1].text = "<script>alert(1)</script>"
+    fig = figures.tree_figure(step)
+    assert not any("<script>" in (t or "") for tr in fig.data if tr.text is not None for t in tr.text)
