@@ -82,6 +82,33 @@ class _Forward:
     first_row: int  # index in the query of logits[0]
 
 
+@dataclass
+class _Drafted:
+    """What drafting produced for one step (internal)."""
+
+    tree: DraftTree
+    q_rows: dict  # row -> q the children of that row were drafted from (sampling only)
+    q_show: dict  # node -> displayed draft probability of its token
+    signals: list  # StopSignal per checked level
+    calls: int  # draft forwards
+    fed: int  # tree nodes fed to the draft (a breadth-first prefix)
+    head: int  # draft cache length before the tree rows (context + chain)
+
+
+@dataclass
+class _Verified:
+    """What verification produced for one step (internal)."""
+
+    result: verify.VerifyResult
+    p_rows: RowDists
+    mask: object  # numpy bool (rows, rows): the step's own columns of the mask sent to the target
+    position_ids: list[int]
+    past: int  # cached context columns every row also attends to
+    anchor_fed: bool
+    calls: int
+    head: int  # target cache length before the tree rows
+
+
 class Engine:
     """Step-wise speculative decoding on one ModelPair.
 
@@ -193,44 +220,66 @@ class Engine:
         device = self.pair.device
         t_start = _now(device)
         L = len(self.committed)
+        d = self._draft()
+        t_drafted = _now(device)
+        v = self._verify(d.tree, d.q_rows)
+        result = v.result
+
+        # Commit, then cut both caches to the committed context plus the accepted path.
+        new_tokens = [d.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
+        trim_cache(self.target_cache, v.head, [v.head + i for i in result.path])
+        if d.calls:
+            trim_cache(self.draft_cache, d.head, [d.head + i for i in result.path if i < d.fed])
+        if self.config.is_lossy:
+            self.next_dist = result.next_dist
+            self.next_logits = v.p_rows.row_logits(result.next_row)
+        new_tokens = self._truncate(new_tokens)
+        self.committed.extend(new_tokens)
+        t_end = _now(device)
+
+        step = self._record(L, d, v, new_tokens, (t_drafted - t_start) * 1e3, (t_end - t_drafted) * 1e3,
+                            (t_end - t_start) * 1e3)
+        self.trace.steps.append(step)
+        return step
+
+    def _draft(self) -> "_Drafted":
+        """Grow the step's tree level by level with the draft model (after the target-sampled roots, if lossy).
+
+        The first draft forward also feeds the committed tokens the draft has not cached (its chain); the stop
+        policy is asked after every drafted level whether to go on.
+        """
+        L = len(self.committed)
         tree = DraftTree()
         q_rows: dict[int, torch.Tensor] = {}  # row (node + 1; 0 = anchor) -> q its children were drafted from
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
-        stop_signals = []
-        draft_calls = 0
-
+        signals = []
         if self.config.is_lossy:
             if self.sampling.greedy:
                 roots = drafting.greedy_candidates(self.next_logits, self.config.width)
             else:
                 roots = drafting.gumbel_top_k(self.next_dist, self.config.width, self.generator)
             tree.add_level([-1] * len(roots), roots, source="target")
-
-        # Drafting: level by level; the first draft forward also feeds the draft's chain (committed tokens it lacks).
-        draft_chain = self.committed[self.draft_len():] if self.draft_cache is not None else []
-        draft_past = L - len(draft_chain)
-        fed = 0  # tree nodes in the draft cache (a breadth-first prefix)
-        first = True
+        chain = self.committed[self.draft_len():] if self.draft_cache is not None else []
+        past = L - len(chain)
+        calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
         for k in self.branching:
             level = tree.n_levels
             if level >= 1 and tree.source[tree.level_starts[level - 1]] == "draft":
                 sig = self.stop_policy.signal(tree, level, q_show)
-                stop_signals.append(sig)
+                signals.append(sig)
                 if not sig.keep_drafting:
                     break
             start, stop = (tree.level_starts[level - 1], tree.level_starts[level]) if level else (0, 0)
-            ids = (draft_chain if first else []) + tree.token[start:stop]
-            mask = step_mask(draft_past, len(draft_chain), first, tree.anc, start, stop)
-            pos = step_position_ids(draft_past, len(draft_chain), first, tree.depth, start, stop)
-            fwd = self._forward(self.pair.draft, self.draft_cache, ids, pos,
-                                None if (first and level == 0) else mask, keep=max(stop - start, 1))
-            draft_calls += 1
-            first = False
+            first = calls == 0
+            ids = (chain if first else []) + tree.token[start:stop]
+            mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
+            pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
+            fwd = self._forward(self.pair.draft, self.draft_cache, ids, pos, mask, keep=max(stop - start, 1))
+            calls += 1
             fed = stop
-            frontier = list(range(start, stop)) if level else [-1]
             qd = RowDists(fwd.logits, self.sampling)
             parents, tokens = [], []
-            for r, node in enumerate(frontier):
+            for r, node in enumerate(range(start, stop) if level else [-1]):
                 if not self.sampling.greedy:
                     q_rows[node + 1] = qd[r]
                 kids = drafting.candidates(qd, r, k, greedy=self.sampling.greedy,
@@ -242,16 +291,18 @@ class Engine:
             if not tokens:
                 break
             tree.add_level(parents, tokens, source="draft")
-        t_drafted = _now(device)
+        return _Drafted(tree, q_rows, q_show, signals, calls, fed, past + len(chain))
 
-        # Verification: one target forward over its chain (the anchor, if not cached) and the whole tree.
+    def _verify(self, tree: DraftTree, q_rows: dict) -> "_Verified":
+        """One target forward over its chain (the anchor, when not cached) and the whole tree, then the verifier."""
+        L = len(self.committed)
         chain = self.committed[self.target_len():]
         past = L - len(chain)
         n = len(tree)
         mask = step_mask(past, len(chain), True, tree.anc, 0, n)
         pos = step_position_ids(past, len(chain), True, tree.depth, 0, n)
-        target_calls = 1 if chain or n else 0
-        if target_calls:
+        calls = 1 if chain or n else 0
+        if calls:
             logits = self._forward(self.pair.target, self.target_cache, chain + tree.token, pos,
                                    mask if n else None, keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
@@ -263,26 +314,7 @@ class Engine:
         result = verify.VERIFIERS[self.verifier_name](
             tree, p_rows, q_rows, generator=self.generator, greedy=self.sampling.greedy,
             replacement=self.config.replacement)
-
-        # Commit, then cut both caches to the committed context plus the accepted path.
-        new_tokens = [tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
-        head = past + len(chain)
-        trim_cache(self.target_cache, head, [head + i for i in result.path])
-        if draft_calls:
-            head = draft_past + len(draft_chain)
-            trim_cache(self.draft_cache, head, [head + i for i in result.path if i < fed])
-        if self.config.is_lossy:
-            self.next_dist = result.next_dist
-            self.next_logits = p_rows.row_logits(result.next_row)
-        new_tokens = self._truncate(new_tokens)
-        self.committed.extend(new_tokens)
-        t_end = _now(device)
-
-        step = self._record(tree, L, chain, mask, pos, past, q_show, p_rows, result, new_tokens,
-                            stop_signals, draft_calls, target_calls, (t_drafted - t_start) * 1e3, (t_end - t_drafted) * 1e3,
-                            (t_end - t_start) * 1e3)
-        self.trace.steps.append(step)
-        return step
+        return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain))
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""
@@ -307,8 +339,9 @@ class Engine:
 
     # ------------------------------------------------------------------ trace
 
-    def _record(self, tree, L, chain, mask, pos, past, q_show, p_rows, result, new_tokens, stop_signals,
-                draft_calls, target_calls, draft_ms, verify_ms, step_ms) -> StepTrace:
+    def _record(self, L: int, d: "_Drafted", v: "_Verified", new_tokens: list[int], draft_ms: float,
+                verify_ms: float, step_ms: float) -> StepTrace:
+        tree, result, p_rows = d.tree, v.result, v.p_rows
         committed_nodes = set(result.path[: len(new_tokens)])
         branches = tree.children(-1)
         branch_of = tree.branch_ids()
@@ -318,21 +351,21 @@ class Engine:
         for i in range(len(tree)):
             parent_row = tree.parent[i] + 1
             tok = tree.token[i]
-            d = result.decisions.get(i)
+            dec = result.decisions.get(i)
             if tree.source[i] == "target":
                 status = ACCEPTED
-            elif d is None:
+            elif dec is None:
                 status = UNVERIFIED
             else:
-                status = ACCEPTED if d.accepted else REJECTED
+                status = ACCEPTED if dec.accepted else REJECTED
             nodes.append(NodeTrace(
                 id=i + 1, parent=parent_row, token_id=tok, text=self._text(tok), depth=tree.depth[i],
                 position_id=L - 1 + tree.depth[i], source=tree.source[i], status=status,
                 committed=i in committed_nodes, branch=branch_of[i],
-                q=q_show.get(i), p=p_rows.shown(parent_row, tok),
-                u=None if d is None else d.u, ratio=None if d is None else _finite(d.ratio),
-                residual_top=[] if d is None else [[t, self._text(t), pr] for t, pr in d.residual_top]))
-        ids = ([0] if chain else []) + [i + 1 for i in range(len(tree))]
+                q=d.q_show.get(i), p=p_rows.shown(parent_row, tok),
+                u=None if dec is None else dec.u, ratio=None if dec is None else _finite(dec.ratio),
+                residual_top=[] if dec is None else [[t, self._text(t), pr] for t, pr in dec.residual_top]))
+        ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(len(tree))]
         drafted = sum(1 for s in tree.source if s == "draft")
         accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] == "draft")
         branch_rows = []
@@ -343,12 +376,12 @@ class Engine:
                                 "chosen": b == result.chosen_branch})
         return StepTrace(
             index=len(self.trace.steps), method=self.config.method, lossy=self.config.is_lossy, nodes=nodes,
-            mask=mask[:, past:].astype(int).tolist(), mask_node_ids=ids, mask_context_len=past,
-            position_ids=[int(p) for p in pos], branches=branch_rows, stop_signals=stop_signals,
+            mask=v.mask.astype(int).tolist(), mask_node_ids=ids, mask_context_len=v.past,
+            position_ids=[int(p) for p in v.position_ids], branches=branch_rows, stop_signals=d.signals,
             committed_ids=list(new_tokens), committed_text=[self._text(t) for t in new_tokens],
             bonus_token=result.bonus if (result.bonus is not None and len(new_tokens) > len(result.path)) else None,
             accepted_draft_len=accepted_draft, max_draft_len=len(self.branching), drafted=drafted,
-            draft_calls=draft_calls, target_calls=target_calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
+            draft_calls=d.calls, target_calls=v.calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
             verifier=self.verifier_name, finished=self.finished)
 
     # ------------------------------------------------------------------ whole runs
