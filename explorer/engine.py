@@ -162,8 +162,7 @@ class Engine:
         self.finished = False
         self.target_cache = _new_cache()
         self.draft_cache = _new_cache() if self.branching else None
-        self.next_dist = None
-        self.next_logits = None
+        self._text_so_far = ""  # decoded generated text, complete characters only
         t0 = _now(self.pair.device)
         # The target prefills the whole prompt exactly as transformers' generate does (same kernels, same cache
         # rounding), and its last row gives p for the first step's anchor.
@@ -189,6 +188,21 @@ class Engine:
 
     def _text(self, token_id: int) -> str:
         return self.pair.tokenizer.decode([token_id])
+
+    def _pieces(self, new_tokens: list[int]) -> list[str]:
+        """Text each new token adds to the output. A token that ends inside a multi-byte character adds "" and
+        the token completing it carries the whole character, so the pieces always join to the decoded text."""
+        out = []
+        done = self.committed[self.n_prompt:]
+        base = len(done) - len(new_tokens)
+        for j in range(len(new_tokens)):
+            full = self.pair.tokenizer.decode(done[: base + j + 1])
+            if full.endswith("\ufffd") or not full.startswith(self._text_so_far):
+                out.append("")
+                continue
+            out.append(full[len(self._text_so_far):])
+            self._text_so_far = full
+        return out
 
     # ------------------------------------------------------------------ forwards
 
@@ -378,7 +392,7 @@ class Engine:
             index=len(self.trace.steps), method=self.config.method, lossy=self.config.is_lossy, nodes=nodes,
             mask=v.mask.astype(int).tolist(), mask_node_ids=ids, mask_context_len=v.past,
             position_ids=[int(p) for p in v.position_ids], branches=branch_rows, stop_signals=d.signals,
-            committed_ids=list(new_tokens), committed_text=[self._text(t) for t in new_tokens],
+            committed_ids=list(new_tokens), committed_text=self._pieces(new_tokens),
             bonus_token=result.bonus if (result.bonus is not None and len(new_tokens) > len(result.path)) else None,
             accepted_draft_len=accepted_draft, max_draft_len=len(self.branching), drafted=drafted,
             draft_calls=d.calls, target_calls=v.calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,

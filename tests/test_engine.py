@@ -192,3 +192,13 @@ def test_lossy_method_is_labelled_and_commits_root_plus_branch(tiny):
         if not s.finished:
             assert len(s.committed_ids) == 1 + chosen[0]["accepted"]
     assert RunTrace.from_dict(tr.to_dict()).generated_ids == tr.generated_ids
+
+
+def test_step_texts_join_to_the_decoded_output(tiny):
+    """Byte tokens that split a multi-byte character add "" until the character is complete."""
+    ids = tiny.tokenizer.encode("héllo wörld")
+    _, tr = run(tiny, MethodConfig(method="mcsd", k_config=(3, 2)), ids, 60, SamplingConfig(temperature=1.0, seed=9))
+    full = tiny.tokenizer.decode(tr.generated_ids)
+    joined = tr.generated_text
+    assert full.startswith(joined) and len(full) - len(joined) <= 1
+    assert "\ufffd" not in joined or "\ufffd" in full[: len(joined)]
