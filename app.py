@@ -15,7 +15,7 @@ import os
 import streamlit as st
 
 from explorer import figures
-from explorer.config import DEFAULTS, METHOD_LABELS, METHODS
+from explorer.config import DEFAULTS, METHOD_LABELS, METHODS, VERIFIER_LABELS, VERIFIERS
 from explorer.metrics import run_metrics
 from explorer.prompts import PromptError, humaneval, mt_bench
 from explorer.sampling import SamplingConfig
@@ -107,7 +107,9 @@ def sidebar():
             changes["stop"] = sb.selectbox("Stop policy", ["confidence", "none"], key="stop")
             changes["threshold"] = sb.slider("Threshold τ", 0.0, 1.0, d.threshold, 0.05, key="threshold",
                                              disabled=changes["stop"] == "none")
-        changes["replacement"] = sb.checkbox("Draft with replacement (SpecInfer)", key="replacement")
+    if method in ("sd", "mcsd", "mcsd-improved") and not changes.get("lossy"):
+        changes["verifier"] = sb.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
+                                           key="verifier", help="at temperature 0 every rule is greedy matching")
 
     sb.header("Sampling")
     temperature = sb.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, 0.05, key="temperature")
@@ -210,10 +212,50 @@ def show_run(trace):
         st.plotly_chart(figures.tree_figure(step), width="stretch", key="tree_chart")
     with right:
         st.plotly_chart(figures.mask_figure(step), width="stretch", key="mask_chart")
+    with st.expander("Why each node was accepted or rejected"):
+        st.caption("A node x is accepted when u ≤ p(x)/q(x) (the SpecHub rule uses its transport plan's "
+                   "probability instead); after a rejection the next sibling, or the replacement token, is drawn "
+                   "from the residual distribution.")
+        st.dataframe(figures.node_rows(step), hide_index=True, width="stretch")
     c1, c2, c3 = st.columns(3)
     c1.plotly_chart(figures.branch_figure(step), width="stretch", key="branch_chart")
     c2.plotly_chart(figures.stop_figure(step), width="stretch", key="stop_chart")
     c3.plotly_chart(figures.run_figure(trace), width="stretch", key="run_chart")
+
+
+def audit_panel(pair, settings, prompt_text: str, chat: bool):
+    """Sample the first two tokens many times and test them against the target's exact distribution."""
+    from explorer.audit import audit
+    from explorer.prompts import encode_prompt
+
+    with st.expander("Losslessness audit: does this method sample exactly from the target?"):
+        st.caption("Samples the first two committed tokens N times from the prompt (one speculative step each) and "
+                   "compares them with the target's exact probabilities (chi-square test, total variation). Needs "
+                   "a temperature above 0. On the embedded pair each sample costs about half a second.")
+        samples = st.slider("Samples", 100, 5000, 1000 if settings["spec"] == "tiny" else 200, 100, key="audit_n")
+        if st.button("Run audit", key="audit_btn"):
+            bar = st.progress(0.0, text="Sampling…")
+            try:
+                config = build_config(settings)
+                sampling = SamplingConfig(**settings["sampling"])
+                ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
+                result = audit(pair, config, sampling, ids, samples,
+                               progress=lambda d, t: bar.progress(d / t, text=f"{d}/{t} samples"))
+                st.session_state["audit"] = result.to_dict()
+            except (PromptError, TreeShapeError, ValueError) as exc:
+                st.session_state.pop("audit", None)
+                st.error(str(exc))
+            finally:
+                bar.empty()
+        result = st.session_state.get("audit")
+        if result:
+            verdict = "passes" if result["passed"] else "FAILS"
+            st.markdown(f"**{html.escape(result['method']['method'])}** with verifier `{result['verifier']}` "
+                        f"{verdict} at α = {result['alpha']} over {result['samples']} samples.")
+            c1, c2 = st.columns(2)
+            c1.plotly_chart(figures.audit_figure(result, "first"), width="stretch", key="audit_first")
+            if result.get("pairs"):
+                c2.plotly_chart(figures.audit_figure(result, "pairs"), width="stretch", key="audit_pairs")
 
 
 def main():
@@ -257,6 +299,7 @@ def main():
 
     if st.session_state.get("error"):
         st.error(st.session_state["error"])
+    audit_panel(pair, settings, prompt_text, chat)
     engine = st.session_state.get("engine")
     if engine is not None and engine.pair is not pair:  # the pair changed under a run: it cannot go on
         st.session_state.pop("engine", None)

@@ -1,8 +1,9 @@
-"""Command line: ``python -m explorer generate | greedy-check``.
+"""Command line: ``python -m explorer generate | greedy-check | audit | verifiers``.
 
 ``generate`` decodes one prompt or a prompt file with one method and prints the text and metrics, or with
 ``--json`` one JSON object a line per prompt. ``greedy-check`` runs transformers' greedy ``generate``, ``ar`` and
 every lossless method on a prompt set and reports where and why outputs differ (see ``equivalence.py``).
+``audit`` samples the first tokens many times from one context and tests them against the target's exact law.
 Errors in the input are printed as one line on stderr with exit status 2.
 """
 
@@ -13,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import DEFAULTS, METHODS, MethodConfig
+from .config import DEFAULTS, METHODS, VERIFIERS, MethodConfig
 from .prompts import Prompt, PromptError, load_prompt_set
 from .tree import TreeShapeError, parse_k_config
 
@@ -40,7 +41,8 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
     g.add_argument("--stop", choices=["none", "confidence"], help="mcsd-improved stop policy")
     g.add_argument("--threshold", type=float, help="stop threshold tau")
-    g.add_argument("--replacement", action="store_true", help="draft children with replacement (SpecInfer)")
+    g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
+                   help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -66,8 +68,8 @@ def method_config_from_args(args) -> MethodConfig:
         changes["lossy"] = True
         if "k_config" not in changes:
             changes["k_config"] = (1,)  # the seed's fork: one draft chain under each root
-    if getattr(args, "replacement", False):
-        changes["replacement"] = True
+    if getattr(args, "verifier", None):
+        changes["verifier"] = args.verifier
     return base.with_(**changes)
 
 
@@ -152,6 +154,72 @@ def cmd_greedy_check(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_audit(args) -> int:
+    from tqdm import tqdm
+
+    from .audit import audit
+    from .prompts import encode_prompt
+    from .sampling import SamplingConfig
+
+    config = method_config_from_args(args)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    pair = _load_pair(args)
+    ids = encode_prompt(pair.tokenizer, args.prompt, chat_template=not args.no_chat_template)
+    bar = tqdm(total=args.samples, desc=f"audit {config.method}", unit="sample", file=sys.stderr,
+               disable=args.json and not sys.stderr.isatty())
+    result = audit(pair, config, sampling, ids, args.samples, two_tokens=not args.one_token, alpha=args.alpha,
+                   progress=lambda done, total: bar.update(done - bar.n))
+    bar.close()
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        print(f"method {config.method}{' (LOSSY)' if config.is_lossy else ''}, verifier {result.verifier}, "
+              f"{args.samples} samples, temperature {sampling.temperature}, top-p {sampling.top_p}")
+        for name, cmp in (("first token", result.first), ("first two tokens", result.pairs)):
+            if cmp is None:
+                continue
+            verdict = "consistent with the target" if cmp.p_value > args.alpha else "DIFFERS from the target"
+            print(f"  {name}: chi2 {cmp.chi2:.1f} (dof {cmp.dof}), p-value {cmp.p_value:.4g}, "
+                  f"TV distance {cmp.tv_distance:.4f} -> {verdict}")
+            for row in cmp.top(8):
+                label = result.labels.get(row["category"], row["category"])
+                print(f"      {label!r:>24}  empirical {row['empirical']:.4f}  exact {row['exact']:.4f}  "
+                      f"(count {row['count']})")
+        print("PASS" if result.passed else "FAIL")
+    return 0 if result.passed else 1
+
+
+def cmd_verifiers(args) -> int:
+    """Tokens per target call of every lossless verifier on the same tree shape and prompts, per temperature."""
+    from .engine import Engine
+    from .metrics import run_metrics
+    from .prompts import encode_prompt
+    from .sampling import SamplingConfig
+
+    prompts = _prompts_from_args(args)
+    pair = _load_pair(args)
+    encoded = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
+    summary = []
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        for verifier in args.verifiers.split(","):
+            config = method_config_from_args(args).with_(verifier=verifier)
+            tokens = calls = 0
+            for n, ids in enumerate(encoded):
+                for rep in range(args.repeats):
+                    engine = Engine(pair, config, SamplingConfig(temperature=temperature, top_p=args.top_p,
+                                                                 seed=args.seed + 1000 * rep + n))
+                    engine.start(ids, args.max_new_tokens)
+                    m = run_metrics(engine.run())
+                    tokens += m["generated_tokens"]
+                    calls += m["target_calls"]
+            row = {"temperature": temperature, "verifier": verifier, "method": config.method,
+                   "k_config": list(config.k_config), "prompts": len(encoded), "repeats": args.repeats,
+                   "generated_tokens": tokens, "target_calls": calls, "tokens_per_target_call": tokens / calls}
+            summary.append(row)
+            print(json.dumps(row), flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explorer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -178,6 +246,30 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--no-chat-template", action="store_true")
     _add_model_args(chk)
     chk.set_defaults(func=cmd_greedy_check)
+
+    aud = sub.add_parser("audit", help="sample the first tokens N times and test them against the target's law")
+    aud.add_argument("--prompt", default="def fibonacci(n):", help="the context to sample from")
+    aud.add_argument("--samples", type=int, default=2000)
+    aud.add_argument("--one-token", action="store_true", help="test the first token only")
+    aud.add_argument("--alpha", type=float, default=0.001, help="significance level of the chi-square test")
+    aud.add_argument("--json", action="store_true")
+    _add_method_args(aud)
+    _add_sampling_args(aud)
+    _add_model_args(aud)
+    aud.set_defaults(func=cmd_audit, models="tiny", temperature=1.0, method="mcsd")
+
+    ver = sub.add_parser("verifiers", help="tokens per target call of each verifier on the same trees and prompts")
+    src = ver.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
+    ver.add_argument("--limit", type=int, default=0)
+    ver.add_argument("--verifiers", default=",".join(VERIFIERS))
+    ver.add_argument("--temperatures", default="0.7,1.0")
+    ver.add_argument("--repeats", type=int, default=1, help="seeds per prompt")
+    _add_method_args(ver)
+    _add_sampling_args(ver)
+    _add_model_args(ver)
+    ver.set_defaults(func=cmd_verifiers, method="mcsd", k_config="2,2,2")
     return parser
 
 

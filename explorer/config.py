@@ -18,6 +18,14 @@ METHOD_LABELS = {
     "mcsd-improved": "Improved MCSD (seed paper)",
 }
 MAX_TREE_NODES = 512
+VERIFIERS = ("rrs", "rrs-replacement", "mcns", "spechub")
+VERIFIER_LABELS = {
+    "auto": "auto (greedy at T=0, else RRS)",
+    "rrs": "RRS without replacement (MCSD)",
+    "rrs-replacement": "RRS with replacement (SpecInfer)",
+    "mcns": "MCNS (naive multi-candidate)",
+    "spechub": "SpecHub (2 drafts per node)",
+}
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,9 @@ class MethodConfig:
             Off (default): one target root (the bonus token) and a lossless draft tree.
         stop: stop policy name for ``mcsd-improved`` (``none`` or ``confidence``); ``sd``/``mcsd`` never stop early.
         threshold: the stop policy's tau.
-        replacement: draft children with replacement (SpecInfer) instead of without (MCSD); verification matches.
+        verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
+            ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
+            the verifier. The lossy mode always uses the seed's longest-branch rule.
     """
 
     method: str = "mcsd"
@@ -46,7 +56,7 @@ class MethodConfig:
     lossy: bool = False
     stop: str = "confidence"
     threshold: float = 0.3
-    replacement: bool = False
+    verifier: str = "auto"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -60,6 +70,13 @@ class MethodConfig:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
         if self.method == "mcsd-improved" and len(self.k_config) > self.max_depth:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
+        if self.verifier not in ("auto",) + VERIFIERS:
+            raise ValueError(f"unknown verifier {self.verifier!r}; use auto or one of {', '.join(VERIFIERS)}")
+        if self.lossy and self.verifier != "auto":
+            raise ValueError("the lossy mode uses the seed's longest-branch rule; leave the verifier on auto")
+        if self.verifier == "spechub" and any(k > 2 for k in self.draft_branching()):
+            raise TreeShapeError(f"SpecHub verifies at most two drafts per node; k_config {self.k_config} has "
+                                 f"{max(self.draft_branching())} (use e.g. 2,2,2)")
         if self.max_nodes() > MAX_TREE_NODES:
             raise TreeShapeError(f"this tree has {self.max_nodes()} nodes; at most {MAX_TREE_NODES} are verified "
                                  "in one target pass")
@@ -86,6 +103,14 @@ class MethodConfig:
     def max_nodes(self) -> int:
         roots = self.target_roots
         return roots * (1 + tree_size(self.draft_branching())) if roots else tree_size(self.draft_branching())
+
+    def verifier_for(self, greedy: bool) -> str:
+        """The verifier that runs: ``longest-branch`` when lossy, ``greedy`` at temperature 0, else the setting."""
+        if self.is_lossy:
+            return "longest-branch"
+        if greedy:
+            return "greedy"
+        return "rrs" if self.verifier == "auto" else self.verifier
 
     def stop_policy_name(self) -> str:
         return self.stop if self.method == "mcsd-improved" else "none"

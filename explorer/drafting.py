@@ -7,6 +7,7 @@ same seed gives the same tree.
 * Without replacement: the Gumbel-top-k trick (Kool et al. 2019): ``topk(log q + Gumbel)`` draws k distinct tokens
   with exactly the law of sequential sampling without replacement, which the MCSD verifier assumes.
 * With replacement: k i.i.d. draws from q (SpecInfer's setting; duplicates allowed).
+* Hub pairs: SpecHub's two children, one of them the draft's argmax (``hub_pair``).
 """
 
 from __future__ import annotations
@@ -41,10 +42,36 @@ def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def candidates(dists, row: int, k: int, *, greedy: bool, replacement: bool, generator: torch.Generator) -> list[int]:
-    """Children (or roots) for one row of a ``sampling.RowDists``: the rule chosen by the decoding mode."""
-    if greedy:
+def hub_pair(probs: torch.Tensor, generator: torch.Generator) -> list[int]:
+    """SpecHub's drafting of two children (Sun et al. 2024): one of them is always the hub ``a = argmax q``.
+
+    Draws ``y ~ q``; if ``y != a`` the pair is ``(y, a)``, else ``(a, i)`` with ``i ~ q`` restricted to non-hub
+    tokens. So ``P(i, a) = q(i)`` and ``P(a, i) = q(a) q(i) / (1 - q(a))``, the sparse joint that
+    ``verify.spechub_plan`` verifies. A q with a single token of support gives just ``[a]``.
+    """
+    a = int(probs.argmax())
+    if int((probs > 0).sum()) < 2:
+        return [a]
+    y = sample_one(probs, generator)
+    if y != a:
+        return [y, a]
+    rest = probs.clone()
+    rest[a] = 0
+    return [a, sample_one(rest / rest.sum(), generator)]
+
+
+DRAFT_RULES = {"rrs": "without", "mcns": "without", "longest-branch": "without", "rrs-replacement": "with",
+               "spechub": "hub", "greedy": "greedy"}
+"""How children are drawn for each verifier: the drafting must match what the verifier assumes."""
+
+
+def candidates(dists, row: int, k: int, *, verifier: str, generator: torch.Generator) -> list[int]:
+    """Children (or roots) for one row of a ``sampling.RowDists``, drawn the way ``verifier`` expects."""
+    rule = DRAFT_RULES[verifier]
+    if rule == "greedy":
         return greedy_candidates(dists.row_logits(row), k)
-    if replacement:
+    if rule == "with":
         return sample_with_replacement(dists[row], k, generator)
+    if rule == "hub" and k == 2:
+        return hub_pair(dists[row], generator)
     return gumbel_top_k(dists[row], k, generator)

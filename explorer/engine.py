@@ -18,7 +18,7 @@ Invariants between steps (batch size 1):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -126,12 +126,7 @@ class Engine:
         self.sampling = sampling
         self.branching = config.draft_branching()
         self.stop_policy = make_stop_policy(config.stop_policy_name(), config.threshold)
-        if config.is_lossy:
-            self.verifier_name = "longest-branch"
-        elif sampling.greedy:
-            self.verifier_name = "greedy"
-        else:
-            self.verifier_name = "rrs-replacement" if config.replacement else "rrs"
+        self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
 
     # ------------------------------------------------------------------ set-up
@@ -174,12 +169,33 @@ class Engine:
         if self.draft_cache is not None and head:
             self._forward(self.pair.draft, self.draft_cache, head, list(range(len(head))), None, keep=1)
         prefill_ms = (_now(self.pair.device) - t0) * 1e3
+        self._after_prefill = (self.target_len(), self.draft_len(), self.next_logits, self.next_dist)
         self.trace = RunTrace(
             settings={"method": self.config.to_dict(), "sampling": self.sampling.to_dict(),
                       "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device)},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
+        return self.trace
+
+    def rewind(self, seed: int | None = None) -> RunTrace:
+        """Go back to the state right after the prefill (caches cut back, no tokens generated), optionally with a
+        new seed, without recomputing the prompt. Used to draw many samples from one context (``audit.py``)."""
+        if self.trace is None:
+            raise EngineError("start() the engine with a prompt first")
+        target_len, draft_len, self.next_logits, self.next_dist = self._after_prefill
+        trim_cache(self.target_cache, target_len, [])
+        if self.draft_cache is not None:
+            trim_cache(self.draft_cache, draft_len, [])
+        del self.committed[self.n_prompt:]
+        self.finished = False
+        self._text_so_far = ""
+        if seed is not None:
+            self.sampling = replace(self.sampling, seed=int(seed))
+        self.generator.manual_seed(int(self.sampling.seed))
+        self.trace = RunTrace(settings={**self.trace.settings, "sampling": self.sampling.to_dict()},
+                              model=self.trace.model, prompt=self.trace.prompt, prompt_ids=self.trace.prompt_ids,
+                              prefill_ms=self.trace.prefill_ms)
         return self.trace
 
     @property
@@ -296,8 +312,7 @@ class Engine:
             for r, node in enumerate(range(start, stop) if level else [-1]):
                 if not self.sampling.greedy:
                     q_rows[node + 1] = qd[r]
-                kids = drafting.candidates(qd, r, k, greedy=self.sampling.greedy,
-                                           replacement=self.config.replacement, generator=self.generator)
+                kids = drafting.candidates(qd, r, k, verifier=self.verifier_name, generator=self.generator)
                 for t in kids:
                     q_show[len(tree) + len(tokens)] = qd.shown(r, t)
                     parents.append(node)
@@ -325,9 +340,8 @@ class Engine:
             p_rows = RowDists(logits, self.sampling)
         else:  # the anchor is cached: its distribution was kept from the prefill or the previous (lossy) step
             p_rows = RowDists(logits, self.sampling, offset=1, fixed={0: (self.next_dist, self.next_logits)})
-        result = verify.VERIFIERS[self.verifier_name](
-            tree, p_rows, q_rows, generator=self.generator, greedy=self.sampling.greedy,
-            replacement=self.config.replacement)
+        result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
+                                     greedy=self.sampling.greedy)
         return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain))
 
     def _truncate(self, tokens: list[int]) -> list[int]:

@@ -20,8 +20,9 @@ STATUS_LABELS = {CONTEXT: "last committed token", ACCEPTED: "accepted", REJECTED
 BONUS_COLOR = "#1f77b4"
 
 
-def token_label(text: str, limit: int = 16) -> str:
-    """Printable, HTML-safe label for a token: whitespace made visible, long tokens shortened."""
+def token_label(text: str, limit: int = 16, escape: bool = True) -> str:
+    """Printable label for a token: whitespace made visible, long tokens shortened, HTML-escaped unless
+    ``escape=False`` (for widgets that show text verbatim, such as tables)."""
     shown = text.replace("\n", "↵").replace("\t", "⇥")
     if not text.strip():  # an all-whitespace token: show its spaces
         shown = shown.replace(" ", "␣")
@@ -29,7 +30,7 @@ def token_label(text: str, limit: int = 16) -> str:
         shown = "∅"
     if len(shown) > limit:
         shown = shown[: limit - 1] + "…"
-    return html.escape(shown)
+    return html.escape(shown) if escape else shown
 
 
 def node_label(node) -> str:
@@ -39,6 +40,19 @@ def node_label(node) -> str:
 
 def _fmt(x, digits=3) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
+
+
+def node_rows(step: StepTrace) -> list[dict]:
+    """One plain row per node for a table: token, where it sits, p, q, the test and its outcome."""
+    rows = []
+    for n in step.nodes:
+        rows.append({
+            "id": n.id, "parent": n.parent, "token": token_label(n.text, 24, escape=False), "depth": n.depth,
+            "position id": n.position_id, "branch": n.branch, "source": n.source, "status": n.status,
+            "committed": n.committed, "p (target)": n.p, "q (draft)": n.q, "p/q": n.ratio, "u": n.u,
+            "residual top": ", ".join(f"{token_label(t, 10, escape=False)} {pr:.2f}" for _, t, pr in n.residual_top[:3]),
+        })
+    return rows
 
 
 def tree_graph(step: StepTrace) -> nx.DiGraph:
@@ -227,3 +241,22 @@ def text_html(run: RunTrace, current: int | None = None) -> str:
                      + "".join(toks) + "</span>")
     body = "".join(parts) or "<i>nothing generated yet: press Step</i>"
     return f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">{body}</div>'
+
+
+def audit_figure(result: dict, which: str = "first", top: int = 20) -> go.Figure:
+    """Empirical against exact probabilities from an audit result (``AuditResult.to_dict()``), most likely first."""
+    cmp = result[which]
+    labels = result.get("labels", {})
+    order = sorted(range(len(cmp["categories"])), key=lambda i: -cmp["exact"][i])[:top]
+    names = [token_label(labels.get(cmp["categories"][i], cmp["categories"][i]), 18) + f" [{i}]" for i in order]
+    n = cmp["n"]
+    fig = go.Figure([
+        go.Bar(name="exact (target)", x=names, y=[cmp["exact"][i] for i in order], marker_color="#7f7f7f"),
+        go.Bar(name="empirical", x=names, y=[cmp["counts"][i] / n for i in order], marker_color=BONUS_COLOR),
+    ])
+    verdict = "consistent with the target" if cmp["p_value"] > result["alpha"] else "DIFFERS from the target"
+    title = "first token" if which == "first" else "first two tokens"
+    fig.update_layout(barmode="group", height=340, margin=dict(l=10, r=10, t=60, b=10),
+                      title=f"{title}: p-value {cmp['p_value']:.3g}, TV {cmp['tv_distance']:.3f} ({verdict})",
+                      yaxis=dict(title="probability"), legend=dict(orientation="h", y=1.12, x=0))
+    return fig

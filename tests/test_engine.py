@@ -14,7 +14,8 @@ LOSSLESS = [
     MethodConfig(method="sd", gamma=6),
     MethodConfig(method="mcsd", k_config=(4, 2, 2)),
     MethodConfig(method="mcsd", k_config=(3, 1, 2, 1)),
-    MethodConfig(method="mcsd", k_config=(2, 2), replacement=True),
+    MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs-replacement"),
+    MethodConfig(method="mcsd", k_config=(2, 2, 2), verifier="spechub"),
     MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, threshold=0.2),
     MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=4, stop="none"),
 ]
@@ -34,7 +35,7 @@ def test_ar_matches_transformers_greedy_generate(tiny, prompt):
     assert trace.generated_ids == ref
 
 
-@pytest.mark.parametrize("cfg", LOSSLESS, ids=lambda c: f"{c.method}-{c.k_config}-{c.gamma}-{c.replacement}")
+@pytest.mark.parametrize("cfg", LOSSLESS, ids=lambda c: f"{c.method}-{c.k_config}-{c.gamma}-{c.verifier}")
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_every_lossless_method_matches_ar_when_greedy(tiny, cfg, prompt):
     ids = tiny.tokenizer.encode(prompt)

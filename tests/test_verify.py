@@ -1,7 +1,10 @@
 import torch
 
 from explorer.tree import DraftTree
-from explorer.verify import verify_greedy, verify_longest_branch, verify_rrs
+import pytest
+
+from explorer.drafting import hub_pair
+from explorer.verify import VerifierError, spechub_node, spechub_plan, verify_longest_branch, verify_tree
 
 V = 6
 
@@ -23,7 +26,7 @@ def test_greedy_follows_argmax_and_takes_bonus():
     tree = two_level_tree()
     # anchor prefers token 2 (node 1); node 1 prefers 4 (node 3); node 3 prefers 5 -> bonus
     p = torch.stack([onehot(2), onehot(0), onehot(4), onehot(0), onehot(5)])
-    r = verify_greedy(tree, p)
+    r = verify_tree(tree, p, {}, None, rule="greedy")
     assert r.path == [1, 3] and r.bonus == 5 and r.chosen_branch == 1
     assert r.decisions[0].accepted is False and r.decisions[1].accepted is True
     assert r.branch_accepted == {0: 0, 1: 2}
@@ -32,7 +35,7 @@ def test_greedy_follows_argmax_and_takes_bonus():
 def test_greedy_rejects_all_children():
     tree = two_level_tree()
     p = torch.stack([onehot(5)] * 5)
-    r = verify_greedy(tree, p)
+    r = verify_tree(tree, p, {}, None, rule="greedy")
     assert r.path == [] and r.bonus == 5 and r.chosen_branch is None
 
 
@@ -42,7 +45,7 @@ def test_rrs_accepts_everything_when_p_equals_q():
     p = torch.stack([dist] * 5)
     q = {0: dist, 1: dist, 2: dist}
     g = torch.Generator().manual_seed(0)
-    r = verify_rrs(tree, p, q, generator=g)
+    r = verify_tree(tree, p, q, g, rule="rrs")
     assert r.path == [0, 2]  # first child always accepted (ratio 1)
     assert r.decisions[0].ratio == 1.0
 
@@ -54,7 +57,7 @@ def test_rrs_rejection_uses_residual_and_removes_the_drafted_token():
     q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
     p = torch.stack([p_anchor, onehot(0), onehot(0)])
     g = torch.Generator().manual_seed(0)
-    r = verify_rrs(tree, p, {0: q_anchor}, generator=g)
+    r = verify_tree(tree, p, {0: q_anchor}, g, rule="rrs")
     assert r.path == [] and r.bonus == 3
     assert all(not d.accepted and d.ratio == 0.0 for d in r.decisions.values())
     assert r.decisions[0].residual_top[0][0] == 3
@@ -67,7 +70,7 @@ def test_rrs_without_replacement_second_sibling_faces_renormalised_q():
     p_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
     q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
     p = torch.stack([p_anchor, onehot(0), onehot(0)])
-    r = verify_rrs(tree, p, {0: q_anchor}, generator=torch.Generator().manual_seed(1))
+    r = verify_tree(tree, p, {0: q_anchor}, torch.Generator().manual_seed(1), rule="rrs")
     assert r.path == [0]
 
 
@@ -77,7 +80,73 @@ def test_longest_branch_commits_the_longest_accepted_branch():
     tree.add_level([0, 1], [3, 4])  # 2 under root 0, 3 under root 1
     # greedy: root 0's child (3) is rejected (target wants 5), root 1's child (4) accepted
     p = torch.stack([onehot(1), onehot(5), onehot(4), onehot(0), onehot(0)])
-    r = verify_longest_branch(tree, p, {}, generator=None, greedy=True)
+    r = verify_longest_branch(tree, p, {}, None, greedy=True)
     assert r.path == [1, 3] and r.bonus is None and r.chosen_branch == 1
     assert r.branch_accepted == {0: 0, 1: 1}
     assert int(r.next_dist.argmax()) == 0 and r.next_row == 4
+
+
+def test_mcns_emits_the_target_sample():
+    tree = DraftTree()
+    tree.add_level([-1, -1], [1, 2])
+    p = torch.stack([onehot(2), onehot(0), onehot(4)])
+    r = verify_tree(tree, p, {0: torch.full((V,), 1 / V)}, torch.Generator().manual_seed(0), rule="mcns")
+    assert r.path == [1] and r.bonus == 4
+    p = torch.stack([onehot(5), onehot(0), onehot(0)])
+    r = verify_tree(tree, p, {0: torch.full((V,), 1 / V)}, torch.Generator().manual_seed(0), rule="mcns")
+    assert r.path == [] and r.bonus == 5
+
+
+def test_hub_pair_always_contains_the_hub_and_matches_its_joint():
+    q = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0, 0.0])
+    g = torch.Generator().manual_seed(0)
+    counts = {}
+    n = 20000
+    for _ in range(n):
+        pair = tuple(hub_pair(q, g))
+        assert 0 in pair and len(set(pair)) == 2
+        counts[pair] = counts.get(pair, 0) + 1
+    # P(i, a) = q(i); P(a, i) = q(a) q(i) / (1 - q(a))
+    expected = {(1, 0): 0.3, (2, 0): 0.2, (0, 1): 0.5 * 0.3 / 0.5, (0, 2): 0.5 * 0.2 / 0.5}
+    for pair, prob in expected.items():
+        assert abs(counts.get(pair, 0) / n - prob) < 0.015
+    assert hub_pair(torch.tensor([0.0, 1.0, 0, 0, 0, 0]), g) == [1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spechub_plan_is_exactly_lossless(seed):
+    """Sum over the drafting law of P(accept each token) plus P(reject) * residual equals p, token by token."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(V, generator=g) ** 3
+    p /= p.sum()
+    q = torch.rand(V, generator=g) ** 3
+    q /= q.sum()
+    plan = spechub_plan(p, q)
+    a = plan["hub"]
+    out = torch.zeros(V, dtype=torch.float64)
+    reject = 0.0
+    qa = float(q[a])
+    for i in range(V):
+        if i == a:
+            continue
+        for prob, alpha, beta in ((float(q[i]), float(plan["alpha1"][i]), plan["beta1"]),
+                                  (qa * float(q[i]) / (1 - qa), float(plan["alpha2"][i]), plan["beta2"])):
+            out[i] += prob * alpha
+            out[a] += prob * (1 - alpha) * beta
+            reject += prob * (1 - alpha) * (1 - beta)
+    residual = plan["residual"].double()
+    assert abs(float(residual.sum()) - reject) < 1e-5
+    out += reject * residual / residual.sum()
+    assert torch.allclose(out, p.double(), atol=1e-5)
+
+
+def test_spechub_node_needs_its_hub_drafting():
+    q = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0, 0.0])
+    p = torch.full((V,), 1 / V)
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(VerifierError, match="hub"):
+        spechub_node([1, 2], p, q, g)
+    with pytest.raises(VerifierError, match="two drafts"):
+        spechub_node([1, 2, 0], p, q, g)
+    idx, dist, decisions = spechub_node([1, 0], p, q, g)
+    assert set(decisions) <= {0, 1}

@@ -1,0 +1,71 @@
+"""Statistical tests (fixed seeds) that every lossless verification rule samples exactly from the target, and that
+the audit has the power to catch the seed's lossy longest-branch rule at the same sample size."""
+
+import json
+
+import pytest
+
+from explorer.audit import MIN_EXPECTED, audit, compare
+from explorer.cli import main
+from explorer.config import MethodConfig
+from explorer.sampling import SamplingConfig
+
+N = 1200
+PROMPT = "def f(x):\n    return"
+
+LOSSLESS = [
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs"), 1.0, 1.0),
+    (MethodConfig(method="mcsd", k_config=(3, 1), verifier="rrs"), 0.7, 0.9),
+    (MethodConfig(method="mcsd", k_config=(3, 1), verifier="rrs-replacement"), 1.0, 0.9),
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs-replacement"), 0.7, 1.0),
+    (MethodConfig(method="mcsd", k_config=(3, 2), verifier="mcns"), 1.0, 1.0),
+    (MethodConfig(method="mcsd", k_config=(2, 1), verifier="mcns"), 0.7, 0.9),
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub"), 1.0, 0.9),
+    (MethodConfig(method="mcsd", k_config=(2, 2, 2), verifier="spechub"), 0.7, 1.0),
+    (MethodConfig(method="sd", gamma=3, verifier="rrs"), 1.0, 1.0),
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, threshold=0.1), 0.7, 0.9),
+]
+
+
+@pytest.mark.parametrize("cfg, temperature, top_p", LOSSLESS,
+                         ids=[f"{c.method}-{c.verifier}-{c.k_config}-T{t}-p{p}" for c, t, p in LOSSLESS])
+def test_lossless_rules_pass_the_audit(tiny, cfg, temperature, top_p):
+    ids = tiny.tokenizer.encode(PROMPT)
+    r = audit(tiny, cfg, SamplingConfig(temperature=temperature, top_p=top_p, seed=1), ids, N)
+    assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
+    assert r.first.tv_distance < 0.06
+    assert r.first.dof >= 3 and r.pairs.dof >= 3  # the test really spans several categories
+
+
+def test_the_lossy_longest_branch_rule_is_detected(tiny):
+    ids = tiny.tokenizer.encode(PROMPT)
+    cfg = MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3)
+    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=1), ids, N)
+    assert r.verifier == "longest-branch"
+    assert r.first.p_value < 1e-6 and not r.passed
+    assert r.first.tv_distance > 0.08
+
+
+def test_compare_pools_rare_categories_and_flags_impossible_ones():
+    exact = {"a": 0.5, "b": 0.3, "c": 0.199, "d": 0.001}
+    c = compare({"a": 50, "b": 30, "c": 20}, exact, 100)
+    assert c.categories == ["a", "b", "c", "(other)"] and c.counts[-1] == 0
+    assert c.p_value > 0.9 and c.tv_distance < 0.01
+    bad = compare({"a": 90, "b": 10}, exact, 100)
+    assert bad.p_value < 1e-6
+    impossible = compare({"a": 99, "z": 1}, {"a": 1.0}, 100)
+    assert impossible.p_value == 0.0
+    assert all(p * 100 >= MIN_EXPECTED for p in c.exact[:-1])
+
+
+def test_audit_refuses_greedy(tiny):
+    with pytest.raises(ValueError, match="temperature"):
+        audit(tiny, MethodConfig(method="sd"), SamplingConfig(), tiny.tokenizer.encode("x"), 10)
+
+
+def test_audit_command_line(capsys):
+    rc = main(["audit", "--samples", "300", "--json", "--method", "mcsd", "--k-config", "2,2", "--verifier", "spechub"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["passed"] and out["verifier"] == "spechub" and out["samples"] == 300
+    assert main(["audit", "--samples", "10", "--temperature", "0"]) == 2
+    assert main(["audit", "--samples", "10", "--verifier", "spechub", "--k-config", "3,1"]) == 2
