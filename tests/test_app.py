@@ -103,3 +103,19 @@ def test_every_method_steps_in_the_app(app):
     click(app, "reset_btn")
     click(app, "step_btn")
     assert any("Lossy" in w.value for w in app.warning)
+
+
+def test_audit_panel_runs_and_explains_greedy(app):
+    app.text_area(key="prompt_text").set_value("def f(x):")
+    app.sidebar.slider(key="temperature").set_value(1.0)
+    app.sidebar.selectbox(key="method").set_value("mcsd").run()
+    app.sidebar.selectbox(key="verifier").set_value("spechub").run()
+    app.sidebar.text_input(key="k_config_mcsd_False").set_value("2,2")
+    app.slider(key="audit_n").set_value(200)
+    click(app, "audit_btn")
+    result = app.session_state["audit"]
+    assert result["verifier"] == "spechub" and result["samples"] == 200
+    assert any("spechub" in m.value for m in app.markdown)
+    app.sidebar.slider(key="temperature").set_value(0.0)
+    click(app, "audit_btn")
+    assert any("temperature above 0" in e.value for e in app.error)

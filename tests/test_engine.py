@@ -203,3 +203,16 @@ def test_step_texts_join_to_the_decoded_output(tiny):
     joined = tr.generated_text
     assert full.startswith(joined) and len(full) - len(joined) <= 1
     assert "\ufffd" not in joined or "\ufffd" in full[: len(joined)]
+
+
+def test_rewind_reproduces_a_fresh_run(tiny):
+    ids = tiny.tokenizer.encode(PROMPTS[0])
+    cfg = MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub")
+    fresh = {s: run(tiny, cfg, ids, 12, SamplingConfig(temperature=1.0, seed=s))[1].generated_ids for s in (3, 4)}
+    eng = Engine(tiny, cfg, SamplingConfig(temperature=1.0, seed=0))
+    eng.start(ids, 12)
+    eng.run()
+    for s in (3, 4, 3):
+        eng.rewind(seed=s)
+        assert eng.n_generated == 0 and eng.target_len() == len(ids)
+        assert eng.run().generated_ids == fresh[s]
