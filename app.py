@@ -30,12 +30,12 @@ PAIRS = {"default": "Embedded: Qwen2.5-Coder 0.5B → 1.5B", "tiny": "Tiny rando
 # ---------------------------------------------------------------------------------------------------- resources
 
 @st.cache_resource(show_spinner=False, max_entries=3)
-def get_pair(spec: str, draft: str, target: str, dtype: str, _progress=None):
-    """Models are shared by every session: read-only, forwards serialised by ``pair.lock``."""
+def get_pair(spec: str, draft: str, target: str, dtype: str):
+    """Models are shared by every session: read-only, forwards serialised by ``pair.lock``. No Streamlit calls in
+    here: a cached function may not touch page elements created outside it."""
     from explorer.models import load_named_pair
 
-    return load_named_pair(spec, dtype=dtype, draft=draft or None, target=target or None,
-                           progress=_progress or (lambda m, f: None))
+    return load_named_pair(spec, dtype=dtype, draft=draft or None, target=target or None)
 
 
 @st.cache_data(show_spinner=False)
@@ -56,15 +56,23 @@ def set_error(message: str | None) -> None:
 
 
 def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
-    bar = st.progress(0.0, text="Loading models…")
+    """First start of the embedded pair: assemble, verify and convert it (on disk, once) with a progress bar;
+    then load the cached pair (seconds)."""
+    from explorer import models
 
-    def progress(message: str, fraction: float) -> None:
-        bar.progress(min(max(fraction, 0.0), 1.0), text=message)
-
-    try:
-        return get_pair(spec, draft, target, dtype, _progress=progress)
-    finally:
-        bar.empty()
+    if spec == "default":
+        missing = [m for m in (models.DEFAULT_DRAFT, models.DEFAULT_TARGET)
+                   if not models.is_prepared(m, models.parse_dtype(dtype))]
+        if missing:
+            bar = st.progress(0.0, text="Preparing the embedded models (first start only)…")
+            try:
+                for m in missing:
+                    models.prepare_embedded(m, models.parse_dtype(dtype), progress=lambda msg, f: bar.progress(
+                        min(max(f, 0.0), 1.0), text=msg))
+            finally:
+                bar.empty()
+    with st.spinner("Loading models…"):
+        return get_pair(spec, draft, target, dtype)
 
 
 # ---------------------------------------------------------------------------------------------------- sidebar

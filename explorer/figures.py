@@ -68,18 +68,16 @@ def tree_graph(step: StepTrace) -> nx.DiGraph:
 
 def tree_layout(g: nx.DiGraph, root: int = 0) -> dict[int, tuple[float, float]]:
     """Tidy layered layout: x = depth, leaves on successive rows, a parent centred on its children."""
-    pos: dict[int, tuple[float, float]] = {}
+    row: dict[int, float] = {}
     next_row = 0.0
     for node in nx.dfs_postorder_nodes(g, root):
         kids = list(g.successors(node))
-        depth = g.nodes[node]["depth"]
         if kids:
-            y = sum(pos[k][1] for k in kids) / len(kids)
+            row[node] = sum(row[k] for k in kids) / len(kids)
         else:
-            y = next_row
+            row[node] = next_row
             next_row += 1.0
-        pos[node] = (float(depth), -y)
-    return pos
+    return {node: (float(g.nodes[node]["depth"]), -y) for node, y in row.items()}
 
 
 def _hover(n) -> str:

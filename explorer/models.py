@@ -201,16 +201,34 @@ def assemble_gguf(model: EmbeddedModel, progress: ProgressFn = _noop_progress) -
     return target
 
 
+_PREPARE_LOCK = threading.Lock()  # one conversion at a time per process (app sessions share the cache folder)
+
+
+def _converted_dir(model: EmbeddedModel, dtype: torch.dtype) -> Path:
+    return cache_dir() / "converted" / f"{model.name}-{_dtype_tag(dtype)}"
+
+
+def is_prepared(model: EmbeddedModel, dtype: torch.dtype) -> bool:
+    """True when ``model`` is already converted for ``dtype`` in the cache (loading takes seconds)."""
+    out = _converted_dir(model, dtype)
+    return (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file()
+
+
 def prepare_embedded(model: EmbeddedModel, dtype: torch.dtype, progress: ProgressFn = _noop_progress) -> Path:
     """Return a folder with ``model`` converted to safetensors in ``dtype`` (plus its tokenizer), building it once.
 
     The first call assembles the GGUF (~0.5-1.1 GB) and dequantizes it with transformers (30-60 s on 2 CPU cores);
     later calls return the cached folder at once.
     """
+    with _PREPARE_LOCK:
+        return _prepare_embedded(model, dtype, progress)
+
+
+def _prepare_embedded(model: EmbeddedModel, dtype: torch.dtype, progress: ProgressFn) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = cache_dir() / "converted" / f"{model.name}-{_dtype_tag(dtype)}"
-    if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
+    out = _converted_dir(model, dtype)
+    if is_prepared(model, dtype):
         return out
     gguf = assemble_gguf(model, progress)
     progress(f"converting {model.name} from GGUF (one time, about a minute)", 0.0)

@@ -73,9 +73,13 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
         page.locator("textarea").first.fill("Write a Python function that checks whether a number is prime.")
         page.keyboard.press("Control+Enter")
         wait_idle(page, 60_000)
-        for _ in range(2):
-            page.get_by_role("button", name="Step", exact=True).click()
-            wait_idle(page, 300_000)
+        try:
+            for _ in range(2):
+                page.get_by_role("button", name="Step", exact=True).click(timeout=120_000)
+                wait_idle(page, 300_000)
+        except Exception:
+            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
+            raise
         page.wait_for_selector(".js-plotly-plot", timeout=60_000)
         page.wait_for_timeout(1500)
         page.screenshot(path=str(out_dir / "step2_full.png"), full_page=True)

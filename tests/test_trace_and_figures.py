@@ -79,3 +79,22 @@ def test_token_text_is_escaped_everywhere(run_trace):
     step.nodes[1].text = "<script>alert(1)</script>"
     fig = figures.tree_figure(step)
     assert not any("<script>" in (t or "") for tr in fig.data if tr.text is not None for t in tr.text)
+
+
+def test_tree_layout_keeps_chains_level_and_parents_centred():
+    from explorer.trace import NodeTrace, StepTrace
+
+    parents = [None, 0, 0, 1, 1, 2, 3, 5]  # two branches, each a small subtree continued by chains
+    nodes = [NodeTrace(id=i, parent=p, token_id=i, text=str(i), depth=0 if p is None else 0, position_id=0,
+                       source="draft", status="unverified") for i, p in enumerate(parents)]
+    for n in nodes[1:]:
+        n.depth = nodes[n.parent].depth + 1
+    step = StepTrace(index=0, method="mcsd", lossy=False, nodes=nodes, mask=[], mask_node_ids=[], mask_context_len=0,
+                     position_ids=[], branches=[], stop_signals=[], committed_ids=[], committed_text=[],
+                     bonus_token=None, accepted_draft_len=0, max_draft_len=3, drafted=7, draft_calls=0,
+                     target_calls=0, draft_ms=0, verify_ms=0, step_ms=0)
+    pos = figures.tree_layout(figures.tree_graph(step))
+    assert pos[3][1] == pos[6][1] and pos[5][1] == pos[7][1]  # chains are horizontal
+    assert pos[1][1] == (pos[3][1] + pos[4][1]) / 2  # a parent sits between its children
+    assert len({pos[i][1] for i in (3, 4, 5)}) == 3  # leaves do not overlap
+    assert all(pos[i][0] == nodes[i].depth for i in range(len(nodes)))
