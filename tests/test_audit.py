@@ -27,11 +27,14 @@ LOSSLESS = [
 ]
 
 
-@pytest.mark.parametrize("cfg, temperature, top_p", LOSSLESS,
+@pytest.mark.parametrize("case", range(len(LOSSLESS)),
                          ids=[f"{c.method}-{c.verifier}-{c.k_config}-T{t}-p{p}" for c, t, p in LOSSLESS])
-def test_lossless_rules_pass_the_audit(tiny, cfg, temperature, top_p):
+def test_lossless_rules_pass_the_audit(tiny, case):
+    cfg, temperature, top_p = LOSSLESS[case]
     ids = tiny.tokenizer.encode(PROMPT)
-    r = audit(tiny, cfg, SamplingConfig(temperature=temperature, top_p=top_p, seed=1), ids, N)
+    # sample s uses seed + s: disjoint seed ranges keep the cases' samples independent of each other
+    seed = 100_000 * (case + 1)
+    r = audit(tiny, cfg, SamplingConfig(temperature=temperature, top_p=top_p, seed=seed), ids, N)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     assert r.first.tv_distance < 0.06
     assert r.first.dof >= 3 and r.pairs.dof >= 3  # the test really spans several categories
@@ -40,7 +43,7 @@ def test_lossless_rules_pass_the_audit(tiny, cfg, temperature, top_p):
 def test_the_lossy_longest_branch_rule_is_detected(tiny):
     ids = tiny.tokenizer.encode(PROMPT)
     cfg = MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3)
-    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=1), ids, N)
+    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=100_000 * (len(LOSSLESS) + 1)), ids, N)
     assert r.verifier == "longest-branch"
     assert r.first.p_value < 1e-6 and not r.passed
     assert r.first.tv_distance > 0.08
