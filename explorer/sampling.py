@@ -68,11 +68,6 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-def raw_probs(logits: torch.Tensor) -> torch.Tensor:
-    """Plain softmax at temperature 1, float32: what the UI shows as a model's confidence in greedy mode."""
-    return logits.float().softmax(-1)
-
-
 class RowDists:
     """Processed distributions of the rows of a logits matrix, computed on demand and cached.
 

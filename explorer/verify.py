@@ -278,9 +278,6 @@ def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torc
                         next_row=(below[-1] if below else root) + 1)
 
 
-LOSSY_VERIFIERS = ("longest-branch",)
-
-
 def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,
                  greedy: bool = False) -> VerifyResult:
     """Dispatch by name: ``greedy``, one of ``VERIFIERS``, or ``longest-branch``."""
