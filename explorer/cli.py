@@ -55,6 +55,14 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as is")
 
 
+def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="JSONL file ('turns' list or 'prompt' string a line), or mt-bench / "
+                                           "humaneval")
+    p.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
+
+
 def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
@@ -225,11 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode prompts with one method and report metrics")
-    src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="JSONL file ('turns' list or 'prompt' string a line), or mt-bench / "
-                                           "humaneval")
-    gen.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
+    _add_prompt_source_args(gen)
     gen.add_argument("--json", action="store_true", help="one JSON object a line per prompt")
     gen.add_argument("--save-trace", metavar="DIR", help="write each run's step trace as JSON into DIR")
     _add_method_args(gen)
@@ -238,10 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     chk = sub.add_parser("greedy-check", help="greedy equivalence of every lossless method with ar and HF generate")
-    src = chk.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt")
-    src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
-    chk.add_argument("--limit", type=int, default=0)
+    _add_prompt_source_args(chk)
     chk.add_argument("--max-new-tokens", type=int, default=64)
     chk.add_argument("--no-chat-template", action="store_true")
     _add_model_args(chk)
@@ -259,10 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     aud.set_defaults(func=cmd_audit, models="tiny", temperature=1.0, method="mcsd")
 
     ver = sub.add_parser("verifiers", help="tokens per target call of each verifier on the same trees and prompts")
-    src = ver.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt")
-    src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
-    ver.add_argument("--limit", type=int, default=0)
+    _add_prompt_source_args(ver)
     ver.add_argument("--verifiers", default=",".join(VERIFIERS))
     ver.add_argument("--temperatures", default="0.7,1.0")
     ver.add_argument("--repeats", type=int, default=1, help="seeds per prompt")

@@ -373,7 +373,7 @@ class Engine:
         committed_nodes = set(result.path[: len(new_tokens)])
         branches = tree.children(-1)
         branch_of = tree.branch_ids()
-        anchor_token = self.committed[L - 1] if L - 1 < len(self.committed) else self.committed[-1]
+        anchor_token = self.committed[L - 1]
         nodes = [NodeTrace(id=0, parent=None, token_id=anchor_token, text=self._text(anchor_token), depth=0,
                            position_id=L - 1, source=CONTEXT, status=CONTEXT, committed=True)]
         for i in range(len(tree)):
