@@ -19,6 +19,12 @@ from explorer.config import DEFAULTS, METHOD_LABELS, METHODS, VERIFIER_LABELS, V
 from explorer.metrics import run_metrics
 from explorer.prompts import PromptError, humaneval, mt_bench
 from explorer.sampling import SamplingConfig
+from explorer.stopping import (
+    DEFAULT_THRESHOLDS,
+    LEARNED_POLICIES,
+    STOP_POLICY_LABELS,
+    STOP_POLICY_NAMES,
+)
 from explorer.tree import TreeShapeError, parse_k_config
 
 st.set_page_config(page_title="Speculative decoding explorer", page_icon="🌳", layout="wide")
@@ -112,9 +118,20 @@ def sidebar():
             if lossy:
                 changes["width"] = sb.slider("Target roots w", 1, 8, d.width, key="width")
             changes["max_depth"] = sb.slider("Max draft depth", 1, 12, d.max_depth, key="max_depth")
-            changes["stop"] = sb.selectbox("Stop policy", ["confidence", "none"], key="stop")
-            changes["threshold"] = sb.slider("Threshold τ", 0.0, 1.0, d.threshold, 0.05, key="threshold",
-                                             disabled=changes["stop"] == "none")
+            stop = sb.selectbox("Stop policy", STOP_POLICY_NAMES, index=STOP_POLICY_NAMES.index(d.stop),
+                                format_func=STOP_POLICY_LABELS.get, key="stop",
+                                help="when drafting stops early: the draft's own confidence, or a learned decision "
+                                     "model's predicted acceptance (the seed's rule, per-branch pruning, or "
+                                     "SpecDec++'s cumulative rule)")
+            changes["stop"] = stop
+            changes["threshold"] = sb.slider(
+                "Threshold h (stop when P(reject) > h)" if stop == "specdec++" else "Threshold τ", 0.0, 1.0,
+                DEFAULT_THRESHOLDS[stop], 0.05, key=f"threshold_{stop}", disabled=stop == "none")
+            if stop in LEARNED_POLICIES:
+                changes["decision_model"] = sb.selectbox(
+                    "Decision model", ["hidden", "dist"], key="decision_model",
+                    format_func={"hidden": "MLP on the draft's hidden state",
+                                 "dist": "MLP on entropy + top-10 of q"}.get)
     if method in ("sd", "mcsd", "mcsd-improved") and not changes.get("lossy"):
         changes["verifier"] = sb.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
                                            key="verifier", help="at temperature 0 every rule is greedy matching")
@@ -227,8 +244,38 @@ def show_run(trace):
         st.dataframe(figures.node_rows(step), hide_index=True, width="stretch")
     c1, c2, c3 = st.columns(3)
     c1.plotly_chart(figures.branch_figure(step), width="stretch", key="branch_chart")
-    c2.plotly_chart(figures.stop_figure(step), width="stretch", key="stop_chart")
+    with c2:
+        stop_panel(step)
     c3.plotly_chart(figures.run_figure(trace), width="stretch", key="run_chart")
+
+
+def stop_panel(step):
+    """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
+    from explorer.stopping import score_threshold, what_if
+
+    sigs = step.stop_signals
+    policy = sigs[0].policy if sigs else "none"
+    if not sigs or policy == "none":
+        st.plotly_chart(figures.stop_figure(step), width="stretch", key="stop_chart")
+        return
+    recorded = 1.0 - sigs[0].threshold if policy == "specdec++" else sigs[0].threshold
+    tau = st.slider("What if the threshold were… (" + ("h" if policy == "specdec++" else "τ") + ")", 0.0, 1.0,
+                    float(round(recorded, 2)), 0.05, key=f"whatif_{policy}",
+                    help="re-runs this step's stop decisions on the recorded scores; nothing is recomputed")
+    result = what_if(step, tau)
+    st.plotly_chart(figures.stop_figure(step, {"threshold": score_threshold(policy, tau), "rows": result["rows"]}),
+                    width="stretch", key="stop_chart")
+    pruned = [f"branch {b} at level {r['level']}" for r in result["rows"] for b in r["pruned"]]
+    note = (f"With {'h' if policy == 'specdec++' else 'τ'} = {tau:.2f}: {result['drafted']} draft tokens over "
+            f"{result['draft_levels']} levels (recorded {step.drafted}), {result['tokens']} token(s) committed "
+            f"(recorded {len(step.committed_ids)}).")
+    if pruned:
+        note += " Stops: " + "; ".join(pruned) + "."
+    if result["deeper"]:
+        note += " It would draft deeper than this step did, which the trace cannot show."
+    if not result["exact"]:
+        note += " Sampled verification: the committed count is the recorded path cut at the new depth."
+    st.caption(note)
 
 
 def audit_panel(pair, settings, prompt_text: str, chat: bool):

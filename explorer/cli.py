@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .config import DEFAULTS, METHODS, VERIFIERS, MethodConfig
 from .prompts import Prompt, PromptError, load_prompt_set
+from .stopping import STOP_POLICY_NAMES
 from .tree import TreeShapeError, parse_k_config
 
 
@@ -39,8 +40,12 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-depth", type=int, help="mcsd-improved: maximum draft levels")
     g.add_argument("--lossy", action="store_true",
                    help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
-    g.add_argument("--stop", choices=["none", "confidence"], help="mcsd-improved stop policy")
-    g.add_argument("--threshold", type=float, help="stop threshold tau")
+    g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
+                                                            "specdec++ read a learned decision model)")
+    g.add_argument("--threshold", type=float, help="stop threshold tau (specdec++: h); default per policy")
+    g.add_argument("--decision-model", choices=["hidden", "dist"],
+                   help="decision model the learned stop policies read (default hidden)")
+    g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
     g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
                    help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
 
@@ -66,7 +71,7 @@ def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:
 def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
-    for name in ("gamma", "width", "max_depth", "stop", "threshold"):
+    for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -79,6 +84,15 @@ def method_config_from_args(args) -> MethodConfig:
     if getattr(args, "verifier", None):
         changes["verifier"] = args.verifier
     return base.with_(**changes)
+
+
+def decision_model_from_args(args, config: MethodConfig):
+    """The decision model named by ``--decision-dir``, or None (the engine then loads the shipped one)."""
+    if not getattr(args, "decision_dir", None):
+        return None
+    from .decision.model import load_decision_model
+
+    return load_decision_model(args.decision_dir, config.decision_model)
 
 
 def _prompts_from_args(args) -> list[Prompt]:
@@ -107,9 +121,10 @@ def cmd_generate(args) -> int:
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     prompts = _prompts_from_args(args)
     pair = _load_pair(args)
+    decision = decision_model_from_args(args, config)
     for n, prompt in enumerate(prompts):
         ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
-        engine = Engine(pair, config, sampling)
+        engine = Engine(pair, config, sampling, decision_model=decision)
         engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
         trace = engine.run()
         m = run_metrics(trace)
@@ -268,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(ver)
     _add_model_args(ver)
     ver.set_defaults(func=cmd_verifiers, method="mcsd", k_config="2,2,2")
+
+    from .decision.cli import add_decision_parser
+
+    add_decision_parser(sub)
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .stopping import DEFAULT_THRESHOLDS, STOP_POLICY_NAMES
 from .tree import TreeShapeError, parse_k_config, tree_size
 
 METHODS = ("ar", "sd", "mcsd", "mcsd-improved")
@@ -41,8 +42,12 @@ class MethodConfig:
         max_depth: maximum draft levels for ``mcsd-improved``.
         lossy: ``mcsd-improved`` only: the seed's target-initialized roots + longest-branch rule (biased output).
             Off (default): one target root (the bonus token) and a lossless draft tree.
-        stop: stop policy name for ``mcsd-improved`` (``none`` or ``confidence``); ``sd``/``mcsd`` never stop early.
-        threshold: the stop policy's tau.
+        stop: stop policy for ``mcsd-improved`` (``stopping.STOP_POLICY_NAMES``: none, confidence, decision,
+            prune, specdec++); ``sd``/``mcsd`` never stop early.
+        threshold: the stop policy's tau (``specdec++``: h); None = the policy's default
+            (``stopping.DEFAULT_THRESHOLDS``).
+        decision_model: which learned model the decision, prune and specdec++ policies read: ``hidden`` (the
+            draft's last hidden state) or ``dist`` (entropy + top-10 of q).
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
             ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
             the verifier. The lossy mode always uses the seed's longest-branch rule.
@@ -55,8 +60,9 @@ class MethodConfig:
     max_depth: int = 6
     lossy: bool = False
     stop: str = "confidence"
-    threshold: float = 0.3
+    threshold: float | None = None
     verifier: str = "auto"
+    decision_model: str = "hidden"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -66,7 +72,16 @@ class MethodConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-        if not 0.0 <= float(self.threshold) <= 1.0:
+        if self.stop not in STOP_POLICY_NAMES:
+            raise ValueError(f"unknown stop policy {self.stop!r}; use one of {', '.join(STOP_POLICY_NAMES)}")
+        if self.decision_model not in ("hidden", "dist"):
+            raise ValueError(f"unknown decision model {self.decision_model!r}; use hidden or dist")
+        if self.threshold is None:
+            object.__setattr__(self, "threshold", DEFAULT_THRESHOLDS[self.stop])
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
+            raise ValueError(f"threshold must be a number in [0, 1], got {self.threshold!r}")
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
         if self.method == "mcsd-improved" and len(self.k_config) > self.max_depth:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
@@ -121,6 +136,9 @@ class MethodConfig:
         return d
 
     def with_(self, **changes) -> "MethodConfig":
+        """A copy with ``changes``; a new stop policy without a threshold gets that policy's default."""
+        if "stop" in changes and "threshold" not in changes and changes["stop"] != self.stop:
+            changes["threshold"] = None
         return replace(self, **changes)
 
 
@@ -128,6 +146,5 @@ DEFAULTS = {
     "ar": MethodConfig(method="ar"),
     "sd": MethodConfig(method="sd", gamma=4),
     "mcsd": MethodConfig(method="mcsd", k_config=(4, 2, 2)),
-    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=6, stop="confidence",
-                                  threshold=0.3),
+    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=6, stop="confidence"),
 }

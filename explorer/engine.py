@@ -26,8 +26,16 @@ from . import drafting, verify
 from .config import MethodConfig
 from .models import ModelPair
 from .sampling import RowDists, SamplingConfig, logits_to_probs
-from .stopping import make_stop_policy
-from .trace import ACCEPTED, CONTEXT, REJECTED, UNVERIFIED, NodeTrace, RunTrace, StepTrace
+from .stopping import LEARNED_POLICIES, LevelView, make_stop_policy
+from .trace import (
+    ACCEPTED,
+    CONTEXT,
+    REJECTED,
+    UNVERIFIED,
+    NodeTrace,
+    RunTrace,
+    StepTrace,
+)
 from .tree import DraftTree, step_mask, step_position_ids, to_float_mask
 
 
@@ -80,6 +88,7 @@ class _Forward:
 
     logits: torch.Tensor
     first_row: int  # index in the query of logits[0]
+    hidden: torch.Tensor | None = None  # float32 (n_rows, hidden_size): last hidden state of the same rows
 
 
 @dataclass
@@ -93,6 +102,7 @@ class _Drafted:
     calls: int  # draft forwards
     fed: int  # tree nodes fed to the draft (a breadth-first prefix)
     head: int  # draft cache length before the tree rows (context + chain)
+    features: dict  # node -> (hidden (H,), dist (11,), q1): draft features at its parent row, when collected
 
 
 @dataclass
@@ -116,18 +126,35 @@ class Engine:
         pair: the loaded models (shared, read-only; forwards hold ``pair.lock``).
         config: the method and its shape (``MethodConfig``).
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
+        decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
+            (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
+        capture_features: keep every drafted node's decision features (``_Drafted.features``) for
+            ``decision collect``, whatever the stop policy.
     Raises:
-        EngineError: on ``start`` with an empty prompt or one that leaves no room in the context window.
+        EngineError: a learned stop policy with no decision model for this pair; on ``start``, an empty prompt or
+            one that leaves no room in the context window.
     """
 
-    def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig):
+    def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
+                 capture_features: bool = False):
         self.pair = pair
         self.config = config
         self.sampling = sampling
         self.branching = config.draft_branching()
-        self.stop_policy = make_stop_policy(config.stop_policy_name(), config.threshold)
+        policy = config.stop_policy_name()
+        if policy in LEARNED_POLICIES and decision_model is None:
+            from .decision.model import DecisionModelError, shipped_decision_model
+
+            try:
+                decision_model = shipped_decision_model(pair.draft_id, pair.target_id, config.decision_model)
+            except DecisionModelError as exc:
+                raise EngineError(str(exc)) from None
+        self.decision_model = decision_model
+        self.stop_policy = make_stop_policy(policy, config.threshold, decision_model)
+        self.capture_features = capture_features
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
+        self.last_step: tuple | None = None  # (_Drafted, _Verified) of the latest step, for decision collect
 
     # ------------------------------------------------------------------ set-up
 
@@ -222,18 +249,21 @@ class Engine:
 
     # ------------------------------------------------------------------ forwards
 
-    def _forward(self, model, cache, input_ids: list[int], position_ids: list[int], mask, keep: int) -> _Forward:
+    def _forward(self, model, cache, input_ids: list[int], position_ids: list[int], mask, keep: int,
+                 hidden: bool = False) -> _Forward:
         """One forward of ``model`` appending to ``cache``. ``mask``: bool ``(q, k)`` numpy array or None for the
-        ordinary causal mask. Returns the logits of the last ``keep`` rows, cut to the shared vocabulary."""
+        ordinary causal mask. Returns the logits of the last ``keep`` rows, cut to the shared vocabulary, and with
+        ``hidden`` the last hidden state of the same rows."""
         device = self.pair.device
         ids = torch.tensor([input_ids], dtype=torch.long, device=device)
         pos = torch.tensor([position_ids], dtype=torch.long, device=device)
         attn = None if mask is None else to_float_mask(mask, self.pair.dtype, device)
         with torch.inference_mode(), self.pair.lock:
             out = model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=cache,
-                        use_cache=True, logits_to_keep=keep)
+                        use_cache=True, logits_to_keep=keep, output_hidden_states=hidden)
         logits = out.logits[0, :, : self.pair.vocab_size]
-        return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0])
+        h = out.hidden_states[-1][0, -logits.shape[0]:].float() if hidden else None
+        return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
 
     # ------------------------------------------------------------------ one step
 
@@ -254,6 +284,7 @@ class Engine:
         t_drafted = _now(device)
         v = self._verify(d.tree, d.q_rows)
         result = v.result
+        self.last_step = (d, v)
 
         # Commit, then cut both caches to the committed context plus the accepted path.
         new_tokens = [d.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
@@ -275,13 +306,16 @@ class Engine:
     def _draft(self) -> "_Drafted":
         """Grow the step's tree level by level with the draft model (after the target-sampled roots, if lossy).
 
-        The first draft forward also feeds the committed tokens the draft has not cached (its chain); the stop
-        policy is asked after every drafted level whether to go on.
+        The first draft forward also feeds the committed tokens the draft has not cached (its chain). After every
+        drafted level the stop policy scores the branches: drafting ends, or (``prune``) only the branches that
+        stopped get no children. Every level is fed whole, so the draft cache keeps a breadth-first prefix.
         """
         L = len(self.committed)
         tree = DraftTree()
         q_rows: dict[int, torch.Tensor] = {}  # row (node + 1; 0 = anchor) -> q its children were drafted from
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
+        features: dict[int, tuple] = {}  # node -> decision features at its parent row
+        want_features = self.stop_policy.needs_features or self.capture_features
         signals = []
         if self.config.is_lossy:
             if self.sampling.greedy:
@@ -292,11 +326,20 @@ class Engine:
         chain = self.committed[self.draft_len():] if self.draft_cache is not None else []
         past = L - len(chain)
         calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
+        active: set[str] | None = None  # branches still drafting, once the first drafted level exists
+        accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
         for k in self.branching:
             level = tree.n_levels
             if level >= 1 and tree.source[tree.level_starts[level - 1]] == "draft":
-                sig = self.stop_policy.signal(tree, level, q_show)
+                if active is None:
+                    active = {str(b) for b in range(len(tree.children(-1)))}
+                view = LevelView(tree, level, q_show, active=active, accept=accept)
+                if self.stop_policy.needs_features:
+                    view.hidden = torch.stack([features[i][0] for i in tree.level(level)])
+                    view.dist = torch.stack([features[i][1] for i in tree.level(level)])
+                sig = self.stop_policy.signal(view)
                 signals.append(sig)
+                active -= set(sig.pruned)
                 if not sig.keep_drafting:
                     break
             start, stop = (tree.level_starts[level - 1], tree.level_starts[level]) if level else (0, 0)
@@ -304,23 +347,40 @@ class Engine:
             ids = (chain if first else []) + tree.token[start:stop]
             mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
             pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
-            fwd = self._forward(self.pair.draft, self.draft_cache, ids, pos, mask, keep=max(stop - start, 1))
+            fwd = self._forward(self.pair.draft, self.draft_cache, ids, pos, mask, keep=max(stop - start, 1),
+                                hidden=want_features)
             calls += 1
             fed = stop
             qd = RowDists(fwd.logits, self.sampling)
+            row_feats = self._row_features(fwd) if want_features else None
+            branch_of = tree.branch_ids()
             parents, tokens = [], []
             for r, node in enumerate(range(start, stop) if level else [-1]):
+                if active is not None and str(branch_of[node]) not in active:
+                    continue  # a pruned branch: no children below it
                 if not self.sampling.greedy:
                     q_rows[node + 1] = qd[r]
                 kids = drafting.candidates(qd, r, k, verifier=self.verifier_name, generator=self.generator)
                 for t in kids:
-                    q_show[len(tree) + len(tokens)] = qd.shown(r, t)
+                    i = len(tree) + len(tokens)
+                    q_show[i] = qd.shown(r, t)
+                    if row_feats is not None:
+                        hidden, dist, lse = row_feats
+                        features[i] = (hidden[r], dist[r], float(torch.exp(fwd.logits[r, t].float() - lse[r])))
                     parents.append(node)
                     tokens.append(t)
             if not tokens:
                 break
             tree.add_level(parents, tokens, source="draft")
-        return _Drafted(tree, q_rows, q_show, signals, calls, fed, past + len(chain))
+        return _Drafted(tree, q_rows, q_show, signals, calls, fed, past + len(chain), features)
+
+    @staticmethod
+    def _row_features(fwd: _Forward) -> tuple:
+        """Per row of a draft forward: hidden state ``(rows, H)``, the 11 distribution features ``(rows, 11)`` and
+        the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is ``exp(logit - lse)``)."""
+        from .decision.features import dist_features
+
+        return fwd.hidden, dist_features(fwd.logits), torch.logsumexp(fwd.logits.float(), -1)
 
     def _verify(self, tree: DraftTree, q_rows: dict) -> "_Verified":
         """One target forward over its chain (the anchor, when not cached) and the whole tree, then the verifier."""

@@ -183,26 +183,42 @@ def branch_figure(step: StepTrace) -> go.Figure:
     return fig
 
 
-def stop_figure(step: StepTrace) -> go.Figure:
-    """Stop-policy score per level and branch against its threshold, and the decision after each level."""
+def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
+    """Stop-policy score per level and branch against its threshold, the decision after each level, and the
+    branches pruned there (crosses). ``what_if``: ``{"threshold": score-scale value, "rows": stopping.replay(...)}``
+    draws a second threshold and the decisions it would have made."""
     fig = go.Figure()
     sigs = step.stop_signals
     branches = sorted({b for s in sigs for b in s.scores}, key=int)
     for b in branches:
         pts = [(s.level, s.scores[b]) for s in sigs if b in s.scores]
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
-                                 name=f"branch {b}"))
+                                 name=f"branch {b}", legendgroup=b))
+        cut = [(s.level, s.scores[b]) for s in sigs if b in s.pruned and b in s.scores]
+        if cut and any(s.keep_drafting for s in sigs if b in s.pruned):  # pruned alone, not the whole tree
+            fig.add_trace(go.Scatter(x=[p[0] for p in cut], y=[p[1] for p in cut], mode="markers",
+                                     marker=dict(symbol="x", size=14, color="#d62728"), legendgroup=b,
+                                     name=f"branch {b} pruned", hovertext=f"branch {b} stops drafting here",
+                                     hoverinfo="text"))
     if sigs:
+        policy = sigs[0].policy
+        label = "1 − h" if policy == "specdec++" else "τ"
         fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.threshold for s in sigs], mode="lines",
-                                 name=f"threshold τ ({sigs[0].policy})", line=dict(color="#000", dash="dash")))
+                                 name=f"threshold {label} ({policy})", line=dict(color="#000", dash="dash")))
         for s in sigs:
             fig.add_annotation(x=s.level, y=1.08, text="continue" if s.keep_drafting else "<b>stop</b>",
                                showarrow=False, font=dict(color="#2ca02c" if s.keep_drafting else "#d62728"))
+        if what_if is not None:
+            fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[what_if["threshold"]] * len(sigs), mode="lines",
+                                     name=f"what-if {label}", line=dict(color="#9467bd", dash="dot", width=3)))
+            for row in what_if["rows"]:
+                fig.add_annotation(x=row["level"], y=-0.08, showarrow=False, font=dict(color="#9467bd"),
+                                   text="go on" if row["keep_drafting"] else "<b>stop</b>")
     else:
         fig.add_annotation(text="no early-stop decisions in this step (static depth)", showarrow=False, x=0.5,
                            y=0.5, xref="paper", yref="paper")
-    fig.update_layout(title="Stop signal per draft level", height=300, margin=dict(l=10, r=10, t=50, b=10),
-                      xaxis=dict(title="draft level", dtick=1), yaxis=dict(title="score", range=[0, 1.15]),
+    fig.update_layout(title="Stop signal per draft level", height=320, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="draft level", dtick=1), yaxis=dict(title="score", range=[-0.15, 1.15]),
                       legend=dict(orientation="h", y=-0.3))
     return fig
 

@@ -1,65 +1,265 @@
-"""Stop policies: after each draft level, decide whether drafting goes on.
+"""Stop policies: after each draft level, decide whether drafting goes on, for the whole tree or per branch.
 
-A policy sees the newest level of the tree with one score per node and returns a ``StopSignal`` (plain data, kept
-in the step trace). Scores are grouped per branch (the anchor's child a node descends from) and the branch score is
-the best of its frontier nodes.
+A policy sees the newest level of the tree (``LevelView``: the draft's probability of each new token, and for the
+learned policies the draft's last hidden state and the 11 distribution features at each token's parent row),
+gives every new node a score, reduces them to one score per *branch* (the subtree under one of the anchor's
+children) and returns a ``StopSignal`` (plain data, kept in the step trace). Every rule reads "keep drafting while
+the score reaches the threshold", so one chart and one slider serve them all:
 
-* ``none``: static depth, never stops early (MCSD baseline).
-* ``confidence``: the draft's probability of each newest token; keep drafting while any branch's score reaches the
-  threshold. This is the seed paper's rule "keep drafting while any branch's score > tau" with the draft's own
-  confidence as the score (Hugging Face assisted generation stops a chain the same way, threshold 0.4); the
-  learned decision models plug in here as other scores.
+* ``none``: static depth, never stops early (the MCSD baseline).
+* ``confidence``: score = the draft's probability of the token; keep drafting while any branch reaches tau
+  (Hugging Face assisted generation stops its chain the same way, threshold 0.4).
+* ``decision``: the seed's rule (Lu et al. 2024, arXiv 2409.10644): score = a learned decision model's predicted
+  acceptance of the token (``explorer.decision``); keep drafting while any branch's score reaches tau.
+* ``prune``: per-branch pruning (beyond the seed): the same scores, but a branch whose score falls below tau stops
+  alone (its frontier gets no children, so its rows leave the next mask slices); drafting ends when every branch
+  has stopped.
+* ``specdec++``: SpecDec++'s cumulative rule (Huang et al. 2024, arXiv 2405.19715): stop when the predicted
+  probability that at least one token of the path is rejected, ``1 - prod(predicted acceptance)``, exceeds ``h``.
+  Shown on the same scale: score = ``prod(predicted acceptance)`` of the best path in a branch, threshold
+  ``1 - h``.
+
+A branch's score is the best score among its newest nodes. The rules themselves (``decide``) are pure functions of
+the branch scores, so the app can re-run them on a recorded step with another threshold (``replay``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .trace import StopSignal
-from .tree import DraftTree
+
+STOP_POLICY_NAMES = ("none", "confidence", "decision", "prune", "specdec++")
+LEARNED_POLICIES = ("decision", "prune", "specdec++")
+DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.5, "prune": 0.5, "specdec++": 0.3}
+STOP_POLICY_LABELS = {
+    "none": "none (static depth)",
+    "confidence": "draft confidence ≥ τ",
+    "decision": "decision model: any branch ≥ τ (seed)",
+    "prune": "decision model: prune each branch < τ",
+    "specdec++": "SpecDec++: stop when P(reject) > h",
+}
+
+
+@dataclass
+class LevelView:
+    """What a policy sees after draft level ``level`` was added to ``tree``.
+
+    Attributes:
+        tree: the step's DraftTree (``explorer.tree``).
+        level: 1-based level just drafted.
+        q: node index -> the draft's probability of that node's token (as displayed).
+        hidden: float32 ``(n_level_nodes, hidden_size)``, the draft's last hidden state at each new node's parent
+            row, in level order (None unless the policy asked for features).
+        dist: float32 ``(n_level_nodes, 11)``, entropy and top-10 probabilities of the draft distribution at each new
+            node's parent row (None unless asked for).
+        active: branches (as str) still drafting; the engine only drafts below these.
+        accept: node index -> predicted acceptance of earlier levels of this step (filled by learned policies).
+    """
+
+    tree: object
+    level: int
+    q: dict
+    hidden: object = None
+    dist: object = None
+    active: set = field(default_factory=set)
+    accept: dict = field(default_factory=dict)
+
+
+def decide(policy: str, scores: dict, threshold: float) -> tuple[bool, list[str]]:
+    """Apply a policy's rule to one level's branch scores.
+
+    Args:
+        policy: a name in ``STOP_POLICY_NAMES``.
+        scores: branch (str) -> score of the branches scored at this level.
+        threshold: the score a branch must reach to keep drafting (for ``specdec++`` this is ``1 - h``).
+    Returns:
+        ``(keep_drafting, pruned)``: whether any drafting goes on, and the branches that stop here.
+    """
+    if policy == "none":
+        return True, []
+    below = sorted((b for b, s in scores.items() if s < threshold), key=int)
+    if policy == "prune":
+        return len(below) < len(scores), below
+    keep = len(below) < len(scores)
+    return keep, [] if keep else sorted(scores, key=int)
+
+
+def replay(signals: list[StopSignal], threshold: float) -> list[dict]:
+    """Re-run recorded stop decisions with another threshold (the scores are what the policy computed).
+
+    Returns one row per recorded level, until the new rule stops everything: ``{"level", "keep_drafting",
+    "pruned", "active"}``. Pruning with a lower threshold can only keep branches the recording already dropped,
+    whose later scores were never computed; those rows say so with ``"unknown": [...]``.
+    """
+    out: list[dict] = []
+    if not signals:
+        return out
+    policy = signals[0].policy
+    active: set[str] | None = None
+    for s in signals:
+        scores = {b: v for b, v in s.scores.items() if active is None or b in active}
+        unknown = sorted(active - set(s.scores), key=int) if active is not None else []
+        keep, pruned = decide(policy, scores, threshold)
+        active = set(scores) - set(pruned) | set(unknown)
+        out.append({"level": s.level, "keep_drafting": keep or bool(unknown), "pruned": pruned,
+                    "active": sorted(active, key=int), "unknown": unknown})
+        if not keep and not unknown:
+            break
+    return out
 
 
 class StopPolicy:
-    """Interface: ``signal(tree, level, node_scores)`` -> StopSignal with ``keep_drafting``."""
+    """Interface: ``node_scores(view)`` gives the new nodes a score; ``signal(view)`` returns the StopSignal.
+
+    ``needs_features`` tells the engine to collect the draft's hidden states and distribution features.
+    Raises ValueError for a threshold outside [0, 1].
+    """
 
     name = "base"
+    needs_features = False
 
-    def __init__(self, threshold: float = 0.0):
+    def __init__(self, threshold: float):
         if not (0.0 <= threshold <= 1.0):
             raise ValueError(f"stop threshold must be in [0, 1], got {threshold}")
         self.threshold = float(threshold)
 
-    def keep(self, score: float) -> bool:
+    @property
+    def score_threshold(self) -> float:
+        """The threshold on the score scale (what a branch must reach to keep drafting)."""
+        return self.threshold
+
+    def node_scores(self, view: LevelView) -> dict[int, float]:
         raise NotImplementedError
 
-    def signal(self, tree: DraftTree, level: int, node_scores: dict[int, float]) -> StopSignal:
-        """``node_scores``: tree index -> score for the nodes of ``level`` (1-based)."""
+    def signal(self, view: LevelView) -> StopSignal:
+        node_scores = self.node_scores(view)
         per_branch: dict[str, float] = {}
-        for i in tree.level(level):
-            b = str(tree.branch_of(i))
-            per_branch[b] = max(per_branch.get(b, 0.0), float(node_scores.get(i, 0.0)))
-        score = max(per_branch.values(), default=0.0)
-        return StopSignal(level=level, scores=per_branch, score=score, threshold=self.threshold,
-                          keep_drafting=self.keep(score), policy=self.name)
+        for i in view.tree.level(view.level):
+            b = str(view.tree.branch_of(i))
+            if b in view.active:
+                per_branch[b] = max(per_branch.get(b, 0.0), float(node_scores.get(i, 0.0)))
+        keep, pruned = decide(self.name, per_branch, self.score_threshold)
+        return StopSignal(level=view.level, scores=per_branch, score=max(per_branch.values(), default=0.0),
+                          threshold=self.score_threshold, keep_drafting=keep, policy=self.name, pruned=pruned)
 
 
 class NoStop(StopPolicy):
     name = "none"
 
-    def keep(self, score: float) -> bool:
-        return True
+    def node_scores(self, view: LevelView) -> dict[int, float]:
+        return {i: view.q.get(i, 0.0) for i in view.tree.level(view.level)}
 
 
 class ConfidenceStop(StopPolicy):
     name = "confidence"
 
-    def keep(self, score: float) -> bool:
-        return score >= self.threshold
+    def node_scores(self, view: LevelView) -> dict[int, float]:
+        return {i: view.q.get(i, 0.0) for i in view.tree.level(view.level)}
 
 
-STOP_POLICIES = {"none": NoStop, "confidence": ConfidenceStop}
+class DecisionStop(StopPolicy):
+    """The seed's rule with a learned decision model (``explorer.decision.DecisionModel``) as the score."""
+
+    name = "decision"
+    needs_features = True
+
+    def __init__(self, threshold: float, model):
+        super().__init__(threshold)
+        if model is None:
+            raise ValueError(f"stop policy {self.name!r} needs a decision model")
+        self.model = model
+
+    def node_scores(self, view: LevelView) -> dict[int, float]:
+        nodes = list(view.tree.level(view.level))
+        pred = self.model.predict(hidden=view.hidden, dist=view.dist).tolist()
+        scores = dict(zip(nodes, pred))
+        view.accept.update(scores)
+        return scores
 
 
-def make_stop_policy(name: str, threshold: float) -> StopPolicy:
-    try:
-        return STOP_POLICIES[name](threshold)
-    except KeyError:
-        raise ValueError(f"unknown stop policy {name!r}; use one of {sorted(STOP_POLICIES)}") from None
+class PruneStop(DecisionStop):
+    name = "prune"
+
+
+class SpecDecPPStop(DecisionStop):
+    """Score = product of predicted acceptances along the node's path; stop when 1 - product > h."""
+
+    name = "specdec++"
+
+    @property
+    def score_threshold(self) -> float:
+        return 1.0 - self.threshold
+
+    def node_scores(self, view: LevelView) -> dict[int, float]:
+        accept = super().node_scores(view)
+        tree = view.tree
+        out = {}
+        for i, a in accept.items():
+            prod, j = a, tree.parent[i]
+            while j >= 0:
+                if tree.source[j] == "draft":
+                    prod *= view.accept.get(j, 1.0)
+                j = tree.parent[j]
+            out[i] = prod
+        return out
+
+
+_POLICIES = {"none": NoStop, "confidence": ConfidenceStop, "decision": DecisionStop, "prune": PruneStop,
+             "specdec++": SpecDecPPStop}
+
+
+def make_stop_policy(name: str, threshold: float, model=None) -> StopPolicy:
+    """Build a policy by name; the learned ones (``decision``, ``prune``, ``specdec++``) need ``model``.
+
+    Raises ValueError for an unknown name, a threshold outside [0, 1], or a learned policy without a model.
+    """
+    if name not in _POLICIES:
+        raise ValueError(f"unknown stop policy {name!r}; use one of {', '.join(STOP_POLICY_NAMES)}")
+    if name in LEARNED_POLICIES:
+        return _POLICIES[name](threshold, model)
+    return _POLICIES[name](threshold)
+
+
+def score_threshold(policy: str, threshold: float) -> float:
+    """A policy's threshold setting on its score scale (``specdec++`` takes h and keeps paths with prod >= 1 - h)."""
+    return 1.0 - threshold if policy == "specdec++" else threshold
+
+
+def what_if(step, threshold: float) -> dict:
+    """What a recorded step would have drafted and committed had its stop policy used ``threshold`` (the policy's
+    own setting: tau, or h for ``specdec++``). Pure function of the StepTrace: no model runs.
+
+    Returns ``{"rows"`` (``replay`` output), ``"kept"`` (node ids still in the tree), ``"drafted"``,
+    ``"draft_levels"``, ``"tokens"`` (committed tokens: kept accepted path + one target token),
+    ``"deeper"`` (True when the new rule would draft beyond what the step recorded: the figures are then a lower
+    bound) and ``"exact"`` (True for greedy verification, where removing nodes cannot change the walk)``}``.
+    """
+    signals = step.stop_signals
+    policy = signals[0].policy if signals else "none"
+    rows = replay(signals, score_threshold(policy, threshold))
+    limit: dict[str, int] = {}  # branch -> deepest drafted level
+    for row in rows:
+        for b in row["pruned"]:
+            limit.setdefault(b, row["level"])
+    deeper = any(row["unknown"] for row in rows) or (
+        bool(rows) and rows[-1]["keep_drafting"] and len(rows) == len(signals) and not signals[-1].keep_drafting)
+    kept = set()
+    for n in step.nodes:
+        if n.parent is None or n.source == "target":
+            kept.add(n.id)
+            continue
+        if n.depth <= limit.get(str(n.branch), 10**9):
+            kept.add(n.id)
+    path = sorted((n for n in step.nodes if n.committed and n.parent is not None), key=lambda n: n.depth)
+    accepted = 0
+    for n in path:
+        if n.id not in kept:
+            break
+        accepted += 1
+    drafted = sum(1 for n in step.nodes if n.id in kept and n.source == "draft")
+    levels = max((n.depth for n in step.nodes if n.id in kept and n.source == "draft"), default=0)
+    cut = accepted < len(path)
+    tokens = accepted + 1 if cut else len(step.committed_ids)
+    return {"rows": rows, "kept": kept, "drafted": drafted, "draft_levels": levels, "tokens": tokens,
+            "deeper": deeper, "exact": step.verifier == "greedy" or not cut}

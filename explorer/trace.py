@@ -55,7 +55,8 @@ class NodeTrace:
 
 @dataclass
 class StopSignal:
-    """The stop policy's view after drafting level ``level``: one score per branch, the threshold and the decision."""
+    """The stop policy's view after drafting level ``level``: one score per branch still drafting, the threshold
+    on the score scale (keep drafting while a score reaches it), the decision, and the branches that stop here."""
 
     level: int
     scores: dict  # branch index (as str in JSON) -> score
@@ -63,6 +64,7 @@ class StopSignal:
     threshold: float
     keep_drafting: bool
     policy: str
+    pruned: list = field(default_factory=list)  # branches (str) that stop drafting at this level
 
 
 @dataclass

@@ -119,3 +119,24 @@ def test_audit_panel_runs_and_explains_greedy(app):
     app.sidebar.slider(key="temperature").set_value(0.0)
     click(app, "audit_btn")
     assert any("temperature above 0" in e.value for e in app.error)
+
+
+def test_learned_stop_policy_and_what_if_slider(app):
+    app.sidebar.selectbox(key="stop").set_value("prune").run()
+    app.sidebar.slider(key="threshold_prune").set_value(0.4).run()
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    assert not app.error
+    step = app.session_state["engine"].trace.steps[-1]
+    assert step.stop_signals and step.stop_signals[0].policy == "prune"
+    slider = app.slider(key="whatif_prune")
+    assert slider.value == pytest.approx(0.4)
+    slider.set_value(1.0).run()
+    assert not app.exception
+    note = next(c.value for c in app.caption if c.value.startswith("With τ = 1.00"))
+    assert "2 draft tokens over 1 levels" in note  # nothing reaches 1: only the first level stays
+    # the other decision model applies from the next run
+    app.sidebar.selectbox(key="decision_model").set_value("dist").run()
+    click(app, "reset_btn")
+    click(app, "step_btn")
+    assert not app.error and app.session_state["engine"].decision_model.kind == "dist"

@@ -18,6 +18,11 @@ LOSSLESS = [
     MethodConfig(method="mcsd", k_config=(2, 2, 2), verifier="spechub"),
     MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, threshold=0.2),
     MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=4, stop="none"),
+    # learned stop policies (the decision model shipped for the tiny pair): stopping never changes the output
+    MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.38),
+    MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="prune", threshold=0.4),
+    MethodConfig(method="mcsd-improved", k_config=(3,), max_depth=5, stop="specdec++", threshold=0.85,
+                 decision_model="dist"),
 ]
 
 
@@ -35,7 +40,7 @@ def test_ar_matches_transformers_greedy_generate(tiny, prompt):
     assert trace.generated_ids == ref
 
 
-@pytest.mark.parametrize("cfg", LOSSLESS, ids=lambda c: f"{c.method}-{c.k_config}-{c.gamma}-{c.verifier}")
+@pytest.mark.parametrize("cfg", LOSSLESS, ids=lambda c: f"{c.method}-{c.k_config}-{c.gamma}-{c.verifier}-{c.stop}")
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_every_lossless_method_matches_ar_when_greedy(tiny, cfg, prompt):
     ids = tiny.tokenizer.encode(prompt)

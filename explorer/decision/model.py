@@ -1,0 +1,174 @@
+"""The two decision models of the seed paper and their files.
+
+Lu et al. 2024 (arXiv 2409.10644, code JackZeng0208/DynaSD) train small MLPs that predict, from what the draft
+model knows when it drafts a token, how likely the target is to accept it:
+
+* ``hidden``: input the draft's last hidden state at the token's parent row (``hidden_size``, 896 for the
+  0.5B draft), layers ``hidden_size -> 512 -> 256 -> 1`` by default;
+* ``dist``: input the 11 distribution features (entropy and top-10 probabilities of q), ``11 -> 64 -> 32 -> 1``.
+
+Inputs are standardised with the training set's mean and std (stored with the weights); the output is a
+probability (sigmoid). Files: ``<dir>/<kind>.safetensors`` (weights ``layers.<i>.weight|bias``, ``mean``, ``std``)
+and ``<dir>/card.json`` (model pair, features, data size, validation loss, ROC-AUC, chosen threshold; see
+``docs/decision.md``). Loading reads safetensors only: no pickled code is ever executed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .features import N_DIST_FEATURES
+
+KINDS = ("hidden", "dist")
+DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32)}
+CARD_FORMAT = 1
+ASSETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "decision"
+
+
+class DecisionModelError(ValueError):
+    """A decision model that cannot be found, read or used with this pair: the message says what is wrong."""
+
+
+class DecisionMLP(nn.Module):
+    """``in_features -> layers... -> 1`` with ReLU between, returning logits ``(n,)``."""
+
+    def __init__(self, in_features: int, layers=(512, 256)):
+        super().__init__()
+        sizes = [in_features, *layers]
+        mods: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            mods += [nn.Linear(a, b), nn.ReLU()]
+        mods.append(nn.Linear(sizes[-1], 1))
+        self.layers = nn.Sequential(*mods)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x).squeeze(-1)
+
+
+class DecisionModel:
+    """A trained decision model: the MLP plus its input standardisation and card entry.
+
+    Args:
+        kind: ``"hidden"`` or ``"dist"``.
+        net: the MLP (float32, CPU).
+        mean, std: float32 ``(in_features,)`` standardisation of the inputs.
+        info: this model's card entry (threshold, metrics, ...).
+        pair: ``{"name", "draft_id", "target_id"}`` the model was trained for.
+    """
+
+    def __init__(self, kind: str, net: DecisionMLP, mean: torch.Tensor, std: torch.Tensor, info: dict | None = None,
+                 pair: dict | None = None):
+        if kind not in KINDS:
+            raise DecisionModelError(f"unknown decision model kind {kind!r}; use one of {', '.join(KINDS)}")
+        self.kind, self.net, self.mean, self.std = kind, net.eval(), mean.float(), std.float()
+        self.info = dict(info or {})
+        self.pair = dict(pair or {})
+
+    @property
+    def in_features(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def threshold(self) -> float | None:
+        t = self.info.get("threshold")
+        return None if t is None else float(t)
+
+    def inputs(self, hidden: torch.Tensor | None, dist: torch.Tensor | None) -> torch.Tensor:
+        x = hidden if self.kind == "hidden" else dist
+        if x is None:
+            raise DecisionModelError(f"the {self.kind} decision model needs {self.kind} features")
+        x = x.float().cpu()
+        if x.shape[-1] != self.in_features:
+            raise DecisionModelError(f"the {self.kind} decision model takes {self.in_features} features per token, "
+                                     f"got {x.shape[-1]} (trained for another draft model?)")
+        return (x - self.mean) / self.std
+
+    def predict(self, hidden: torch.Tensor | None = None, dist: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted acceptance in [0, 1], float32 ``(n,)``, from ``hidden`` ``(n, H)`` or ``dist`` ``(n, 11)``."""
+        with torch.inference_mode():
+            return torch.sigmoid(self.net(self.inputs(hidden, dist)))
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``<directory>/<kind>.safetensors`` (weights + standardisation); the card is written separately."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.net.state_dict().items()}
+        tensors["mean"], tensors["std"] = self.mean.contiguous(), self.std.contiguous()
+        path = directory / f"{self.kind}.safetensors"
+        save_file(tensors, str(path), metadata={"kind": self.kind, "format": str(CARD_FORMAT)})
+        return path
+
+
+def read_card(directory: str | Path) -> dict:
+    """The JSON card of a decision-model folder. Raises DecisionModelError when missing or malformed."""
+    path = Path(directory) / "card.json"
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DecisionModelError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise DecisionModelError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(card, dict) or card.get("format") != CARD_FORMAT or not isinstance(card.get("models"), dict):
+        raise DecisionModelError(f"{path} is not a decision-model card (format {CARD_FORMAT})")
+    return card
+
+
+def load_decision_model(directory: str | Path, kind: str = "hidden") -> DecisionModel:
+    """Load one model of a decision-model folder (``card.json`` + ``<kind>.safetensors``).
+
+    Raises:
+        DecisionModelError: missing or malformed files, or tensors that do not fit the card's layer sizes.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    card = read_card(directory)
+    info = card["models"].get(kind)
+    if info is None:
+        raise DecisionModelError(f"{directory} has no {kind!r} decision model (has: {', '.join(card['models'])})")
+    path = Path(directory) / f"{kind}.safetensors"
+    try:
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise DecisionModelError(f"cannot read {path}: {exc}") from None
+    try:
+        mean, std = tensors.pop("mean"), tensors.pop("std")
+        net = DecisionMLP(int(info["in_features"]), tuple(int(x) for x in info["layers"]))
+        net.load_state_dict(tensors)
+    except (KeyError, RuntimeError, TypeError, ValueError) as exc:
+        raise DecisionModelError(f"{path} does not match its card: {exc}") from None
+    return DecisionModel(kind, net, mean, std, info=info, pair=card.get("pair"))
+
+
+def find_shipped(draft_id: str, target_id: str, root: Path = ASSETS_DIR) -> Path | None:
+    """The folder under ``assets/decision`` whose card was trained for this draft/target pair, or None."""
+    if not root.is_dir():
+        return None
+    for card_path in sorted(root.glob("*/card.json")):
+        try:
+            pair = read_card(card_path.parent).get("pair", {})
+        except DecisionModelError:
+            continue
+        if pair.get("draft_id") == draft_id and pair.get("target_id") == target_id:
+            return card_path.parent
+    return None
+
+
+def shipped_decision_model(draft_id: str, target_id: str, kind: str = "hidden") -> DecisionModel:
+    """The shipped model for a pair. Raises DecisionModelError (saying how to train one) when there is none."""
+    folder = find_shipped(draft_id, target_id)
+    if folder is None:
+        raise DecisionModelError(
+            f"no decision model ships for the pair {draft_id} -> {target_id}; train one with "
+            "`python -m explorer decision collect` and `decision train`, or pick the stop policy none or confidence")
+    return load_decision_model(folder, kind)
+
+
+__all__ = ["KINDS", "DEFAULT_LAYERS", "N_DIST_FEATURES", "DecisionMLP", "DecisionModel", "DecisionModelError",
+           "load_decision_model", "read_card", "find_shipped", "shipped_decision_model"]

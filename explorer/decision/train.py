@@ -1,0 +1,139 @@
+"""Train the two decision models on collected data (``collect.py``) and write them with their card.
+
+As in the seed (Lu et al. 2024): binary cross-entropy on the soft labels ``min(1, p/q)``; here with Adam, the
+validation set split *by prompt* (no prompt contributes tokens to both sides), inputs standardised with the
+training mean and std, and early stopping on the validation loss (the best epoch's weights are kept).
+The card's threshold is Youden's J on the validation prompts (``evaluate.choose_threshold``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .collect import load_data
+from .evaluate import choose_threshold, score_metrics
+from .features import DIST_FEATURE_NAMES
+from .model import CARD_FORMAT, DEFAULT_LAYERS, KINDS, DecisionMLP, DecisionModel
+
+FEATURE_TEXT = {
+    "hidden": "draft model's last hidden state at the drafted token's parent row",
+    "dist": "entropy and top-10 probabilities of the draft distribution q (temperature 1) at the parent row",
+}
+
+
+def split_by_prompt(owners: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Shuffle the distinct prompts with ``seed`` and hold out ``ceil(val_fraction * n)`` of them (at least one).
+
+    Raises ValueError when fewer than two prompts are available or the fraction is outside (0, 1).
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    prompts = sorted(set(owners))
+    if len(prompts) < 2:
+        raise ValueError("training needs data from at least two prompts (one is held out for validation)")
+    random.Random(seed).shuffle(prompts)
+    n_val = min(len(prompts) - 1, max(1, math.ceil(val_fraction * len(prompts))))
+    return sorted(prompts[n_val:]), sorted(prompts[:n_val])
+
+
+def fit(kind: str, x: torch.Tensor, soft: torch.Tensor, train_idx: np.ndarray, val_idx: np.ndarray, *,
+        layers=None, epochs: int = 60, patience: int = 5, seed: int = 0, lr: float = 1e-3, batch_size: int = 512,
+        progress: bool = False) -> tuple[DecisionModel, dict]:
+    """Train one MLP. ``x``: float32 ``(n, features)``; ``soft``: float32 ``(n,)`` labels in [0, 1].
+
+    Returns the model at the epoch with the lowest validation BCE and ``{"epochs", "best_epoch", "val_loss",
+    "history"}``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    tr, va = torch.from_numpy(train_idx), torch.from_numpy(val_idx)
+    mean = x[tr].mean(0)
+    std = x[tr].std(0).clamp_min(1e-6)
+    xs = (x - mean) / std
+    net = DecisionMLP(x.shape[1], tuple(layers or DEFAULT_LAYERS[kind]))
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    best = (float("inf"), 0, copy.deepcopy(net.state_dict()))
+    history = []
+    for epoch in range(1, epochs + 1):
+        net.train()
+        order = tr[torch.randperm(len(tr), generator=gen)]
+        total = 0.0
+        for start in range(0, len(order), batch_size):
+            b = order[start:start + batch_size]
+            loss = loss_fn(net(xs[b]), soft[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(b)
+        net.eval()
+        with torch.no_grad():
+            val = float(loss_fn(net(xs[va]), soft[va]))
+        history.append({"epoch": epoch, "train_loss": total / len(tr), "val_loss": val})
+        if progress:
+            print(f"[{kind}] epoch {epoch}: train {total / len(tr):.4f} val {val:.4f}", flush=True)
+        if val < best[0] - 1e-5:
+            best = (val, epoch, copy.deepcopy(net.state_dict()))
+        elif epoch - best[1] >= patience:
+            break
+    net.load_state_dict(best[2])
+    model = DecisionModel(kind, net, mean, std)
+    return model, {"epochs": len(history), "best_epoch": best[1], "val_loss": best[0], "history": history}
+
+
+def train_models(folders, out, *, val_fraction: float = 0.15, seed: int = 0, epochs: int = 60, patience: int = 5,
+                 layers: dict | None = None, progress: bool = False) -> dict:
+    """Train the ``hidden`` and ``dist`` models on ``folders`` and write them plus ``card.json`` into ``out``.
+
+    Returns the card. Raises DataError for unusable data and ValueError for bad settings.
+    """
+    meta, t, owners = load_data(folders)
+    train_prompts, val_prompts = split_by_prompt(owners, val_fraction, seed)
+    val_set = set(val_prompts)
+    is_val = np.array([o in val_set for o in owners])
+    train_idx, val_idx = np.flatnonzero(~is_val), np.flatnonzero(is_val)
+    soft, greedy = t["soft"], t["greedy"].numpy()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = {}
+    for kind in KINDS:
+        t0 = time.perf_counter()
+        x = t["hidden"] if kind == "hidden" else t["dist"]
+        model, fit_info = fit(kind, x, soft, train_idx, val_idx, layers=(layers or {}).get(kind), epochs=epochs,
+                              patience=patience, seed=seed, progress=progress)
+        pred = model.predict(hidden=x[val_idx], dist=x[val_idx]).numpy()
+        threshold = choose_threshold(pred, soft[val_idx].numpy())
+        metrics = score_metrics(pred, soft[val_idx].numpy(), greedy[val_idx], threshold)
+        model.info = {"file": f"{kind}.safetensors", "features": FEATURE_TEXT[kind],
+                      "feature_names": DIST_FEATURE_NAMES if kind == "dist" else None,
+                      "in_features": int(x.shape[1]), "layers": list(layers.get(kind) if layers and kind in layers
+                                                                    else DEFAULT_LAYERS[kind]),
+                      "epochs": fit_info["epochs"], "best_epoch": fit_info["best_epoch"],
+                      "val_loss": fit_info["val_loss"], "threshold": threshold,
+                      "train_seconds": round(time.perf_counter() - t0, 1),
+                      **{k: metrics[k] for k in ("roc_auc", "roc_auc_greedy", "precision", "recall", "ece")}}
+        model.save(out)
+        models[kind] = model.info
+    card = {
+        "format": CARD_FORMAT,
+        "pair": {k: meta["pair"][k] for k in ("name", "draft_id", "target_id")},
+        "label": "soft label min(1, p(x)/q(x)), p and q at temperature 1; BCE",
+        "threshold_rule": "Youden's J (TPR - FPR) on the validation prompts, soft labels",
+        "data": {"folders": [str(f) for f in folders], "records": len(owners), "prompts": len(set(owners)),
+                 "train_records": len(train_idx), "val_records": len(val_idx),
+                 "collected_with": meta["method"], "max_new_tokens": meta["max_new_tokens"],
+                 "mean_soft_label": float(soft.mean()), "train_prompts": train_prompts, "val_prompts": val_prompts},
+        "training": {"optimizer": "Adam lr 1e-3, batch 512", "val_fraction": val_fraction, "seed": seed,
+                     "max_epochs": epochs, "patience": patience, "torch": torch.__version__},
+        "models": models,
+    }
+    (out / "card.json").write_text(json.dumps(card, indent=1), encoding="utf-8")
+    return card

@@ -1,0 +1,290 @@
+"""Decision models and stop policies: features, files, collect / train / eval, the rules, and what-if replay."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from explorer.config import MethodConfig
+from explorer.decision.collect import (
+    SHARD_TENSORS,
+    DataError,
+    _to_tensors,
+    collect,
+    load_data,
+    open_data_dir,
+    select_prompts,
+)
+from explorer.decision.evaluate import evaluate_on, score_metrics
+from explorer.decision.features import dist_features
+from explorer.decision.model import (
+    DecisionModelError,
+    find_shipped,
+    load_decision_model,
+    shipped_decision_model,
+)
+from explorer.decision.train import split_by_prompt, train_models
+from explorer.engine import Engine, EngineError
+from explorer.prompts import Prompt
+from explorer.sampling import SamplingConfig
+from explorer.stopping import decide, make_stop_policy, replay, what_if
+from explorer.trace import StopSignal
+
+PROMPTS = [Prompt(str(i), t, "unit") for i, t in enumerate(
+    ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "for i in range(10):"])]
+
+
+def test_dist_features_entropy_and_sorted_top10():
+    logits = torch.zeros(2, 50)
+    logits[1, 3] = 10.0
+    f = dist_features(logits)
+    assert f.shape == (2, 11) and f.dtype == torch.float32
+    assert f[0, 0].item() == pytest.approx(math.log(50), rel=1e-5)  # uniform: entropy log V
+    assert f[0, 1:].tolist() == pytest.approx([1 / 50] * 10)
+    assert f[1, 1].item() > 0.99 and f[1, 0].item() < 0.05
+    assert torch.all(f[:, 1:-1] >= f[:, 2:])
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory, tiny):
+    out = tmp_path_factory.mktemp("decision-data")
+    summary = collect(tiny, PROMPTS, out, max_new_tokens=12, progress=False, chat_template=False)
+    return out, summary
+
+
+def test_collect_writes_a_shard_per_prompt_and_resumes(tiny, tiny_data):
+    out, summary = tiny_data
+    assert summary["prompts_done"] == 4 and summary["records"] > 0
+    assert len(list(out.glob("shard-*.safetensors"))) == 4
+    again = collect(tiny, PROMPTS, out, max_new_tokens=12, progress=False, chat_template=False)
+    assert again == {"prompts_done": 0, "prompts_skipped": 4, "records": 0, "too_long": []}
+    meta, t, owners = load_data([out])
+    assert meta["hidden_size"] == tiny.draft.config.hidden_size
+    assert set(t) == set(SHARD_TENSORS) and t["hidden"].shape == (len(owners), 64)
+    assert torch.allclose(t["soft"], torch.clamp(t["p"] / t["q"], max=1.0), atol=1e-5)
+    assert torch.all(t["cum_q"] <= t["q"] + 1e-6) and int(t["depth"].min()) == 1
+    assert sorted(set(owners)) == [f"unit:{i}" for i in range(4)]
+
+
+def test_collected_features_and_labels_match_plain_forwards(tiny, tiny_data):
+    """First step, first level: features are the draft's last hidden state over the prompt, p is the target's."""
+    from safetensors import safe_open
+
+    out, _ = tiny_data
+    ids = tiny.tokenizer.encode(PROMPTS[0].text)
+    with torch.no_grad():
+        d = tiny.draft(torch.tensor([ids]), output_hidden_states=True)
+        t = tiny.target(torch.tensor([ids]))
+    q = d.logits[0, -1].softmax(-1)
+    p = t.logits[0, -1].softmax(-1)
+    with safe_open(str(next(out.glob("shard-unit-0.*"))), framework="pt") as f:
+        rec = {k: f.get_tensor(k) for k in SHARD_TENSORS}
+        assert f.metadata()["temperature"] == "0.0"
+    first = (rec["step"] == 0) & (rec["depth"] == 1)
+    assert int(first.sum()) == 2  # k_config (2, 2, 2): two children of the anchor
+    for j in torch.nonzero(first).flatten().tolist():
+        x = int(rec["token"][j])
+        assert rec["q"][j].item() == pytest.approx(q[x].item(), rel=1e-4)
+        assert rec["p"][j].item() == pytest.approx(p[x].item(), rel=1e-4)
+        assert int(rec["greedy"][j]) == int(int(p.argmax()) == x)
+        assert torch.allclose(rec["hidden"][j].float(), d.hidden_states[-1][0, -1].half().float(), atol=1e-2)
+        assert torch.allclose(rec["dist"][j], dist_features(d.logits[0, -1:])[0], atol=1e-5)
+
+
+def test_collect_refuses_a_folder_of_other_settings(tiny, tiny_data):
+    out, _ = tiny_data
+    meta = json.loads((out / "meta.json").read_text())
+    meta["max_new_tokens"] = 999
+    with pytest.raises(DataError, match="max_new_tokens"):
+        open_data_dir(out, meta)
+
+
+def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn"):
+    """A data folder whose soft label is a known function of the features: a model must learn it."""
+    gen = torch.Generator().manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    open_data_dir(folder, {"format": 1, "pair": {"name": "syn", "draft_id": "d", "target_id": "t"},
+                           "method": {}, "max_new_tokens": 1, "hidden_size": 16})
+    from safetensors.torch import save_file
+
+    for k in range(n_prompts):
+        z = torch.randn(per_prompt, generator=gen)  # one latent that both feature sets carry
+        hidden = torch.randn(per_prompt, 16, generator=gen)
+        hidden[:, 3] = z
+        dist = torch.rand(per_prompt, 11, generator=gen)
+        dist[:, 1] = torch.sigmoid(z)
+        soft = torch.sigmoid(4 * z)
+        rows = {"hidden": list(hidden.half()), "dist": list(dist), "depth": [1] * per_prompt,
+                "cum_q": [0.5] * per_prompt, "q": [0.5] * per_prompt, "p": (soft * 0.5).tolist(),
+                "soft": soft.tolist(), "greedy": (soft > 0.5).int().tolist(), "step": [0] * per_prompt,
+                "token": [1] * per_prompt}
+        save_file(_to_tensors(rows, 16), str(folder / f"shard-{source}-{k}.safetensors"),
+                  metadata={"prompt_id": str(k), "source": source, "temperature": "0"})
+
+
+def test_training_learns_a_known_signal_and_writes_a_card(tmp_path):
+    _synthetic(tmp_path / "data")
+    card = train_models([tmp_path / "data"], tmp_path / "model", epochs=40, patience=4,
+                        layers={"hidden": (32, 16), "dist": (16, 8)})
+    meta, t, owners = load_data([tmp_path / "data"])
+    val = np.array([o in set(card["data"]["val_prompts"]) for o in owners])
+    oracle = score_metrics(t["soft"][val].numpy(), t["soft"][val].numpy(), t["greedy"][val].numpy(), 0.5)
+    for kind in ("hidden", "dist"):  # within a whisker of the best possible ranking of random acceptances
+        assert card["models"][kind]["roc_auc"] > oracle["roc_auc"] - 0.02, (kind, oracle["roc_auc"])
+    assert set(card["data"]["train_prompts"]).isdisjoint(card["data"]["val_prompts"])
+    assert card["data"]["records"] == 12 * 200 and card["pair"]["draft_id"] == "d"
+    m = load_decision_model(tmp_path / "model", "hidden")
+    x = torch.randn(5, 16)
+    assert m.predict(hidden=x).shape == (5,)
+    # prompts used for training or validation are never scored by eval
+    with pytest.raises(DataError, match="every prompt"):
+        evaluate_on(tmp_path / "model", [tmp_path / "data"])
+    _synthetic(tmp_path / "fresh", n_prompts=3, seed=1, source="new")
+    report = evaluate_on(tmp_path / "model", [tmp_path / "fresh"])
+    assert report["prompts"] == 3 and report["models"]["hidden"]["roc_auc"] > oracle["roc_auc"] - 0.03
+    assert report["models"]["hidden"]["ece"] < 0.2
+
+
+def test_split_is_by_prompt_and_reproducible():
+    owners = [f"p{i % 7}" for i in range(70)]
+    a = split_by_prompt(owners, 0.3, seed=3)
+    assert a == split_by_prompt(owners, 0.3, seed=3)
+    assert len(a[1]) == 3 and set(a[0]) | set(a[1]) == {f"p{i}" for i in range(7)}
+    with pytest.raises(ValueError):
+        split_by_prompt(["only"], 0.2, 0)
+
+
+def test_score_metrics_on_known_values():
+    pred = np.array([0.9, 0.8, 0.2, 0.1])
+    soft = np.array([1.0, 1.0, 0.0, 0.0])
+    m = score_metrics(pred, soft, np.array([1, 1, 0, 0]), 0.5)
+    assert m["roc_auc"] == 1.0 and m["roc_auc_greedy"] == 1.0
+    assert m["precision"] == 1.0 and m["recall"] == 1.0
+    assert m["ece"] == pytest.approx(0.15)
+    flipped = score_metrics(1 - pred, soft, np.array([1, 1, 0, 0]), 0.5)
+    assert flipped["roc_auc"] == 0.0 and flipped["recall"] == 0.0
+
+
+def test_model_files_are_checked_and_never_unpickled(tmp_path):
+    src = find_shipped("tiny-draft-0", "tiny-target-0")
+    assert src is not None
+    m = load_decision_model(src, "dist")
+    m.save(tmp_path)
+    (tmp_path / "card.json").write_text((src / "card.json").read_text())
+    x = torch.rand(4, 11)
+    assert torch.equal(load_decision_model(tmp_path, "dist").predict(dist=x), m.predict(dist=x))
+    # a pickle where safetensors belongs is refused, not executed
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (exec, ("raise SystemExit('unpickled!')",))
+
+    (tmp_path / "dist.safetensors").write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(DecisionModelError):
+        load_decision_model(tmp_path, "dist")
+    (tmp_path / "card.json").write_text("{not json")
+    with pytest.raises(DecisionModelError, match="not valid JSON"):
+        load_decision_model(tmp_path, "dist")
+    with pytest.raises(DecisionModelError, match="features per token"):
+        m.predict(dist=torch.rand(2, 7))
+    with pytest.raises(DecisionModelError, match="no decision model ships"):
+        shipped_decision_model("someone/draft", "someone/target")
+
+
+def test_learned_policy_without_a_model_is_a_clear_error(tiny):
+    from explorer.models import make_pair
+
+    other = make_pair(tiny.draft, tiny.target, tiny.tokenizer, name="other", draft_id="x", target_id="y")
+    with pytest.raises(EngineError, match="no decision model ships"):
+        Engine(other, MethodConfig(method="mcsd-improved", stop="prune"), SamplingConfig())
+
+
+def _sig(level, scores, policy="prune", threshold=0.5):
+    keep, pruned = decide(policy, scores, threshold)
+    return StopSignal(level=level, scores=scores, score=max(scores.values()), threshold=threshold,
+                      keep_drafting=keep, policy=policy, pruned=pruned)
+
+
+def test_decide_rules():
+    assert decide("decision", {"0": 0.2, "1": 0.6}, 0.5) == (True, [])
+    assert decide("decision", {"0": 0.2, "1": 0.4}, 0.5) == (False, ["0", "1"])
+    assert decide("prune", {"0": 0.2, "1": 0.6, "2": 0.1}, 0.5) == (True, ["0", "2"])
+    assert decide("prune", {"0": 0.2}, 0.5) == (False, ["0"])
+    assert decide("none", {"0": 0.0}, 0.9) == (True, [])
+
+
+def test_replay_with_another_threshold():
+    sigs = [_sig(1, {"0": 0.9, "1": 0.45}), _sig(2, {"0": 0.7}), _sig(3, {"0": 0.3})]
+    assert [s.pruned for s in sigs] == [["1"], [], ["0"]]
+    same = replay(sigs, 0.5)
+    assert [r["pruned"] for r in same] == [["1"], [], ["0"]] and not same[-1]["keep_drafting"]
+    strict = replay(sigs, 0.8)  # branch 0 now stops at level 2
+    assert [r["pruned"] for r in strict] == [["1"], ["0"]] and len(strict) == 2
+    loose = replay(sigs, 0.4)  # branch 1 survives level 1: its later scores were never computed
+    assert loose[0]["pruned"] == [] and loose[1]["unknown"] == ["1"]
+
+
+def test_prune_and_specdecpp_in_the_engine(tiny):
+    ids = tiny.tokenizer.encode("def add(a, b):")
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="prune", threshold=0.4)
+    eng = Engine(tiny, cfg, SamplingConfig())
+    eng.start(ids, 30)
+    trace = eng.run()
+    pruned_somewhere = False
+    for step in trace.steps:
+        for sig in step.stop_signals:
+            for b in sig.pruned:
+                pruned_somewhere = True
+                deeper = [n for n in step.nodes if n.branch == int(b) and n.depth > sig.level]
+                assert deeper == [], "a pruned branch got children"
+                assert all(b not in later.scores for later in step.stop_signals if later.level > sig.level)
+    assert pruned_somewhere
+    # SpecDec++: a node's score is the product of the model's predictions along its path
+    model = eng.decision_model
+    cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=4, stop="specdec++", threshold=1.0)
+    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
+    eng.start(ids, 8)
+    step = eng.step()
+    d, _ = eng.last_step
+    acc = [float(model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
+    assert [s.scores["0"] for s in step.stop_signals] == pytest.approx(
+        [float(np.prod(acc[: s.level])) for s in step.stop_signals], rel=1e-5)
+    assert step.stop_signals[0].threshold == 0.0  # h = 1: the score threshold is 1 - h
+
+
+def test_what_if_on_a_recorded_step(tiny):
+    ids = tiny.tokenizer.encode("The quick brown fox")
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.0)
+    eng = Engine(tiny, cfg, SamplingConfig())
+    eng.start(ids, 30)
+    step = eng.step()
+    assert all(s.keep_drafting for s in step.stop_signals)
+    same = what_if(step, 0.0)
+    assert same["drafted"] == step.drafted and same["tokens"] == len(step.committed_ids) and not same["deeper"]
+    first_only = what_if(step, 1.0)  # nothing reaches 1: stop after the first level
+    assert first_only["draft_levels"] == 1 and first_only["drafted"] == 2
+    assert first_only["tokens"] == min(len(step.committed_ids), step.accepted_draft_len, 1) + 1 \
+        or first_only["tokens"] == len(step.committed_ids)
+    assert first_only["exact"]
+
+
+def test_config_thresholds_follow_the_policy():
+    cfg = MethodConfig(method="mcsd-improved", stop="confidence")
+    assert cfg.threshold == 0.3
+    assert cfg.with_(stop="specdec++").threshold == make_stop_policy("none", 0.0).threshold + 0.3
+    assert cfg.with_(stop="prune", threshold=0.7).threshold == 0.7
+    with pytest.raises(ValueError, match="unknown stop policy"):
+        MethodConfig(method="mcsd-improved", stop="sometimes")
+    with pytest.raises(ValueError, match="decision model"):
+        MethodConfig(method="mcsd-improved", decision_model="vibes")
+
+
+def test_select_prompts_specs():
+    assert len(select_prompts(["mt-bench:0:3", "mt-bench:78:"])) == 5
+    from explorer.prompts import PromptError
+
+    with pytest.raises(PromptError):
+        select_prompts(["mt-bench:5:5"])
