@@ -129,9 +129,10 @@ def sidebar():
                 DEFAULT_THRESHOLDS[stop], 0.05, key=f"threshold_{stop}", disabled=stop == "none")
             if stop in LEARNED_POLICIES:
                 changes["decision_model"] = sb.selectbox(
-                    "Decision model", ["hidden", "dist"], key="decision_model",
+                    "Decision model", ["dist", "path", "hidden"], key="decision_model",
                     format_func={"hidden": "MLP on the draft's hidden state",
-                                 "dist": "MLP on entropy + top-10 of q"}.get)
+                                 "dist": "MLP on entropy + top-10 of q",
+                                 "path": "MLP on entropy + top-10 + q(x), depth, path prob"}.get)
     if method in ("sd", "mcsd", "mcsd-improved") and not changes.get("lossy"):
         changes["verifier"] = sb.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
                                            key="verifier", help="at temperature 0 every rule is greedy matching")

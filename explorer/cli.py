@@ -43,8 +43,8 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
                                                             "specdec++ read a learned decision model)")
     g.add_argument("--threshold", type=float, help="stop threshold tau (specdec++: h); default per policy")
-    g.add_argument("--decision-model", choices=["hidden", "dist"],
-                   help="decision model the learned stop policies read (default hidden)")
+    g.add_argument("--decision-model", choices=["dist", "path", "hidden"],
+                   help="decision model the learned stop policies read (default dist)")
     g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
     g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
                    help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")

@@ -46,8 +46,9 @@ class MethodConfig:
             prune, specdec++); ``sd``/``mcsd`` never stop early.
         threshold: the stop policy's tau (``specdec++``: h); None = the policy's default
             (``stopping.DEFAULT_THRESHOLDS``).
-        decision_model: which learned model the decision, prune and specdec++ policies read: ``hidden`` (the
-            draft's last hidden state) or ``dist`` (entropy + top-10 of q).
+        decision_model: which learned model the decision, prune and specdec++ policies read: ``dist`` (entropy +
+            top-10 of q; the default: it ranks held-out tokens better, docs/decision.md) or ``hidden`` (the draft's
+            last hidden state).
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
             ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
             the verifier. The lossy mode always uses the seed's longest-branch rule.
@@ -62,7 +63,7 @@ class MethodConfig:
     stop: str = "confidence"
     threshold: float | None = None
     verifier: str = "auto"
-    decision_model: str = "hidden"
+    decision_model: str = "dist"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -74,8 +75,8 @@ class MethodConfig:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
         if self.stop not in STOP_POLICY_NAMES:
             raise ValueError(f"unknown stop policy {self.stop!r}; use one of {', '.join(STOP_POLICY_NAMES)}")
-        if self.decision_model not in ("hidden", "dist"):
-            raise ValueError(f"unknown decision model {self.decision_model!r}; use hidden or dist")
+        if self.decision_model not in ("hidden", "dist", "path"):
+            raise ValueError(f"unknown decision model {self.decision_model!r}; use dist, path or hidden")
         if self.threshold is None:
             object.__setattr__(self, "threshold", DEFAULT_THRESHOLDS[self.stop])
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
@@ -146,5 +147,5 @@ DEFAULTS = {
     "ar": MethodConfig(method="ar"),
     "sd": MethodConfig(method="sd", gamma=4),
     "mcsd": MethodConfig(method="mcsd", k_config=(4, 2, 2)),
-    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=6, stop="confidence"),
+    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=6, stop="decision"),
 }

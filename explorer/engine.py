@@ -24,6 +24,7 @@ import torch
 
 from . import drafting, verify
 from .config import MethodConfig
+from .decision.features import dist_features, path_features
 from .models import ModelPair
 from .sampling import RowDists, SamplingConfig, logits_to_probs
 from .stopping import LEARNED_POLICIES, LevelView, make_stop_policy
@@ -102,7 +103,7 @@ class _Drafted:
     calls: int  # draft forwards
     fed: int  # tree nodes fed to the draft (a breadth-first prefix)
     head: int  # draft cache length before the tree rows (context + chain)
-    features: dict  # node -> (hidden (H,), dist (11,), q1): draft features at its parent row, when collected
+    features: dict  # node -> (hidden (H,), dist (11,), q(x), prod q of its path): decision features, when collected
 
 
 @dataclass
@@ -314,7 +315,7 @@ class Engine:
         tree = DraftTree()
         q_rows: dict[int, torch.Tensor] = {}  # row (node + 1; 0 = anchor) -> q its children were drafted from
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
-        features: dict[int, tuple] = {}  # node -> decision features at its parent row
+        features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
         want_features = self.stop_policy.needs_features or self.capture_features
         signals = []
         if self.config.is_lossy:
@@ -335,8 +336,12 @@ class Engine:
                     active = {str(b) for b in range(len(tree.children(-1)))}
                 view = LevelView(tree, level, q_show, active=active, accept=accept)
                 if self.stop_policy.needs_features:
-                    view.hidden = torch.stack([features[i][0] for i in tree.level(level)])
-                    view.dist = torch.stack([features[i][1] for i in tree.level(level)])
+                    nodes = list(tree.level(level))
+                    view.hidden = torch.stack([features[i][0] for i in nodes])
+                    view.dist = torch.stack([features[i][1] for i in nodes])
+                    view.path = path_features(view.dist, torch.tensor([features[i][2] for i in nodes]),
+                                              torch.tensor([tree.depth[i] for i in nodes]),
+                                              torch.tensor([features[i][3] for i in nodes]))
                 sig = self.stop_policy.signal(view)
                 signals.append(sig)
                 active -= set(sig.pruned)
@@ -366,7 +371,9 @@ class Engine:
                     q_show[i] = qd.shown(r, t)
                     if row_feats is not None:
                         hidden, dist, lse = row_feats
-                        features[i] = (hidden[r], dist[r], float(torch.exp(fwd.logits[r, t].float() - lse[r])))
+                        q1 = float(torch.exp(fwd.logits[r, t].float() - lse[r]))
+                        cum = q1 * (features[node][3] if node in features else 1.0)  # target roots: 1
+                        features[i] = (hidden[r], dist[r], q1, cum)
                     parents.append(node)
                     tokens.append(t)
             if not tokens:
@@ -378,8 +385,6 @@ class Engine:
     def _row_features(fwd: _Forward) -> tuple:
         """Per row of a draft forward: hidden state ``(rows, H)``, the 11 distribution features ``(rows, 11)`` and
         the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is ``exp(logit - lse)``)."""
-        from .decision.features import dist_features
-
         return fwd.hidden, dist_features(fwd.logits), torch.logsumexp(fwd.logits.float(), -1)
 
     def _verify(self, tree: DraftTree, q_rows: dict) -> "_Verified":

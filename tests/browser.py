@@ -86,12 +86,16 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
         charts = page.locator(".js-plotly-plot")
         charts.nth(0).screenshot(path=str(out_dir / "step2_tree.png"))
         charts.nth(1).screenshot(path=str(out_dir / "step2_mask.png"))
+        if charts.count() >= 4:
+            charts.nth(3).screenshot(path=str(out_dir / "step2_stop.png"))
         report = {
             "plots": charts.count(),
             "errors": page.locator("[data-testid='stAlertContentError']").all_inner_texts(),
             "exceptions": page.locator("[data-testid='stException']").count(),
             "titles": page.locator(".js-plotly-plot .gtitle").all_text_contents(),
             "metrics": page.locator("[data-testid='stMetric']").all_inner_texts(),
+            "what_if": [t for t in page.locator("[data-testid='stCaptionContainer']").all_inner_texts()
+                        if t.startswith("With ")],
         }
         browser.close()
     return report

@@ -23,12 +23,14 @@ LOSSLESS = [
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub"), 1.0, 0.9),
     (MethodConfig(method="mcsd", k_config=(2, 2, 2), verifier="spechub"), 0.7, 1.0),
     (MethodConfig(method="sd", gamma=3, verifier="rrs"), 1.0, 1.0),
-    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, threshold=0.1), 0.7, 0.9),
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="confidence", threshold=0.1), 0.7, 0.9),
+    # a learned stop policy that prunes branches (the tiny pair's shipped decision model) is still lossless
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="prune", threshold=0.35), 1.0, 1.0),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(LOSSLESS)),
-                         ids=[f"{c.method}-{c.verifier}-{c.k_config}-T{t}-p{p}" for c, t, p in LOSSLESS])
+                         ids=[f"{c.method}-{c.verifier}-{c.k_config}-{c.stop}-T{t}-p{p}" for c, t, p in LOSSLESS])
 def test_lossless_rules_pass_the_audit(tiny, case):
     cfg, temperature, top_p = LOSSLESS[case]
     ids = tiny.tokenizer.encode(PROMPT)

@@ -4,7 +4,6 @@ import os
 import shutil
 
 import pytest
-
 from browser import CHROMIUM, running_app, step_twice
 
 pytestmark = pytest.mark.skipif(not (shutil.which(CHROMIUM) or os.path.exists(CHROMIUM)),
@@ -19,3 +18,5 @@ def test_step_twice_in_a_real_browser(tmp_path):
     titles = " ".join(report["titles"])
     assert "Step 2: draft tree" in titles and "Tree attention mask" in titles
     assert (tmp_path / "step2_tree.png").stat().st_size > 10_000
+    # the default stop policy reads the shipped decision model; its what-if slider explains the step
+    assert report["what_if"] and "draft tokens over" in report["what_if"][0]

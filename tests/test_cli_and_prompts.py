@@ -5,7 +5,14 @@ import sys
 import pytest
 
 from explorer.cli import main
-from explorer.prompts import PromptError, encode_prompt, humaneval, load_prompt_file, mt_bench, parse_prompt_lines
+from explorer.prompts import (
+    PromptError,
+    encode_prompt,
+    humaneval,
+    load_prompt_file,
+    mt_bench,
+    parse_prompt_lines,
+)
 
 
 def test_prompt_sets_load():

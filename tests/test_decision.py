@@ -229,7 +229,8 @@ def test_replay_with_another_threshold():
 
 def test_prune_and_specdecpp_in_the_engine(tiny):
     ids = tiny.tokenizer.encode("def add(a, b):")
-    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="prune", threshold=0.4)
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="prune", threshold=0.4,
+                       decision_model="hidden")
     eng = Engine(tiny, cfg, SamplingConfig())
     eng.start(ids, 30)
     trace = eng.run()
@@ -244,7 +245,8 @@ def test_prune_and_specdecpp_in_the_engine(tiny):
     assert pruned_somewhere
     # SpecDec++: a node's score is the product of the model's predictions along its path
     model = eng.decision_model
-    cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=4, stop="specdec++", threshold=1.0)
+    cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=4, stop="specdec++", threshold=1.0,
+                       decision_model="hidden")
     eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
     eng.start(ids, 8)
     step = eng.step()
@@ -274,7 +276,8 @@ def test_what_if_on_a_recorded_step(tiny):
 def test_config_thresholds_follow_the_policy():
     cfg = MethodConfig(method="mcsd-improved", stop="confidence")
     assert cfg.threshold == 0.3
-    assert cfg.with_(stop="specdec++").threshold == make_stop_policy("none", 0.0).threshold + 0.3
+    assert cfg.with_(stop="specdec++").threshold == 0.5
+    assert make_stop_policy("specdec++", 0.7, model=object()).score_threshold == pytest.approx(0.3)
     assert cfg.with_(stop="prune", threshold=0.7).threshold == 0.7
     with pytest.raises(ValueError, match="unknown stop policy"):
         MethodConfig(method="mcsd-improved", stop="sometimes")
@@ -288,3 +291,17 @@ def test_select_prompts_specs():
 
     with pytest.raises(PromptError):
         select_prompts(["mt-bench:5:5"])
+
+
+def test_path_model_tells_siblings_apart(tiny):
+    """dist / hidden features belong to the parent row, so a node's children share one score; path adds q(x)."""
+    ids = tiny.tokenizer.encode("def add(a, b):")
+    first = {}
+    for kind in ("dist", "path"):
+        cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=3, stop="decision", threshold=0.0,
+                           decision_model=kind)
+        eng = Engine(tiny, cfg, SamplingConfig())
+        eng.start(ids, 8)
+        first[kind] = eng.step().stop_signals[0].scores  # level 1: branch i is the anchor's child i alone
+    assert first["dist"]["0"] == first["dist"]["1"]
+    assert first["path"]["0"] != first["path"]["1"]

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from explorer import models
-from explorer.models import EmbeddedModel, ModelPairError, check_same_tokenizer, parse_dtype
+from explorer.models import (
+    EmbeddedModel,
+    ModelPairError,
+    check_same_tokenizer,
+    parse_dtype,
+)
 from explorer.tiny import tiny_tokenizer
 
 

@@ -59,3 +59,28 @@ def test_lossy_seed_mode_runs_and_is_labelled(real_pair, prompts):
     trace = _run(real_pair, cfg, prompts[0])
     assert len(trace.generated_ids) == N and all(s.lossy for s in trace.steps)
     assert trace.settings["verifier"] == "longest-branch"
+
+
+@pytest.mark.parametrize("stop", ["decision", "prune", "specdec++"])
+def test_learned_stop_policies_use_the_shipped_model(real_pair, prompts, stop):
+    cfg = DEFAULTS["mcsd-improved"].with_(stop=stop)
+    eng = Engine(real_pair, cfg, SamplingConfig())
+    assert eng.decision_model.pair["draft_id"] == real_pair.draft_id
+    eng.start(prompts[0], 24)
+    trace = eng.run()
+    sigs = [s for st in trace.steps for s in st.stop_signals]
+    assert sigs and all(s.policy == stop and 0.0 <= s.score <= 1.0 for s in sigs)
+    assert run_metrics(trace)["tokens_per_target_call"] > 1.2
+
+
+def test_shipped_decision_model_ranks_unseen_tokens(real_pair, tmp_path):
+    from explorer.decision.collect import collect
+    from explorer.decision.evaluate import evaluate_on
+    from explorer.decision.model import find_shipped
+
+    unseen = humaneval()[160:162]  # training used 0-39, evaluation 140-151
+    collect(real_pair, unseen, tmp_path, max_new_tokens=16, progress=False)
+    report = evaluate_on(find_shipped(real_pair.draft_id, real_pair.target_id), [tmp_path])
+    assert report["prompts"] == 2 and report["excluded_prompts"] == 0
+    assert report["models"]["dist"]["records"] > 50
+    assert report["models"]["dist"]["roc_auc"] > 0.55, report["models"]["dist"]

@@ -1,10 +1,15 @@
+import pytest
 import torch
 
-from explorer.tree import DraftTree
-import pytest
-
 from explorer.drafting import hub_pair
-from explorer.verify import VerifierError, spechub_node, spechub_plan, verify_longest_branch, verify_tree
+from explorer.tree import DraftTree
+from explorer.verify import (
+    VerifierError,
+    spechub_node,
+    spechub_plan,
+    verify_longest_branch,
+    verify_tree,
+)
 
 V = 6
 

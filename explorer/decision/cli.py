@@ -59,7 +59,8 @@ def cmd_ablation(args) -> int:
     from ..prompts import encode_prompt
     from .ablation import ablation, markdown_table, write_report
     from .collect import select_prompts
-    from .model import load_decision_model
+    from ..config import DEFAULTS
+    from .model import KINDS, load_decision_model
 
     spec = f"{args.prompt_file}:{args.range}" if args.range else args.prompt_file
     prompts = select_prompts([spec])
@@ -71,10 +72,13 @@ def cmd_ablation(args) -> int:
     pair = _load_pair(args)
     decision = None
     if args.decision_dir:
-        decision = {k: load_decision_model(args.decision_dir, k) for k in ("hidden", "dist")}
+        decision = {k: load_decision_model(args.decision_dir, k) for k in KINDS}
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
     temps = [float(t) for t in args.temperatures.split(",")]
-    rows = ablation(pair, ids, policies=policies, temperatures=temps, max_new_tokens=args.max_new_tokens,
+    base = DEFAULTS["mcsd-improved"]
+    if args.decision_model:
+        base = base.with_(decision_model=args.decision_model)
+    rows = ablation(pair, ids, policies=policies, temperatures=temps, max_new_tokens=args.max_new_tokens, base=base,
                     thresholds=thresholds, decision=decision, seed=args.seed,
                     progress=lambda msg: print(f"[ablation] {msg}", file=sys.stderr, flush=True))
     for r in rows:
@@ -139,6 +143,7 @@ def add_decision_parser(sub) -> None:
     ab.add_argument("--policies", default="none,confidence,decision,prune,specdec++")
     ab.add_argument("--thresholds", default="", help="per-policy thresholds, e.g. decision=0.4,specdec++=0.5")
     ab.add_argument("--decision-dir", help="decision-model folder (default: the shipped one)")
+    ab.add_argument("--decision-model", choices=["dist", "path", "hidden"], help="model the learned policies read")
     ab.add_argument("--temperatures", default="0,0.7")
     ab.add_argument("--max-new-tokens", type=int, default=64)
     ab.add_argument("--seed", type=int, default=0)

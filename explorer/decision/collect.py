@@ -66,20 +66,18 @@ def step_records(engine) -> dict[str, list]:
     """Rows for every drafted token of the engine's latest step (needs ``capture_features=True``)."""
     d, v = engine.last_step
     tree, rows = d.tree, {k: [] for k in SHARD_TENSORS}
-    cum: dict[int, float] = {}
     for i in range(len(tree)):
         if tree.source[i] != "draft" or i not in d.features:
             continue
-        hidden, dist, q1 = d.features[i]
+        hidden, dist, q1, cum = d.features[i]
         parent = tree.parent[i]
-        cum[i] = q1 * cum.get(parent, 1.0)
         logits = v.p_rows.row_logits(parent + 1)
         x = tree.token[i]
         p1 = float(torch.exp(logits[x] - torch.logsumexp(logits, -1)))
         rows["hidden"].append(hidden.to(torch.float16))
         rows["dist"].append(dist)
         rows["depth"].append(tree.depth[i])
-        rows["cum_q"].append(cum[i])
+        rows["cum_q"].append(cum)
         rows["q"].append(q1)
         rows["p"].append(p1)
         rows["soft"].append(min(1.0, p1 / q1) if q1 > 0 else 0.0)

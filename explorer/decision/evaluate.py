@@ -84,6 +84,7 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
     validated on (listed in their card). Raises DataError / DecisionModelError for unusable inputs."""
     from .collect import DataError, load_data
     from .model import load_decision_model, read_card
+    from .train import kind_inputs
 
     card = read_card(model_dir)
     meta, t, owners = load_data(folders)
@@ -100,7 +101,7 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
     idx = np.flatnonzero(rows)
     for kind in card["models"]:
         model = load_decision_model(model_dir, kind)
-        pred = model.predict(hidden=t["hidden"][idx], dist=t["dist"][idx]).numpy()
+        pred = model.predict(**{kind: kind_inputs(kind, t)[idx]}).numpy()
         report["models"][kind] = score_metrics(pred, t["soft"][idx].numpy(), t["greedy"][idx].numpy(),
                                                model.threshold if model.threshold is not None else 0.5)
     return report

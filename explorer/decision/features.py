@@ -5,7 +5,10 @@ For a token ``x`` drafted from the draft's distribution ``q`` at its parent row:
 * ``hidden``: the draft's last hidden state at the parent row (the row whose output ``q`` is), ``(hidden_size,)``;
 * ``dist``: 11 numbers describing ``q`` itself: its entropy (nats) and its 10 largest probabilities, descending;
 * ``depth`` of the token in the draft tree, and the cumulative path probability ``prod q`` of the tokens from the
-  first drafted level down to ``x`` (recorded for analysis; the two models read ``hidden`` and ``dist``).
+  first drafted level down to ``x``;
+* ``path``: ``dist`` plus ``log q(x)``, ``depth`` and ``log prod q`` (14 numbers). The seed's two models read
+  ``hidden`` and ``dist``, which are the same for all children of one node, so siblings get one score; ``path``
+  (beyond the seed) tells a tree's siblings apart.
 
 ``q`` here is the plain softmax of the draft's logits (temperature 1), whatever the sampling settings, so the same
 model serves greedy and sampled decoding. Labels (``collect.py``): the soft label ``min(1, p(x)/q(x))`` with
@@ -19,6 +22,7 @@ import torch
 N_TOP = 10
 N_DIST_FEATURES = 1 + N_TOP
 DIST_FEATURE_NAMES = ["entropy"] + [f"top{i + 1}" for i in range(N_TOP)]
+PATH_FEATURE_NAMES = DIST_FEATURE_NAMES + ["log_q", "depth", "log_cum_q"]
 
 
 def dist_features(logits: torch.Tensor) -> torch.Tensor:
@@ -36,3 +40,10 @@ def dist_features(logits: torch.Tensor) -> torch.Tensor:
     if top.shape[-1] < N_TOP:
         top = torch.nn.functional.pad(top, (0, N_TOP - top.shape[-1]))
     return torch.cat([entropy, top], dim=-1)
+
+
+def path_features(dist: torch.Tensor, q: torch.Tensor, depth: torch.Tensor, cum_q: torch.Tensor) -> torch.Tensor:
+    """``dist`` ``(n, 11)`` plus ``log q(x)``, ``depth`` and ``log prod q`` of each token: float32 ``(n, 14)``.
+    Probabilities are floored at 1e-12 before the log."""
+    cols = [q.float().clamp_min(1e-12).log(), depth.float(), cum_q.float().clamp_min(1e-12).log()]
+    return torch.cat([dist.float(), torch.stack(cols, dim=-1)], dim=-1)

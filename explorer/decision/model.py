@@ -5,7 +5,9 @@ model knows when it drafts a token, how likely the target is to accept it:
 
 * ``hidden``: input the draft's last hidden state at the token's parent row (``hidden_size``, 896 for the
   0.5B draft), layers ``hidden_size -> 512 -> 256 -> 1`` by default;
-* ``dist``: input the 11 distribution features (entropy and top-10 probabilities of q), ``11 -> 64 -> 32 -> 1``.
+* ``dist``: input the 11 distribution features (entropy and top-10 probabilities of q), ``11 -> 64 -> 32 -> 1``;
+* ``path`` (beyond the seed): ``dist`` plus the token's own ``log q(x)``, its depth and ``log`` of the cumulative
+  path probability, ``14 -> 64 -> 32 -> 1``; unlike the other two it scores a node's children differently.
 
 Inputs are standardised with the training set's mean and std (stored with the weights); the output is a
 probability (sigmoid). Files: ``<dir>/<kind>.safetensors`` (weights ``layers.<i>.weight|bias``, ``mean``, ``std``)
@@ -23,8 +25,8 @@ from torch import nn
 
 from .features import N_DIST_FEATURES
 
-KINDS = ("hidden", "dist")
-DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32)}
+KINDS = ("hidden", "dist", "path")
+DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32), "path": (64, 32)}
 CARD_FORMAT = 1
 ASSETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "decision"
 
@@ -53,7 +55,7 @@ class DecisionModel:
     """A trained decision model: the MLP plus its input standardisation and card entry.
 
     Args:
-        kind: ``"hidden"`` or ``"dist"``.
+        kind: ``"hidden"``, ``"dist"`` or ``"path"``.
         net: the MLP (float32, CPU).
         mean, std: float32 ``(in_features,)`` standardisation of the inputs.
         info: this model's card entry (threshold, metrics, ...).
@@ -77,8 +79,9 @@ class DecisionModel:
         t = self.info.get("threshold")
         return None if t is None else float(t)
 
-    def inputs(self, hidden: torch.Tensor | None, dist: torch.Tensor | None) -> torch.Tensor:
-        x = hidden if self.kind == "hidden" else dist
+    def inputs(self, hidden: torch.Tensor | None, dist: torch.Tensor | None, path: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        x = {"hidden": hidden, "dist": dist, "path": path}[self.kind]
         if x is None:
             raise DecisionModelError(f"the {self.kind} decision model needs {self.kind} features")
         x = x.float().cpu()
@@ -87,10 +90,13 @@ class DecisionModel:
                                      f"got {x.shape[-1]} (trained for another draft model?)")
         return (x - self.mean) / self.std
 
-    def predict(self, hidden: torch.Tensor | None = None, dist: torch.Tensor | None = None) -> torch.Tensor:
-        """Predicted acceptance in [0, 1], float32 ``(n,)``, from ``hidden`` ``(n, H)`` or ``dist`` ``(n, 11)``."""
+    def predict(self, hidden: torch.Tensor | None = None, dist: torch.Tensor | None = None,
+                path: torch.Tensor | None = None) -> torch.Tensor:
+        """Predicted acceptance in [0, 1], float32 ``(n,)``, from the features of this model's kind:
+        ``hidden`` ``(n, H)``, ``dist`` ``(n, 11)`` or ``path`` ``(n, 14)`` (``features.py``).
+        Raises DecisionModelError when they are missing or have the wrong width."""
         with torch.inference_mode():
-            return torch.sigmoid(self.net(self.inputs(hidden, dist)))
+            return torch.sigmoid(self.net(self.inputs(hidden, dist, path)))
 
     def save(self, directory: str | Path) -> Path:
         """Write ``<directory>/<kind>.safetensors`` (weights + standardisation); the card is written separately."""

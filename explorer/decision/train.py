@@ -20,13 +20,24 @@ import torch
 
 from .collect import load_data
 from .evaluate import choose_threshold, score_metrics
-from .features import DIST_FEATURE_NAMES
+from .features import DIST_FEATURE_NAMES, PATH_FEATURE_NAMES, path_features
 from .model import CARD_FORMAT, DEFAULT_LAYERS, KINDS, DecisionMLP, DecisionModel
 
 FEATURE_TEXT = {
     "hidden": "draft model's last hidden state at the drafted token's parent row",
     "dist": "entropy and top-10 probabilities of the draft distribution q (temperature 1) at the parent row",
+    "path": "dist plus log q(x), depth and log cumulative path probability of the token",
 }
+FEATURE_NAMES = {"hidden": None, "dist": DIST_FEATURE_NAMES, "path": PATH_FEATURE_NAMES}
+
+
+def kind_inputs(kind: str, t: dict) -> torch.Tensor:
+    """The input matrix of one model kind from a data table (``collect.load_data``)."""
+    if kind == "hidden":
+        return t["hidden"]
+    if kind == "dist":
+        return t["dist"]
+    return path_features(t["dist"], t["q"], t["depth"], t["cum_q"])
 
 
 def split_by_prompt(owners: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -106,14 +117,14 @@ def train_models(folders, out, *, val_fraction: float = 0.15, seed: int = 0, epo
     models = {}
     for kind in KINDS:
         t0 = time.perf_counter()
-        x = t["hidden"] if kind == "hidden" else t["dist"]
+        x = kind_inputs(kind, t)
         model, fit_info = fit(kind, x, soft, train_idx, val_idx, layers=(layers or {}).get(kind), epochs=epochs,
                               patience=patience, seed=seed, progress=progress)
-        pred = model.predict(hidden=x[val_idx], dist=x[val_idx]).numpy()
+        pred = model.predict(**{kind: x[val_idx]}).numpy()
         threshold = choose_threshold(pred, soft[val_idx].numpy())
         metrics = score_metrics(pred, soft[val_idx].numpy(), greedy[val_idx], threshold)
         model.info = {"file": f"{kind}.safetensors", "features": FEATURE_TEXT[kind],
-                      "feature_names": DIST_FEATURE_NAMES if kind == "dist" else None,
+                      "feature_names": FEATURE_NAMES[kind],
                       "in_features": int(x.shape[1]), "layers": list(layers.get(kind) if layers and kind in layers
                                                                     else DEFAULT_LAYERS[kind]),
                       "epochs": fit_info["epochs"], "best_epoch": fit_info["best_epoch"],
