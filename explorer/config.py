@@ -47,8 +47,8 @@ class MethodConfig:
         threshold: the stop policy's tau (``specdec++``: h); None = the policy's default
             (``stopping.DEFAULT_THRESHOLDS``).
         decision_model: which learned model the decision, prune and specdec++ policies read: ``dist`` (entropy +
-            top-10 of q; the default: it ranks held-out tokens better, docs/decision.md) or ``hidden`` (the draft's
-            last hidden state).
+            top-10 of q; the default), ``path`` (``dist`` plus the token's q, depth and path probability: scores
+            siblings apart) or ``hidden`` (the draft's last hidden state). See docs/decision.md.
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
             ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
             the verifier. The lossy mode always uses the seed's longest-branch rule.
