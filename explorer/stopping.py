@@ -38,10 +38,10 @@ LEARNED_POLICIES = ("decision", "prune", "specdec++")
 DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.75, "prune": 0.75, "specdec++": 0.5}
 STOP_POLICY_LABELS = {
     "none": "none (static depth)",
-    "confidence": "draft confidence ≥ τ",
-    "decision": "decision model: any branch ≥ τ (seed)",
-    "prune": "decision model: prune each branch < τ",
-    "specdec++": "SpecDec++: stop when P(reject) > h",
+    "confidence": "draft confidence",
+    "decision": "decision model (seed)",
+    "prune": "decision model, per branch",
+    "specdec++": "SpecDec++ cumulative",
 }
 
 
