@@ -314,7 +314,48 @@ def audit_panel(pair, settings, prompt_text: str, chat: bool):
                 c2.plotly_chart(figures.audit_figure(result, "pairs"), width="stretch", key="audit_pairs")
 
 
+BENCH_REPORT = os.environ.get("SPEC_EXPLORER_BENCH", os.path.join(os.path.dirname(__file__), "reports", "bench",
+                                                                   "bench.json"))
+
+
+def benchmarks_page():
+    """The latest `python -m explorer bench` report (or an uploaded bench.json): table and charts, no model."""
+    import json
+
+    from explorer.report import ReportError, load_report, loads_report
+
+    st.title("Benchmarks")
+    st.caption("Our methods against autoregressive decoding and Hugging Face assisted generation "
+               "(`generate(assistant_model=draft)`), measured in one run. Produce a report with "
+               "`python -m explorer bench --prompt-file humaneval --temperatures 0,0.7` (see docs/bench.md).")
+    upload = st.file_uploader("Load a benchmark report (bench.json)", type=["json"], key="bench_upload")
+    try:
+        if upload is not None:
+            report, source = loads_report(upload.getvalue()), upload.name
+        elif os.path.exists(BENCH_REPORT):
+            report, source = load_report(BENCH_REPORT), BENCH_REPORT
+        else:
+            st.info(f"No report at {BENCH_REPORT} yet: run the bench command above, or load a bench.json.")
+            return
+        m = report["meta"]
+        st.markdown(f"Report **{html.escape(str(source))}** · {html.escape(str(m.get('prompt_set')))} · "
+                    f"{m.get('max_new_tokens')} new tokens · {html.escape(str(m.get('pair')))} · "
+                    f"{html.escape(str(m.get('dtype')))} on {html.escape(str(m.get('device')))} · "
+                    f"{html.escape(str(m.get('machine')))} · {html.escape(str(m.get('date', '')))}")
+        cols = ["temperature", "method", "tokens_per_s", "speedup_vs_ar", "ratio_vs_hf", "tokens_per_target_call",
+                "acceptance_rate", "mcsd_acceptance_rate", "draft_s", "verify_s", "other_s"]
+        st.dataframe([{c: r.get(c) for c in cols} for r in report["summary"]], hide_index=True, width="stretch")
+        for i, fig in enumerate(figures.bench_figures(report)):
+            st.plotly_chart(fig, width="stretch", key=f"bench_chart_{i}")
+        st.caption("hf-assisted settings: " + html.escape(json.dumps(report.get("hf_assisted", {}))))
+    except (ReportError, KeyError, TypeError) as exc:
+        st.error(f"Cannot show this report: {exc}")
+
+
 def main():
+    if st.sidebar.radio("Page", ["Explorer", "Benchmarks"], horizontal=True, key="page") == "Benchmarks":
+        benchmarks_page()
+        return
     st.title("Speculative decoding explorer")
     st.caption("Draft a token tree with a small model, verify it with the large one in a single pass, and watch "
                "every decision. Methods: AR, SD, MCSD, and the improved MCSD of Lu et al. 2024.")

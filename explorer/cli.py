@@ -243,6 +243,51 @@ def cmd_verifiers(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Benchmark methods against ar and hf-assisted on one prompt set; write JSON, CSV, Markdown and HTML."""
+    import datetime
+    import os
+    import platform
+
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    from .bench import bench
+    from .decision.collect import select_prompts
+    from .prompts import encode_prompt
+    from .report import write_reports
+
+    spec = f"{args.prompt_file}:{args.range}" if args.range else args.prompt_file
+    prompts = select_prompts([spec])
+    methods = [m for m in args.methods.split(",") if m]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    pair = _load_pair(args)
+    ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
+    bar = tqdm(total=len(ids) * len(methods) * len(temps), desc="bench", unit="run")
+
+    def progress(msg):
+        bar.update(1)
+        bar.set_postfix_str(msg)
+
+    result = bench(pair, ids, methods=methods, temperatures=temps, max_new_tokens=args.max_new_tokens,
+                   seed=args.seed, warmup=args.warmup, top_p=args.top_p, progress=progress)
+    bar.close()
+    result["meta"] = {
+        "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
+        "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "warmup": args.warmup,
+        "pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
+        "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
+        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs"
+                   + (f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    paths = write_reports(result, args.out)
+    print(Path(paths["md"]).read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explorer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -283,6 +328,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(ver)
     _add_model_args(ver)
     ver.set_defaults(func=cmd_verifiers, method="mcsd", k_config="2,2,2")
+
+    from .bench import BENCH_METHODS
+
+    bn = sub.add_parser("bench", help="tokens/s of each method against ar and hf-assisted, same run; reports")
+    bn.add_argument("--prompt-file", required=True, help="humaneval, mt-bench or a JSONL file")
+    bn.add_argument("--range", default="0:4", metavar="START:STOP", help="slice of the prompt file")
+    bn.add_argument("--methods", default=",".join(BENCH_METHODS))
+    bn.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")
+    bn.add_argument("--top-p", type=float, default=1.0)
+    bn.add_argument("--max-new-tokens", type=int, default=128)
+    bn.add_argument("--warmup", type=int, default=1, help="short warm-up runs of every method before timing")
+    bn.add_argument("--seed", type=int, default=0)
+    bn.add_argument("--no-chat-template", action="store_true")
+    bn.add_argument("--out", default="reports/bench", help="folder for bench.json / .csv / .md / .html")
+    _add_model_args(bn)
+    bn.set_defaults(func=cmd_bench)
 
     from .decision.cli import add_decision_parser
 

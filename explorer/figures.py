@@ -274,3 +274,34 @@ def audit_figure(result: dict, which: str = "first", top: int = 20) -> go.Figure
                       title=f"{title}: p-value {cmp['p_value']:.3g}, TV {cmp['tv_distance']:.3f} ({verdict})",
                       yaxis=dict(title="probability"), legend=dict(orientation="h", y=1.12, x=0))
     return fig
+
+
+def bench_figures(report: dict) -> list[go.Figure]:
+    """Benchmark charts: tokens/s per method and temperature (with ``ar`` as a dashed line), and where the time of
+    each method went (drafting, verification, everything else)."""
+    rows = report["summary"]
+    temps = sorted({r["temperature"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    speed = go.Figure()
+    for t in temps:
+        sel = [r for r in rows if r["temperature"] == t]
+        speed.add_trace(go.Bar(name=f"T = {t:g}", x=[r["method"] for r in sel],
+                               y=[r["tokens_per_s"] or 0 for r in sel],
+                               text=[("" if r["speedup_vs_ar"] is None else f"{r['speedup_vs_ar']:.2f}x")
+                                     for r in sel], textposition="outside"))
+    speed.update_layout(title="Tokens per second (label: speed-up over ar in the same run)", barmode="group",
+                        height=380, yaxis=dict(title="tokens/s"), margin=dict(l=10, r=10, t=50, b=10))
+    split = go.Figure()
+    labels = [f"{m} · T={t:g}" for t in temps for m in methods]
+    by_key = {(r["method"], r["temperature"]): r for r in rows}
+    def part_seconds(r, part):
+        if r.get("draft_s") is None:  # hf-assisted: no split, the whole wall time counts as "other"
+            return (r.get("seconds") or 0) if part == "other_s" else 0
+        return r.get(part) or 0
+
+    for part, color in (("draft_s", "#9ecae1"), ("verify_s", "#3182bd"), ("other_s", "#fdae6b")):
+        split.add_trace(go.Bar(name=part.removesuffix("_s"), x=labels, marker_color=color,
+                               y=[part_seconds(by_key[(m, t)], part) for t in temps for m in methods]))
+    split.update_layout(title="Where the time went (seconds; hf-assisted: wall time only, as 'other')",
+                        barmode="stack", height=380, margin=dict(l=10, r=10, t=50, b=10))
+    return [speed, split]

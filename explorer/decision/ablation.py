@@ -9,39 +9,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..bench import aggregate, run_engine
 from ..config import DEFAULTS, MethodConfig
-from ..metrics import run_metrics
 from ..sampling import SamplingConfig
 
 
 def _runs(pair, configs: dict[str, MethodConfig], prompts_ids: list[list[int]], temperature: float,
           max_new_tokens: int, seed: int, decision, progress) -> dict[str, list[dict]]:
-    from ..engine import Engine
-
     out: dict[str, list[dict]] = {name: [] for name in configs}
     for n, ids in enumerate(prompts_ids):
         for name, config in configs.items():
-            engine = Engine(pair, config, SamplingConfig(temperature=temperature, seed=seed + n),
-                            decision_model=decision.get(config.decision_model) if decision else None)
-            engine.start(ids, max_new_tokens)
-            out[name].append(run_metrics(engine.run()))
+            model = decision.get(config.decision_model) if decision else None
+            out[name].append(run_engine(pair, config, ids, max_new_tokens,
+                                        SamplingConfig(temperature=temperature, seed=seed + n), model))
             progress(f"T={temperature} prompt {n + 1}/{len(prompts_ids)} {name}")
     return out
-
-
-def _aggregate(rows: list[dict]) -> dict:
-    tokens = sum(r["generated_tokens"] for r in rows)
-    seconds = sum(r["seconds"] for r in rows)
-    calls = sum(r["target_calls"] for r in rows)
-    drafted = sum(r["drafted_tokens"] for r in rows)
-    accepted = sum(r["accepted_draft_tokens"] for r in rows)
-    seed_acc = [r["acceptance_rate"] for r in rows if r["acceptance_rate"] is not None]
-    return {"prompts": len(rows), "generated_tokens": tokens, "seconds": round(seconds, 2),
-            "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
-            "tokens_per_target_call": tokens / calls if calls else None,
-            "draft_calls": sum(r["draft_calls"] for r in rows), "drafted_tokens": drafted,
-            "acceptance_rate": sum(seed_acc) / len(seed_acc) if seed_acc else None,
-            "mcsd_acceptance_rate": accepted / drafted if drafted else None}
 
 
 def ablation(pair, prompts_ids: list[list[int]], *, policies, temperatures, max_new_tokens: int = 64,
@@ -61,18 +43,14 @@ def ablation(pair, prompts_ids: list[list[int]], *, policies, temperatures, max_
         configs[policy] = base.with_(**changes)
     if prompts_ids:  # warm-up: first calls pay for kernel selection and allocations
         for config in configs.values():
-            from ..engine import Engine
-
-            e = Engine(pair, config, SamplingConfig(), decision_model=decision.get(config.decision_model)
-                       if decision else None)
-            e.start(prompts_ids[0], 4)
-            e.run()
+            run_engine(pair, config, prompts_ids[0], 4, SamplingConfig(),
+                       decision.get(config.decision_model) if decision else None)
     rows = []
     for temperature in temperatures:
         runs = _runs(pair, configs, prompts_ids, temperature, max_new_tokens, seed, decision, progress)
-        ar = _aggregate(runs["ar"])
+        ar = aggregate(runs["ar"])
         for name, config in configs.items():
-            agg = _aggregate(runs[name])
+            agg = aggregate(runs[name])
             rows.append({"temperature": temperature, "method": config.method,
                          "stop": "–" if name == "ar" else config.stop,
                          "threshold": None if name == "ar" else config.threshold,

@@ -56,10 +56,10 @@ def cmd_ablation(args) -> int:
 
     import torch
 
+    from ..config import DEFAULTS
     from ..prompts import encode_prompt
     from .ablation import ablation, markdown_table, write_report
     from .collect import select_prompts
-    from ..config import DEFAULTS
     from .model import KINDS, load_decision_model
 
     spec = f"{args.prompt_file}:{args.range}" if args.range else args.prompt_file

@@ -1,0 +1,139 @@
+"""``python -m explorer bench``: our methods against ``ar`` and Hugging Face assisted generation, same run.
+
+For every temperature and prompt, the methods run back to back (``ar`` first), so machine drift hits them alike.
+Per run: generated tokens, wall seconds (prefill included), tokens/s, target calls (ours), both acceptance rates,
+and the time split into drafting, verification and everything else (ours: from the step traces; ``hf-assisted``:
+wall time only). Aggregates are total tokens over total seconds; ``speedup_vs_ar`` and ``ratio_vs_hf`` divide by the
+same run's ``ar`` and ``hf-assisted``.
+
+``hf-assisted`` is ``target.generate(assistant_model=draft)`` with transformers' defaults for the assistant
+(recorded in the report: ``num_assistant_tokens``, its schedule, ``assistant_confidence_threshold``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .config import DEFAULTS, MethodConfig
+from .metrics import run_metrics
+from .sampling import SamplingConfig
+
+HF_ASSISTED = "hf-assisted"
+BENCH_METHODS = ("ar", HF_ASSISTED, "sd", "mcsd", "mcsd-improved")
+
+
+def hf_assisted_settings(pair) -> dict:
+    """The assistant settings transformers will use (from the draft's generation config)."""
+    g = pair.draft.generation_config
+    return {name: getattr(g, name, None) for name in
+            ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+
+
+def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig) -> dict:
+    """One ``generate(assistant_model=draft)`` call; returns the same keys as ``metrics.run_metrics`` where known."""
+    ids = torch.tensor([prompt_ids], device=pair.device)
+    kwargs = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    if not sampling.greedy:
+        kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                  "top_k": sampling.top_k or None}
+        torch.manual_seed(int(sampling.seed))
+    settings = hf_assisted_settings(pair)  # generate() may adapt these on the shared draft: restore them after
+    t0 = time.perf_counter()
+    with torch.inference_mode(), pair.lock:
+        try:
+            out = pair.target.generate(ids, assistant_model=pair.draft, max_new_tokens=max_new_tokens,
+                                       attention_mask=torch.ones_like(ids), **kwargs)
+        finally:
+            for name, value in settings.items():
+                setattr(pair.draft.generation_config, name, value)
+    seconds = time.perf_counter() - t0
+    new = out.shape[1] - len(prompt_ids)
+    return {"generated_tokens": int(new), "seconds": seconds, "tokens_per_s": new / seconds if seconds else None,
+            "target_calls": None, "draft_calls": None, "tokens_per_target_call": None, "acceptance_rate": None,
+            "mcsd_acceptance_rate": None, "drafted_tokens": None, "accepted_draft_tokens": None,
+            "prefill_ms": None, "draft_ms": None, "verify_ms": None, "token_ids": out[0, len(prompt_ids):].tolist()}
+
+
+def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
+               decision_model=None) -> dict:
+    """One run of our engine; ``run_metrics`` plus ``token_ids``."""
+    from .engine import Engine
+
+    engine = Engine(pair, config, sampling, decision_model=decision_model)
+    engine.start(prompt_ids, max_new_tokens)
+    trace = engine.run()
+    return {**run_metrics(trace), "token_ids": trace.generated_ids}
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Totals over runs: tokens/s = total tokens / total seconds; time split in seconds and as shares."""
+
+    def total(key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return sum(vals) if len(vals) == len(rows) and rows else None
+
+    tokens, seconds = total("generated_tokens"), total("seconds")
+    calls, drafted, accepted = total("target_calls"), total("drafted_tokens"), total("accepted_draft_tokens")
+    draft_s = total("draft_ms") / 1e3 if total("draft_ms") is not None else None
+    verify_s = total("verify_ms") / 1e3 if total("verify_ms") is not None else None
+    seed_acc = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]
+    other_s = seconds - draft_s - verify_s if draft_s is not None and verify_s is not None else None
+    return {"prompts": len(rows), "generated_tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
+            "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
+            "drafted_tokens": drafted, "acceptance_rate": sum(seed_acc) / len(seed_acc) if seed_acc else None,
+            "mcsd_acceptance_rate": accepted / drafted if drafted else None,
+            "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s}
+
+
+def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
+          temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
+          progress=lambda msg: None) -> dict:
+    """Run ``methods`` over ``prompts_ids`` at each temperature.
+
+    Args:
+        configs: method name -> MethodConfig (default ``config.DEFAULTS``); a name may be any label, e.g.
+            ``"mcsd-improved/prune"``, as long as its config says which method it is.
+    Returns:
+        ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
+    """
+    configs = dict(configs or {})
+    for m in methods:
+        if m != HF_ASSISTED and m not in configs:
+            if m not in DEFAULTS:
+                raise ValueError(f"unknown bench method {m!r}; use {', '.join(BENCH_METHODS)}")
+            configs[m] = DEFAULTS[m]
+
+    def one(method, ids, sampling, n):
+        if method == HF_ASSISTED:
+            return run_hf_assisted(pair, ids, n, sampling)
+        return run_engine(pair, configs[method], ids, n, sampling)
+
+    for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations
+        for method in methods:
+            one(method, prompts_ids[0], SamplingConfig(), 8)
+    runs = []
+    for temperature in temperatures:
+        for n, ids in enumerate(prompts_ids):
+            sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n)
+            for method in methods:
+                row = one(method, ids, sampling, max_new_tokens)
+                row.update(temperature=temperature, method=method, prompt=n)
+                runs.append(row)
+                progress(f"T={temperature} prompt {n + 1}/{len(prompts_ids)} {method}: "
+                         f"{row['tokens_per_s']:.2f} tok/s")
+    summary = []
+    for temperature in temperatures:
+        base = {m: aggregate([r for r in runs if r["temperature"] == temperature and r["method"] == m])
+                for m in methods}
+        for method in methods:
+            agg = base[method]
+            ar, hf = base.get("ar", {}).get("tokens_per_s"), base.get(HF_ASSISTED, {}).get("tokens_per_s")
+            cfg = configs.get(method)
+            summary.append({"temperature": temperature, "method": method,
+                            "config": cfg.to_dict() if cfg else hf_assisted_settings(pair), **agg,
+                            "speedup_vs_ar": agg["tokens_per_s"] / ar if ar and agg["tokens_per_s"] else None,
+                            "ratio_vs_hf": agg["tokens_per_s"] / hf if hf and agg["tokens_per_s"] else None})
+    return {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_settings(pair)}

@@ -1,0 +1,101 @@
+"""The benchmark harness on the tiny pair: same outputs, ratios from the same run, reports, the app's page."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from explorer.bench import HF_ASSISTED, aggregate, bench, hf_assisted_settings
+from explorer.cli import main
+from explorer.report import ReportError, load_report, loads_report, write_reports
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+@pytest.fixture(scope="module")
+def result(tiny):
+    ids = [tiny.tokenizer.encode("def add(a, b):"), tiny.tokenizer.encode("The quick brown fox")]
+    out = bench(tiny, ids, methods=("ar", HF_ASSISTED, "sd", "mcsd-improved"), temperatures=(0.0,),
+                max_new_tokens=12, warmup=0)
+    out["meta"] = {"prompt_set": "unit", "max_new_tokens": 12, "pair": tiny.name, "dtype": "float32",
+                   "device": "cpu", "machine": "test", "torch": "x", "transformers": "y"}
+    return out
+
+
+def test_greedy_outputs_agree_across_methods_and_with_hf_assisted(result):
+    for prompt in (0, 1):
+        runs = {r["method"]: r["token_ids"] for r in result["runs"] if r["prompt"] == prompt}
+        assert len(runs["ar"]) == 12
+        assert runs[HF_ASSISTED] == runs["ar"] == runs["sd"] == runs["mcsd-improved"]
+
+
+def test_summary_ratios_come_from_the_same_run(result):
+    s = {r["method"]: r for r in result["summary"]}
+    assert s["ar"]["speedup_vs_ar"] == pytest.approx(1.0) and s[HF_ASSISTED]["ratio_vs_hf"] == pytest.approx(1.0)
+    assert s["sd"]["speedup_vs_ar"] == pytest.approx(s["sd"]["tokens_per_s"] / s["ar"]["tokens_per_s"])
+    assert s["sd"]["tokens_per_s"] == pytest.approx(s["sd"]["generated_tokens"] / s["sd"]["seconds"])
+    assert s["ar"]["tokens_per_target_call"] == pytest.approx(1.0)
+    assert s["sd"]["draft_s"] > 0 and s["sd"]["other_s"] >= -1e-6
+    assert s[HF_ASSISTED]["target_calls"] is None and s[HF_ASSISTED]["config"] == result["hf_assisted"]
+
+
+def test_aggregate_sums_then_divides():
+    rows = [{"generated_tokens": 10, "seconds": 1.0, "target_calls": 5, "drafted_tokens": 8,
+             "accepted_draft_tokens": 4, "draft_ms": 300.0, "verify_ms": 500.0, "acceptance_rate": 0.5,
+             "draft_calls": 3},
+            {"generated_tokens": 30, "seconds": 4.0, "target_calls": 10, "drafted_tokens": 12,
+             "accepted_draft_tokens": 6, "draft_ms": 1000.0, "verify_ms": 2000.0, "acceptance_rate": 0.3,
+             "draft_calls": 6}]
+    a = aggregate(rows)
+    assert a["tokens_per_s"] == pytest.approx(8.0) and a["tokens_per_target_call"] == pytest.approx(40 / 15)
+    assert a["mcsd_acceptance_rate"] == pytest.approx(0.5) and a["other_s"] == pytest.approx(5.0 - 1.3 - 2.5)
+
+
+def test_hf_assisted_leaves_the_shared_draft_settings_alone(tiny, result):
+    assert hf_assisted_settings(tiny) == result["hf_assisted"]
+
+
+def test_reports_are_written_and_read_back(result, tmp_path):
+    paths = write_reports(result, tmp_path)
+    assert load_report(paths["json"])["summary"] == result["summary"]
+    with paths["csv"].open() as f:
+        assert len(list(csv.DictReader(f))) == len(result["runs"])
+    md = paths["md"].read_text()
+    assert "| hf-assisted |" in md and "speed-up vs ar" in md
+    page = paths["html"].read_text()
+    assert page.count("plotly-graph-div") >= 2 and "<table>" in page
+    for bad, msg in ((b"{", "not valid JSON"), (b"[]", "not a benchmark report"),
+                     (json.dumps({"meta": {}}).encode(), "not a benchmark report")):
+        with pytest.raises(ReportError, match=msg):
+            loads_report(bad)
+    with pytest.raises(ReportError, match="cannot read"):
+        load_report(tmp_path / "missing.json")
+
+
+def test_bench_cli_on_the_tiny_pair(tmp_path, capsys):
+    rc = main(["bench", "--models", "tiny", "--prompt-file", "mt-bench", "--range", "0:1", "--methods",
+               "ar,hf-assisted,mcsd", "--max-new-tokens", "6", "--warmup", "0", "--out", str(tmp_path)])
+    assert rc == 0 and (tmp_path / "bench.html").exists()
+    assert "| mcsd |" in capsys.readouterr().out
+    assert main(["bench", "--models", "tiny", "--prompt-file", "mt-bench", "--methods", "ar,warp-drive",
+                 "--out", str(tmp_path)]) == 2
+
+
+def test_benchmarks_page(result, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_EXPLORER_PAIR", "tiny")
+    monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "nothing.json"))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Benchmarks").run()
+    assert not at.exception and any("No report" in i.value for i in at.info)
+    write_reports(result, tmp_path)
+    monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Benchmarks").run()
+    assert not at.exception and not at.error and len(at.dataframe) == 1
+    (tmp_path / "bench.json").write_text("{broken")
+    at.run()
+    assert any("Cannot show this report" in e.value for e in at.error)
