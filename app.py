@@ -259,7 +259,7 @@ def stop_panel(step):
     if not sigs or policy == "none":
         st.plotly_chart(figures.stop_figure(step), width="stretch", key="stop_chart")
         return
-    recorded = 1.0 - sigs[0].threshold if policy == "specdec++" else sigs[0].threshold
+    recorded = score_threshold(policy, sigs[0].threshold)  # back from the score scale (1 - (1 - h) = h)
     tau = st.slider("What if the threshold were… (" + ("h" if policy == "specdec++" else "τ") + ")", 0.0, 1.0,
                     float(round(recorded, 2)), 0.05, key=f"whatif_{policy}",
                     help="re-runs this step's stop decisions on the recorded scores; nothing is recomputed")

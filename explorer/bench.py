@@ -24,6 +24,22 @@ HF_ASSISTED = "hf-assisted"
 BENCH_METHODS = ("ar", HF_ASSISTED, "sd", "mcsd", "mcsd-improved")
 
 
+def run_facts(pair) -> dict:
+    """What a measurement ran on: the pair, dtype, device, machine, library versions, threads and the UTC date."""
+    import datetime
+    import os
+    import platform
+
+    import transformers
+
+    gpu = f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""
+    return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
+            "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
+            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{gpu}", "torch": torch.__version__,
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+
+
 def hf_assisted_settings(pair) -> dict:
     """The assistant settings transformers will use (from the draft's generation config)."""
     g = pair.draft.generation_config

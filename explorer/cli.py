@@ -245,20 +245,13 @@ def cmd_verifiers(args) -> int:
 
 def cmd_bench(args) -> int:
     """Benchmark methods against ar and hf-assisted on one prompt set; write JSON, CSV, Markdown and HTML."""
-    import datetime
-    import os
-    import platform
-
-    import torch
-    import transformers
     from tqdm import tqdm
 
-    from .bench import bench
-    from .decision.collect import select_prompts
-    from .prompts import encode_prompt
+    from .bench import bench, run_facts
+    from .prompts import encode_prompt, range_spec, select_prompts
     from .report import write_reports
 
-    spec = f"{args.prompt_file}:{args.range}" if args.range else args.prompt_file
+    spec = range_spec(args.prompt_file, args.range)
     prompts = select_prompts([spec])
     methods = [m for m in args.methods.split(",") if m]
     temps = [float(t) for t in args.temperatures.split(",")]
@@ -276,12 +269,7 @@ def cmd_bench(args) -> int:
     result["meta"] = {
         "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
         "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "warmup": args.warmup,
-        "pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
-        "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
-        "machine": f"{platform.platform()}, {os.cpu_count()} CPUs"
-                   + (f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "threads": torch.get_num_threads(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        **run_facts(pair)}
     paths = write_reports(result, args.out)
     print(Path(paths["md"]).read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)

@@ -103,7 +103,7 @@ class _Drafted:
     calls: int  # draft forwards
     fed: int  # tree nodes fed to the draft (a breadth-first prefix)
     head: int  # draft cache length before the tree rows (context + chain)
-    features: dict  # node -> (hidden (H,), dist (11,), q(x), prod q of its path): decision features, when collected
+    features: dict  # node -> (hidden (H,) or None, dist (11,), q(x), prod q of its path): decision features
 
 
 @dataclass
@@ -317,6 +317,7 @@ class Engine:
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
         features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
         want_features = self.stop_policy.needs_features or self.capture_features
+        want_hidden = self.stop_policy.needs_hidden or self.capture_features  # an extra output of each forward
         signals = []
         if self.config.is_lossy:
             if self.sampling.greedy:
@@ -337,7 +338,8 @@ class Engine:
                 view = LevelView(tree, level, q_show, active=active, accept=accept)
                 if self.stop_policy.needs_features:
                     nodes = list(tree.level(level))
-                    view.hidden = torch.stack([features[i][0] for i in nodes])
+                    if self.stop_policy.needs_hidden:
+                        view.hidden = torch.stack([features[i][0] for i in nodes])
                     view.dist = torch.stack([features[i][1] for i in nodes])
                     view.path = path_features(view.dist, torch.tensor([features[i][2] for i in nodes]),
                                               torch.tensor([tree.depth[i] for i in nodes]),
@@ -353,7 +355,7 @@ class Engine:
             mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
             pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
             fwd = self._forward(self.pair.draft, self.draft_cache, ids, pos, mask, keep=max(stop - start, 1),
-                                hidden=want_features)
+                                hidden=want_hidden)
             calls += 1
             fed = stop
             qd = RowDists(fwd.logits, self.sampling)
@@ -373,7 +375,7 @@ class Engine:
                         hidden, dist, lse = row_feats
                         q1 = float(torch.exp(fwd.logits[r, t].float() - lse[r]))
                         cum = q1 * (features[node][3] if node in features else 1.0)  # target roots: 1
-                        features[i] = (hidden[r], dist[r], q1, cum)
+                        features[i] = (None if hidden is None else hidden[r], dist[r], q1, cum)
                     parents.append(node)
                     tokens.append(t)
             if not tokens:
@@ -383,8 +385,9 @@ class Engine:
 
     @staticmethod
     def _row_features(fwd: _Forward) -> tuple:
-        """Per row of a draft forward: hidden state ``(rows, H)``, the 11 distribution features ``(rows, 11)`` and
-        the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is ``exp(logit - lse)``)."""
+        """Per row of a draft forward: hidden state ``(rows, H)`` (None unless asked for), the 11 distribution
+        features ``(rows, 11)`` and the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is
+        ``exp(logit - lse)``)."""
         return fwd.hidden, dist_features(fwd.logits), torch.logsumexp(fwd.logits.float(), -1)
 
     def _verify(self, tree: DraftTree, q_rows: dict) -> "_Verified":

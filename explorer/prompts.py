@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import importlib.metadata
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,3 +113,27 @@ def encode_prompt(tokenizer, text: str, chat_template: bool = True) -> list[int]
                                              tokenize=False)
         return list(tokenizer.encode(text, add_special_tokens=False))
     return list(tokenizer.encode(text))
+
+
+def select_prompts(specs: list[str]) -> list[Prompt]:
+    """Prompts from specs ``SOURCE`` or ``SOURCE:START:STOP`` (SOURCE = humaneval, mt-bench or a JSONL file).
+
+    Raises PromptError for an unreadable source or a malformed range.
+    """
+    out: list[Prompt] = []
+    for spec in specs:
+        source, start, stop = spec, None, None
+        m = re.fullmatch(r"(.+):(\d*):(\d*)", spec)
+        if m:
+            source = m.group(1)
+            start = int(m.group(2)) if m.group(2) else None
+            stop = int(m.group(3)) if m.group(3) else None
+        out.extend(load_prompt_set(source)[start:stop])
+    if not out:
+        raise PromptError(f"no prompts selected by {specs}")
+    return out
+
+
+def range_spec(prompt_file: str, range_: str = "") -> str:
+    """The ``select_prompts`` spec for a prompt file and an optional ``START:STOP`` slice."""
+    return f"{prompt_file}:{range_}" if range_ else prompt_file

@@ -9,6 +9,8 @@ import html
 import json
 from pathlib import Path
 
+from .jsonfile import parse_json
+
 REPORT_NAME = "bench"
 CSV_FIELDS = ("temperature", "method", "prompt", "generated_tokens", "seconds", "tokens_per_s", "target_calls",
               "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_ms", "verify_ms")
@@ -72,12 +74,7 @@ MAX_REPORT_BYTES = 20 * 1024 * 1024
 
 def loads_report(text: str | bytes) -> dict:
     """Parse a ``bench.json``. Raises ReportError when too large, not JSON, or not a benchmark report."""
-    if len(text) > MAX_REPORT_BYTES:
-        raise ReportError(f"report is {len(text) / 1e6:.1f} MB; the limit is {MAX_REPORT_BYTES / 1e6:.0f} MB")
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ReportError(f"report is not valid JSON: {exc}") from None
+    data = parse_json(text, ReportError, "report", MAX_REPORT_BYTES)
     if not isinstance(data, dict) or not {"meta", "summary", "runs"} <= set(data) \
             or not isinstance(data["summary"], list):
         raise ReportError("this is not a benchmark report (needs meta, summary and runs from `explorer bench`)")

@@ -118,12 +118,14 @@ def replay(signals: list[StopSignal], threshold: float) -> list[dict]:
 class StopPolicy:
     """Interface: ``node_scores(view)`` gives the new nodes a score; ``signal(view)`` returns the StopSignal.
 
-    ``needs_features`` tells the engine to collect the draft's hidden states and distribution features.
+    ``needs_features`` tells the engine to collect the decision features of each drafted level, and
+    ``needs_hidden`` whether they must include the draft's hidden states (an extra output of every draft forward).
     Raises ValueError for a threshold outside [0, 1].
     """
 
     name = "base"
     needs_features = False
+    needs_hidden = False
 
     def __init__(self, threshold: float):
         if not (0.0 <= threshold <= 1.0):
@@ -133,7 +135,7 @@ class StopPolicy:
     @property
     def score_threshold(self) -> float:
         """The threshold on the score scale (what a branch must reach to keep drafting)."""
-        return self.threshold
+        return score_threshold(self.name, self.threshold)
 
     def node_scores(self, view: LevelView) -> dict[int, float]:
         raise NotImplementedError
@@ -141,8 +143,9 @@ class StopPolicy:
     def signal(self, view: LevelView) -> StopSignal:
         node_scores = self.node_scores(view)
         per_branch: dict[str, float] = {}
+        branch_of = view.tree.branch_ids()
         for i in view.tree.level(view.level):
-            b = str(view.tree.branch_of(i))
+            b = str(branch_of[i])
             if b in view.active:
                 per_branch[b] = max(per_branch.get(b, 0.0), float(node_scores.get(i, 0.0)))
         keep, pruned = decide(self.name, per_branch, self.score_threshold)
@@ -150,18 +153,17 @@ class StopPolicy:
                           threshold=self.score_threshold, keep_drafting=keep, policy=self.name, pruned=pruned)
 
 
-class NoStop(StopPolicy):
-    name = "none"
-
-    def node_scores(self, view: LevelView) -> dict[int, float]:
-        return {i: view.q.get(i, 0.0) for i in view.tree.level(view.level)}
-
-
 class ConfidenceStop(StopPolicy):
     name = "confidence"
 
     def node_scores(self, view: LevelView) -> dict[int, float]:
         return {i: view.q.get(i, 0.0) for i in view.tree.level(view.level)}
+
+
+class NoStop(ConfidenceStop):
+    """Static depth: the draft confidence is recorded for the chart, ``decide`` never stops."""
+
+    name = "none"
 
 
 class DecisionStop(StopPolicy):
@@ -175,6 +177,7 @@ class DecisionStop(StopPolicy):
         if model is None:
             raise ValueError(f"stop policy {self.name!r} needs a decision model")
         self.model = model
+        self.needs_hidden = model.kind == "hidden"
 
     def node_scores(self, view: LevelView) -> dict[int, float]:
         nodes = list(view.tree.level(view.level))
@@ -192,10 +195,6 @@ class SpecDecPPStop(DecisionStop):
     """Score = product of predicted acceptances along the node's path; stop when 1 - product > h."""
 
     name = "specdec++"
-
-    @property
-    def score_threshold(self) -> float:
-        return 1.0 - self.threshold
 
     def node_scores(self, view: LevelView) -> dict[int, float]:
         accept = super().node_scores(view)
@@ -250,13 +249,8 @@ def what_if(step, threshold: float) -> dict:
             limit.setdefault(b, row["level"])
     deeper = any(row["unknown"] for row in rows) or (
         bool(rows) and rows[-1]["keep_drafting"] and len(rows) == len(signals) and not signals[-1].keep_drafting)
-    kept = set()
-    for n in step.nodes:
-        if n.parent is None or n.source == "target":
-            kept.add(n.id)
-            continue
-        if n.depth <= limit.get(str(n.branch), 10**9):
-            kept.add(n.id)
+    kept = {n.id for n in step.nodes
+            if n.parent is None or n.source == "target" or n.depth <= limit.get(str(n.branch), 10**9)}
     path = sorted((n for n in step.nodes if n.committed and n.parent is not None), key=lambda n: n.depth)
     accepted = 0
     for n in path:

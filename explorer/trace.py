@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .jsonfile import parse_json
+
 SCHEMA_VERSION = 1
 MAX_TRACE_BYTES = 50 * 1024 * 1024
 
@@ -175,13 +177,7 @@ def _known(cls, d: dict) -> dict:
 
 def loads_run(text: str | bytes) -> RunTrace:
     """Parse a JSON trace. Raises TraceError on size, JSON or schema problems."""
-    if len(text) > MAX_TRACE_BYTES:
-        raise TraceError(f"trace is {len(text) / 1e6:.1f} MB; the limit is {MAX_TRACE_BYTES / 1e6:.0f} MB")
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceError(f"trace is not valid JSON: {exc}") from None
-    return RunTrace.from_dict(data)
+    return RunTrace.from_dict(parse_json(text, TraceError, "trace", MAX_TRACE_BYTES))
 
 
 def save_run(run: RunTrace, path: str | Path) -> None:

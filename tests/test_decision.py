@@ -15,7 +15,6 @@ from explorer.decision.collect import (
     collect,
     load_data,
     open_data_dir,
-    select_prompts,
 )
 from explorer.decision.evaluate import evaluate_on, score_metrics
 from explorer.decision.features import dist_features
@@ -27,7 +26,7 @@ from explorer.decision.model import (
 )
 from explorer.decision.train import split_by_prompt, train_models
 from explorer.engine import Engine, EngineError
-from explorer.prompts import Prompt
+from explorer.prompts import Prompt, select_prompts
 from explorer.sampling import SamplingConfig
 from explorer.stopping import decide, make_stop_policy, replay, what_if
 from explorer.trace import StopSignal
@@ -277,7 +276,8 @@ def test_config_thresholds_follow_the_policy():
     cfg = MethodConfig(method="mcsd-improved", stop="confidence")
     assert cfg.threshold == 0.3
     assert cfg.with_(stop="specdec++").threshold == 0.5
-    assert make_stop_policy("specdec++", 0.7, model=object()).score_threshold == pytest.approx(0.3)
+    model = load_decision_model(find_shipped("tiny-draft-0", "tiny-target-0"), "dist")
+    assert make_stop_policy("specdec++", 0.7, model=model).score_threshold == pytest.approx(0.3)
     assert cfg.with_(stop="prune", threshold=0.7).threshold == 0.7
     with pytest.raises(ValueError, match="unknown stop policy"):
         MethodConfig(method="mcsd-improved", stop="sometimes")

@@ -9,7 +9,8 @@ from ..cli import _add_model_args, _load_pair
 
 
 def cmd_collect(args) -> int:
-    from .collect import collect, select_prompts
+    from ..prompts import select_prompts
+    from .collect import collect
 
     prompts = select_prompts(args.prompts)
     pair = _load_pair(args)
@@ -51,18 +52,15 @@ def cmd_eval(args) -> int:
 
 
 def cmd_ablation(args) -> int:
-    import platform
     import sys
 
-    import torch
-
+    from ..bench import run_facts
     from ..config import DEFAULTS
-    from ..prompts import encode_prompt
+    from ..prompts import encode_prompt, range_spec, select_prompts
     from .ablation import ablation, markdown_table, write_report
-    from .collect import select_prompts
     from .model import KINDS, load_decision_model
 
-    spec = f"{args.prompt_file}:{args.range}" if args.range else args.prompt_file
+    spec = range_spec(args.prompt_file, args.range)
     prompts = select_prompts([spec])
     policies = [p for p in args.policies.split(",") if p]
     thresholds = {}
@@ -87,9 +85,7 @@ def cmd_ablation(args) -> int:
                                f"{str(pair.dtype).removeprefix('torch.')} on {pair.device}"))
     if args.json:
         write_report(rows, args.json, {"prompt_set": spec, "prompts": [p.id for p in prompts],
-                                       "max_new_tokens": args.max_new_tokens, "pair": pair.name,
-                                       "dtype": str(pair.dtype), "device": str(pair.device),
-                                       "torch": torch.__version__, "machine": platform.platform(),
+                                       "max_new_tokens": args.max_new_tokens, **run_facts(pair),
                                        "decision_dir": args.decision_dir or "shipped"})
     return 0
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..config import MethodConfig
-from ..prompts import Prompt, PromptError, load_prompt_set
+from ..prompts import Prompt
 from ..sampling import SamplingConfig
 from .features import DIST_FEATURE_NAMES
 
@@ -37,25 +37,6 @@ SHARD_TENSORS = ("hidden", "dist", "depth", "cum_q", "q", "p", "soft", "greedy",
 
 class DataError(ValueError):
     """A decision data folder that cannot be used (other pair or settings, unreadable shards)."""
-
-
-def select_prompts(specs: list[str]) -> list[Prompt]:
-    """Prompts from specs ``SOURCE`` or ``SOURCE:START:STOP`` (SOURCE = humaneval, mt-bench or a JSONL file).
-
-    Raises PromptError for an unreadable source or a malformed range.
-    """
-    out: list[Prompt] = []
-    for spec in specs:
-        source, start, stop = spec, None, None
-        m = re.fullmatch(r"(.+):(\d*):(\d*)", spec)
-        if m:
-            source = m.group(1)
-            start = int(m.group(2)) if m.group(2) else None
-            stop = int(m.group(3)) if m.group(3) else None
-        out.extend(load_prompt_set(source)[start:stop])
-    if not out:
-        raise PromptError(f"no prompts selected by {specs}")
-    return out
 
 
 def shard_name(prompt: Prompt) -> str:

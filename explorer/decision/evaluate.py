@@ -109,7 +109,8 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
 
 def evaluate(args, load_pair) -> dict:
     """``decision eval``: collect features on ``args.prompt_file`` (or read ``args.data``) and score the models."""
-    from .collect import collect, select_prompts
+    from ..prompts import range_spec, select_prompts
+    from .collect import collect
     from .model import DecisionModelError, find_shipped
 
     if args.data:
@@ -122,8 +123,7 @@ def evaluate(args, load_pair) -> dict:
     model_dir = args.model or find_shipped(pair.draft_id, pair.target_id)
     if model_dir is None:
         raise DecisionModelError(f"no decision model ships for {pair.name}: pass --model")
-    spec = f"{args.prompt_file}:{args.range}" if args.range else args.prompt_file
-    prompts = select_prompts([spec])
+    prompts = select_prompts([range_spec(args.prompt_file, args.range)])
     temps = tuple(float(x) for x in args.temperatures.split(","))
     with tempfile.TemporaryDirectory(prefix="decision-eval-") as tmp:
         out = Path(args.keep_data) if args.keep_data else Path(tmp)

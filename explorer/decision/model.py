@@ -17,12 +17,12 @@ and ``<dir>/card.json`` (model pair, features, data size, validation loss, ROC-A
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..jsonfile import parse_json
 from .features import N_DIST_FEATURES
 
 KINDS = ("hidden", "dist", "path")
@@ -115,11 +115,10 @@ def read_card(directory: str | Path) -> dict:
     """The JSON card of a decision-model folder. Raises DecisionModelError when missing or malformed."""
     path = Path(directory) / "card.json"
     try:
-        card = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes()
     except OSError as exc:
         raise DecisionModelError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise DecisionModelError(f"{path} is not valid JSON: {exc}") from None
+    card = parse_json(text, DecisionModelError, str(path))
     if not isinstance(card, dict) or card.get("format") != CARD_FORMAT or not isinstance(card.get("models"), dict):
         raise DecisionModelError(f"{path} is not a decision-model card (format {CARD_FORMAT})")
     return card
