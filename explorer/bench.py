@@ -7,7 +7,9 @@ wall time only). Aggregates are total tokens over total seconds; ``speedup_vs_ar
 same run's ``ar`` and ``hf-assisted``.
 
 ``hf-assisted`` is ``target.generate(assistant_model=draft)`` with transformers' defaults for the assistant
-(recorded in the report: ``num_assistant_tokens``, its schedule, ``assistant_confidence_threshold``).
+(recorded in the report: ``num_assistant_tokens``, its schedule, ``assistant_confidence_threshold``), with the same
+draft our engine uses (int8 when the pair's draft is quantized). ``hf-assisted-bf16`` is the same call with the
+unquantized draft: what a user who loads the two models gets.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from .metrics import run_metrics
 from .sampling import SamplingConfig
 
 HF_ASSISTED = "hf-assisted"
-BENCH_METHODS = ("ar", HF_ASSISTED, "sd", "mcsd", "mcsd-improved")
+HF_ASSISTED_BF16 = "hf-assisted-bf16"  # the unquantized draft, as users run it (same as hf-assisted without quant)
+HF_METHODS = (HF_ASSISTED, HF_ASSISTED_BF16)
+BENCH_METHODS = ("ar", HF_ASSISTED_BF16, HF_ASSISTED, "sd", "mcsd", "mcsd-improved")
 
 
 def run_facts(pair) -> dict:
@@ -35,52 +39,65 @@ def run_facts(pair) -> dict:
     gpu = f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""
     return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
             "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
+            "draft_quant": pair.draft_quant,
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{gpu}", "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
 
 
-def hf_assisted_settings(pair) -> dict:
-    """The assistant settings transformers will use (from the draft's generation config)."""
-    g = pair.draft.generation_config
+def hf_assisted_settings(draft) -> dict:
+    """The assistant settings transformers will use (from the draft model's generation config)."""
+    g = draft.generation_config
     return {name: getattr(g, name, None) for name in
             ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
 
 
-def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig) -> dict:
-    """One ``generate(assistant_model=draft)`` call; returns the same keys as ``metrics.run_metrics`` where known."""
+def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
+                    draft=None) -> dict:
+    """One ``generate(assistant_model=draft)`` call (``draft``: default ``pair.draft``); returns the same keys as
+    ``metrics.run_metrics`` where known."""
+    draft = pair.draft if draft is None else draft
     ids = torch.tensor([prompt_ids], device=pair.device)
     kwargs = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     if not sampling.greedy:
         kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
                   "top_k": sampling.top_k or None}
         torch.manual_seed(int(sampling.seed))
-    settings = hf_assisted_settings(pair)  # generate() may adapt these on the shared draft: restore them after
+    settings = hf_assisted_settings(draft)  # generate() may adapt these on the shared draft: restore them after
     t0 = time.perf_counter()
     with torch.inference_mode(), pair.lock:
         try:
-            out = pair.target.generate(ids, assistant_model=pair.draft, max_new_tokens=max_new_tokens,
+            out = pair.target.generate(ids, assistant_model=draft, max_new_tokens=max_new_tokens,
                                        attention_mask=torch.ones_like(ids), **kwargs)
         finally:
             for name, value in settings.items():
-                setattr(pair.draft.generation_config, name, value)
+                setattr(draft.generation_config, name, value)
     seconds = time.perf_counter() - t0
     new = out.shape[1] - len(prompt_ids)
     return {"generated_tokens": int(new), "seconds": seconds, "tokens_per_s": new / seconds if seconds else None,
             "target_calls": None, "draft_calls": None, "tokens_per_target_call": None, "acceptance_rate": None,
             "mcsd_acceptance_rate": None, "drafted_tokens": None, "accepted_draft_tokens": None,
-            "prefill_ms": None, "draft_ms": None, "verify_ms": None, "token_ids": out[0, len(prompt_ids):].tolist()}
+            "prefill_ms": None, "draft_ms": None, "verify_ms": None, "forward_ms": None, "step_ms": None,
+            "token_ids": out[0, len(prompt_ids):].tolist()}
 
 
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None) -> dict:
-    """One run of our engine; ``run_metrics`` plus ``token_ids``."""
+    """One run of our engine; ``run_metrics`` plus ``token_ids``.
+
+    ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
+    trace), as for ``hf-assisted``, not the sum of the trace's step timers.
+    """
     from .engine import Engine
 
     engine = Engine(pair, config, sampling, decision_model=decision_model)
+    t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
-    return {**run_metrics(trace), "token_ids": trace.generated_ids}
+    seconds = time.perf_counter() - t0
+    metrics = run_metrics(trace)
+    metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None)
+    return {**metrics, "token_ids": trace.generated_ids}
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -96,12 +113,16 @@ def aggregate(rows: list[dict]) -> dict:
     verify_s = total("verify_ms") / 1e3 if total("verify_ms") is not None else None
     seed_acc = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]
     other_s = seconds - draft_s - verify_s if draft_s is not None and verify_s is not None else None
+    # Engine overhead: wall time of the steps (everything but the prefill) spent outside model forwards.
+    forward, prefill = total("forward_ms"), total("prefill_ms")
+    busy = seconds - prefill / 1e3 if forward is not None and prefill is not None else None
+    overhead = (busy - forward / 1e3) / busy if busy else None
     return {"prompts": len(rows), "generated_tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
             "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
             "drafted_tokens": drafted, "acceptance_rate": sum(seed_acc) / len(seed_acc) if seed_acc else None,
             "mcsd_acceptance_rate": accepted / drafted if drafted else None,
-            "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s}
+            "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s, "overhead_share": overhead}
 
 
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
@@ -117,7 +138,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
     """
     configs = dict(configs or {})
     for m in methods:
-        if m != HF_ASSISTED and m not in configs:
+        if m not in HF_METHODS and m not in configs:
             if m not in DEFAULTS:
                 raise ValueError(f"unknown bench method {m!r}; use {', '.join(BENCH_METHODS)}")
             configs[m] = DEFAULTS[m]
@@ -125,6 +146,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
     def one(method, ids, sampling, n):
         if method == HF_ASSISTED:
             return run_hf_assisted(pair, ids, n, sampling)
+        if method == HF_ASSISTED_BF16:
+            return run_hf_assisted(pair, ids, n, sampling, draft=pair.unquantized_draft or pair.draft)
         return run_engine(pair, configs[method], ids, n, sampling)
 
     for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations
@@ -146,10 +169,15 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
                 for m in methods}
         for method in methods:
             agg = base[method]
-            ar, hf = base.get("ar", {}).get("tokens_per_s"), base.get(HF_ASSISTED, {}).get("tokens_per_s")
+            tps = agg["tokens_per_s"]
+
+            def ratio(baseline):
+                b = base.get(baseline, {}).get("tokens_per_s")
+                return tps / b if b and tps else None
+
             cfg = configs.get(method)
             summary.append({"temperature": temperature, "method": method,
-                            "config": cfg.to_dict() if cfg else hf_assisted_settings(pair), **agg,
-                            "speedup_vs_ar": agg["tokens_per_s"] / ar if ar and agg["tokens_per_s"] else None,
-                            "ratio_vs_hf": agg["tokens_per_s"] / hf if hf and agg["tokens_per_s"] else None})
-    return {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_settings(pair)}
+                            "config": cfg.to_dict() if cfg else hf_assisted_settings(pair.draft), **agg,
+                            "speedup_vs_ar": ratio("ar"), "ratio_vs_hf": ratio(HF_ASSISTED),
+                            "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16)})
+    return {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_settings(pair.draft)}

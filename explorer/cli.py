@@ -29,6 +29,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", help="target model: local HF folder, hub id or .gguf file")
     g.add_argument("--dtype", default=None, help="bf16 (default), fp16 or fp32")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--draft-quant", default="auto", choices=["auto", "none", "int8"],
+                   help="int8: the draft's linear layers dynamically quantized (lossless; faster drafting on CPU). "
+                        "auto (default): int8 on CPU for real pairs, none on CUDA and for the tiny pair")
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
@@ -102,11 +105,12 @@ def _prompts_from_args(args) -> list[Prompt]:
     return prompts[: args.limit] if args.limit else prompts
 
 
-def _load_pair(args):
+def _load_pair(args, keep_unquantized: bool = False):
     from .models import load_named_pair
 
     spec = "custom" if (args.draft or args.target) else args.models
     return load_named_pair(spec, dtype=args.dtype, device=args.device, draft=args.draft, target=args.target,
+                           draft_quant=args.draft_quant, keep_unquantized=keep_unquantized,
                            progress=lambda msg, frac: print(f"[models] {msg}", file=sys.stderr) if frac == 0 else None)
 
 
@@ -247,7 +251,7 @@ def cmd_bench(args) -> int:
     """Benchmark methods against ar and hf-assisted on one prompt set; write JSON, CSV, Markdown and HTML."""
     from tqdm import tqdm
 
-    from .bench import bench, run_facts
+    from .bench import HF_ASSISTED_BF16, bench, run_facts
     from .prompts import encode_prompt, range_spec, select_prompts
     from .report import write_reports
 
@@ -255,7 +259,7 @@ def cmd_bench(args) -> int:
     prompts = select_prompts([spec])
     methods = [m for m in args.methods.split(",") if m]
     temps = [float(t) for t in args.temperatures.split(",")]
-    pair = _load_pair(args)
+    pair = _load_pair(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
     bar = tqdm(total=len(ids) * len(methods) * len(temps), desc="bench", unit="run")
 

@@ -34,6 +34,7 @@ from .trace import (
     REJECTED,
     UNVERIFIED,
     NodeTrace,
+    TOP_K_SHOWN,
     RunTrace,
     StepTrace,
 )
@@ -104,6 +105,7 @@ class _Drafted:
     fed: int  # tree nodes fed to the draft (a breadth-first prefix)
     head: int  # draft cache length before the tree rows (context + chain)
     features: dict  # node -> (hidden (H,) or None, dist (11,), q(x), prod q of its path): decision features
+    q_top: dict  # row -> [(token, q)] top tokens of the distribution its children were drafted from
 
 
 @dataclass
@@ -155,6 +157,8 @@ class Engine:
         self.capture_features = capture_features
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
+        self._forward_ms = 0.0  # time inside model forwards during the current step
+        self._texts: dict[int, str] = {}  # token id -> decoded text (the trace shows thousands per run)
         self.last_step: tuple | None = None  # (_Drafted, _Verified) of the latest step, for decision collect
 
     # ------------------------------------------------------------------ set-up
@@ -231,7 +235,10 @@ class Engine:
         return len(self.committed) - self.n_prompt
 
     def _text(self, token_id: int) -> str:
-        return self.pair.tokenizer.decode([token_id])
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.pair.tokenizer.decode([token_id])
+        return text
 
     def _pieces(self, new_tokens: list[int]) -> list[str]:
         """Text each new token adds to the output. A token that ends inside a multi-byte character adds "" and
@@ -258,10 +265,12 @@ class Engine:
         device = self.pair.device
         ids = torch.tensor([input_ids], dtype=torch.long, device=device)
         pos = torch.tensor([position_ids], dtype=torch.long, device=device)
-        attn = None if mask is None else to_float_mask(mask, self.pair.dtype, device)
+        attn = None if mask is None else to_float_mask(mask, model.dtype, device)
         with torch.inference_mode(), self.pair.lock:
+            t0 = _now(device)
             out = model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=cache,
                         use_cache=True, logits_to_keep=keep, output_hidden_states=hidden)
+            self._forward_ms += (_now(device) - t0) * 1e3
         logits = out.logits[0, :, : self.pair.vocab_size]
         h = out.hidden_states[-1][0, -logits.shape[0]:].float() if hidden else None
         return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
@@ -280,6 +289,7 @@ class Engine:
             raise EngineError("this run has finished: reset to start again")
         device = self.pair.device
         t_start = _now(device)
+        self._forward_ms = 0.0
         L = len(self.committed)
         d = self._draft()
         t_drafted = _now(device)
@@ -315,6 +325,7 @@ class Engine:
         tree = DraftTree()
         q_rows: dict[int, torch.Tensor] = {}  # row (node + 1; 0 = anchor) -> q its children were drafted from
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
+        q_top: dict[int, list] = {}  # row -> top tokens of q there, for the trace
         features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
         want_features = self.stop_policy.needs_features or self.capture_features
         want_hidden = self.stop_policy.needs_hidden or self.capture_features  # an extra output of each forward
@@ -362,9 +373,11 @@ class Engine:
             row_feats = self._row_features(fwd) if want_features else None
             branch_of = tree.branch_ids()
             parents, tokens = [], []
-            for r, node in enumerate(range(start, stop) if level else [-1]):
-                if active is not None and str(branch_of[node]) not in active:
-                    continue  # a pruned branch: no children below it
+            rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
+                    if active is None or str(branch_of[node]) in active]  # a pruned branch gets no children
+            tops = qd.top([r for r, _ in rows], TOP_K_SHOWN)
+            for r, node in rows:
+                q_top[node + 1] = tops[r]
                 if not self.sampling.greedy:
                     q_rows[node + 1] = qd[r]
                 kids = drafting.candidates(qd, r, k, verifier=self.verifier_name, generator=self.generator)
@@ -381,7 +394,7 @@ class Engine:
             if not tokens:
                 break
             tree.add_level(parents, tokens, source="draft")
-        return _Drafted(tree, q_rows, q_show, signals, calls, fed, past + len(chain), features)
+        return _Drafted(tree, q_rows, q_show, signals, calls, fed, past + len(chain), features, q_top)
 
     @staticmethod
     def _row_features(fwd: _Forward) -> tuple:
@@ -461,6 +474,10 @@ class Engine:
                 q=d.q_show.get(i), p=p_rows.shown(parent_row, tok),
                 u=None if dec is None else dec.u, ratio=None if dec is None else _finite(dec.ratio),
                 residual_top=[] if dec is None else [[t, self._text(t), pr] for t, pr in dec.residual_top]))
+        p_top = p_rows.top(sorted({tree.parent[i] + 1 for i in range(len(tree))}), TOP_K_SHOWN)
+        for i, node in enumerate(nodes[1:]):
+            node.p_top = self._top_rows(p_top.get(tree.parent[i] + 1, []))
+            node.q_top = self._top_rows(d.q_top.get(tree.parent[i] + 1, []))
         ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(len(tree))]
         drafted = sum(1 for s in tree.source if s == "draft")
         accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] == "draft")
@@ -478,7 +495,10 @@ class Engine:
             bonus_token=result.bonus if (result.bonus is not None and len(new_tokens) > len(result.path)) else None,
             accepted_draft_len=accepted_draft, max_draft_len=len(self.branching), drafted=drafted,
             draft_calls=d.calls, target_calls=v.calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
-            verifier=self.verifier_name, finished=self.finished)
+            verifier=self.verifier_name, finished=self.finished, forward_ms=self._forward_ms)
+
+    def _top_rows(self, top: list) -> list:
+        return [[t, self._text(t), float(pr)] for t, pr in top]
 
     # ------------------------------------------------------------------ whole runs
 

@@ -95,9 +95,10 @@ def _hover(n) -> str:
     return "<br>".join(lines)
 
 
-def tree_figure(step: StepTrace, height: int | None = None) -> go.Figure:
+def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None) -> go.Figure:
     """The draft token tree of one step, coloured by verification status; committed nodes get a thick outline,
-    target-sampled roots are diamonds, and the bonus token hangs off the committed path as a blue star."""
+    target-sampled roots are diamonds, and the bonus token hangs off the committed path as a blue star. Each node
+    marker carries its node id as ``customdata`` (clicks select it); ``selected`` gets an orange ring."""
     g = tree_graph(step)
     pos = tree_layout(g)
     fig = go.Figure()
@@ -119,6 +120,10 @@ def tree_figure(step: StepTrace, height: int | None = None) -> go.Figure:
                         symbol=["diamond" if n.source == "target" else "circle" for n in nodes],
                         line=dict(color=["#000" if n.committed and n.status != CONTEXT else "#fff" for n in nodes],
                                   width=[3 if n.committed and n.status != CONTEXT else 1 for n in nodes]))))
+    if selected is not None and selected in pos:
+        fig.add_trace(go.Scatter(x=[pos[selected][0]], y=[pos[selected][1]], mode="markers", hoverinfo="skip",
+                                 name="inspected", marker=dict(size=30, color="rgba(0,0,0,0)", symbol="circle",
+                                                               line=dict(color="#ff7f0e", width=4))))
     if step.bonus_token is not None:
         path = [n for n in step.nodes if n.committed]
         last = max(path, key=lambda n: n.depth)
@@ -144,9 +149,10 @@ def tree_figure(step: StepTrace, height: int | None = None) -> go.Figure:
     return fig
 
 
-def mask_figure(step: StepTrace) -> go.Figure:
+def mask_figure(step: StepTrace, highlight: int | None = None) -> go.Figure:
     """The topology-aware attention mask sent to the target in this step (the step's own rows and columns; every
-    row also attends to all ``mask_context_len`` cached context tokens, not drawn)."""
+    row also attends to all ``mask_context_len`` cached context tokens, not drawn). ``highlight``: a node id whose
+    row is outlined in orange (the node inspector's)."""
     by_id = {n.id: n for n in step.nodes}
     labels = [f"{node_label(by_id[i])} @{p}" for i, p in zip(step.mask_node_ids, step.position_ids)]
     cols = [node_label(by_id[i]) for i in step.mask_node_ids]
@@ -162,6 +168,39 @@ def mask_figure(step: StepTrace) -> go.Figure:
         height=max(300, min(900, 22 * n + 160)), margin=dict(l=10, r=10, t=70, b=10),
         yaxis=dict(autorange="reversed", title="query (node @ position id)", tickfont=dict(size=10)),
         xaxis=dict(title="key", tickangle=-60, tickfont=dict(size=10)))
+    if highlight in step.mask_node_ids:
+        r = step.mask_node_ids.index(highlight)
+        fig.add_shape(type="rect", x0=-0.5, x1=n - 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color="#ff7f0e", width=3))
+    return fig
+
+
+def inspector_figure(node) -> go.Figure:
+    """Top tokens of p (target) and q (draft) at the node's parent, side by side; the node's own token is marked
+    with a star in its label, and after a rejection the residual distribution is a third series."""
+    series = [("p (target)", node.p_top, "#3182bd"), ("q (draft)", node.q_top, "#fdae6b"),
+              ("residual after rejection", node.residual_top, "#d62728")]
+    order: list[int] = []
+    text_of: dict[int, str] = {}
+    for _, top, _ in series:
+        for tok, text, _ in top:
+            if tok not in text_of:
+                order.append(tok)
+                text_of[tok] = text
+    if node.token_id not in text_of:
+        order.append(node.token_id)
+        text_of[node.token_id] = node.text
+    labels = [("★ " if t == node.token_id else "") + f"{token_label(text_of[t], 12)} ({t})" for t in order]
+    fig = go.Figure()
+    for name, top, color in series:
+        if not top:
+            continue
+        probs = {tok: pr for tok, _, pr in top}
+        fig.add_trace(go.Bar(x=labels, y=[probs.get(t) for t in order], name=name, marker_color=color,
+                             hovertemplate="%{x}<br>" + name + " %{y:.3f}<extra></extra>"))
+    fig.update_layout(barmode="group", height=320, margin=dict(l=10, r=10, t=60, b=10),
+                      title=f"Node {node.id} {token_label(node.text, 20)}: top tokens at its parent",
+                      yaxis=dict(title="probability", range=[0, 1]), xaxis=dict(tickangle=-40),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
     return fig
 
 

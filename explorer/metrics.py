@@ -6,6 +6,7 @@
   length.
 * acceptance rate (MCSD, Yang et al. 2024) = accepted draft tokens / drafted tokens.
 * tokens/s = generated tokens / wall-clock seconds (prefill included).
+* engine overhead = share of the steps' wall time spent outside model forwards.
 """
 
 from __future__ import annotations
@@ -38,4 +39,7 @@ def run_metrics(run: RunTrace) -> dict:
         "prefill_ms": run.prefill_ms,
         "draft_ms": sum(s.draft_ms for s in steps),
         "verify_ms": sum(s.verify_ms for s in steps),
+        "forward_ms": (sum(s.forward_ms for s in steps)
+                       if steps and all(s.forward_ms is not None for s in steps) else None),
+        "step_ms": sum(s.step_ms for s in steps),
     }

@@ -13,7 +13,8 @@ from .jsonfile import parse_json
 
 REPORT_NAME = "bench"
 CSV_FIELDS = ("temperature", "method", "prompt", "generated_tokens", "seconds", "tokens_per_s", "target_calls",
-              "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_ms", "verify_ms")
+              "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_ms", "verify_ms",
+              "forward_ms", "step_ms")
 
 
 class ReportError(ValueError):
@@ -24,20 +25,24 @@ def _f(x, nd=2, suffix=""):
     return "–" if x is None else f"{x:.{nd}f}{suffix}"
 
 
+def _pct(x):
+    return None if x is None else 100 * x
+
+
 def markdown_table(report: dict) -> str:
     """The summary as a Markdown table, with the run's facts on top."""
     m = report["meta"]
     lines = [f"**{m['prompt_set']}**, {m['max_new_tokens']} new tokens, {m['pair']}, {m['dtype']} on "
              f"{m['device']} ({m['machine']}; torch {m['torch']}, transformers {m['transformers']})", "",
              "| T | method | tokens/s | speed-up vs ar | ratio vs hf-assisted | tokens / target call | "
-             "acceptance (seed) | acceptance (MCSD) | draft s | verify s | other s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "acceptance (seed) | acceptance (MCSD) | draft s | verify s | other s | engine overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
         lines.append(f"| {r['temperature']:g} | {r['method']} | {_f(r['tokens_per_s'])} | "
                      f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
                      f"{_f(r['tokens_per_target_call'])} | {_f(r['acceptance_rate'])} | "
                      f"{_f(r['mcsd_acceptance_rate'])} | {_f(r['draft_s'], 1)} | {_f(r['verify_s'], 1)} | "
-                     f"{_f(r['other_s'], 1)} |")
+                     f"{_f(r['other_s'], 1)} | {_f(_pct(r.get('overhead_share')), 1, ' %')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -103,6 +103,30 @@ class RowDists:
             self._probs[r] = logits_to_probs(self.row_logits(r), self.cfg)
         return self._probs[r]
 
+    def top(self, rows: list[int], k: int) -> dict[int, list[tuple[int, float]]]:
+        """The ``k`` most likely tokens of each row as ``(token_id, probability)``, with the probabilities of
+        ``shown``: processed when sampling, plain softmax when greedy (batched over the rows then)."""
+        out: dict[int, list[tuple[int, float]]] = {}
+        rows = sorted(set(rows))
+        if self.cfg.greedy:
+            stored = [r for r in rows if r - self.offset >= 0]
+            if stored:
+                lg = self.logits[[r - self.offset for r in stored]].float()
+                vals, ids = torch.topk(lg, min(k, lg.shape[-1]), dim=-1)
+                probs = torch.exp(vals - torch.logsumexp(lg, -1, keepdim=True))
+                for i, r in enumerate(stored):
+                    out[r] = list(zip(ids[i].tolist(), probs[i].tolist()))
+            rows = [r for r in rows if r not in out]
+        for r in rows:
+            if self.cfg.greedy:
+                lg = self.row_logits(r)
+                vals, ids = torch.topk(lg, min(k, lg.shape[-1]))
+                probs = torch.exp(vals - torch.logsumexp(lg, -1))
+            else:
+                probs, ids = torch.topk(self[r], min(k, self[r].shape[-1]))
+            out[r] = list(zip(ids.tolist(), probs.tolist()))
+        return out
+
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
         if not self.cfg.greedy:

@@ -15,6 +15,7 @@ from .jsonfile import parse_json
 
 SCHEMA_VERSION = 1
 MAX_TRACE_BYTES = 50 * 1024 * 1024
+TOP_K_SHOWN = 8  # tokens of p and q recorded per node for the node inspector
 
 # Node status values.
 CONTEXT = "context"  # the anchor: the last committed token, root of the drawn tree
@@ -35,7 +36,9 @@ class NodeTrace:
     ``p`` and ``q`` are target and draft probabilities of this token at its parent (processed by temperature /
     top-k / top-p; in greedy mode the plain softmax, for display). ``u`` and ``ratio`` are the uniform draw and
     p/q of its acceptance test when it had one. ``residual_top`` lists ``[token_id, text, prob]`` of the residual
-    distribution after this node was rejected.
+    distribution after this node was rejected. ``p_top`` / ``q_top`` list ``[token_id, text, prob]`` of the
+    ``TOP_K_SHOWN`` most likely tokens of p and q at the parent (the distributions this node was drafted from and
+    checked against; ``q_top`` is empty for target-sampled roots).
     """
 
     id: int
@@ -53,6 +56,8 @@ class NodeTrace:
     u: float | None = None
     ratio: float | None = None
     residual_top: list = field(default_factory=list)
+    p_top: list = field(default_factory=list)
+    q_top: list = field(default_factory=list)
 
 
 @dataclass
@@ -82,6 +87,8 @@ class StepTrace:
         accepted_draft_len: accepted draft-model tokens on the committed path; max_draft_len: the configured
             maximum draft depth; drafted: draft-model tokens in the tree.
         draft_ms / verify_ms / step_ms: wall-clock milliseconds.
+        forward_ms: of ``step_ms``, the milliseconds spent inside model forwards (draft and target); the rest is
+            the engine's own work (tree, masks, sampling, verification, cache trimming, the trace itself).
     """
 
     index: int
@@ -107,6 +114,7 @@ class StepTrace:
     step_ms: float
     verifier: str = ""
     finished: bool = False
+    forward_ms: float | None = None  # None in traces saved before it was recorded
 
     def to_dict(self) -> dict:
         return asdict(self)

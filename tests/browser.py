@@ -101,14 +101,143 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
     return report
 
 
+def _open(browser, url: str, prompt: str, load_timeout_s: float):
+    page = browser.new_page(viewport={"width": 1600, "height": 1400}, accept_downloads=True)
+    page.goto(url)
+    page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
+    wait_idle(page, load_timeout_s * 1000)
+    page.get_by_label("Prompt", exact=True).fill(prompt)
+    page.keyboard.press("Control+Enter")
+    wait_idle(page, 60_000)
+    return page
+
+
+def _press(page, name: str, timeout_ms: int = 300_000) -> None:
+    page.get_by_role("button", name=name, exact=True).click(timeout=120_000)
+    wait_idle(page, timeout_ms)
+
+
+def _step_caption(page) -> str:
+    texts = page.locator("[data-testid='stMarkdownContainer'] p").all_inner_texts()
+    return next((t for t in texts if t.startswith("Step ") and " of " in t.split("·")[0]), "")
+
+
+def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
+    """Step three times, go Back, click a tree node (inspector), download the trace, Reset, load the trace
+    again and replay it with Forward. Screenshots at each stage; returns what the page showed."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = _open(browser, url, "def fibonacci(n):", load_timeout_s)
+        try:
+            for _ in range(3):
+                _press(page, "Step")
+            report["after_steps"] = _step_caption(page)
+            _press(page, "Back")
+            report["after_back"] = _step_caption(page)
+            page.screenshot(path=str(out_dir / "back_full.png"), full_page=True)
+            # click a drafted node of the tree (the second marker of the first node trace after the anchor)
+            tree = page.locator(".js-plotly-plot").first
+            points = tree.locator(".scatterlayer .trace .points path")
+            report["tree_points"] = points.count()
+            box = points.nth(min(2, points.count() - 1)).bounding_box()
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            wait_idle(page, 60_000)
+            page.wait_for_timeout(800)
+            heads = page.locator("h4").all_inner_texts()
+            report["inspector"] = [h for h in heads if h.startswith("Node inspector")]
+            page.screenshot(path=str(out_dir / "inspector_full.png"), full_page=True)
+            insp = page.locator("h4", has_text="Node inspector")
+            if insp.count():
+                insp.first.scroll_into_view_if_needed()
+                page.screenshot(path=str(out_dir / "inspector_view.png"))
+            with page.expect_download() as dl:
+                page.get_by_role("button", name="Download trace").click()
+            trace_path = out_dir / "trace.json"
+            dl.value.save_as(trace_path)
+            report["downloaded"] = trace_path.stat().st_size
+            _press(page, "Reset")
+            report["after_reset"] = _step_caption(page)
+            page.get_by_text("Save and replay").click()
+            page.locator("input[type='file']").first.set_input_files(str(trace_path))
+            wait_idle(page, 60_000)
+            page.wait_for_timeout(800)
+            wait_idle(page, 60_000)
+            report["replay_info"] = [t for t in page.locator("[data-testid='stAlertContentInfo']").all_inner_texts()
+                                     if t.startswith("Replaying")]
+            report["replay_first"] = _step_caption(page)
+            _press(page, "Forward")
+            report["replay_forward"] = _step_caption(page)
+            report["step_disabled"] = page.get_by_role("button", name="Step", exact=True).is_disabled()
+            page.screenshot(path=str(out_dir / "replay_full.png"), full_page=True)
+            bad = out_dir / "bad.json"
+            bad.write_text('{"schema_version": 99, "steps": []}')
+            page.locator("input[type='file']").first.set_input_files(str(bad))
+            wait_idle(page, 60_000)
+            page.wait_for_timeout(800)
+            report["bad_upload"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+        except Exception:
+            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
+            raise
+        report["exceptions"] = page.locator("[data-testid='stException']").count()
+        browser.close()
+    return report
+
+
+def two_sessions(url: str, out_dir: Path, prompts=("def add(a, b):", "The capital of France is"),
+                 steps: int = 2, load_timeout_s: float = 600) -> list[Path]:
+    """Two browser sessions (separate contexts) on one server, pressing Step at the same moment each time;
+    returns each session's downloaded trace."""
+
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        pages = []
+        for prompt in prompts:
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1200}, accept_downloads=True)
+            page = ctx.new_page()
+            page.goto(url)
+            page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
+            wait_idle(page, load_timeout_s * 1000)
+            page.get_by_label("Prompt", exact=True).fill(prompt)
+            page.keyboard.press("Control+Enter")
+            wait_idle(page, 60_000)
+            pages.append(page)
+        for _ in range(steps):
+            # both clicks go out before either rerun finishes: the server runs the two sessions concurrently
+            for page in pages:
+                page.get_by_role("button", name="Step", exact=True).click(no_wait_after=True)
+            for page in pages:
+                wait_idle(page, 300_000)
+        for i, page in enumerate(pages):
+            page.screenshot(path=str(out_dir / f"session{i}.png"), full_page=True)
+            with page.expect_download() as dl:
+                page.get_by_role("button", name="Download trace").click()
+            path = out_dir / f"session{i}.json"
+            dl.value.save_as(path)
+            paths.append(path)
+        browser.close()
+    return paths
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
     ap.add_argument("--out", default=str(ROOT / "out" / "screens"))
+    ap.add_argument("--tour", action="store_true", help="also: back, inspector, download, replay, two sessions")
     args = ap.parse_args()
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))
-    print(report)
+        print(report)
+        if args.tour:
+            print(tour(url, Path(args.out) / "tour"))
+            print([str(p) for p in two_sessions(url, Path(args.out) / "sessions")])
     return 0 if report["plots"] >= 2 and not report["errors"] and not report["exceptions"] else 1
 
 

@@ -141,3 +141,119 @@ def test_learned_stop_policy_and_what_if_slider(app):
     click(app, "reset_btn")
     click(app, "step_btn")
     assert not app.error and app.session_state["engine"].decision_model.kind == "hidden"
+
+
+def caption_with(at, prefix):
+    return [m.value for m in at.markdown if m.value.startswith(prefix)]
+
+
+def test_back_forward_and_the_step_slider_travel_through_the_run(app):
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    for _ in range(3):
+        click(app, "step_btn")
+    assert caption_with(app, "**Step 3 of 3**")
+    assert app.button(key="forward_btn").disabled and not app.button(key="back_btn").disabled
+    click(app, "back_btn")
+    click(app, "back_btn")
+    assert caption_with(app, "**Step 1 of 3**") and app.button(key="back_btn").disabled
+    assert app.slider(key="step_slider").value == 1
+    click(app, "forward_btn")
+    assert caption_with(app, "**Step 2 of 3**")
+    app.slider(key="step_slider").set_value(3).run()
+    assert caption_with(app, "**Step 3 of 3**")
+    # metrics follow the step on screen; Step goes on from the end of the run
+    app.slider(key="step_slider").set_value(1).run()
+    first = app.session_state["trace"].steps[0]
+    assert {m.label: m.value for m in app.metric}["Generated tokens"] == str(len(first.committed_ids))
+    click(app, "step_btn")
+    assert caption_with(app, "**Step 4 of 4**") and len(app.session_state["engine"].trace.steps) == 4
+
+
+def test_node_inspector_shows_p_q_and_highlights_the_mask_row(app):
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    step = app.session_state["trace"].steps[0]
+    node = next(n for n in step.nodes if n.source == "draft")
+    app.session_state["inspect_0"] = node.id  # what a click on the tree stores (the browser test clicks)
+    app.run()
+    assert caption_with(app, f"#### Node inspector: node {node.id}")
+    assert any(f"position id **{node.position_id}**" in m.value for m in app.markdown)
+    assert len(node.p_top) == len(node.q_top) == 8 and node.q_top[0][2] >= node.q_top[-1][2]
+
+
+def test_teach_mode_explains_the_step(app):
+    app.sidebar.toggle(key="teach").set_value(True).run()
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    text = " ".join(m.value for m in app.markdown)
+    assert "teach-box" in text and "Drafting:" in text and "Outcome:" in text and "font-size" in text
+
+
+def test_tokens_and_prompts_are_escaped(app):
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    app.text_area(key="prompt_text").set_value(evil)
+    app.sidebar.toggle(key="teach").set_value(True).run()
+    click(app, "step_btn")
+    assert not app.error
+    # Every token of the step (text, committed text, top-k lists) now reads as markup; a replayed trace could
+    # carry exactly this.
+    step = app.session_state["trace"].steps[0]
+    for n in step.nodes:
+        n.text = evil
+        n.p_top = [[t, evil, p] for t, _, p in n.p_top]
+    step.committed_text = [evil] * len(step.committed_text)
+    app.session_state["inspect_0"] = step.nodes[1].id
+    app.run()
+    shown = [m.value for m in app.markdown]
+    assert any("&lt;script&gt;" in v for v in shown)  # the text panel, the teach box and the inspector
+    for v in shown:
+        assert "<script" not in v and "<img" not in v, v
+
+
+def test_a_prompt_longer_than_the_context_window_is_refused(app):
+    app.text_area(key="prompt_text").set_value("word " * 600)
+    click(app, "step_btn")
+    assert any("positions" in e.value and "Shorten the prompt" in e.value for e in app.error)
+    assert app.session_state["trace"] is None if "trace" in app.session_state else True
+    app.text_area(key="prompt_text").set_value("hello")
+    click(app, "step_btn")
+    assert not app.error and len(app.session_state["trace"].steps) == 1
+
+
+def test_replaying_a_saved_trace_needs_no_model(app, tiny):
+    from explorer.config import DEFAULTS
+    from explorer.engine import Engine
+    from explorer.sampling import SamplingConfig
+    from explorer.trace import loads_run
+
+    engine = Engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
+    engine.start(tiny.tokenizer.encode("def f(x):"), 12, prompt_text="def f(x):")
+    saved = loads_run(engine.run().to_json())
+    app.session_state["trace"] = saved
+    app.session_state["replay"] = "saved.json"
+    app.session_state["cursor"] = 0
+    app.run()
+    assert not app.exception and not app.error
+    assert app.button(key="step_btn").disabled and app.button(key="run_btn").disabled
+    assert any("Replaying **saved.json**" in i.value for i in app.info)
+    assert caption_with(app, f"**Step 1 of {len(saved.steps)}**")
+    click(app, "forward_btn")
+    assert caption_with(app, f"**Step 2 of {len(saved.steps)}**")
+    click(app, "reset_btn")
+    assert "trace" not in app.session_state and not app.button(key="step_btn").disabled
+
+
+def test_compare_page_runs_two_methods_side_by_side(app):
+    app.sidebar.radio(key="page").set_value("Compare").run()
+    app.text_area(key="cmp_prompt").set_value("def add(a, b):")
+    app.selectbox(key="b_method").set_value("ar").run()
+    click(app, "cmp_step")
+    a, b = app.session_state["cmp_engines"]
+    assert a.trace.settings["method"]["method"] == "mcsd-improved" and b.trace.settings["method"]["method"] == "ar"
+    assert a.sampling == b.sampling and a.trace.prompt_ids == b.trace.prompt_ids
+    click(app, "cmp_run")
+    assert a.finished and b.finished and a.trace.generated_ids == b.trace.generated_ids  # greedy: lossless
+    heads = [h.value for h in app.subheader]
+    assert any(h.startswith("A:") for h in heads) and any(h.startswith("B:") for h in heads)
+    click(app, "cmp_reset")
+    assert "cmp_engines" not in app.session_state

@@ -7,18 +7,26 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from explorer.bench import HF_ASSISTED, aggregate, bench, hf_assisted_settings
+from explorer.bench import HF_ASSISTED, HF_ASSISTED_BF16, aggregate, bench, hf_assisted_settings
 from explorer.cli import main
+from explorer.models import quantize_draft
 from explorer.report import ReportError, load_report, loads_report, write_reports
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
 @pytest.fixture(scope="module")
-def result(tiny):
+def quantized(tiny):
+    """The tiny pair with an int8 draft, keeping the float draft for ``hf-assisted-bf16``."""
+    return quantize_draft(tiny, "int8", keep_unquantized=True)
+
+
+@pytest.fixture(scope="module")
+def result(quantized):
+    tiny = quantized
     ids = [tiny.tokenizer.encode("def add(a, b):"), tiny.tokenizer.encode("The quick brown fox")]
-    out = bench(tiny, ids, methods=("ar", HF_ASSISTED, "sd", "mcsd-improved"), temperatures=(0.0,),
-                max_new_tokens=12, warmup=0)
+    out = bench(tiny, ids, methods=("ar", HF_ASSISTED_BF16, HF_ASSISTED, "sd", "mcsd-improved"),
+                temperatures=(0.0,), max_new_tokens=12, warmup=0)
     out["meta"] = {"prompt_set": "unit", "max_new_tokens": 12, "pair": tiny.name, "dtype": "float32",
                    "device": "cpu", "machine": "test", "torch": "x", "transformers": "y"}
     return out
@@ -28,7 +36,23 @@ def test_greedy_outputs_agree_across_methods_and_with_hf_assisted(result):
     for prompt in (0, 1):
         runs = {r["method"]: r["token_ids"] for r in result["runs"] if r["prompt"] == prompt}
         assert len(runs["ar"]) == 12
-        assert runs[HF_ASSISTED] == runs["ar"] == runs["sd"] == runs["mcsd-improved"]
+        assert runs[HF_ASSISTED] == runs[HF_ASSISTED_BF16] == runs["ar"] == runs["sd"] == runs["mcsd-improved"]
+
+
+def test_the_quantized_draft_is_int8_and_proposes_close_to_the_float_one(tiny, quantized):
+    import torch
+
+    assert quantized.draft_quant == "int8" and quantized.unquantized_draft is tiny.draft
+    assert quantized.target is tiny.target and tiny.draft_quant == "none"
+    kinds = {type(m).__name__ for m in quantized.draft.modules()}
+    assert "Linear" in kinds and any("Quantized" in str(type(m)) or "quantized" in type(m).__module__
+                                     for m in quantized.draft.modules())
+    ids = torch.tensor([tiny.tokenizer.encode("def add(a, b): return a + b")])
+    with torch.inference_mode():
+        q_float = torch.softmax(tiny.draft(ids).logits.float(), -1)
+        q_int8 = torch.softmax(quantized.draft(ids).logits.float(), -1)
+    tv = 0.5 * (q_float - q_int8).abs().sum(-1)
+    assert q_int8.dtype == torch.float32 and float(tv.mean()) < 0.1 and float(tv.max()) < 0.25  # close, not equal
 
 
 def test_summary_ratios_come_from_the_same_run(result):
@@ -38,6 +62,9 @@ def test_summary_ratios_come_from_the_same_run(result):
     assert s["sd"]["tokens_per_s"] == pytest.approx(s["sd"]["generated_tokens"] / s["sd"]["seconds"])
     assert s["ar"]["tokens_per_target_call"] == pytest.approx(1.0)
     assert s["sd"]["draft_s"] > 0 and s["sd"]["other_s"] >= -1e-6
+    assert 0 < s["sd"]["overhead_share"] < 1 and s[HF_ASSISTED]["overhead_share"] is None
+    assert s[HF_ASSISTED]["ratio_vs_hf_bf16"] == pytest.approx(
+        s[HF_ASSISTED]["tokens_per_s"] / s[HF_ASSISTED_BF16]["tokens_per_s"])
     assert s[HF_ASSISTED]["target_calls"] is None and s[HF_ASSISTED]["config"] == result["hf_assisted"]
 
 
@@ -53,8 +80,9 @@ def test_aggregate_sums_then_divides():
     assert a["mcsd_acceptance_rate"] == pytest.approx(0.5) and a["other_s"] == pytest.approx(5.0 - 1.3 - 2.5)
 
 
-def test_hf_assisted_leaves_the_shared_draft_settings_alone(tiny, result):
-    assert hf_assisted_settings(tiny) == result["hf_assisted"]
+def test_hf_assisted_leaves_the_shared_draft_settings_alone(quantized, result):
+    assert hf_assisted_settings(quantized.draft) == result["hf_assisted"]
+    assert hf_assisted_settings(quantized.unquantized_draft) == result["hf_assisted"]
 
 
 def test_reports_are_written_and_read_back(result, tmp_path):

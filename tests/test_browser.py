@@ -20,3 +20,47 @@ def test_step_twice_in_a_real_browser(tmp_path):
     assert (tmp_path / "step2_tree.png").stat().st_size > 10_000
     # the default stop policy reads the shipped decision model; its what-if slider explains the step
     assert report["what_if"] and "draft tokens over" in report["what_if"][0]
+
+
+def test_back_inspect_download_and_replay_in_a_real_browser(tmp_path):
+    from browser import tour
+
+    from explorer.trace import load_run
+
+    with running_app("tiny") as url:
+        r = tour(url, tmp_path, load_timeout_s=120)
+    assert r["exceptions"] == 0
+    assert r["after_steps"].startswith("Step 3 of 3") and r["after_back"].startswith("Step 2 of 3")
+    assert r["tree_points"] >= 3 and r["inspector"], r  # the click opened the node inspector
+    trace = load_run(tmp_path / "trace.json")
+    assert len(trace.steps) == 3 and trace.prompt == "def fibonacci(n):" and trace.model["draft_id"]
+    assert r["after_reset"] == ""
+    assert r["replay_info"] and "no model loaded" in r["replay_info"][0]
+    assert r["replay_first"].startswith("Step 1 of 3") and r["replay_forward"].startswith("Step 2 of 3")
+    assert r["step_disabled"]
+    assert any("schema version" in e for e in r["bad_upload"]), r["bad_upload"]
+    for shot in ("back_full.png", "inspector_full.png", "replay_full.png"):
+        assert (tmp_path / shot).stat().st_size > 20_000
+
+
+def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
+    from browser import two_sessions
+
+    from explorer.config import MethodConfig
+    from explorer.engine import Engine
+    from explorer.sampling import SamplingConfig
+    from explorer.trace import load_run
+
+    prompts = ("def add(a, b):", "The capital of France is")
+    with running_app("tiny") as url:
+        paths = two_sessions(url, tmp_path, prompts=prompts, steps=3, load_timeout_s=120)
+    for prompt, path in zip(prompts, paths):
+        trace = load_run(path)
+        assert trace.prompt == prompt and len(trace.steps) == 3
+        # the same steps run alone in this process give the same tokens: nothing leaked between sessions
+        solo = Engine(tiny, MethodConfig(**trace.settings["method"]), SamplingConfig(**trace.settings["sampling"]))
+        solo.start(trace.prompt_ids, trace.settings["max_new_tokens"])
+        solo.run(max_steps=3)
+        assert solo.trace.generated_ids == trace.generated_ids
+    a, b = (load_run(p) for p in paths)
+    assert a.prompt_ids != b.prompt_ids

@@ -1,0 +1,128 @@
+"""Teach mode: a plain-language account of one speculative step, written from its StepTrace alone.
+
+For a classroom: what the draft model proposed, why each branch stopped drafting, what the target accepted and
+why, and where the step's last token came from. Plain text (no HTML or Markdown); the UI escapes it.
+"""
+
+from __future__ import annotations
+
+from .trace import ACCEPTED, REJECTED, StepTrace
+
+POLICY_WORDS = {
+    "confidence": "the draft's own confidence in its token",
+    "decision": "the decision model's predicted chance that the target accepts",
+    "prune": "the decision model's predicted chance that the target accepts",
+    "specdec++": "the predicted chance that the whole path so far is accepted",
+}
+
+
+def _tok(text: str) -> str:
+    """A token as the class reads it: quoted, with whitespace made visible."""
+    shown = text.replace("\n", "\\n").replace("\t", "\\t")
+    return f"“{shown}”" if shown.strip() else f"“{shown}” (whitespace)"
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{100 * x:.0f} %"
+
+
+def explain_step(step: StepTrace) -> list[str]:
+    """Sentences describing ``step``, in order: drafting, stopping, verification, the bonus token, the outcome.
+
+    Works for every method (``ar`` has no draft) and for saved traces (no model needed).
+    """
+    nodes = {n.id: n for n in step.nodes}
+    anchor = nodes[0]
+    drafted = _drafted(step)
+    roots = [n for n in step.nodes if n.parent == 0]
+    out = []
+    if step.method == "ar":
+        out.append(f"Autoregressive step: the target model reads the last token {_tok(anchor.text)} and picks the "
+                   f"next one itself. No draft, so one target call gives exactly one token.")
+    else:
+        levels = max((n.depth for n in drafted), default=0)
+        out.append(f"Drafting: after the last committed token {_tok(anchor.text)}, the small draft model proposed "
+                   f"{len(drafted)} token(s) over {levels} level(s) in {step.draft_calls} draft call(s) "
+                   f"(one call per level: every branch of a level is fed at once).")
+        if len(roots) > 1:
+            firsts = ", ".join(f"branch {n.branch} starts with {_tok(n.text)}" for n in roots)
+            out.append(f"The tree has {len(roots)} branches: {firsts}.")
+        if any(n.source == "target" for n in roots):
+            out.append("Its roots were sampled from the target's own distribution (the seed's lossy mode).")
+        out.extend(_stopping(step, levels))
+        out.append(f"Verification: the target model scored all {len(step.mask_node_ids)} tokens in one forward pass. "
+                   "The tree attention mask lets each token see only its own ancestors, and each gets the position "
+                   "id of its depth, so every branch is scored as if it were the only text.")
+        out.extend(_verdicts(step, nodes))
+    n = len(step.committed_ids)
+    if step.bonus_token is not None and step.method != "ar":
+        bonus = "".join(step.committed_text[-1:])
+        if step.accepted_draft_len == 0:
+            out.append(f"The target then supplied the token itself: {_tok(bonus)} (after a rejection it comes from "
+                       "the residual distribution, so the output still follows the target exactly).")
+        else:
+            out.append(f"Bonus token: the target's distribution after the last accepted token was already computed "
+                       f"in the same pass, so it adds {_tok(bonus)} for free.")
+    calls = "one target call" if step.target_calls == 1 else f"{step.target_calls} target calls"
+    out.append(f"Outcome: {n} token(s) committed ({_tok(''.join(step.committed_text))}) for {calls}"
+               + (f" and {step.draft_calls} draft call(s)." if step.draft_calls else "."))
+    if step.finished:
+        out.append("The run ended here (end of sequence or the new-token limit).")
+    return out
+
+
+def _stopping(step: StepTrace, levels: int) -> list[str]:
+    sigs = step.stop_signals
+    if not sigs or sigs[0].policy == "none":
+        return [f"Drafting ran to the configured depth ({step.max_draft_len} level(s)); this method never stops "
+                "early." if levels >= step.max_draft_len else
+                f"Drafting ended after {levels} level(s) (the tree shape or the token limit)."]
+    pol = sigs[0].policy
+    what = POLICY_WORDS.get(pol, pol)
+    out = []
+    for s in sigs:
+        for b in s.pruned:
+            score = s.scores.get(str(b), s.scores.get(b))
+            out.append(f"Branch {b} stopped after level {s.level}: {what} was {_pct(score)}, below the threshold "
+                       f"{_pct(s.threshold)}.")
+    last = sigs[-1]
+    if not last.keep_drafting:
+        out.append(f"Drafting stopped after level {last.level}: {what} was at best {_pct(last.score)}, below the "
+                   f"threshold {_pct(last.threshold)}, so more draft tokens were unlikely to be accepted.")
+    else:
+        out.append(f"Drafting went on to the maximum depth ({levels} level(s)): {what} stayed at or above the "
+                   f"threshold {_pct(last.threshold)}.")
+    return out
+
+
+def _verdicts(step: StepTrace, nodes: dict) -> list[str]:
+    path = [n for n in step.nodes if n.committed and n.id != 0 and n.source == "draft"]
+    greedy = step.verifier in ("greedy", "longest-branch") and all(n.u is None for n in step.nodes)
+    out = []
+    if path:
+        out.append(f"Accepted: {', '.join(_tok(n.text) for n in path)} ({len(path)} of {len(_drafted(step))} "
+                   "draft tokens).")
+    rejected = [n for n in step.nodes if n.status == REJECTED]
+    on_path_parents = {0} | {n.id for n in path}
+    for n in rejected:
+        if n.parent not in on_path_parents:
+            continue
+        if greedy:
+            out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: greedy decoding keeps a draft token only if it "
+                       f"is the target's own top choice, and the target gave it {_pct(n.p)} (draft: {_pct(n.q)}).")
+        elif n.u is not None and n.ratio is not None:
+            out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: the draw u = {n.u:.2f} was above "
+                       f"p/q = {n.ratio:.2f} (target {_pct(n.p)}, draft {_pct(n.q)}).")
+        else:
+            out.append(f"Rejected {_tok(n.text)} at depth {n.depth} (target {_pct(n.p)}, draft {_pct(n.q)}).")
+    if not path and not rejected:
+        out.append("Nothing was accepted.")
+    unverified = sum(1 for n in step.nodes if n.source == "draft" and n.status not in (ACCEPTED, REJECTED))
+    if unverified:
+        out.append(f"{unverified} token(s) were never checked: they hang below a rejected token or in a branch the "
+                   "verifier did not walk.")
+    return out
+
+
+def _drafted(step: StepTrace) -> list:
+    return [n for n in step.nodes if n.source == "draft"]

@@ -1,0 +1,114 @@
+"""What every page shares: the cached model pair, example prompts, error reporting, settings -> MethodConfig."""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from ..config import DEFAULTS
+from ..prompts import PromptError, humaneval, mt_bench
+from ..tree import TreeShapeError, parse_k_config
+
+PAIRS = {"default": "Embedded: Qwen2.5-Coder 0.5B → 1.5B", "tiny": "Tiny random pair (no download, for trying)",
+         "custom": "Custom pair (folders, hub ids or .gguf)"}
+
+
+@st.cache_resource(show_spinner=False, max_entries=3)
+def get_pair(spec: str, draft: str, target: str, dtype: str):
+    """Models are shared by every browser session: read-only, forwards serialised by ``pair.lock``; each session
+    keeps its own engine and KV caches. No Streamlit calls in here: a cached function may not touch page elements
+    created outside it."""
+    from ..models import load_named_pair
+
+    return load_named_pair(spec, dtype=dtype, draft=draft or None, target=target or None,
+                           draft_quant=os.environ.get("SPEC_EXPLORER_DRAFT_QUANT") or None)
+
+
+@st.cache_data(show_spinner=False)
+def example_prompts() -> dict[str, str]:
+    out = {}
+    try:
+        for p in mt_bench():
+            out[f"MT-bench {p.id} ({p.category}): {p.text[:60]}"] = p.text
+        for p in humaneval():
+            out[f"HumanEval {p.id}: {p.text.split('def ', 1)[-1][:50]}"] = p.text
+    except PromptError as exc:  # examples are a convenience: the app works without them
+        out[f"(examples unavailable: {exc})"] = ""
+    return out
+
+
+def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
+    """First start of the embedded pair: assemble, verify and convert it (on disk, once) with a progress bar;
+    then load the cached pair (seconds)."""
+    from .. import models
+
+    if spec == "default":
+        missing = [m for m in (models.DEFAULT_DRAFT, models.DEFAULT_TARGET)
+                   if not models.is_prepared(m, models.parse_dtype(dtype))]
+        if missing:
+            bar = st.progress(0.0, text="Preparing the embedded models (first start only)…")
+            try:
+                for m in missing:
+                    models.prepare_embedded(m, models.parse_dtype(dtype), progress=lambda msg, f: bar.progress(
+                        min(max(f, 0.0), 1.0), text=msg))
+            finally:
+                bar.empty()
+    with st.spinner("Loading models…"):
+        return get_pair(spec, draft, target, dtype)
+
+
+def pair_or_message(settings):
+    """The sidebar's pair, loaded; None (with a message on the page) when it cannot be."""
+    if settings["spec"] == "custom" and not (settings["draft"] and settings["target"]):
+        st.info("Enter a draft and a target model in the sidebar (local folders, hub ids or .gguf files).")
+        return None
+    try:
+        return load_pair_with_progress(settings["spec"], settings["draft"], settings["target"], settings["dtype"])
+    except Exception as exc:  # noqa: BLE001 - shown, not raised: the user can pick another pair
+        st.error(f"Cannot load this model pair: {exc}")
+        return None
+
+
+def set_error(message: str | None, key: str = "error") -> None:
+    st.session_state[key] = message
+
+
+def guarded(action, *args, error_key: str = "error", **kwargs):
+    """Run an action; any failure becomes a message on the page (never a traceback) and the app keeps going."""
+    from ..engine import EngineError
+    from ..models import ModelPairError
+    from ..trace import TraceError
+
+    try:
+        set_error(None, error_key)
+        return action(*args, **kwargs)
+    except (PromptError, TreeShapeError, ModelPairError, EngineError, TraceError, ValueError) as exc:
+        set_error(str(exc), error_key)
+    except Exception as exc:  # noqa: BLE001 - the page must stay up whatever a model does
+        set_error(f"unexpected error ({type(exc).__name__}): {exc}", error_key)
+    return None
+
+
+def build_config(method: str, changes: dict):
+    """MethodConfig from the method's defaults and the widgets' values (``k_config`` as typed). Raises
+    TreeShapeError / ValueError with a message naming the field."""
+    changes = dict(changes)
+    if "k_config" in changes:
+        changes["k_config"] = parse_k_config(changes["k_config"])
+    return DEFAULTS[method].with_(**changes)
+
+
+def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None = None,
+                changes: dict | None = None):
+    """A started engine for the prompt (the prefill runs here). Raises PromptError / EngineError / ValueError."""
+    from ..engine import Engine
+    from ..prompts import encode_prompt
+    from ..sampling import SamplingConfig
+
+    config = build_config(method or settings["method"], settings["changes"] if changes is None else changes)
+    sampling = SamplingConfig(**settings["sampling"])
+    ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
+    engine = Engine(pair, config, sampling)
+    engine.start(ids, settings["max_new"], prompt_text=prompt_text)
+    return engine

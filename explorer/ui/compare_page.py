@@ -1,0 +1,105 @@
+"""The Compare page: two methods, or two settings of one method, on the same prompt and seed, side by side."""
+
+from __future__ import annotations
+
+import html
+
+import streamlit as st
+
+from .. import figures
+from ..config import METHOD_LABELS, METHODS
+from ..metrics import run_metrics
+from .common import guarded, make_engine, pair_or_message, set_error
+from .sidebar import method_widgets
+
+ERROR_KEY = "cmp_error"
+
+
+def _reset() -> None:
+    st.session_state.pop("cmp_engines", None)
+    set_error(None, ERROR_KEY)
+
+
+def _engines(settings, b_method, b_changes, prompt_text, chat):
+    engines = st.session_state.get("cmp_engines")
+    if engines is None:
+        pair = pair_or_message(settings)
+        if pair is None:
+            return None
+        engines = [make_engine(pair, settings, prompt_text, chat),
+                   make_engine(pair, settings, prompt_text, chat, method=b_method, changes=b_changes)]
+        st.session_state["cmp_engines"] = engines
+    return engines
+
+
+def _advance(settings, b_method, b_changes, prompt_text, chat, to_end: bool) -> None:
+    engines = _engines(settings, b_method, b_changes, prompt_text, chat)
+    if engines is None:
+        return
+    if all(e.finished for e in engines):
+        set_error("Both runs have finished. Press Reset both to start again.", ERROR_KEY)
+        return
+    bar = st.progress(0.0, text="Running both…") if to_end else None
+    while True:  # alternate, so both runs see the same machine load
+        for e in engines:
+            if not e.finished:
+                e.step()
+        if bar is not None:
+            done = sum(e.n_generated for e in engines) / sum(e.max_new_tokens for e in engines)
+            bar.progress(min(1.0, done), text=f"{done:.0%}")
+        if not to_end or all(e.finished for e in engines):
+            break
+    if bar is not None:
+        bar.empty()
+
+
+def compare_page(settings) -> None:
+    st.title("Compare two methods")
+    st.caption("Run A uses the sidebar's settings; choose run B here. Both decode the same prompt with the same "
+               "seed and sampling settings on the same models, one step each in turn.")
+    prompt_text = st.text_area("Prompt", key="cmp_prompt", height=90,
+                               placeholder="Write a Python function that checks whether a number is prime.")
+    chat = st.checkbox("Apply the chat template", value=True, key="cmp_chat")
+    with st.expander("Run B settings", expanded=True):
+        b_method = st.selectbox("Method (B)", METHODS, index=METHODS.index("sd"), format_func=METHOD_LABELS.get,
+                                key="b_method")
+        b_changes = method_widgets(st, b_method, prefix="b_")
+    c = st.columns([1, 1.3, 1, 4])
+    if c[0].button("Step both", type="primary", key="cmp_step"):
+        guarded(_advance, settings, b_method, b_changes, prompt_text, chat, False, error_key=ERROR_KEY)
+    if c[1].button("Run both to end", key="cmp_run"):
+        guarded(_advance, settings, b_method, b_changes, prompt_text, chat, True, error_key=ERROR_KEY)
+    c[2].button("Reset both", key="cmp_reset", on_click=_reset)
+    if st.session_state.get(ERROR_KEY):
+        st.error(st.session_state[ERROR_KEY])
+    engines = st.session_state.get("cmp_engines")
+    if not engines:
+        st.info("Press **Step both** to run one step of each method.")
+        return
+    cols = st.columns(2)
+    for name, col, engine in zip("AB", cols, engines):
+        with col:
+            column(name, engine.trace)
+
+
+def column(name: str, trace) -> None:
+    cfg = trace.settings["method"]
+    shape = {"sd": f"γ = {cfg['gamma']}", "mcsd": f"k_config {cfg['k_config']}",
+             "mcsd-improved": f"k_config {cfg['k_config']}, depth {cfg['max_depth']}, stop {cfg['stop']}"}
+    st.subheader(f"{name}: {METHOD_LABELS[cfg['method']]}")
+    st.caption(html.escape(shape.get(cfg["method"], "one token per target call")) + f" · verifier "
+               f"{html.escape(trace.settings.get('verifier', ''))}")
+    m = run_metrics(trace)
+    k = st.columns(3)
+    k[0].metric("Tokens", m["generated_tokens"])
+    k[1].metric("Tokens / target call", "–" if not m["target_calls"] else f"{m['tokens_per_target_call']:.2f}")
+    k[2].metric("Tokens / s", "–" if not m["tokens_per_s"] else f"{m['tokens_per_s']:.1f}")
+    k = st.columns(3)
+    k[0].metric("Target calls", m["target_calls"])
+    k[1].metric("Draft calls", m["draft_calls"])
+    acc = m["mcsd_acceptance_rate"]
+    k[2].metric("Acceptance (MCSD)", "–" if acc is None else f"{acc:.2f}")
+    st.markdown(figures.text_html(trace, current=len(trace.steps) - 1 if trace.steps else None),
+                unsafe_allow_html=True)
+    if trace.steps:
+        st.plotly_chart(figures.tree_figure(trace.steps[-1]), width="stretch", key=f"cmp_tree_{name}")

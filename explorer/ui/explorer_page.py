@@ -1,0 +1,271 @@
+"""The Explorer page: step a run on real models, travel back and forth through its steps, inspect nodes, save the
+session as a trace and replay a saved one with no model loaded.
+
+Session state (one browser session each; the models are shared):
+    ``engine``: the live Engine, or None (no run yet, or replaying a file).
+    ``trace``: the RunTrace on screen: ``engine.trace`` while live, the loaded file while replaying.
+    ``cursor``: index of the step on screen, or None to follow the latest step.
+    ``replay``: name of the replayed file, or None.
+    ``pending``: ``"step"`` / ``"run"`` set by the buttons' callbacks, done in the script body (so the page can
+    show progress and a Stop button while a run goes on).
+"""
+
+from __future__ import annotations
+
+import html
+
+import streamlit as st
+
+from ..trace import MAX_TRACE_BYTES, TraceError, loads_run
+from . import panels
+from .common import guarded, make_engine, pair_or_message, set_error
+
+
+def _trace():
+    return st.session_state.get("trace")
+
+
+def _cursor() -> int | None:
+    """Index of the step on screen (None when there are no steps)."""
+    trace = _trace()
+    if trace is None or not trace.steps:
+        return None
+    c = st.session_state.get("cursor")
+    return len(trace.steps) - 1 if c is None else max(0, min(c, len(trace.steps) - 1))
+
+
+def _go(delta: int) -> None:
+    c = _cursor()
+    if c is not None:
+        last = len(_trace().steps) - 1
+        new = max(0, min(last, c + delta))
+        st.session_state["cursor"] = None if new == last else new
+        st.session_state["step_slider"] = new + 1
+
+
+def _reset() -> None:
+    for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped"):
+        st.session_state.pop(key, None)
+    set_error(None)
+
+
+def _request(what: str) -> None:
+    st.session_state["pending"] = what
+    st.session_state.pop("stopped", None)
+
+
+def _slider_moved() -> None:
+    trace = _trace()
+    if trace is not None and trace.steps:
+        i = int(st.session_state["step_slider"]) - 1
+        st.session_state["cursor"] = None if i >= len(trace.steps) - 1 else i
+
+
+def _ensure_engine(pair, settings, prompt_text: str, chat: bool):
+    """The session's live engine, started on the prompt when there is none or the pair changed under it."""
+    engine = st.session_state.get("engine")
+    if engine is not None and engine.pair is pair:
+        return engine
+    if pair is None:
+        raise ValueError("no model pair is loaded: see the message above")
+    engine = make_engine(pair, settings, prompt_text, chat)
+    st.session_state.update(engine=engine, trace=engine.trace, cursor=None, replay=None,
+                            run_settings=_run_key(settings, prompt_text, chat))
+    return engine
+
+
+def _run_key(settings, prompt_text, chat):
+    return {k: v for k, v in settings.items() if k != "teach"} | {"prompt": prompt_text, "chat": chat}
+
+
+def _do_step(pair, settings, prompt_text, chat) -> None:
+    engine = _ensure_engine(pair, settings, prompt_text, chat)
+    if engine.finished:
+        set_error("This run has finished. Press Reset to start a new one.")
+        return
+    engine.step()
+    st.session_state["cursor"] = None
+
+
+def _do_run(pair, settings, prompt_text, chat) -> None:
+    """Step until the run ends. A click on Stop (or any widget) interrupts this script between two steps;
+    every step is complete when it returns, so the trace and the caches stay consistent."""
+    engine = _ensure_engine(pair, settings, prompt_text, chat)
+    if engine.finished:
+        set_error("This run has finished. Press Reset to start a new one.")
+        return
+    bar = st.progress(0.0, text="Running to the end… (Stop interrupts after the current step)")
+    total = engine.max_new_tokens
+
+    def progress(_step):
+        st.session_state["cursor"] = None
+        bar.progress(min(1.0, engine.n_generated / total), text=f"{engine.n_generated}/{total} tokens · "
+                     "Stop interrupts after the current step")
+
+    engine.run(on_step=progress)
+    bar.empty()
+
+
+def _load_trace(upload) -> None:
+    """Validate and replay an uploaded trace; a bad file leaves the current session untouched."""
+    if upload is None or st.session_state.get("loaded_file") == upload.file_id:
+        return
+    st.session_state["loaded_file"] = upload.file_id
+    try:
+        if upload.size > MAX_TRACE_BYTES:
+            raise TraceError(f"the file is {upload.size / 1e6:.1f} MB; traces are limited to "
+                             f"{MAX_TRACE_BYTES / 1e6:.0f} MB")
+        trace = loads_run(upload.getvalue())
+    except TraceError as exc:
+        set_error(f"Cannot load {upload.name}: {exc}")
+        return
+    st.session_state.update(engine=None, trace=trace, cursor=0 if trace.steps else None, replay=upload.name,
+                            step_slider=1)
+    set_error(None)
+
+
+def controls(trace, replaying: bool) -> bool:
+    """The button row and the step slider; returns True when Stop was clicked in this rerun."""
+    c = _cursor()
+    n = len(trace.steps) if trace is not None else 0
+    b = st.columns([1, 1, 1, 1.3, 1, 1, 1.6])
+    b[0].button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
+                help="draft and verify one speculative round on the real models")
+    b[1].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0)
+    b[2].button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1)
+    b[3].button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying)
+    stop = b[4].button("Stop", key="stop_btn", help="interrupts Run to end after the current step")
+    b[5].button("Reset", key="reset_btn", on_click=_reset)
+    b[6].download_button("Download trace", data=(lambda t=trace: t.to_json()) if trace is not None else "",
+                         file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
+                         disabled=trace is None, on_click="ignore",
+                         help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
+    if n >= 2:
+        if st.session_state.get("step_slider") != c + 1:
+            st.session_state["step_slider"] = c + 1
+        st.slider("Go to step", 1, n, key="step_slider", on_change=_slider_moved)
+    return stop
+
+
+def explorer_page(settings) -> None:
+    st.title("Speculative decoding explorer")
+    st.caption("Draft a token tree with a small model, verify it with the large one in a single pass, and watch "
+               "every decision. Methods: AR, SD, MCSD, and the improved MCSD of Lu et al. 2024.")
+    if settings["teach"]:
+        st.markdown(panels.TEACH_CSS, unsafe_allow_html=True)
+
+    from .common import example_prompts
+
+    examples = example_prompts()
+
+    def use_example():
+        choice = st.session_state.get("example")
+        if choice and examples.get(choice):
+            st.session_state["prompt_text"] = examples[choice]
+
+    st.selectbox("Example prompt", [""] + list(examples), key="example", on_change=use_example,
+                 format_func=lambda s: s or "— pick an example, or type below —")
+    prompt_text = st.text_area("Prompt", key="prompt_text", height=110,
+                               placeholder="Write a Python function that checks whether a number is prime.")
+    chat = st.checkbox("Apply the chat template", value=True, key="chat")
+    with st.expander("Save and replay", expanded=st.session_state.get("replay") is not None):
+        st.caption("**Download trace** saves the session as JSON (schema version, settings, model ids, every step). "
+                   "**Load trace** replays one here with no model loaded: Back, Forward and the slider move "
+                   f"through its steps. Files up to {MAX_TRACE_BYTES // 2**20} MB.")
+        _load_trace(st.file_uploader("Load trace", type=["json"], key="trace_upload"))
+
+    pending = st.session_state.pop("pending", None)
+    replaying = st.session_state.get("replay") is not None
+    pair = None
+    if not replaying:  # a replayed trace needs no model
+        pair = pair_or_message(settings)
+        if pair is not None:
+            st.caption(f"Models: **{html.escape(pair.name)}** · {str(pair.dtype).removeprefix('torch.')} on "
+                       f"{pair.device} · draft {pair.draft_quant}")
+    if pending == "step":
+        guarded(_do_step, pair, settings, prompt_text, chat)
+    trace = _trace()
+    stop = controls(trace, replaying)
+    if pending == "run":
+        guarded(_do_run, pair, settings, prompt_text, chat)
+        st.rerun()  # redraw the controls for the finished run
+    if stop and st.session_state.get("engine") is not None:
+        st.session_state["stopped"] = True
+    if st.session_state.get("error"):
+        st.error(st.session_state["error"])
+    if st.session_state.get("stopped") and st.session_state.get("engine") is not None:
+        st.info(f"Stopped after {st.session_state['engine'].n_generated} tokens: Step or Run to end goes on.")
+
+    if trace is None:
+        st.info("Press **Step** to draft and verify one speculative round on the prompt, or load a saved trace.")
+        if pair is not None:
+            audit_panel(pair, settings, prompt_text, chat)
+        return
+    if replaying:
+        m = trace.model
+        st.info(f"Replaying **{html.escape(str(st.session_state['replay']))}** with no model loaded: "
+                f"{html.escape(str(m.get('name')))} ({html.escape(str(m.get('draft_id')))} → "
+                f"{html.escape(str(m.get('target_id')))}), method "
+                f"**{html.escape(str(trace.settings['method']['method']))}**. Back, Forward and the slider move "
+                "through its steps; Reset leaves the replay.")
+    engine = st.session_state.get("engine")
+    if not replaying and st.session_state.get("run_settings") != _run_key(settings, prompt_text, chat):
+        st.info("Settings or prompt changed since this run started: press Reset to apply them.")
+    if trace.settings["method"].get("lossy"):
+        st.warning("Lossy mode: the seed's longest-branch rule does not preserve the target's distribution.")
+    if engine is not None and engine.finished:
+        st.success("Run finished (max new tokens or end of sequence). Press Reset to start again.")
+    show_run(trace, _cursor(), settings["teach"])
+    if pair is not None:
+        audit_panel(pair, settings, prompt_text, chat)
+
+
+def show_run(trace, cursor: int | None, teach: bool) -> None:
+    panels.metrics_row(trace, cursor)
+    from .. import figures
+
+    st.markdown("**Generated text** (each step's tokens shaded; bonus tokens underlined in blue; the step on "
+                "screen outlined)")
+    st.markdown(figures.text_html(trace, current=cursor), unsafe_allow_html=True)
+    if cursor is None:
+        return
+    panels.step_panels(trace, trace.steps[cursor], teach)
+
+
+def audit_panel(pair, settings, prompt_text: str, chat: bool) -> None:
+    """Sample the first two tokens many times and test them against the target's exact distribution."""
+    from .. import figures
+    from ..audit import audit
+    from ..prompts import PromptError, encode_prompt
+    from ..sampling import SamplingConfig
+    from ..tree import TreeShapeError
+    from .common import build_config
+
+    with st.expander("Losslessness audit: does this method sample exactly from the target?"):
+        st.caption("Samples the first two committed tokens N times from the prompt (one speculative step each) and "
+                   "compares them with the target's exact probabilities (chi-square test, total variation). Needs "
+                   "a temperature above 0. On the embedded pair each sample costs about half a second.")
+        samples = st.slider("Samples", 100, 5000, 1000 if settings["spec"] == "tiny" else 200, 100, key="audit_n")
+        if st.button("Run audit", key="audit_btn"):
+            bar = st.progress(0.0, text="Sampling…")
+            try:
+                config = build_config(settings["method"], settings["changes"])
+                sampling = SamplingConfig(**settings["sampling"])
+                ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
+                result = audit(pair, config, sampling, ids, samples,
+                               progress=lambda d, t: bar.progress(d / t, text=f"{d}/{t} samples"))
+                st.session_state["audit"] = result.to_dict()
+            except (PromptError, TreeShapeError, ValueError) as exc:
+                st.session_state.pop("audit", None)
+                st.error(str(exc))
+            finally:
+                bar.empty()
+        result = st.session_state.get("audit")
+        if result:
+            verdict = "passes" if result["passed"] else "FAILS"
+            st.markdown(f"**{html.escape(result['method']['method'])}** with verifier `{result['verifier']}` "
+                        f"{verdict} at α = {result['alpha']} over {result['samples']} samples.")
+            c1, c2 = st.columns(2)
+            c1.plotly_chart(figures.audit_figure(result, "first"), width="stretch", key="audit_first")
+            if result.get("pairs"):
+                c2.plotly_chart(figures.audit_figure(result, "pairs"), width="stretch", key="audit_pairs")

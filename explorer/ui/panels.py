@@ -1,0 +1,159 @@
+"""Panels that draw one step or one run from a trace: metrics, text, tree (click a node to inspect it), mask,
+node inspector, branches, stop signals with the what-if slider, teach-mode account. Trace data in, page out."""
+
+from __future__ import annotations
+
+import html
+
+import streamlit as st
+
+from .. import figures
+from ..metrics import run_metrics
+from ..teach import explain_step
+from ..trace import RunTrace, StepTrace
+
+TEACH_CSS = """<style>
+html, body, [class*="st-"], .stMarkdown p, .stMarkdown li { font-size: 1.3rem !important; }
+h1 { font-size: 2.6rem !important; } h2, h3 { font-size: 2rem !important; }
+</style>"""
+
+
+def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
+    """Run metrics over steps ``[0, upto]`` (all when None)."""
+    shown = trace if upto is None else RunTrace(settings=trace.settings, model=trace.model, prompt=trace.prompt,
+                                                prompt_ids=trace.prompt_ids, steps=trace.steps[: upto + 1],
+                                                prefill_ms=trace.prefill_ms)
+    m = run_metrics(shown)
+    cols = st.columns(6)
+    acc, mcsd_acc = m["acceptance_rate"], m["mcsd_acceptance_rate"]
+    cols[0].metric("Generated tokens", m["generated_tokens"])
+    cols[1].metric("Target calls", m["target_calls"])
+    cols[2].metric("Tokens / target call", "–" if not m["target_calls"] else f"{m['tokens_per_target_call']:.2f}",
+                   help="block efficiency: comparable across all methods")
+    cols[3].metric("Acceptance (seed)", "–" if acc is None else f"{acc:.2f}",
+                   help="mean over steps of longest accepted draft length / maximum draft length (Lu et al. 2024)")
+    cols[4].metric("Acceptance (MCSD)", "–" if mcsd_acc is None else f"{mcsd_acc:.2f}",
+                   help="accepted draft tokens / drafted tokens (Yang et al. 2024)")
+    cols[5].metric("Tokens / s", "–" if not m["tokens_per_s"] else f"{m['tokens_per_s']:.1f}",
+                   help="wall clock, prefill included; the UI adds no time to it")
+
+
+def step_caption(step: StepTrace, total: int) -> None:
+    committed = "".join(step.committed_text)
+    st.markdown(
+        f"**Step {step.index + 1} of {total}** · committed {len(step.committed_ids)} token(s): "
+        f"`{html.escape(repr(committed))}` · accepted draft tokens {step.accepted_draft_len}/{step.max_draft_len}"
+        f" · draft {step.draft_ms:.0f} ms ({step.draft_calls} calls) · verify {step.verify_ms:.0f} ms · "
+        f"verifier `{html.escape(step.verifier)}`")
+
+
+def teach_box(step: StepTrace) -> None:
+    """The plain-language account of the step (escaped: token text is user data)."""
+    sentences = explain_step(step)
+    st.markdown("<div class='teach-box'>" + "".join(f"<p>{html.escape(s)}</p>" for s in sentences) + "</div>",
+                unsafe_allow_html=True)
+
+
+def selected_node(event, key: str) -> int | None:
+    """The node id a click on the tree selected (from ``st.plotly_chart(on_select=...)``), kept per step."""
+    try:
+        points = event.selection.points if event else []
+    except AttributeError:
+        points = []
+    for p in points:
+        node = p.get("customdata")
+        if isinstance(node, list):
+            node = node[0] if node else None
+        if isinstance(node, (int, float)):
+            st.session_state[key] = int(node)
+            break
+    return st.session_state.get(key)
+
+
+def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "") -> None:
+    """Everything about one step: tree (click to inspect), mask with the inspected row, inspector, details."""
+    step_caption(step, len(trace.steps))
+    if teach:
+        teach_box(step)
+    inspect_key = f"{prefix}inspect_{step.index}"
+    chart_key = f"{prefix}tree_chart_{step.index}"  # per step: a click on one step's tree stays with that step
+    chosen = selected_node(st.session_state.get(chart_key), inspect_key)  # the click that caused this rerun
+    chosen = chosen if chosen in {n.id for n in step.nodes} else None
+    left, right = st.columns([3, 2])
+    with left:
+        st.plotly_chart(figures.tree_figure(step, selected=chosen), width="stretch", key=chart_key,
+                        on_select="rerun", selection_mode="points")
+        st.caption("Click a node to inspect it.")
+    with right:
+        st.plotly_chart(figures.mask_figure(step, highlight=chosen), width="stretch", key=f"{prefix}mask_chart")
+    if chosen is not None:
+        inspector(step, chosen)
+    with st.expander("Why each node was accepted or rejected"):
+        st.caption("A node x is accepted when u ≤ p(x)/q(x) (the SpecHub rule uses its transport plan's "
+                   "probability instead); after a rejection the next sibling, or the replacement token, is drawn "
+                   "from the residual distribution.")
+        st.dataframe(figures.node_rows(step), hide_index=True, width="stretch")
+    c1, c2, c3 = st.columns(3)
+    c1.plotly_chart(figures.branch_figure(step), width="stretch", key=f"{prefix}branch_chart")
+    with c2:
+        stop_panel(step, prefix)
+    c3.plotly_chart(figures.run_figure(trace), width="stretch", key=f"{prefix}run_chart")
+
+
+def inspector(step: StepTrace, node_id: int) -> None:
+    """The node inspector: p and q top-k at the parent, p/q, the uniform draw, the residual, position id."""
+    node = next(n for n in step.nodes if n.id == node_id)
+    st.markdown(f"#### Node inspector: node {node.id} `{html.escape(repr(node.text))}`")
+    facts = [f"status **{html.escape(node.status)}**" + (" · committed" if node.committed else ""),
+             f"depth {node.depth}", f"position id **{node.position_id}**",
+             f"source {html.escape(node.source)}", f"branch {node.branch if node.branch is not None else '–'}"]
+    if node.parent is not None:
+        facts += [f"p (target) {_num(node.p)}", f"q (draft) {_num(node.q)}", f"p/q {_num(node.ratio)}",
+                  f"uniform draw u {_num(node.u)}"]
+    st.markdown(" · ".join(facts))
+    if node.parent is None:
+        st.caption("The anchor: the last committed token. The tree grows from it; its row in the mask (when fed) "
+                   "gives the target's distribution for the first drafted level.")
+        return
+    if node.u is not None and node.ratio is not None:
+        verdict = "accepted: u ≤ p/q" if node.u <= node.ratio else "rejected: u > p/q"
+        st.caption(f"Test: u = {node.u:.3f}, p/q = {node.ratio:.3f} → {verdict}.")
+    elif node.status in ("accepted", "rejected"):
+        st.caption("Greedy verification: a draft token is accepted exactly when it is the target's top token.")
+    if node.p_top or node.q_top:
+        st.plotly_chart(figures.inspector_figure(node), width="stretch", key=f"inspector_{step.index}_{node.id}")
+    else:
+        st.caption("This trace has no top-k distributions for the node (saved by an older version).")
+
+
+def _num(x) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def stop_panel(step: StepTrace, prefix: str = "") -> None:
+    """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
+    from ..stopping import score_threshold, what_if
+
+    sigs = step.stop_signals
+    policy = sigs[0].policy if sigs else "none"
+    if not sigs or policy == "none":
+        st.plotly_chart(figures.stop_figure(step), width="stretch", key=f"{prefix}stop_chart")
+        return
+    recorded = score_threshold(policy, sigs[0].threshold)  # back from the score scale (1 - (1 - h) = h)
+    tau = st.slider("What if the threshold were… (" + ("h" if policy == "specdec++" else "τ") + ")", 0.0, 1.0,
+                    float(round(recorded, 2)), 0.05, key=f"{prefix}whatif_{policy}",
+                    help="re-runs this step's stop decisions on the recorded scores; nothing is recomputed")
+    result = what_if(step, tau)
+    st.plotly_chart(figures.stop_figure(step, {"threshold": score_threshold(policy, tau), "rows": result["rows"]}),
+                    width="stretch", key=f"{prefix}stop_chart")
+    pruned = [f"branch {b} at level {r['level']}" for r in result["rows"] for b in r["pruned"]]
+    note = (f"With {'h' if policy == 'specdec++' else 'τ'} = {tau:.2f}: {result['drafted']} draft tokens over "
+            f"{result['draft_levels']} levels (recorded {step.drafted}), {result['tokens']} token(s) committed "
+            f"(recorded {len(step.committed_ids)}).")
+    if pruned:
+        note += " Stops: " + "; ".join(pruned) + "."
+    if result["deeper"]:
+        note += " It would draft deeper than this step did, which the trace cannot show."
+    if not result["exact"]:
+        note += " Sampled verification: the committed count is the recorded path cut at the new depth."
+    st.caption(note)

@@ -1,0 +1,91 @@
+"""The sidebar: model pair, method and its shape, stop policy, sampling, teach mode. Returns plain settings."""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from ..config import DEFAULTS, METHOD_LABELS, METHODS, VERIFIER_LABELS, VERIFIERS
+from ..stopping import DEFAULT_THRESHOLDS, LEARNED_POLICIES, STOP_POLICY_LABELS, STOP_POLICY_NAMES
+from .common import PAIRS
+
+DECISION_MODEL_LABELS = {"hidden": "MLP on the draft's hidden state", "dist": "MLP on entropy + top-10 of q",
+                         "path": "MLP on entropy + top-10 + q(x), depth, path prob"}
+
+
+def method_widgets(box, method: str, prefix: str = "") -> dict:
+    """Widgets for one method's settings in ``box`` (the sidebar, or a column of the compare page); ``prefix``
+    keeps two sets of widgets apart. Returns the changes to ``DEFAULTS[method]`` (``k_config`` as typed)."""
+    d = DEFAULTS[method]
+    changes: dict = {}
+    if method == "sd":
+        changes["gamma"] = box.slider("Draft length γ", 1, 12, d.gamma, key=f"{prefix}gamma")
+    if method in ("mcsd", "mcsd-improved"):
+        lossy = False
+        if method == "mcsd-improved":
+            lossy = box.checkbox("Seed's lossy mode (target-initialized roots, longest branch)", key=f"{prefix}lossy",
+                                 help="Lu et al. 2024: w roots sampled from the target, each with a draft chain; "
+                                      "the longest accepted branch wins. This biases the output distribution.")
+        default_k = "1" if lossy else ",".join(map(str, d.k_config))
+        changes["k_config"] = box.text_input("k_config (children per level)", default_k,
+                                             key=f"{prefix}k_config_{method}_{lossy}",
+                                             help="e.g. 4,2,2 = 4 children of the anchor, 2 under each, 2 under each")
+        if method == "mcsd-improved":
+            changes["lossy"] = lossy
+            if lossy:
+                changes["width"] = box.slider("Target roots w", 1, 8, d.width, key=f"{prefix}width")
+            changes["max_depth"] = box.slider("Max draft depth", 1, 16, d.max_depth, key=f"{prefix}max_depth")
+            stop = box.selectbox("Stop policy", STOP_POLICY_NAMES, index=STOP_POLICY_NAMES.index(d.stop),
+                                 format_func=STOP_POLICY_LABELS.get, key=f"{prefix}stop",
+                                 help="when drafting stops early: the draft's own confidence, or a learned decision "
+                                      "model's predicted acceptance (the seed's rule, per-branch pruning, or "
+                                      "SpecDec++'s cumulative rule)")
+            changes["stop"] = stop
+            changes["threshold"] = box.slider(
+                "Threshold h (stop when P(reject) > h)" if stop == "specdec++" else "Threshold τ", 0.0, 1.0,
+                DEFAULT_THRESHOLDS[stop], 0.05, key=f"{prefix}threshold_{stop}", disabled=stop == "none")
+            if stop in LEARNED_POLICIES:
+                changes["decision_model"] = box.selectbox("Decision model", ["dist", "path", "hidden"],
+                                                          key=f"{prefix}decision_model",
+                                                          format_func=DECISION_MODEL_LABELS.get)
+    if method in ("sd", "mcsd", "mcsd-improved") and not changes.get("lossy"):
+        changes["verifier"] = box.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
+                                            key=f"{prefix}verifier",
+                                            help="at temperature 0 every rule is greedy matching")
+    return changes
+
+
+def sidebar() -> dict:
+    """All sidebar widgets; returns ``{"spec", "draft", "target", "dtype", "method", "changes", "sampling",
+    "max_new", "teach"}``."""
+    sb = st.sidebar
+    sb.header("Model pair")
+    initial = os.environ.get("SPEC_EXPLORER_PAIR", "default")
+    spec = sb.radio("Pair", list(PAIRS), index=list(PAIRS).index(initial) if initial in PAIRS else 0,
+                    format_func=PAIRS.get, key="pair_spec")
+    draft = target = ""
+    if spec == "custom":
+        draft = sb.text_input("Draft model", key="draft_path", placeholder="path, hub id or file.gguf")
+        target = sb.text_input("Target model", key="target_path", placeholder="path, hub id or file.gguf")
+    dtype = sb.selectbox("dtype", ["bf16", "fp32"], key="dtype", disabled=spec == "tiny",
+                         help="bf16 is fast on CPUs with AVX-512-BF16; fp32 makes tree verification expensive")
+
+    sb.header("Method")
+    method = sb.selectbox("Method", METHODS, index=METHODS.index("mcsd-improved"), format_func=METHOD_LABELS.get,
+                          key="method")
+    changes = method_widgets(sb, method)
+
+    sb.header("Sampling")
+    temperature = sb.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, 0.05, key="temperature")
+    top_k = sb.number_input("top-k (0 = off)", 0, 1000, 0, key="top_k")
+    top_p = sb.slider("top-p", 0.05, 1.0, 1.0, 0.05, key="top_p")
+    seed = sb.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
+    max_new = sb.slider("Max new tokens", 1, 512, 64, key="max_new")
+
+    sb.header("Display")
+    teach = sb.toggle("Teach mode", key="teach",
+                      help="large type for projectors and a plain-language account of every step")
+    return {"spec": spec, "draft": draft, "target": target, "dtype": dtype, "method": method, "changes": changes,
+            "sampling": dict(temperature=temperature, top_k=int(top_k), top_p=top_p, seed=int(seed)),
+            "max_new": int(max_new), "teach": teach}

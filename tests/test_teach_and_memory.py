@@ -1,0 +1,77 @@
+"""Teach mode's plain-language account of a step, and memory over a long session (tiny pair)."""
+
+import gc
+
+import pytest
+
+from explorer.config import DEFAULTS
+from explorer.engine import Engine
+from explorer.sampling import SamplingConfig
+from explorer.teach import explain_step
+
+
+def _run(tiny, method, sampling=SamplingConfig(), n=16, **changes):
+    engine = Engine(tiny, DEFAULTS[method].with_(**changes), sampling)
+    engine.start(tiny.tokenizer.encode("def add(a, b):"), n)
+    return engine.run()
+
+
+def test_ar_step_says_one_token_per_call(tiny):
+    text = " ".join(explain_step(_run(tiny, "ar", n=2).steps[0]))
+    assert "Autoregressive" in text and "1 token(s) committed" in text and "draft call" not in text
+
+
+def test_tree_step_names_drafting_verification_and_outcome(tiny):
+    trace = _run(tiny, "mcsd", k_config=(2, 2))
+    step = trace.steps[0]
+    sentences = explain_step(step)
+    text = " ".join(sentences)
+    assert sentences[0].startswith("Drafting:") and f"proposed {step.drafted} token(s)" in sentences[0]
+    assert "The tree has 2 branches" in text and "one forward pass" in text
+    assert f"Outcome: {len(step.committed_ids)} token(s) committed" in text
+    rejected = [n for n in step.nodes if n.status == "rejected" and n.parent == 0]
+    if rejected:
+        assert "greedy decoding keeps a draft token only if" in text
+
+
+def test_sampled_rejection_quotes_u_and_p_over_q(tiny):
+    trace = _run(tiny, "sd", SamplingConfig(temperature=1.0, seed=3), n=24, gamma=4)
+    texts = [" ".join(explain_step(s)) for s in trace.steps]
+    assert any("the draw u = " in t and "p/q = " in t for t in texts)
+
+
+def test_stop_policy_reasons(tiny):
+    trace = _run(tiny, "mcsd-improved", stop="prune", threshold=0.9, k_config=(2,), max_depth=4)
+    texts = [" ".join(explain_step(s)) for s in trace.steps]
+    assert any("stopped after level" in t and "below the threshold 90 %" in t for t in texts)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.parametrize("method", ["ar", "mcsd-improved"])
+def test_memory_stays_flat_over_500_steps(tiny, method):
+    """500 steps in one session: after a warm-up, resident memory grows by no more than the trace itself."""
+    config = DEFAULTS[method].with_(max_depth=3) if method == "mcsd-improved" else DEFAULTS[method]
+    engine = Engine(tiny, config, SamplingConfig(temperature=0.8, seed=1))
+    prompt = tiny.tokenizer.encode("hi")
+    budget = tiny.max_positions - len(prompt) - config.max_nodes() - 1
+    engine.start(prompt, budget)
+    steps = 0
+    baseline = None
+    while steps < 500:
+        if engine.finished:
+            engine.rewind(seed=steps)  # same session, new sample: the context window is only 512 positions
+        engine.step()
+        steps += 1
+        if steps == 50:
+            gc.collect()
+            baseline = _rss_mb()
+    gc.collect()
+    growth = _rss_mb() - baseline
+    assert growth < 40, f"resident memory grew {growth:.1f} MB over 450 steps"
