@@ -147,5 +147,7 @@ DEFAULTS = {
     "ar": MethodConfig(method="ar"),
     "sd": MethodConfig(method="sd", gamma=4),
     "mcsd": MethodConfig(method="mcsd", k_config=(4, 2, 2)),
-    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=6, stop="decision"),
+    # Chosen from measurements with the int8 draft (docs/bench.md): two candidates at the root, then chains as
+    # deep as the decision model lets them go; deeper trees pay a draft row per branch per level.
+    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=12, stop="decision"),
 }

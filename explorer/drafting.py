@@ -69,7 +69,7 @@ def candidates(dists, row: int, k: int, *, verifier: str, generator: torch.Gener
     """Children (or roots) for one row of a ``sampling.RowDists``, drawn the way ``verifier`` expects."""
     rule = DRAFT_RULES[verifier]
     if rule == "greedy":
-        return greedy_candidates(dists.row_logits(row), k)
+        return dists.top_ids(row, k)
     if rule == "with":
         return sample_with_replacement(dists[row], k, generator)
     if rule == "hub" and k == 2:

@@ -304,7 +304,7 @@ class Engine:
             trim_cache(self.draft_cache, d.head, [d.head + i for i in result.path if i < d.fed])
         if self.config.is_lossy:
             self.next_dist = result.next_dist
-            self.next_logits = v.p_rows.row_logits(result.next_row)
+            self.next_logits = v.p_rows.row_logits(result.next_row).clone()  # not a view of all rows
         new_tokens = self._truncate(new_tokens)
         self.committed.extend(new_tokens)
         t_end = _now(device)
@@ -370,7 +370,7 @@ class Engine:
             calls += 1
             fed = stop
             qd = RowDists(fwd.logits, self.sampling)
-            row_feats = self._row_features(fwd) if want_features else None
+            row_feats = self._row_features(fwd, qd) if want_features else None
             branch_of = tree.branch_ids()
             parents, tokens = [], []
             rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
@@ -386,7 +386,7 @@ class Engine:
                     q_show[i] = qd.shown(r, t)
                     if row_feats is not None:
                         hidden, dist, lse = row_feats
-                        q1 = float(torch.exp(fwd.logits[r, t].float() - lse[r]))
+                        q1 = float(torch.exp(qd.float_logits[r, t] - lse[r]))
                         cum = q1 * (features[node][3] if node in features else 1.0)  # target roots: 1
                         features[i] = (None if hidden is None else hidden[r], dist[r], q1, cum)
                     parents.append(node)
@@ -397,11 +397,12 @@ class Engine:
         return _Drafted(tree, q_rows, q_show, signals, calls, fed, past + len(chain), features, q_top)
 
     @staticmethod
-    def _row_features(fwd: _Forward) -> tuple:
+    def _row_features(fwd: _Forward, qd: RowDists) -> tuple:
         """Per row of a draft forward: hidden state ``(rows, H)`` (None unless asked for), the 11 distribution
         features ``(rows, 11)`` and the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is
         ``exp(logit - lse)``)."""
-        return fwd.hidden, dist_features(fwd.logits), torch.logsumexp(fwd.logits.float(), -1)
+        lse, _, top = qd.stats()
+        return fwd.hidden, dist_features(qd.float_logits, lse, top), lse
 
     def _verify(self, tree: DraftTree, q_rows: dict) -> "_Verified":
         """One target forward over its chain (the anchor, when not cached) and the whole tree, then the verifier."""

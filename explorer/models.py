@@ -74,7 +74,8 @@ class ModelPair:
     """A loaded draft/target pair sharing one tokenizer.
 
     Attributes:
-        draft, target: causal LMs in eval mode, on ``device`` in ``dtype``. Shared and read-only: engines keep
+        draft, target: causal LMs in eval mode, on ``device`` in ``dtype`` (an int8 draft computes in float32
+            around its int8 matrix multiplies: ``draft_quant``). Shared and read-only: engines keep
             their own KV caches, and ``lock`` serialises forwards when several sessions share one pair.
         tokenizer: the common tokenizer.
         vocab_size: logits columns used by the engine, ``min`` of the two models' output sizes (padding rows of an

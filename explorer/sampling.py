@@ -68,6 +68,9 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+TOP_CACHED = 16  # best tokens kept per row by RowDists' batched pass
+
+
 class RowDists:
     """Processed distributions of the rows of a logits matrix, computed on demand and cached.
 
@@ -88,14 +91,40 @@ class RowDists:
         self._probs: dict[int, torch.Tensor] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._lse: dict[int, float] = {}
+        self._float: torch.Tensor | None = None  # logits as float32, converted once
+        self._batch: tuple | None = None  # (lse (rows,), top ids (rows, TOP_CACHED), top probs) of stored rows
         for r, (p, lg) in (fixed or {}).items():
             self._probs[r], self._logits[r] = p, lg
+
+    @property
+    def float_logits(self) -> torch.Tensor:
+        """float32 ``(rows, vocab)``: the stored rows, converted once for every use."""
+        if self._float is None:
+            self._float = self.logits.float()
+        return self._float
+
+    def stats(self) -> tuple:
+        """Plain-softmax statistics of all stored rows in one batched pass: log-normaliser ``(rows,)``, the
+        ``TOP_CACHED`` best token ids ``(rows, t)`` and their probabilities ``(rows, t)``. One pass serves the
+        greedy children, the displayed q and p, the trace's top-k lists and the decision features."""
+        if self._batch is None:
+            lf = self.float_logits
+            lse = torch.logsumexp(lf, -1)
+            vals, ids = torch.topk(lf, min(TOP_CACHED, lf.shape[-1]), dim=-1)
+            self._batch = (lse, ids, torch.exp(vals - lse[:, None]))
+        return self._batch
 
     def row_logits(self, r: int) -> torch.Tensor:
         """float32 ``(vocab,)`` logits of row ``r``."""
         if r not in self._logits:
-            self._logits[r] = self.logits[r - self.offset].float()
+            self._logits[r] = self.float_logits[r - self.offset]
         return self._logits[r]
+
+    def top_ids(self, r: int, k: int) -> list[int]:
+        """The ``k`` largest logits of row ``r``, best first (the greedy children)."""
+        if r >= self.offset and k <= TOP_CACHED and r not in self._probs:
+            return self.stats()[1][r - self.offset, :k].tolist()
+        return torch.topk(self.row_logits(r), k).indices.tolist()
 
     def __getitem__(self, r: int) -> torch.Tensor:
         """Processed float32 ``(vocab,)`` distribution of row ``r`` (one-hot when greedy)."""
@@ -105,19 +134,13 @@ class RowDists:
 
     def top(self, rows: list[int], k: int) -> dict[int, list[tuple[int, float]]]:
         """The ``k`` most likely tokens of each row as ``(token_id, probability)``, with the probabilities of
-        ``shown``: processed when sampling, plain softmax when greedy (batched over the rows then)."""
+        ``shown``: processed when sampling, plain softmax when greedy."""
         out: dict[int, list[tuple[int, float]]] = {}
-        rows = sorted(set(rows))
-        if self.cfg.greedy:
-            stored = [r for r in rows if r - self.offset >= 0]
-            if stored:
-                lg = self.logits[[r - self.offset for r in stored]].float()
-                vals, ids = torch.topk(lg, min(k, lg.shape[-1]), dim=-1)
-                probs = torch.exp(vals - torch.logsumexp(lg, -1, keepdim=True))
-                for i, r in enumerate(stored):
-                    out[r] = list(zip(ids[i].tolist(), probs[i].tolist()))
-            rows = [r for r in rows if r not in out]
-        for r in rows:
+        for r in sorted(set(rows)):
+            if self.cfg.greedy and r >= self.offset and k <= TOP_CACHED:
+                _, ids, probs = self.stats()
+                out[r] = list(zip(ids[r - self.offset, :k].tolist(), probs[r - self.offset, :k].tolist()))
+                continue
             if self.cfg.greedy:
                 lg = self.row_logits(r)
                 vals, ids = torch.topk(lg, min(k, lg.shape[-1]))
@@ -127,10 +150,17 @@ class RowDists:
             out[r] = list(zip(ids.tolist(), probs.tolist()))
         return out
 
+    def log_normalizer(self, r: int) -> float:
+        """``logsumexp`` of row ``r``'s raw logits (so its plain-softmax probability of t is exp(logit - it))."""
+        if r not in self._lse:
+            if r >= self.offset:
+                self._lse[r] = float(self.stats()[0][r - self.offset])
+            else:
+                self._lse[r] = float(torch.logsumexp(self.row_logits(r), -1))
+        return self._lse[r]
+
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
         if not self.cfg.greedy:
             return float(self[r][token])
-        if r not in self._lse:
-            self._lse[r] = float(torch.logsumexp(self.row_logits(r), -1))
-        return float(torch.exp(self.row_logits(r)[token] - self._lse[r]))
+        return float(torch.exp(self.row_logits(r)[token] - self.log_normalizer(r)))

@@ -56,7 +56,8 @@ def _rss_mb() -> float:
 
 @pytest.mark.parametrize("method", ["ar", "mcsd-improved"])
 def test_memory_stays_flat_over_500_steps(tiny, method):
-    """500 steps in one session: after a warm-up, resident memory grows by no more than the trace itself."""
+    """500 steps in one session: after a warm-up, resident memory grows by no more than the trace itself (measured
+    2.4 MB; keeping 80 KB a step, e.g. a few rows of logits, shows up as 36 MB)."""
     config = DEFAULTS[method].with_(max_depth=3) if method == "mcsd-improved" else DEFAULTS[method]
     engine = Engine(tiny, config, SamplingConfig(temperature=0.8, seed=1))
     prompt = tiny.tokenizer.encode("hi")
@@ -74,4 +75,4 @@ def test_memory_stays_flat_over_500_steps(tiny, method):
             baseline = _rss_mb()
     gc.collect()
     growth = _rss_mb() - baseline
-    assert growth < 40, f"resident memory grew {growth:.1f} MB over 450 steps"
+    assert growth < 15, f"resident memory grew {growth:.1f} MB over 450 steps"

@@ -25,18 +25,25 @@ DIST_FEATURE_NAMES = ["entropy"] + [f"top{i + 1}" for i in range(N_TOP)]
 PATH_FEATURE_NAMES = DIST_FEATURE_NAMES + ["log_q", "depth", "log_cum_q"]
 
 
-def dist_features(logits: torch.Tensor) -> torch.Tensor:
+def dist_features(logits: torch.Tensor, lse: torch.Tensor | None = None,
+                  top: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy and top-10 probabilities of ``softmax(logits)``.
 
     Args:
         logits: ``(rows, vocab)`` any float dtype.
+        lse, top: optional, already computed: ``logsumexp`` of the rows ``(rows,)`` and their largest
+            probabilities, descending ``(rows, >= 10)`` (the engine has both from ``RowDists.stats``).
     Returns:
         float32 ``(rows, 11)``: column 0 the entropy in nats, columns 1..10 the largest probabilities, descending.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    p = logp.exp()
-    entropy = -(p * logp).nan_to_num().sum(-1, keepdim=True)  # 0 * -inf counts as 0
-    top = p.topk(min(N_TOP, p.shape[-1]), dim=-1).values
+    lf = logits.float()
+    if lse is None:
+        lse = torch.logsumexp(lf, dim=-1)
+    p = torch.exp(lf - lse[:, None])
+    entropy = (lse - (p * lf).nansum(-1))[:, None]  # H = lse - sum p * logit; 0 * -inf counts as 0
+    if top is None or top.shape[-1] < min(N_TOP, p.shape[-1]):
+        top = p.topk(min(N_TOP, p.shape[-1]), dim=-1).values
+    top = top[:, :N_TOP].float()
     if top.shape[-1] < N_TOP:
         top = torch.nn.functional.pad(top, (0, N_TOP - top.shape[-1]))
     return torch.cat([entropy, top], dim=-1)

@@ -44,7 +44,7 @@ def _go(delta: int) -> None:
 
 
 def _reset() -> None:
-    for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped"):
+    for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running"):
         st.session_state.pop(key, None)
     set_error(None)
 
@@ -102,7 +102,13 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
         bar.progress(min(1.0, engine.n_generated / total), text=f"{engine.n_generated}/{total} tokens · "
                      "Stop interrupts after the current step")
 
-    engine.run(on_step=progress)
+    st.session_state["running"] = True  # still set on the next rerun = this run was interrupted
+    try:
+        engine.run(on_step=progress)
+    except Exception:  # a real error, not Streamlit's interrupt (a BaseException): not a stop
+        st.session_state.pop("running", None)
+        raise
+    st.session_state.pop("running", None)
     bar.empty()
 
 
@@ -124,8 +130,10 @@ def _load_trace(upload) -> None:
     set_error(None)
 
 
-def controls(trace, replaying: bool) -> bool:
-    """The button row and the step slider; returns True when Stop was clicked in this rerun."""
+def controls(trace, replaying: bool) -> None:
+    """The button row and the step slider. Stop needs no handler: any click while Run to end goes on makes
+    Streamlit interrupt that script run (between two steps: Streamlit calls happen only in the progress callback);
+    the next run sees the ``running`` flag still set."""
     c = _cursor()
     n = len(trace.steps) if trace is not None else 0
     b = st.columns([1, 1, 1, 1.3, 1, 1, 1.6])
@@ -134,7 +142,7 @@ def controls(trace, replaying: bool) -> bool:
     b[1].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0)
     b[2].button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1)
     b[3].button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying)
-    stop = b[4].button("Stop", key="stop_btn", help="interrupts Run to end after the current step")
+    b[4].button("Stop", key="stop_btn", help="interrupts Run to end after the current step")
     b[5].button("Reset", key="reset_btn", on_click=_reset)
     b[6].download_button("Download trace", data=(lambda t=trace: t.to_json()) if trace is not None else "",
                          file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
@@ -144,7 +152,6 @@ def controls(trace, replaying: bool) -> bool:
         if st.session_state.get("step_slider") != c + 1:
             st.session_state["step_slider"] = c + 1
         st.slider("Go to step", 1, n, key="step_slider", on_change=_slider_moved)
-    return stop
 
 
 def explorer_page(settings) -> None:
@@ -175,6 +182,8 @@ def explorer_page(settings) -> None:
         _load_trace(st.file_uploader("Load trace", type=["json"], key="trace_upload"))
 
     pending = st.session_state.pop("pending", None)
+    if st.session_state.pop("running", False):
+        st.session_state["stopped"] = True
     replaying = st.session_state.get("replay") is not None
     pair = None
     if not replaying:  # a replayed trace needs no model
@@ -185,12 +194,10 @@ def explorer_page(settings) -> None:
     if pending == "step":
         guarded(_do_step, pair, settings, prompt_text, chat)
     trace = _trace()
-    stop = controls(trace, replaying)
+    controls(trace, replaying)
     if pending == "run":
         guarded(_do_run, pair, settings, prompt_text, chat)
         st.rerun()  # redraw the controls for the finished run
-    if stop and st.session_state.get("engine") is not None:
-        st.session_state["stopped"] = True
     if st.session_state.get("error"):
         st.error(st.session_state["error"])
     if st.session_state.get("stopped") and st.session_state.get("engine") is not None:
