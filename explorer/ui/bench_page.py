@@ -11,8 +11,13 @@ import streamlit as st
 from .. import figures
 from ..report import ReportError, load_report, loads_report
 
-BENCH_REPORT = os.environ.get("SPEC_EXPLORER_BENCH", os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "reports", "bench", "bench.json"))
+DEFAULT_REPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "reports", "bench", "bench.json")
+
+
+def report_path() -> str:
+    """``$SPEC_EXPLORER_BENCH`` or reports/bench/bench.json (read on every page run)."""
+    return os.environ.get("SPEC_EXPLORER_BENCH", DEFAULT_REPORT)
 COLUMNS = ["temperature", "method", "tokens_per_s", "speedup_vs_ar", "ratio_vs_hf", "ratio_vs_hf_bf16",
            "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_s", "verify_s", "other_s",
            "overhead_share"]
@@ -24,13 +29,14 @@ def benchmarks_page() -> None:
                "(`generate(assistant_model=draft)`), measured in one run. Produce a report with "
                "`python -m explorer bench --prompt-file humaneval --temperatures 0,0.7` (see docs/bench.md).")
     upload = st.file_uploader("Load a benchmark report (bench.json)", type=["json"], key="bench_upload")
+    path = report_path()
     try:
         if upload is not None:
             report, source = loads_report(upload.getvalue()), upload.name
-        elif os.path.exists(BENCH_REPORT):
-            report, source = load_report(BENCH_REPORT), BENCH_REPORT
+        elif os.path.exists(path):
+            report, source = load_report(path), path
         else:
-            st.info(f"No report at {BENCH_REPORT} yet: run the bench command above, or load a bench.json.")
+            st.info(f"No report at {path} yet: run the bench command above, or load a bench.json.")
             return
         m = report["meta"]
         st.markdown(f"Report **{html.escape(str(source))}** · {html.escape(str(m.get('prompt_set')))} · "
