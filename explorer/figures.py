@@ -114,7 +114,8 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
             continue
         fig.add_trace(go.Scatter(
             x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
-            name=STATUS_LABELS[status], text=[token_label(n.text, 10) for n in nodes], textposition="middle right",
+            name=STATUS_LABELS[status], text=[token_label(n.text, 10) for n in nodes], textposition="top center",
+            textfont=dict(size=11),
             customdata=[n.id for n in nodes], hovertext=[_hover(n) for n in nodes], hoverinfo="text",
             marker=dict(size=16, color=STATUS_COLORS[status],
                         symbol=["diamond" if n.source == "target" else "circle" for n in nodes],

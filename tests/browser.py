@@ -187,6 +187,37 @@ def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
     return report
 
 
+def run_and_stop(url: str, out_dir: Path, wait_s: float = 3.0, load_timeout_s: float = 600,
+                 keys=("End",)) -> dict:
+    """Max new tokens up (the slider's keys: End = 512), Run to end, Stop after ``wait_s``: what the page says."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = _open(browser, url, "Write a long story about a dragon.", load_timeout_s)
+        slider = page.get_by_role("slider", name="Max new tokens")
+        slider.focus()
+        for key in keys:
+            page.keyboard.press(key)
+            wait_idle(page, 60_000)
+        page.get_by_role("button", name="Run to end", exact=True).click()
+        page.wait_for_selector("[data-testid='stProgress']", timeout=120_000)
+        page.wait_for_timeout(wait_s * 1000)
+        page.get_by_role("button", name="Stop", exact=True).click()
+        wait_idle(page, 300_000)
+        page.wait_for_timeout(500)
+        report = {"info": page.locator("[data-testid='stAlertContentInfo']").all_inner_texts(),
+                  "success": page.locator("[data-testid='stAlertContentSuccess']").all_inner_texts(),
+                  "caption": _step_caption(page),
+                  "exceptions": page.locator("[data-testid='stException']").count()}
+        page.screenshot(path=str(out_dir / "stopped.png"), full_page=True)
+        _press(page, "Step")  # the stopped run goes on
+        report["after_step"] = _step_caption(page)
+        browser.close()
+    return report
+
+
 def two_sessions(url: str, out_dir: Path, prompts=("def add(a, b):", "The capital of France is"),
                  steps: int = 2, load_timeout_s: float = 600) -> list[Path]:
     """Two browser sessions (separate contexts) on one server, pressing Step at the same moment each time;
@@ -237,6 +268,7 @@ def main() -> int:
         print(report)
         if args.tour:
             print(tour(url, Path(args.out) / "tour"))
+            print(run_and_stop(url, Path(args.out) / "stop"))
             print([str(p) for p in two_sessions(url, Path(args.out) / "sessions")])
     return 0 if report["plots"] >= 2 and not report["errors"] and not report["exceptions"] else 1
 

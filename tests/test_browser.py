@@ -64,3 +64,22 @@ def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
         assert solo.trace.generated_ids == trace.generated_ids
     a, b = (load_run(p) for p in paths)
     assert a.prompt_ids != b.prompt_ids
+
+
+def test_stop_interrupts_run_to_end_and_the_run_goes_on(tmp_path):
+    import re
+
+    from browser import run_and_stop
+
+    with running_app("tiny") as url:
+        # the tiny pair holds 512 positions: End (512 tokens) would be refused, two PageDowns leave about 400
+        r = run_and_stop(url, tmp_path, wait_s=1.0, load_timeout_s=120, keys=("End", "PageDown", "PageDown"))
+    assert r["exceptions"] == 0
+    stopped = [t for t in r["info"] if t.startswith("Stopped after")]
+    assert stopped and not r["success"], r  # interrupted before the 512-token run finished
+    n = int(re.search(r"Stopped after (\d+) tokens", stopped[0]).group(1))
+    assert 0 < n < 400
+    shown = int(re.match(r"Step (\d+) of (\d+)", r["caption"]).group(2))
+    after = re.match(r"Step (\d+) of (\d+)", r["after_step"])
+    # the interrupted run may finish the step it was in after the page was drawn: one or two steps more
+    assert after and after.group(1) == after.group(2) and shown + 1 <= int(after.group(2)) <= shown + 2, r

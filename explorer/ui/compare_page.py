@@ -10,6 +10,7 @@ from .. import figures
 from ..config import METHOD_LABELS, METHODS
 from ..metrics import run_metrics
 from .common import guarded, make_engine, pair_or_message, set_error
+from .explorer_page import engine_lock
 from .sidebar import method_widgets
 
 ERROR_KEY = "cmp_error"
@@ -41,9 +42,10 @@ def _advance(settings, b_method, b_changes, prompt_text, chat, to_end: bool) -> 
         return
     bar = st.progress(0.0, text="Running both…") if to_end else None
     while True:  # alternate, so both runs see the same machine load
-        for e in engines:
-            if not e.finished:
-                e.step()
+        with engine_lock():  # an interrupted run may still be stepping (see explorer_page.engine_lock)
+            for e in engines:
+                if not e.finished:
+                    e.step()
         if bar is not None:
             done = sum(e.n_generated for e in engines) / sum(e.max_new_tokens for e in engines)
             bar.progress(min(1.0, done), text=f"{done:.0%}")

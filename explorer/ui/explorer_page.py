@@ -13,6 +13,7 @@ Session state (one browser session each; the models are shared):
 from __future__ import annotations
 
 import html
+import threading
 
 import streamlit as st
 
@@ -46,7 +47,14 @@ def _go(delta: int) -> None:
 def _reset() -> None:
     for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running"):
         st.session_state.pop(key, None)
+    _forget_clicks()
     set_error(None)
+
+
+def _forget_clicks() -> None:
+    """Drop the node selections of the previous session's steps (they would reselect nodes of a new run)."""
+    for key in [k for k in st.session_state if str(k).startswith(("inspect_", "tree_chart_"))]:
+        del st.session_state[key]
 
 
 def _request(what: str) -> None:
@@ -78,12 +86,19 @@ def _run_key(settings, prompt_text, chat):
     return {k: v for k, v in settings.items() if k != "teach"} | {"prompt": prompt_text, "chat": chat}
 
 
+def engine_lock() -> threading.Lock:
+    """One lock per browser session around engine steps. Streamlit's fast reruns start the next script run while
+    an interrupted one may still be inside ``engine.step()``; the lock keeps two steps of one engine apart."""
+    return st.session_state.setdefault("engine_lock", threading.Lock())
+
+
 def _do_step(pair, settings, prompt_text, chat) -> None:
     engine = _ensure_engine(pair, settings, prompt_text, chat)
-    if engine.finished:
-        set_error("This run has finished. Press Reset to start a new one.")
-        return
-    engine.step()
+    with engine_lock():
+        if engine.finished:
+            set_error("This run has finished. Press Reset to start a new one.")
+            return
+        engine.step()
     st.session_state["cursor"] = None
 
 
@@ -103,8 +118,14 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
                      "Stop interrupts after the current step")
 
     st.session_state["running"] = True  # still set on the next rerun = this run was interrupted
+    lock = engine_lock()
     try:
-        engine.run(on_step=progress)
+        while True:
+            with lock:  # released between steps, where the progress call lets Streamlit interrupt this run
+                if engine.finished:
+                    break
+                step = engine.step()
+            progress(step)
     except Exception:  # a real error, not Streamlit's interrupt (a BaseException): not a stop
         st.session_state.pop("running", None)
         raise
@@ -125,6 +146,7 @@ def _load_trace(upload) -> None:
     except TraceError as exc:
         set_error(f"Cannot load {upload.name}: {exc}")
         return
+    _forget_clicks()
     st.session_state.update(engine=None, trace=trace, cursor=0 if trace.steps else None, replay=upload.name,
                             step_slider=1)
     set_error(None)

@@ -18,6 +18,12 @@ h1 { font-size: 2.6rem !important; } h2, h3 { font-size: 2rem !important; }
 </style>"""
 
 
+def code(text: str) -> str:
+    """A token or text as a Markdown code span for ``st.markdown`` without HTML (Streamlit shows any markup in it
+    as text; HTML entities would show literally inside a code span, so nothing is escaped, only backticks)."""
+    return "`" + repr(text).replace("`", "ˋ") + "`"
+
+
 def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
     """Run metrics over steps ``[0, upto]`` (all when None)."""
     shown = trace if upto is None else RunTrace(settings=trace.settings, model=trace.model, prompt=trace.prompt,
@@ -42,9 +48,9 @@ def step_caption(step: StepTrace, total: int) -> None:
     committed = "".join(step.committed_text)
     st.markdown(
         f"**Step {step.index + 1} of {total}** · committed {len(step.committed_ids)} token(s): "
-        f"`{html.escape(repr(committed))}` · accepted draft tokens {step.accepted_draft_len}/{step.max_draft_len}"
+        f"{code(committed)} · accepted draft tokens {step.accepted_draft_len}/{step.max_draft_len}"
         f" · draft {step.draft_ms:.0f} ms ({step.draft_calls} calls) · verify {step.verify_ms:.0f} ms · "
-        f"verifier `{html.escape(step.verifier)}`")
+        f"verifier `{step.verifier}`")
 
 
 def teach_box(step: StepTrace) -> None:
@@ -103,7 +109,7 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "")
 def inspector(step: StepTrace, node_id: int) -> None:
     """The node inspector: p and q top-k at the parent, p/q, the uniform draw, the residual, position id."""
     node = next(n for n in step.nodes if n.id == node_id)
-    st.markdown(f"#### Node inspector: node {node.id} `{html.escape(repr(node.text))}`")
+    st.markdown(f"#### Node inspector: node {node.id} {code(node.text)}")
     facts = [f"status **{html.escape(node.status)}**" + (" · committed" if node.committed else ""),
              f"depth {node.depth}", f"position id **{node.position_id}**",
              f"source {html.escape(node.source)}", f"branch {node.branch if node.branch is not None else '–'}"]
