@@ -19,9 +19,22 @@ from explorer.ui.sidebar import sidebar
 st.set_page_config(page_title="Speculative decoding explorer", page_icon="🌳", layout="wide")
 
 PAGES = ["Explorer", "Compare", "Benchmarks"]
+KEPT = ("prompt_text", "chat", "example", "cmp_prompt", "cmp_chat", "pair_spec", "draft_path", "target_path",
+        "dtype", "method", "gamma", "lossy", "width", "max_depth", "stop", "decision_model", "verifier",
+        "temperature", "top_k", "top_p", "seed", "max_new", "teach")
+KEPT_PREFIXES = ("k_config_", "threshold_", "b_")
+
+
+def keep_widget_values() -> None:
+    """Streamlit forgets the value of a widget that a run does not draw (another page): writing each value back
+    at the top of the run keeps prompts and settings across page changes."""
+    for key in list(st.session_state):
+        if key in KEPT or str(key).startswith(KEPT_PREFIXES):
+            st.session_state[key] = st.session_state[key]
 
 
 def main() -> None:
+    keep_widget_values()
     page = st.sidebar.radio("Page", PAGES, horizontal=True, key="page")
     if page == "Benchmarks":
         benchmarks_page()

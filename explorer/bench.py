@@ -137,6 +137,10 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
     """
     configs = dict(configs or {})
+    unquantized = pair.unquantized_draft if pair.draft_quant != "none" else pair.draft
+    if HF_ASSISTED_BF16 in methods and unquantized is None:
+        raise ValueError(f"{HF_ASSISTED_BF16} needs the unquantized draft: load the pair with "
+                         "keep_unquantized=True (the bench command does)")
     for m in methods:
         if m not in HF_METHODS and m not in configs:
             if m not in DEFAULTS:
@@ -147,7 +151,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if method == HF_ASSISTED:
             return run_hf_assisted(pair, ids, n, sampling)
         if method == HF_ASSISTED_BF16:
-            return run_hf_assisted(pair, ids, n, sampling, draft=pair.unquantized_draft or pair.draft)
+            return run_hf_assisted(pair, ids, n, sampling, draft=unquantized)
         return run_engine(pair, configs[method], ids, n, sampling)
 
     for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations

@@ -206,7 +206,8 @@ class Engine:
             settings={"method": self.config.to_dict(), "sampling": self.sampling.to_dict(),
                       "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
-                   "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device)},
+                   "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
+                   "draft_quant": self.pair.draft_quant},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 

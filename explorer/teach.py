@@ -40,14 +40,15 @@ def explain_step(step: StepTrace) -> list[str]:
         out.append(f"Autoregressive step: the target model reads the last token {_tok(anchor.text)} and picks the "
                    f"next one itself. No draft, so one target call gives exactly one token.")
     else:
-        levels = max((n.depth for n in drafted), default=0)
+        target_roots = any(n.source == "target" for n in roots)
+        levels = max((n.depth for n in drafted), default=0) - (1 if target_roots else 0)  # draft levels only
         out.append(f"Drafting: after the last committed token {_tok(anchor.text)}, the small draft model proposed "
                    f"{len(drafted)} token(s) over {levels} level(s) in {step.draft_calls} draft call(s) "
                    f"(one call per level: every branch of a level is fed at once).")
         if len(roots) > 1:
             firsts = ", ".join(f"branch {n.branch} starts with {_tok(n.text)}" for n in roots)
             out.append(f"The tree has {len(roots)} branches: {firsts}.")
-        if any(n.source == "target" for n in roots):
+        if target_roots:
             out.append("Its roots were sampled from the target's own distribution (the seed's lossy mode).")
         out.extend(_stopping(step, levels))
         out.append(f"Verification: the target model scored all {len(step.mask_node_ids)} tokens in one forward pass. "
@@ -57,7 +58,9 @@ def explain_step(step: StepTrace) -> list[str]:
     n = len(step.committed_ids)
     if step.bonus_token is not None and step.method != "ar":
         bonus = "".join(step.committed_text[-1:])
-        if step.accepted_draft_len == 0:
+        if step.accepted_draft_len == 0 and step.verifier == "greedy":
+            out.append(f"The target then supplied the token itself: {_tok(bonus)}, its own top choice.")
+        elif step.accepted_draft_len == 0:
             out.append(f"The target then supplied the token itself: {_tok(bonus)} (after a rejection it comes from "
                        "the residual distribution, so the output still follows the target exactly).")
         else:
@@ -103,7 +106,7 @@ def _verdicts(step: StepTrace, nodes: dict) -> list[str]:
         out.append(f"Accepted: {', '.join(_tok(n.text) for n in path)} ({len(path)} of {len(_drafted(step))} "
                    "draft tokens).")
     rejected = [n for n in step.nodes if n.status == REJECTED]
-    on_path_parents = {0} | {n.id for n in path}
+    on_path_parents = {0} | {n.id for n in step.nodes if n.committed}
     for n in rejected:
         if n.parent not in on_path_parents:
             continue
@@ -111,8 +114,9 @@ def _verdicts(step: StepTrace, nodes: dict) -> list[str]:
             out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: greedy decoding keeps a draft token only if it "
                        f"is the target's own top choice, and the target gave it {_pct(n.p)} (draft: {_pct(n.q)}).")
         elif n.u is not None and n.ratio is not None:
-            out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: the draw u = {n.u:.2f} was above "
-                       f"p/q = {n.ratio:.2f} (target {_pct(n.p)}, draft {_pct(n.q)}).")
+            out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: the draw u = {n.u:.2f} was above its "
+                       f"acceptance ratio {n.ratio:.2f} (p/q for a first child; for later siblings the residual's, "
+                       f"for SpecHub the transport plan's; target {_pct(n.p)}, draft {_pct(n.q)}).")
         else:
             out.append(f"Rejected {_tok(n.text)} at depth {n.depth} (target {_pct(n.p)}, draft {_pct(n.q)}).")
     if not path and not rejected:

@@ -166,13 +166,62 @@ class RunTrace:
             raise TraceError("trace field 'steps' must be a list")
         try:
             steps = [StepTrace.from_dict(s) for s in d["steps"]]
-        except (TypeError, KeyError, AttributeError) as exc:
+        except (TypeError, KeyError, AttributeError, ValueError) as exc:
             raise TraceError(f"a step of the trace is malformed: {exc}") from None
+        method = d["settings"].get("method") if isinstance(d["settings"], dict) else None
+        if not isinstance(method, dict) or not isinstance(method.get("method"), str):
+            raise TraceError("trace field 'settings' must hold the method settings ({'method': {'method': ...}})")
+        if not isinstance(d["model"], dict) or not isinstance(d["prompt"], str):
+            raise TraceError("trace fields 'model' (an object) and 'prompt' (a string) are malformed")
+        if not _is_list_of(d["prompt_ids"], int) or not isinstance(d.get("prefill_ms", 0.0), (int, float)):
+            raise TraceError("trace fields 'prompt_ids' (token ids) or 'prefill_ms' (a number) are malformed")
+        for i, step in enumerate(steps):
+            problem = _step_problem(step)
+            if problem:
+                raise TraceError(f"step {i + 1} of the trace is malformed: {problem}")
         return RunTrace(settings=d["settings"], model=d["model"], prompt=d["prompt"], prompt_ids=d["prompt_ids"],
                         steps=steps, prefill_ms=float(d.get("prefill_ms", 0.0)))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)
+
+
+def _is_list_of(value, kind) -> bool:
+    return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+
+
+_NODE_TYPES = {"id": int, "parent": (int, type(None)), "token_id": int, "text": str, "depth": int,
+               "position_id": int, "source": str, "status": str, "committed": bool, "branch": (int, type(None)),
+               "q": (int, float, type(None)), "p": (int, float, type(None)), "u": (int, float, type(None)),
+               "ratio": (int, float, type(None)), "residual_top": list, "p_top": list, "q_top": list}
+
+
+def _step_problem(step: "StepTrace") -> str | None:
+    """What makes a loaded step impossible to draw (types and references the figures rely on), or None."""
+    for n in step.nodes:
+        for name, kind in _NODE_TYPES.items():
+            if not isinstance(getattr(n, name), kind):
+                return f"node field {name!r} has the wrong type"
+        for row in (n.residual_top, n.p_top, n.q_top):
+            if not all(isinstance(r, list) and len(r) == 3 and isinstance(r[1], str)
+                       and isinstance(r[2], (int, float)) for r in row):
+                return "a node's top-token list is malformed"
+    ids = [n.id for n in step.nodes]
+    if not ids or ids[0] != 0 or len(set(ids)) != len(ids):
+        return "node ids must start at 0 (the anchor) and be unique"
+    if any(n.parent is not None and n.parent not in ids for n in step.nodes[1:]) or step.nodes[0].parent is not None:
+        return "a node's parent is not in the tree"
+    if not _is_list_of(step.committed_ids, int) or not all(isinstance(t, str) for t in step.committed_text):
+        return "committed tokens are malformed"
+    n = len(step.mask_node_ids)
+    if (not _is_list_of(step.mask_node_ids, int) or set(step.mask_node_ids) - set(ids) or len(step.mask) != n
+            or any(not _is_list_of(row, int) or len(row) != n for row in step.mask)
+            or not _is_list_of(step.position_ids, int) or len(step.position_ids) != n):
+        return "the mask does not match its node ids and position ids"
+    for name in ("draft_ms", "verify_ms", "step_ms"):
+        if not isinstance(getattr(step, name), (int, float)):
+            return f"{name} must be a number"
+    return None
 
 
 def _known(cls, d: dict) -> dict:

@@ -260,3 +260,13 @@ def test_compare_page_runs_two_methods_side_by_side(app):
     assert any(h.startswith("A:") for h in heads) and any(h.startswith("B:") for h in heads)
     click(app, "cmp_reset")
     assert "cmp_engines" not in app.session_state
+
+
+def test_prompt_and_settings_survive_a_page_change(app):
+    app.text_area(key="prompt_text").set_value("def keep_me():")
+    app.sidebar.slider(key="max_new").set_value(33).run()
+    app.sidebar.radio(key="page").set_value("Benchmarks").run()
+    app.sidebar.radio(key="page").set_value("Compare").run()
+    app.sidebar.radio(key="page").set_value("Explorer").run()
+    assert app.text_area(key="prompt_text").value == "def keep_me():"
+    assert app.sidebar.slider(key="max_new").value == 33

@@ -29,15 +29,17 @@ def test_tree_step_names_drafting_verification_and_outcome(tiny):
     assert sentences[0].startswith("Drafting:") and f"proposed {step.drafted} token(s)" in sentences[0]
     assert "The tree has 2 branches" in text and "one forward pass" in text
     assert f"Outcome: {len(step.committed_ids)} token(s) committed" in text
-    rejected = [n for n in step.nodes if n.status == "rejected" and n.parent == 0]
-    if rejected:
-        assert "greedy decoding keeps a draft token only if" in text
+    texts = [" ".join(explain_step(s)) for s in trace.steps]
+    # the tiny pair's draft is a random one-layer model: rejections below the anchor happen in this run
+    rejecting = [t for s, t in zip(trace.steps, texts)
+                 if any(n.status == "rejected" and n.parent == 0 for n in s.nodes)]
+    assert rejecting and all("greedy decoding keeps a draft token only if" in t for t in rejecting)
 
 
 def test_sampled_rejection_quotes_u_and_p_over_q(tiny):
     trace = _run(tiny, "sd", SamplingConfig(temperature=1.0, seed=3), n=24, gamma=4)
     texts = [" ".join(explain_step(s)) for s in trace.steps]
-    assert any("the draw u = " in t and "p/q = " in t for t in texts)
+    assert any("the draw u = " in t and "acceptance ratio" in t for t in texts)
 
 
 def test_stop_policy_reasons(tiny):

@@ -49,6 +49,35 @@ def test_malformed_traces_are_refused(text, message):
         loads_run(text)
 
 
+def _spoil(d, path, value):
+    obj = d
+    for key in path[:-1]:
+        obj = obj[key]
+    obj[path[-1]] = value
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("settings",), {}, "method settings"),
+    (("settings", "method"), "mcsd", "method settings"),
+    (("prefill_ms",), "fast", "prefill_ms"),
+    (("prompt_ids",), [1, "two"], "prompt_ids"),
+    (("model",), [], "'model'"),
+    (("steps", 0, "nodes", 1, "parent"), 999, "parent is not in the tree"),
+    (("steps", 0, "nodes", 1, "text"), 42, "'text' has the wrong type"),
+    (("steps", 0, "nodes", 1, "p_top"), [[1, "a"]], "top-token list"),
+    (("steps", 0, "mask"), [[1]], "the mask does not match"),
+    (("steps", 0, "position_ids"), [], "the mask does not match"),
+    (("steps", 0, "committed_text"), [None], "committed tokens"),
+    (("steps", 0, "step_ms"), "slow", "step_ms"),
+])
+def test_traces_that_parse_but_cannot_be_drawn_are_refused(run_trace, path, value, message):
+    """A hand-edited or hostile file: each broken field gets a TraceError naming it, never a crash later."""
+    bad = _spoil(json.loads(run_trace.to_json()), path, value)
+    with pytest.raises(TraceError, match=message):
+        loads_run(bad)
+
+
 def test_unreadable_trace_file(tmp_path):
     with pytest.raises(TraceError, match="cannot read"):
         load_run(tmp_path / "missing.json")

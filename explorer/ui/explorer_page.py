@@ -112,8 +112,9 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
     bar = st.progress(0.0, text="Running to the end… (Stop interrupts after the current step)")
     total = engine.max_new_tokens
 
+    st.session_state["cursor"] = None  # follow the run (once: an interrupted run must not move it later)
+
     def progress(_step):
-        st.session_state["cursor"] = None
         bar.progress(min(1.0, engine.n_generated / total), text=f"{engine.n_generated}/{total} tokens · "
                      "Stop interrupts after the current step")
 
@@ -145,6 +146,9 @@ def _load_trace(upload) -> None:
         trace = loads_run(upload.getvalue())
     except TraceError as exc:
         set_error(f"Cannot load {upload.name}: {exc}")
+        return
+    except Exception as exc:  # noqa: BLE001 - whatever a hostile file does, the session stays
+        set_error(f"Cannot load {upload.name}: malformed trace ({type(exc).__name__}: {exc})")
         return
     _forget_clicks()
     st.session_state.update(engine=None, trace=trace, cursor=0 if trace.steps else None, replay=upload.name,
@@ -206,6 +210,8 @@ def explorer_page(settings) -> None:
     pending = st.session_state.pop("pending", None)
     if st.session_state.pop("running", False):
         st.session_state["stopped"] = True
+        with engine_lock():  # the interrupted run may still be finishing its step: draw after it
+            pass
     replaying = st.session_state.get("replay") is not None
     pair = None
     if not replaying:  # a replayed trace needs no model
@@ -244,7 +250,13 @@ def explorer_page(settings) -> None:
         st.warning("Lossy mode: the seed's longest-branch rule does not preserve the target's distribution.")
     if engine is not None and engine.finished:
         st.success("Run finished (max new tokens or end of sequence). Press Reset to start again.")
-    show_run(trace, _cursor(), settings["teach"])
+    if replaying:
+        try:
+            show_run(trace, _cursor(), settings["teach"])
+        except Exception as exc:  # noqa: BLE001 - a file that validated but still cannot be drawn
+            st.error(f"This trace cannot be drawn: {type(exc).__name__}: {exc}. Press Reset.")
+    else:
+        show_run(trace, _cursor(), settings["teach"])
     if pair is not None:
         audit_panel(pair, settings, prompt_text, chat)
 

@@ -114,18 +114,25 @@ def inspector(step: StepTrace, node_id: int) -> None:
              f"depth {node.depth}", f"position id **{node.position_id}**",
              f"source {html.escape(node.source)}", f"branch {node.branch if node.branch is not None else '–'}"]
     if node.parent is not None:
-        facts += [f"p (target) {_num(node.p)}", f"q (draft) {_num(node.q)}", f"p/q {_num(node.ratio)}",
-                  f"uniform draw u {_num(node.u)}"]
+        facts += [f"p (target) {_num(node.p)}", f"q (draft) {_num(node.q)}",
+                  f"acceptance ratio {_num(node.ratio)}", f"uniform draw u {_num(node.u)}"]
     st.markdown(" · ".join(facts))
     if node.parent is None:
         st.caption("The anchor: the last committed token. The tree grows from it; its row in the mask (when fed) "
                    "gives the target's distribution for the first drafted level.")
         return
-    if node.u is not None and node.ratio is not None:
-        verdict = "accepted: u ≤ p/q" if node.u <= node.ratio else "rejected: u > p/q"
-        st.caption(f"Test: u = {node.u:.3f}, p/q = {node.ratio:.3f} → {verdict}.")
-    elif node.status in ("accepted", "rejected"):
+    if node.source == "target":
+        st.caption("A root sampled from the target itself (the seed's lossy mode): not tested.")
+    elif node.u is not None and node.ratio is not None:
+        verdict = "accepted: u ≤ ratio" if node.u <= node.ratio else "rejected: u > ratio"
+        st.caption(f"Test: u = {node.u:.3f} against the acceptance ratio {node.ratio:.3f} → {verdict} (the ratio is "
+                   "p/q for a first child; for later siblings the residual's, for SpecHub its transport plan's).")
+    elif step.verifier == "greedy" and node.status in ("accepted", "rejected"):
         st.caption("Greedy verification: a draft token is accepted exactly when it is the target's top token.")
+    elif step.verifier == "mcns" and node.status in ("accepted", "rejected"):
+        st.caption("MCNS: one token y is drawn from p; the child equal to y, if any, is accepted.")
+    elif node.status in ("accepted", "rejected"):
+        st.caption(f"Verified by the {step.verifier} rule.")
     if node.p_top or node.q_top:
         st.plotly_chart(figures.inspector_figure(node), width="stretch", key=f"inspector_{step.index}_{node.id}")
     else:
