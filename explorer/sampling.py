@@ -93,6 +93,7 @@ class RowDists:
         self._lse: dict[int, float] = {}
         self._float: torch.Tensor | None = None  # logits as float32, converted once
         self._batch: tuple | None = None  # (lse (rows,), top ids (rows, TOP_CACHED), top probs) of stored rows
+        self._lse_t: torch.Tensor | None = None  # logsumexp(logits / T) of stored rows (temperature-only sampling)
         for r, (p, lg) in (fixed or {}).items():
             self._probs[r], self._logits[r] = p, lg
 
@@ -132,6 +133,18 @@ class RowDists:
             self._probs[r] = logits_to_probs(self.row_logits(r), self.cfg)
         return self._probs[r]
 
+    def _temperature_only(self, r: int) -> bool:
+        """Sampling with temperature alone, on a stored row: the processed distribution is softmax(logits / T),
+        whose best tokens are the raw logits' and whose normaliser one batched pass gives for all rows."""
+        return (not self.cfg.greedy and not self.cfg.top_k and self.cfg.top_p >= 1.0 and r >= self.offset
+                and r not in self._probs)
+
+    def _lse_temperature(self) -> torch.Tensor:
+        """``logsumexp(logits / T)`` of every stored row ``(rows,)``, computed once."""
+        if self._lse_t is None:
+            self._lse_t = torch.logsumexp(self.float_logits / self.cfg.temperature, -1)
+        return self._lse_t
+
     def top(self, rows: list[int], k: int) -> dict[int, list[tuple[int, float]]]:
         """The ``k`` most likely tokens of each row as ``(token_id, probability)``, with the probabilities of
         ``shown``: processed when sampling, plain softmax when greedy."""
@@ -140,6 +153,12 @@ class RowDists:
             if self.cfg.greedy and r >= self.offset and k <= TOP_CACHED:
                 _, ids, probs = self.stats()
                 out[r] = list(zip(ids[r - self.offset, :k].tolist(), probs[r - self.offset, :k].tolist()))
+                continue
+            if self._temperature_only(r) and k <= TOP_CACHED:
+                ids = self.stats()[1][r - self.offset, :k]
+                vals = self.float_logits[r - self.offset, ids] / self.cfg.temperature
+                probs = torch.exp(vals - self._lse_temperature()[r - self.offset])
+                out[r] = list(zip(ids.tolist(), probs.tolist()))
                 continue
             if self.cfg.greedy:
                 lg = self.row_logits(r)
@@ -161,6 +180,9 @@ class RowDists:
 
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
+        if self._temperature_only(r):  # no need to process the whole row for one probability
+            lse = self._lse_temperature()[r - self.offset]
+            return float(torch.exp(self.float_logits[r - self.offset, token] / self.cfg.temperature - lse))
         if not self.cfg.greedy:
             return float(self[r][token])
         return float(torch.exp(self.row_logits(r)[token] - self.log_normalizer(r)))
