@@ -395,8 +395,10 @@ DRAFT_QUANTS = ("none", "int8")
 
 
 def default_draft_quant(device: torch.device) -> str:
-    """``int8`` on CPU (the draft forward is about 2.3x faster, measured in docs/bench.md), ``none`` on CUDA."""
-    return "int8" if torch.device(device).type == "cpu" else "none"
+    """``int8`` on an x86 CPU with PyTorch's fbgemm / x86 quantized kernels (the draft forward is about 2.2x faster,
+    docs/bench.md), ``none`` elsewhere (CUDA, or CPUs without those kernels)."""
+    engines = set(torch.backends.quantized.supported_engines)
+    return "int8" if torch.device(device).type == "cpu" and engines & {"fbgemm", "x86"} else "none"
 
 
 def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = False) -> ModelPair:
@@ -427,11 +429,18 @@ def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = 
         return pair
     if pair.device.type != "cpu":
         raise ModelPairError("int8 draft quantization runs on the CPU only (fbgemm kernels); use --draft-quant none")
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    except ImportError as exc:  # a future torch without the eager-mode API
+        raise ModelPairError(f"this torch has no dynamic quantization ({exc}); use --draft-quant none") from exc
 
-    with warnings.catch_warnings():  # torch.ao.quantization warns that it moves to torchao; torchao's int8
-        warnings.simplefilter("ignore")  # CPU path was 2.5x slower than bf16 here (docs/bench.md)
-        draft = quantize_dynamic(copy.deepcopy(pair.draft).float(), {torch.nn.Linear: per_channel_dynamic_qconfig},
-                                 dtype=torch.qint8).eval()
+    try:
+        with warnings.catch_warnings():  # torch.ao.quantization warns that it moves to torchao; torchao's int8
+            warnings.simplefilter("ignore")  # CPU path was 2.5x slower than bf16 here (docs/bench.md)
+            draft = quantize_dynamic(copy.deepcopy(pair.draft).float(),
+                                     {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8).eval()
+    except (RuntimeError, NotImplementedError, AttributeError) as exc:
+        raise ModelPairError(f"int8 draft quantization failed on this machine ({exc}); use --draft-quant none") \
+            from exc
     return replace(pair, draft=draft, draft_quant=how, lock=pair.lock,
                    unquantized_draft=pair.draft if keep_unquantized else None)
