@@ -457,6 +457,7 @@ class Engine:
         branches = tree.children(-1)
         branch_of = tree.branch_ids()
         anchor_token = self.committed[L - 1]
+        p_top = p_rows.top(sorted({p + 1 for p in tree.parent}), TOP_K_SHOWN)  # one batched pass for all parents
         nodes = [NodeTrace(id=0, parent=None, token_id=anchor_token, text=self._text(anchor_token), depth=0,
                            position_id=L - 1, source=CONTEXT, status=CONTEXT, committed=True)]
         for i in range(len(tree)):
@@ -475,11 +476,8 @@ class Engine:
                 committed=i in committed_nodes, branch=branch_of[i],
                 q=d.q_show.get(i), p=p_rows.shown(parent_row, tok),
                 u=None if dec is None else dec.u, ratio=None if dec is None else _finite(dec.ratio),
-                residual_top=[] if dec is None else [[t, self._text(t), pr] for t, pr in dec.residual_top]))
-        p_top = p_rows.top(sorted({tree.parent[i] + 1 for i in range(len(tree))}), TOP_K_SHOWN)
-        for i, node in enumerate(nodes[1:]):
-            node.p_top = self._top_rows(p_top.get(tree.parent[i] + 1, []))
-            node.q_top = self._top_rows(d.q_top.get(tree.parent[i] + 1, []))
+                residual_top=[] if dec is None else self._top_rows(dec.residual_top),
+                p_top=self._top_rows(p_top.get(parent_row, [])), q_top=self._top_rows(d.q_top.get(parent_row, []))))
         ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(len(tree))]
         drafted = sum(1 for s in tree.source if s == "draft")
         accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] == "draft")

@@ -4,6 +4,15 @@ turning parse errors into the caller's own error type with a message a user can 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+
+def read_file(path: str | Path, error: type[Exception], label: str = "") -> bytes:
+    """The bytes of ``path``, raising ``error("cannot read {label}{path}: ...")`` when it cannot be read."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read {label}{path}: {exc.strerror or exc}") from None
 
 
 def parse_json(text: str | bytes, error: type[Exception], what: str, max_bytes: int | None = None):

@@ -9,7 +9,7 @@ import html
 import json
 from pathlib import Path
 
-from .jsonfile import parse_json
+from .jsonfile import parse_json, read_file
 
 REPORT_NAME = "bench"
 CSV_FIELDS = ("temperature", "method", "prompt", "generated_tokens", "seconds", "tokens_per_s", "target_calls",
@@ -91,8 +91,4 @@ def loads_report(text: str | bytes) -> dict:
 
 def load_report(path: str | Path) -> dict:
     """Read a ``bench.json`` file. Raises ReportError when unreadable or not a benchmark report."""
-    try:
-        text = Path(path).read_bytes()
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return loads_report(text)
+    return loads_report(read_file(path, ReportError))

@@ -163,7 +163,7 @@ class RowDists:
             if self.cfg.greedy:
                 lg = self.row_logits(r)
                 vals, ids = torch.topk(lg, min(k, lg.shape[-1]))
-                probs = torch.exp(vals - torch.logsumexp(lg, -1))
+                probs = torch.exp(vals - self.log_normalizer(r))
             else:
                 probs, ids = torch.topk(self[r], min(k, self[r].shape[-1]))
             out[r] = list(zip(ids.tolist(), probs.tolist()))

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .jsonfile import parse_json
+from .jsonfile import parse_json, read_file
 
 SCHEMA_VERSION = 1
 MAX_TRACE_BYTES = 50 * 1024 * 1024
@@ -243,8 +243,4 @@ def save_run(run: RunTrace, path: str | Path) -> None:
 
 def load_run(path: str | Path) -> RunTrace:
     """Read a trace file. Raises TraceError when the file is unreadable, too large, or malformed."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    return loads_run(data)
+    return loads_run(read_file(path, TraceError, "trace "))

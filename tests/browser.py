@@ -101,8 +101,9 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
     return report
 
 
-def _open(browser, url: str, prompt: str, load_timeout_s: float):
-    page = browser.new_page(viewport={"width": 1600, "height": 1400}, accept_downloads=True)
+def _open(browser, url: str, prompt: str, load_timeout_s: float, page=None):
+    """Load the app in ``page`` (default: a new page of ``browser``), type ``prompt`` and wait for the rerun."""
+    page = page or browser.new_page(viewport={"width": 1600, "height": 1400}, accept_downloads=True)
     page.goto(url)
     page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
     wait_idle(page, load_timeout_s * 1000)
@@ -232,14 +233,7 @@ def two_sessions(url: str, out_dir: Path, prompts=("def add(a, b):", "The capita
         pages = []
         for prompt in prompts:
             ctx = browser.new_context(viewport={"width": 1400, "height": 1200}, accept_downloads=True)
-            page = ctx.new_page()
-            page.goto(url)
-            page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
-            wait_idle(page, load_timeout_s * 1000)
-            page.get_by_label("Prompt", exact=True).fill(prompt)
-            page.keyboard.press("Control+Enter")
-            wait_idle(page, 60_000)
-            pages.append(page)
+            pages.append(_open(browser, url, prompt, load_timeout_s, page=ctx.new_page()))  # own session
         for _ in range(steps):
             # both clicks go out before either rerun finishes: the server runs the two sessions concurrently
             for page in pages:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..jsonfile import parse_json
+from ..jsonfile import parse_json, read_file
 from .features import N_DIST_FEATURES
 
 KINDS = ("hidden", "dist", "path")
@@ -114,11 +114,7 @@ class DecisionModel:
 def read_card(directory: str | Path) -> dict:
     """The JSON card of a decision-model folder. Raises DecisionModelError when missing or malformed."""
     path = Path(directory) / "card.json"
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise DecisionModelError(f"cannot read {path}: {exc.strerror or exc}") from None
-    card = parse_json(text, DecisionModelError, str(path))
+    card = parse_json(read_file(path, DecisionModelError), DecisionModelError, str(path))
     if not isinstance(card, dict) or card.get("format") != CARD_FORMAT or not isinstance(card.get("models"), dict):
         raise DecisionModelError(f"{path} is not a decision-model card (format {CARD_FORMAT})")
     return card
