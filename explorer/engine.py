@@ -26,7 +26,7 @@ from . import drafting, verify
 from .config import MethodConfig
 from .decision.features import dist_features, path_features
 from .models import ModelPair
-from .sampling import RowDists, SamplingConfig, logits_to_probs
+from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
 from .stopping import LEARNED_POLICIES, LevelView, make_stop_policy
 from .trace import (
     ACCEPTED,
@@ -98,7 +98,7 @@ class _Drafted:
     """What drafting produced for one step (internal)."""
 
     tree: DraftTree
-    q_rows: dict  # row -> q the children of that row were drafted from (sampling only)
+    q_rows: LazyRows  # row -> q the children of that row were drafted from (sampling only)
     q_show: dict  # node -> displayed draft probability of its token
     signals: list  # StopSignal per checked level
     calls: int  # draft forwards
@@ -324,7 +324,7 @@ class Engine:
         """
         L = len(self.committed)
         tree = DraftTree()
-        q_rows: dict[int, torch.Tensor] = {}  # row (node + 1; 0 = anchor) -> q its children were drafted from
+        q_rows = LazyRows()  # row (node + 1; 0 = anchor) -> q its children were drafted from, computed if read
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
         q_top: dict[int, list] = {}  # row -> top tokens of q there, for the trace
         features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
@@ -380,7 +380,7 @@ class Engine:
             for r, node in rows:
                 q_top[node + 1] = tops[r]
                 if not self.sampling.greedy:
-                    q_rows[node + 1] = qd[r]
+                    q_rows.add(node + 1, qd, r)
                 kids = drafting.candidates(qd, r, k, verifier=self.verifier_name, generator=self.generator)
                 for t in kids:
                     i = len(tree) + len(tokens)
@@ -405,7 +405,7 @@ class Engine:
         lse, _, top = qd.stats()
         return fwd.hidden, dist_features(qd.float_logits, lse, top), lse
 
-    def _verify(self, tree: DraftTree, q_rows: dict) -> "_Verified":
+    def _verify(self, tree: DraftTree, q_rows: LazyRows) -> "_Verified":
         """One target forward over its chain (the anchor, when not cached) and the whole tree, then the verifier."""
         L = len(self.committed)
         chain = self.committed[self.target_len():]
@@ -419,10 +419,12 @@ class Engine:
                                    mask if n else None, keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
             logits = torch.empty(0, self.pair.vocab_size)
+        parents = {p + 1 for p in tree.parent}  # rows with children: their best tokens go into the trace
         if chain:  # logits row 0 = anchor (p row 0), row 1 + i = node i
-            p_rows = RowDists(logits, self.sampling)
+            p_rows = RowDists(logits, self.sampling, stat_rows=parents)
         else:  # the anchor is cached: its distribution was kept from the prefill or the previous (lossy) step
-            p_rows = RowDists(logits, self.sampling, offset=1, fixed={0: (self.next_dist, self.next_logits)})
+            p_rows = RowDists(logits, self.sampling, offset=1, fixed={0: (self.next_dist, self.next_logits)},
+                              stat_rows=parents)
         result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
                                      greedy=self.sampling.greedy)
         return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain))

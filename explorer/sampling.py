@@ -6,6 +6,7 @@ top-p must be applied the same way to p and q (Leviathan et al. 2023, section 2.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -75,56 +76,95 @@ class RowDists:
     """Processed distributions of the rows of a logits matrix, computed on demand and cached.
 
     Verification walks a handful of rows of a tree with hundreds of nodes, and each processed row costs a pass over
-    the vocabulary (a sort for top-p), so rows are computed only when asked for.
+    the vocabulary (a sort for top-p), so rows are computed only when asked for. The rows whose best tokens and
+    normalisers are needed (those that have children in the tree) are handled in batched passes: one top-k, and
+    one ``logsumexp`` of the raw logits or of ``logits / T``, each only when something asks for it.
 
     Args:
         logits: ``(rows, vocab)`` any float dtype (model output rows).
         cfg: the sampling settings.
         offset: index of ``logits[0]`` (rows before it must be given in ``fixed``).
         fixed: ``{row: (probs, logits)}`` for rows not in ``logits`` (float32 ``(vocab,)`` each).
+        stat_rows: the stored rows the batched passes cover (default: all); other rows are computed one by one.
     """
 
-    def __init__(self, logits: torch.Tensor, cfg: SamplingConfig, offset: int = 0, fixed: dict | None = None):
+    def __init__(self, logits: torch.Tensor, cfg: SamplingConfig, offset: int = 0, fixed: dict | None = None,
+                 stat_rows=None):
         self.logits = logits
         self.cfg = cfg
         self.offset = offset
         self._probs: dict[int, torch.Tensor] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._lse: dict[int, float] = {}
-        self._float: torch.Tensor | None = None  # logits as float32, converted once
-        self._batch: tuple | None = None  # (lse (rows,), top ids (rows, TOP_CACHED), top probs) of stored rows
-        self._lse_t: torch.Tensor | None = None  # logsumexp(logits / T) of stored rows (temperature-only sampling)
+        n = logits.shape[0]
+        rows = range(offset, offset + n) if stat_rows is None else sorted({r for r in stat_rows
+                                                                           if offset <= r < offset + n})
+        self._pos = {r: i for i, r in enumerate(rows)}  # row -> index in the batched block
+        self._all_rows = len(self._pos) == n
+        self._float: torch.Tensor | None = None  # float32 logits of every stored row
+        self._block: torch.Tensor | None = None  # float32 logits of the batched rows
+        self._top: tuple | None = None  # (ids (S, TOP_CACHED), raw logit values (S, TOP_CACHED)) of the block
+        self._block_lse: torch.Tensor | None = None  # logsumexp(logits) of the block (S,)
+        self._block_lse_t: torch.Tensor | None = None  # logsumexp(logits / T) of the block (S,)
         for r, (p, lg) in (fixed or {}).items():
             self._probs[r], self._logits[r] = p, lg
 
     @property
     def float_logits(self) -> torch.Tensor:
-        """float32 ``(rows, vocab)``: the stored rows, converted once for every use."""
+        """float32 ``(rows, vocab)``: every stored row, converted once."""
         if self._float is None:
             self._float = self.logits.float()
         return self._float
 
+    def _rows_block(self) -> torch.Tensor:
+        if self._block is None:
+            if self._all_rows:
+                self._block = self.float_logits
+            else:
+                idx = torch.tensor([r - self.offset for r in self._pos], dtype=torch.long, device=self.logits.device)
+                self._block = self.logits.index_select(0, idx).float()
+        return self._block
+
+    def _top_block(self) -> tuple:
+        if self._top is None:
+            block = self._rows_block()
+            vals, ids = torch.topk(block, min(TOP_CACHED, block.shape[-1]), dim=-1)
+            self._top = (ids, vals)
+        return self._top
+
+    def _lse_block(self) -> torch.Tensor:
+        if self._block_lse is None:
+            self._block_lse = torch.logsumexp(self._rows_block(), -1)
+        return self._block_lse
+
+    def _lse_t_block(self) -> torch.Tensor:
+        if self._block_lse_t is None:
+            self._block_lse_t = torch.logsumexp(self._rows_block() / self.cfg.temperature, -1)
+        return self._block_lse_t
+
     def stats(self) -> tuple:
-        """Plain-softmax statistics of all stored rows in one batched pass: log-normaliser ``(rows,)``, the
-        ``TOP_CACHED`` best token ids ``(rows, t)`` and their probabilities ``(rows, t)``. One pass serves the
-        greedy children, the displayed q and p, the trace's top-k lists and the decision features."""
-        if self._batch is None:
-            lf = self.float_logits
-            lse = torch.logsumexp(lf, -1)
-            vals, ids = torch.topk(lf, min(TOP_CACHED, lf.shape[-1]), dim=-1)
-            self._batch = (lse, ids, torch.exp(vals - lse[:, None]))
-        return self._batch
+        """Plain-softmax statistics of the batched rows (all stored rows by default): log-normaliser ``(S,)``, the
+        ``TOP_CACHED`` best token ids ``(S, t)`` and their probabilities ``(S, t)``. The decision features use
+        them."""
+        ids, vals = self._top_block()
+        lse = self._lse_block()
+        return lse, ids, torch.exp(vals - lse[:, None])
 
     def row_logits(self, r: int) -> torch.Tensor:
         """float32 ``(vocab,)`` logits of row ``r``."""
         if r not in self._logits:
-            self._logits[r] = self.float_logits[r - self.offset]
+            if r in self._pos and self._block is not None:
+                self._logits[r] = self._block[self._pos[r]]
+            elif self._float is not None:
+                self._logits[r] = self._float[r - self.offset]
+            else:
+                self._logits[r] = self.logits[r - self.offset].float()
         return self._logits[r]
 
     def top_ids(self, r: int, k: int) -> list[int]:
         """The ``k`` largest logits of row ``r``, best first (the greedy children)."""
-        if r >= self.offset and k <= TOP_CACHED and r not in self._probs:
-            return self.stats()[1][r - self.offset, :k].tolist()
+        if r in self._pos and k <= TOP_CACHED and r not in self._probs:
+            return self._top_block()[0][self._pos[r], :k].tolist()
         return torch.topk(self.row_logits(r), k).indices.tolist()
 
     def __getitem__(self, r: int) -> torch.Tensor:
@@ -134,46 +174,48 @@ class RowDists:
         return self._probs[r]
 
     def _temperature_only(self, r: int) -> bool:
-        """Sampling with temperature alone, on a stored row: the processed distribution is softmax(logits / T),
+        """Sampling with temperature alone, on a batched row: the processed distribution is softmax(logits / T),
         whose best tokens are the raw logits' and whose normaliser one batched pass gives for all rows."""
-        return (not self.cfg.greedy and not self.cfg.top_k and self.cfg.top_p >= 1.0 and r >= self.offset
+        return (not self.cfg.greedy and not self.cfg.top_k and self.cfg.top_p >= 1.0 and r in self._pos
                 and r not in self._probs)
 
-    def _lse_temperature(self) -> torch.Tensor:
-        """``logsumexp(logits / T)`` of every stored row ``(rows,)``, computed once."""
-        if self._lse_t is None:
-            self._lse_t = torch.logsumexp(self.float_logits / self.cfg.temperature, -1)
-        return self._lse_t
+    def top_processed(self, r: int, k: int = TOP_CACHED) -> tuple[list[int], list[float]]:
+        """The (up to) ``k`` most likely tokens of row ``r``'s processed distribution and their probabilities,
+        best first, zero-probability tokens left out. Sampling only."""
+        if self._temperature_only(r) and k <= TOP_CACHED:
+            ids, vals = self._top_block()
+            i = self._pos[r]
+            probs = torch.exp(vals[i, :k] / self.cfg.temperature - self._lse_t_block()[i])
+            pairs = zip(ids[i, :k].tolist(), probs.tolist())
+        else:
+            probs, ids = torch.topk(self[r], min(k, self[r].shape[-1]))
+            pairs = zip(ids.tolist(), probs.tolist())
+        kept = [(t, p) for t, p in pairs if p > 0]
+        return [t for t, _ in kept], [p for _, p in kept]
 
     def top(self, rows: list[int], k: int) -> dict[int, list[tuple[int, float]]]:
         """The ``k`` most likely tokens of each row as ``(token_id, probability)``, with the probabilities of
         ``shown``: processed when sampling, plain softmax when greedy."""
         out: dict[int, list[tuple[int, float]]] = {}
         for r in sorted(set(rows)):
-            if self.cfg.greedy and r >= self.offset and k <= TOP_CACHED:
-                _, ids, probs = self.stats()
-                out[r] = list(zip(ids[r - self.offset, :k].tolist(), probs[r - self.offset, :k].tolist()))
-                continue
-            if self._temperature_only(r) and k <= TOP_CACHED:
-                ids = self.stats()[1][r - self.offset, :k]
-                vals = self.float_logits[r - self.offset, ids] / self.cfg.temperature
-                probs = torch.exp(vals - self._lse_temperature()[r - self.offset])
-                out[r] = list(zip(ids.tolist(), probs.tolist()))
-                continue
-            if self.cfg.greedy:
+            if self.cfg.greedy and r in self._pos and k <= TOP_CACHED:
+                ids, vals = self._top_block()
+                i = self._pos[r]
+                probs = torch.exp(vals[i, :k] - self._lse_block()[i])
+                out[r] = list(zip(ids[i, :k].tolist(), probs.tolist()))
+            elif self.cfg.greedy:
                 lg = self.row_logits(r)
                 vals, ids = torch.topk(lg, min(k, lg.shape[-1]))
-                probs = torch.exp(vals - self.log_normalizer(r))
+                out[r] = list(zip(ids.tolist(), torch.exp(vals - self.log_normalizer(r)).tolist()))
             else:
-                probs, ids = torch.topk(self[r], min(k, self[r].shape[-1]))
-            out[r] = list(zip(ids.tolist(), probs.tolist()))
+                out[r] = list(zip(*self.top_processed(r, k)))
         return out
 
     def log_normalizer(self, r: int) -> float:
         """``logsumexp`` of row ``r``'s raw logits (so its plain-softmax probability of t is exp(logit - it))."""
         if r not in self._lse:
-            if r >= self.offset:
-                self._lse[r] = float(self.stats()[0][r - self.offset])
+            if r in self._pos:
+                self._lse[r] = float(self._lse_block()[self._pos[r]])
             else:
                 self._lse[r] = float(torch.logsumexp(self.row_logits(r), -1))
         return self._lse[r]
@@ -181,8 +223,29 @@ class RowDists:
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
         if self._temperature_only(r):  # no need to process the whole row for one probability
-            lse = self._lse_temperature()[r - self.offset]
-            return float(torch.exp(self.float_logits[r - self.offset, token] / self.cfg.temperature - lse))
+            lse = self._lse_t_block()[self._pos[r]]
+            return float(torch.exp(self.row_logits(r)[token] / self.cfg.temperature - lse))
         if not self.cfg.greedy:
             return float(self[r][token])
         return float(torch.exp(self.row_logits(r)[token] - self.log_normalizer(r)))
+
+
+class LazyRows(Mapping):
+    """``{row: processed distribution}`` whose rows are computed when first read: the q rows a verifier may need
+    (it reads only the rows on the paths it walks). Built from ``(RowDists, row)`` references."""
+
+    def __init__(self):
+        self._refs: dict[int, tuple[RowDists, int]] = {}
+
+    def add(self, key: int, dists: RowDists, row: int) -> None:
+        self._refs[key] = (dists, row)
+
+    def __getitem__(self, key: int) -> torch.Tensor:
+        dists, row = self._refs[key]
+        return dists[row]
+
+    def __iter__(self):
+        return iter(self._refs)
+
+    def __len__(self) -> int:
+        return len(self._refs)
