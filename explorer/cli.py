@@ -41,6 +41,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k-config", help="children per level, e.g. 4,2,2 (mcsd); first levels for mcsd-improved")
     g.add_argument("--width", type=int, help="mcsd-improved --lossy: target-initialized roots")
     g.add_argument("--max-depth", type=int, help="mcsd-improved: maximum draft levels")
+    g.add_argument("--branch-threshold", type=float,
+                   help="adaptive width: a node gets its level's k children only where the draft's top "
+                        "probability is below this, else one (1 = the fixed k_config)")
     g.add_argument("--lossy", action="store_true",
                    help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
     g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
@@ -74,7 +77,7 @@ def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:
 def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
-    for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model"):
+    for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

@@ -49,6 +49,9 @@ class MethodConfig:
         decision_model: which learned model the decision, prune and specdec++ policies read: ``dist`` (entropy +
             top-10 of q; the default), ``path`` (``dist`` plus the token's q, depth and path probability: scores
             siblings apart) or ``hidden`` (the draft's last hidden state). See docs/decision.md.
+        branch_threshold: adaptive width (``mcsd`` and ``mcsd-improved``): a node gets its level's k children
+            only where the draft's top probability is below this, else one child (a sure draft's second candidate
+            is rarely accepted but costs a draft row on every later level). 1.0 = the fixed k_config.
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
             ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
             the verifier. The lossy mode always uses the seed's longest-branch rule.
@@ -64,6 +67,7 @@ class MethodConfig:
     threshold: float | None = None
     verifier: str = "auto"
     decision_model: str = "dist"
+    branch_threshold: float = 1.0
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -84,6 +88,10 @@ class MethodConfig:
         object.__setattr__(self, "threshold", float(self.threshold))
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        bt = self.branch_threshold
+        if isinstance(bt, bool) or not isinstance(bt, (int, float)) or not 0.0 <= bt <= 1.0:
+            raise ValueError(f"branch_threshold must be a number in [0, 1], got {bt!r}")
+        object.__setattr__(self, "branch_threshold", float(bt))
         if self.method == "mcsd-improved" and len(self.k_config) > self.max_depth:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
         if self.verifier not in ("auto",) + VERIFIERS:
@@ -147,7 +155,9 @@ DEFAULTS = {
     "ar": MethodConfig(method="ar"),
     "sd": MethodConfig(method="sd", gamma=4),
     "mcsd": MethodConfig(method="mcsd", k_config=(4, 2, 2)),
-    # Chosen from measurements with the int8 draft (docs/bench.md): two candidates at the root, then chains as
-    # deep as the decision model lets them go; deeper trees pay a draft row per branch per level.
-    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=12, stop="decision"),
+    # Chosen from measurements with the int8 draft (docs/bench.md): a second candidate at the root only where the
+    # draft is unsure there (adaptive width), then chains as deep as the decision model lets them go; every
+    # extra branch costs a draft row on each later level.
+    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=16, stop="decision",
+                                  branch_threshold=0.8),
 }

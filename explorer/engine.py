@@ -381,7 +381,10 @@ class Engine:
                 q_top[node + 1] = tops[r]
                 if not self.sampling.greedy:
                     q_rows.add(node + 1, qd, r)
-                kids = drafting.candidates(qd, r, k, verifier=self.verifier_name, generator=self.generator)
+                sure = (k > 1 and self.config.branch_threshold < 1.0 and tops[r]
+                        and tops[r][0][1] >= self.config.branch_threshold)
+                kids = drafting.candidates(qd, r, 1 if sure else k, verifier=self.verifier_name,
+                                           generator=self.generator)
                 for t in kids:
                     i = len(tree) + len(tokens)
                     q_show[i] = qd.shown(r, t)

@@ -23,6 +23,7 @@ LOSSLESS = [
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub"), 1.0, 0.9),
     (MethodConfig(method="mcsd", k_config=(2, 2, 2), verifier="spechub"), 0.7, 1.0),
     (MethodConfig(method="sd", gamma=3, verifier="rrs"), 1.0, 1.0),
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs", branch_threshold=0.4), 0.7, 1.0),
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="confidence", threshold=0.1), 0.7, 0.9),
     # a learned stop policy that prunes branches (the tiny pair's shipped decision model) is still lossless
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="prune", threshold=0.35), 1.0, 1.0),

@@ -23,6 +23,9 @@ LOSSLESS = [
     MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="prune", threshold=0.4),
     MethodConfig(method="mcsd-improved", k_config=(3,), max_depth=5, stop="specdec++", threshold=0.85,
                  decision_model="dist"),
+    MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.38,
+                 branch_threshold=0.3),
+    MethodConfig(method="mcsd", k_config=(3, 2), branch_threshold=0.25),
 ]
 
 
@@ -221,3 +224,31 @@ def test_rewind_reproduces_a_fresh_run(tiny):
         eng.rewind(seed=s)
         assert eng.n_generated == 0 and eng.target_len() == len(ids)
         assert eng.run().generated_ids == fresh[s]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_branch_threshold_gives_one_child_where_the_draft_is_sure(tiny, temperature):
+    """Adaptive width: a node gets its level's k children only where q's top probability is below the threshold."""
+    ids = tiny.tokenizer.encode(PROMPTS[1])
+    k_config = (3, 2)
+    _, tr = run(tiny, MethodConfig(method="mcsd", k_config=k_config, branch_threshold=0.3), ids, 40,
+                SamplingConfig(temperature=temperature, seed=1))
+    seen = set()
+    for step in tr.steps:
+        kids: dict = {}
+        for n in step.nodes[1:]:
+            kids.setdefault(n.parent, []).append(n)
+        for parent, children in kids.items():
+            top_q = children[0].q_top[0][2]  # q at the parent, best token first
+            k = k_config[children[0].depth - 1]
+            sure = top_q >= 0.3
+            assert len(children) == (1 if sure else k), (step.index, parent, top_q, len(children))
+            seen.add(sure)
+    assert seen == {True, False}  # both cases happened
+    _, fixed = run(tiny, MethodConfig(method="mcsd", k_config=k_config), ids, 10)
+    assert all(len(s.nodes) == 1 + 3 + 6 for s in fixed.steps)  # 1.0 (default) keeps the fixed shape
+
+
+def test_branch_threshold_is_validated():
+    with pytest.raises(ValueError, match="branch_threshold"):
+        MethodConfig(method="mcsd", branch_threshold=1.5)

@@ -86,8 +86,9 @@ def compare_page(settings) -> None:
 
 def column(name: str, trace) -> None:
     cfg = trace.settings["method"]
-    shape = {"sd": f"γ = {cfg['gamma']}", "mcsd": f"k_config {cfg['k_config']}",
-             "mcsd-improved": f"k_config {cfg['k_config']}, depth {cfg['max_depth']}, stop {cfg['stop']}"}
+    adaptive = f", branch where q < {cfg['branch_threshold']:g}" if cfg.get("branch_threshold", 1.0) < 1.0 else ""
+    shape = {"sd": f"γ = {cfg['gamma']}", "mcsd": f"k_config {cfg['k_config']}{adaptive}",
+             "mcsd-improved": f"k_config {cfg['k_config']}{adaptive}, depth {cfg['max_depth']}, stop {cfg['stop']}"}
     st.subheader(f"{name}: {METHOD_LABELS[cfg['method']]}")
     st.caption(html.escape(shape.get(cfg["method"], "one token per target call")) + f" · verifier "
                f"{html.escape(trace.settings.get('verifier', ''))}")
