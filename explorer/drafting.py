@@ -103,10 +103,10 @@ def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_
     return chosen
 
 
-def gumbel_top_k(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
-    """``k`` distinct tokens drawn from ``probs`` (``(vocab,)`` float32) without replacement, in draw order (the
-    law of Gumbel-top-k; drawn by ``sample_without_replacement``). Fewer than ``k`` come back when fewer than ``k``
-    tokens have non-zero probability (top-k / top-p cut)."""
+def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
+    """``k`` distinct tokens drawn from a whole distribution ``probs`` (``(vocab,)`` float32, e.g. the target's
+    at the anchor for target-initialized roots) without replacement, in draw order. Fewer than ``k`` come back when
+    fewer than ``k`` tokens have non-zero probability (top-k / top-p cut)."""
     vals, ids = torch.topk(probs, min(16, probs.shape[-1]))
     kept = [(t, p) for t, p in zip(ids.tolist(), vals.tolist()) if p > 0]
     return sample_without_replacement([t for t, _ in kept], [p for _, p in kept], lambda: probs, k, generator)

@@ -335,7 +335,7 @@ class Engine:
             if self.sampling.greedy:
                 roots = drafting.greedy_candidates(self.next_logits, self.config.width)
             else:
-                roots = drafting.gumbel_top_k(self.next_dist, self.config.width, self.generator)
+                roots = drafting.draw_without_replacement(self.next_dist, self.config.width, self.generator)
             tree.add_level([-1] * len(roots), roots, source="target")
         chain = self.committed[self.draft_len():] if self.draft_cache is not None else []
         past = L - len(chain)
@@ -490,7 +490,8 @@ class Engine:
         for b, root in enumerate(branches):
             branch_rows.append({"branch": b, "root_id": root + 1, "root_text": self._text(tree.token[root]),
                                 "accepted": int(result.branch_accepted.get(b, 0)),
-                                "drafted": sum(1 for j in range(len(tree)) if branch_of[j] == b and tree.source[j] == "draft"),
+                                "drafted": sum(1 for j in range(len(tree))
+                                               if branch_of[j] == b and tree.source[j] == "draft"),
                                 "chosen": b == result.chosen_branch})
         return StepTrace(
             index=len(self.trace.steps), method=self.config.method, lossy=self.config.is_lossy, nodes=nodes,

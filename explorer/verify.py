@@ -14,8 +14,8 @@ from (the bonus token when the walk ends at a leaf: p itself). Node rules (GUIDE
 
 * ``greedy``: accept the child equal to ``argmax p``.
 * ``rrs`` (MCSD, Yang et al. 2024, arXiv 2401.06706): recursive rejection sampling *without replacement*; children
-  drafted with Gumbel-top-k. For each child x: accept with probability ``min(1, p(x)/q(x))``; on rejection
-  ``p <- norm(max(p - q, 0))``, ``q[x] <- 0``, ``q <- norm(q)``.
+  drafted without replacement (``drafting.sample_without_replacement``). For each child x: accept with probability
+  ``min(1, p(x)/q(x))``; on rejection ``p <- norm(max(p - q, 0))``, ``q[x] <- 0``, ``q <- norm(q)``.
 * ``rrs-replacement`` (SpecInfer, Miao et al. 2024): the same with q left unchanged; children drafted i.i.d.
 * ``mcns`` (naive multi-candidate sampling): draw ``y ~ p``; accept the child equal to y, else emit y.
 * ``spechub`` (Sun et al. 2024, arXiv 2411.05289): two drafts per node, one of them always the hub token

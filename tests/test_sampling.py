@@ -1,6 +1,15 @@
+from itertools import permutations
+
 import pytest
 import torch
+from scipy.stats import chi2
 
+from explorer.drafting import (
+    draw_without_replacement,
+    sample_one,
+    sample_with_replacement,
+    sample_without_replacement,
+)
 from explorer.sampling import RowDists, SamplingConfig, logits_to_probs
 
 
@@ -41,12 +50,6 @@ def test_row_dists_are_lazy_and_offset():
 
 
 # ------------------------------------------------------------------ drawing tokens (drafting.py)
-
-from itertools import permutations  # noqa: E402
-
-from scipy.stats import chi2  # noqa: E402
-
-from explorer.drafting import gumbel_top_k, sample_one, sample_with_replacement, sample_without_replacement  # noqa: E402
 
 
 def _chi_square_p(counts: dict, expected: dict, n: int) -> float:
@@ -98,13 +101,13 @@ def test_sample_without_replacement_has_the_sequential_law(q_list, top):
         assert _chi_square_p(counts, law, n) > 1e-3
 
 
-def test_gumbel_top_k_returns_only_tokens_with_mass():
+def test_draw_without_replacement_returns_only_tokens_with_mass():
     g = torch.Generator().manual_seed(0)
     q = torch.tensor([0.0, 0.7, 0.0, 0.3])
     for _ in range(200):
-        drawn = gumbel_top_k(q, 3, g)
+        drawn = draw_without_replacement(q, 3, g)
         assert sorted(drawn) == [1, 3]
-    assert gumbel_top_k(torch.tensor([0.0, 1.0, 0.0]), 2, g) == [1]
+    assert draw_without_replacement(torch.tensor([0.0, 1.0, 0.0]), 2, g) == [1]
 
 
 def test_sample_one_and_with_replacement_have_the_law_and_skip_zeros():
