@@ -95,6 +95,9 @@ def test_collected_features_and_labels_match_plain_forwards(tiny, tiny_data):
 def test_collect_refuses_a_folder_of_other_settings(tiny, tiny_data):
     out, _ = tiny_data
     meta = json.loads((out / "meta.json").read_text())
+    assert meta["draft_quant"] == tiny.draft_quant
+    older = {**meta, "method": {k: v for k, v in meta["method"].items() if k != "branch_threshold"}}
+    open_data_dir(out, older)  # a folder from before a setting existed still resumes (the setting's default)
     meta["max_new_tokens"] = 999
     with pytest.raises(DataError, match="max_new_tokens"):
         open_data_dir(out, meta)

@@ -3,8 +3,8 @@ every drafted token's features and labels.
 
 The data set is a folder (format documented in ``docs/decision.md``):
 
-* ``meta.json``: format version, the model pair, the method settings that drafted the trees, hidden size,
-  feature names, and the tensors each shard holds;
+* ``meta.json``: format version, the model pair, the draft quantization, the method settings that drafted the
+  trees, hidden size, feature names, and the tensors each shard holds;
 * one ``shard-<prompt>.safetensors`` per prompt, written atomically when the prompt is done, so an interrupted
   collection resumes where it stopped (prompts with a shard are skipped). Tensors, one row per drafted token:
   ``hidden`` float16 ``(n, H)``, ``dist`` float32 ``(n, 11)``, ``depth`` int32, ``cum_q`` float32 (product of q
@@ -88,9 +88,17 @@ def _meta(pair, config: MethodConfig, max_new_tokens: int) -> dict:
     return {"format": DATA_FORMAT,
             "pair": {"name": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
                      "dtype": str(pair.dtype).removeprefix("torch.")},
+            "draft_quant": pair.draft_quant,  # recorded: the features of an int8 draft differ slightly
             "method": config.to_dict(), "max_new_tokens": max_new_tokens,
             "hidden_size": int(pair.draft.config.hidden_size), "dist_features": DIST_FEATURE_NAMES,
             "tensors": list(SHARD_TENSORS)}
+
+
+def _full_method(settings):
+    try:
+        return MethodConfig(**settings).to_dict()
+    except (TypeError, ValueError):
+        return settings
 
 
 def open_data_dir(out: Path, meta: dict) -> None:
@@ -102,7 +110,10 @@ def open_data_dir(out: Path, meta: dict) -> None:
         except (OSError, json.JSONDecodeError) as exc:
             raise DataError(f"cannot read {path}: {exc}") from None
         for key in ("format", "pair", "method", "max_new_tokens", "hidden_size"):
-            if old.get(key) != meta.get(key):
+            was, now = old.get(key), meta.get(key)
+            if key == "method":  # settings added since the folder was made take their defaults
+                was, now = _full_method(was), _full_method(now)
+            if was != now:
                 raise DataError(f"{out} holds data collected with another {key} ({old.get(key)!r}); "
                                 "use a new --out folder")
         return
