@@ -22,7 +22,9 @@ BONUS_COLOR = "#1f77b4"
 
 def token_label(text: str, limit: int = 16, escape: bool = True) -> str:
     """Printable label for a token: whitespace made visible, long tokens shortened, HTML-escaped unless
-    ``escape=False`` (for widgets that show text verbatim, such as tables)."""
+    ``escape=False`` (for widgets that show text verbatim, such as tables). Quotes stay as they are: Plotly
+    decodes only a few named entities (``&lt;``, ``&gt;``, ``&amp;``), so ``&quot;`` would show literally, and a
+    quote cannot open a tag without ``<``."""
     shown = text.replace("\n", "↵").replace("\t", "⇥")
     if not text.strip():  # an all-whitespace token: show its spaces
         shown = shown.replace(" ", "␣")
@@ -30,7 +32,7 @@ def token_label(text: str, limit: int = 16, escape: bool = True) -> str:
         shown = "∅"
     if len(shown) > limit:
         shown = shown[: limit - 1] + "…"
-    return html.escape(shown) if escape else shown
+    return html.escape(shown, quote=False) if escape else shown
 
 
 def node_label(node) -> str:
@@ -223,6 +225,9 @@ def branch_figure(step: StepTrace) -> go.Figure:
     return fig
 
 
+STOP_WORDS_UP_TO = 8  # levels up to which the stop chart names every decision
+
+
 def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
     """Stop-policy score per level and branch against its threshold, the decision after each level, and the
     branches pruned there (crosses). ``what_if``: ``{"threshold": score-scale value, "rows": stopping.replay(...)}``
@@ -245,15 +250,18 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
         label = "1 − h" if policy == "specdec++" else "τ"
         fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.threshold for s in sigs], mode="lines",
                                  name=f"threshold {label} ({policy})", line=dict(color="#000", dash="dash")))
+        wordy = len(sigs) <= STOP_WORDS_UP_TO  # beyond it the "continue" labels overlap: only stops are named
         for s in sigs:
-            fig.add_annotation(x=s.level, y=1.08, text="continue" if s.keep_drafting else "<b>stop</b>",
-                               showarrow=False, font=dict(color="#2ca02c" if s.keep_drafting else "#d62728"))
+            if wordy or not s.keep_drafting:
+                fig.add_annotation(x=s.level, y=1.08, text="continue" if s.keep_drafting else "<b>stop</b>",
+                                   showarrow=False, font=dict(color="#2ca02c" if s.keep_drafting else "#d62728"))
         if what_if is not None:
             fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[what_if["threshold"]] * len(sigs), mode="lines",
                                      name=f"what-if {label}", line=dict(color="#9467bd", dash="dot", width=3)))
             for row in what_if["rows"]:
-                fig.add_annotation(x=row["level"], y=-0.08, showarrow=False, font=dict(color="#9467bd"),
-                                   text="go on" if row["keep_drafting"] else "<b>stop</b>")
+                if wordy or not row["keep_drafting"]:
+                    fig.add_annotation(x=row["level"], y=-0.08, showarrow=False, font=dict(color="#9467bd"),
+                                       text="go on" if row["keep_drafting"] else "<b>stop</b>")
     else:
         fig.add_annotation(text="no early-stop decisions in this step (static depth)", showarrow=False, x=0.5,
                            y=0.5, xref="paper", yref="paper")

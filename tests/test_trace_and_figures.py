@@ -98,6 +98,7 @@ def test_figures_build_from_a_replayed_trace_without_a_model(run_trace):
 
 def test_token_text_is_escaped_everywhere(run_trace):
     assert figures.token_label("<br>") == "&lt;br&gt;"
+    assert figures.token_label('"""\n') == '"""↵' and figures.token_label("a'b&") == "a'b&amp;"  # Plotly shows &quot;
     assert figures.token_label("\n") == "↵" and figures.token_label("  ") == "␣␣"
     html_text = figures.text_html(run_trace)
     # a generated "<" must never reach the page as markup
@@ -127,3 +128,15 @@ def test_tree_layout_keeps_chains_level_and_parents_centred():
     assert pos[1][1] == (pos[3][1] + pos[4][1]) / 2  # a parent sits between its children
     assert len({pos[i][1] for i in (3, 4, 5)}) == 3  # leaves do not overlap
     assert all(pos[i][0] == nodes[i].depth for i in range(len(nodes)))
+
+
+@pytest.mark.parametrize("depth", [4, 14])
+def test_stop_chart_names_every_decision_only_while_the_labels_fit(tiny, depth):
+    cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=depth, stop="confidence", threshold=0.0)
+    eng = Engine(tiny, cfg, SamplingConfig())
+    eng.start(tiny.tokenizer.encode("x"), 40)
+    step = eng.step()
+    levels = len(step.stop_signals)
+    assert levels == depth - 1 and all(s.keep_drafting for s in step.stop_signals)  # tau 0 never stops
+    words = [a.text for a in figures.stop_figure(step).layout.annotations]
+    assert words == (["continue"] * levels if levels <= figures.STOP_WORDS_UP_TO else [])
