@@ -6,6 +6,7 @@ why, and where the step's last token came from. Plain text (no HTML or Markdown)
 
 from __future__ import annotations
 
+from .config import MethodConfig
 from .trace import ACCEPTED, REJECTED, StepTrace
 
 POLICY_WORDS = {
@@ -26,10 +27,11 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.0f} %"
 
 
-def explain_step(step: StepTrace) -> list[str]:
+def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
     """Sentences describing ``step``, in order: drafting, stopping, verification, the bonus token, the outcome.
 
-    Works for every method (``ar`` has no draft) and for saved traces (no model needed).
+    Works for every method (``ar`` has no draft) and for saved traces (no model needed). ``method``: the run's
+    method settings (``RunTrace.settings["method"]``), which let it explain the adaptive width.
     """
     nodes = {n.id: n for n in step.nodes}
     anchor = nodes[0]
@@ -50,6 +52,7 @@ def explain_step(step: StepTrace) -> list[str]:
             out.append(f"The tree has {len(roots)} branches: {firsts}.")
         if target_roots:
             out.append("Its roots were sampled from the target's own distribution (the seed's lossy mode).")
+        out.extend(_adaptive_width(step, method or {}, target_roots))
         out.extend(_stopping(step, levels))
         out.append(f"Verification: the target model scored all {len(step.mask_node_ids)} tokens in one forward pass. "
                    "The tree attention mask lets each token see only its own ancestors, and each gets the position "
@@ -95,6 +98,36 @@ def _stopping(step: StepTrace, levels: int) -> list[str]:
     else:
         out.append(f"Drafting went on to the maximum depth ({levels} level(s)): {what} stayed at or above the "
                    f"threshold {_pct(last.threshold)}.")
+    return out
+
+
+def _adaptive_width(step: StepTrace, method: dict, target_roots: bool) -> list[str]:
+    """Where the adaptive width gave a node one candidate instead of its level's k, and where it branched."""
+    threshold = method.get("branch_threshold", 1.0)
+    if not isinstance(threshold, (int, float)) or threshold >= 1.0:
+        return []
+    try:
+        branching = MethodConfig(**method).draft_branching()
+    except (TypeError, ValueError):
+        return []
+    kids: dict = {}
+    for n in _drafted(step):
+        kids.setdefault(n.parent, []).append(n)
+    sure, unsure = [], []
+    for children in kids.values():
+        level = children[0].depth - 1 - (1 if target_roots else 0)
+        if level < len(branching) and branching[level] > 1 and children[0].q_top:
+            top = children[0].q_top[0][2]  # the draft's best probability where these children were drawn
+            (sure if top >= threshold else unsure).append((top, len(children), branching[level]))
+    out = []
+    if sure:
+        tops = ", ".join(_pct(t) for t, _, _ in sure[:4]) + (" …" if len(sure) > 4 else "")
+        out.append(f"Adaptive width: the draft was sure at {len(sure)} place(s) (top probability {tops}, at or above "
+                   f"{_pct(threshold)}), so each got one candidate instead of {sure[0][2]}: a second one would "
+                   "rarely be accepted and would cost a draft row on every later level.")
+    for top, n, k in unsure[:3]:
+        out.append(f"Adaptive width: the draft was unsure at one place (top probability {_pct(top)} < "
+                   f"{_pct(threshold)}), so it drew {n} candidate(s) there.")
     return out
 
 

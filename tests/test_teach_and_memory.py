@@ -42,6 +42,24 @@ def test_sampled_rejection_quotes_u_and_p_over_q(tiny):
     assert any("the draw u = " in t and "acceptance ratio" in t for t in texts)
 
 
+def test_adaptive_width_is_explained_where_it_acted(tiny):
+    trace = _run(tiny, "mcsd", n=40, k_config=(3, 2), branch_threshold=0.3)
+    method = trace.settings["method"]
+    sure_seen = unsure_seen = False
+    for step in trace.steps:
+        text = " ".join(explain_step(step, method))
+        kids: dict = {}
+        for n in step.nodes[1:]:
+            kids.setdefault(n.parent, []).append(n)
+        sure = sum(1 for c in kids.values() if c[0].q_top[0][2] >= 0.3)
+        assert (f"the draft was sure at {sure} place(s)" in text) == (sure > 0)
+        assert ("the draft was unsure" in text) == (sure < len(kids))
+        sure_seen |= sure > 0
+        unsure_seen |= sure < len(kids)
+    assert sure_seen and unsure_seen
+    assert "Adaptive width" not in " ".join(explain_step(trace.steps[0]))  # without the settings: silent
+
+
 def test_stop_policy_reasons(tiny):
     trace = _run(tiny, "mcsd-improved", stop="prune", threshold=0.9, k_config=(2,), max_depth=4)
     texts = [" ".join(explain_step(s)) for s in trace.steps]

@@ -53,9 +53,10 @@ def step_caption(step: StepTrace, total: int) -> None:
         f"verifier `{step.verifier}`")
 
 
-def teach_box(step: StepTrace) -> None:
-    """The plain-language account of the step (escaped: token text is user data)."""
-    sentences = explain_step(step)
+def teach_box(step: StepTrace, method: dict | None = None) -> None:
+    """The plain-language account of the step (escaped: token text is user data); ``method``: the run's method
+    settings."""
+    sentences = explain_step(step, method)
     st.markdown("<div class='teach-box'>" + "".join(f"<p>{html.escape(s)}</p>" for s in sentences) + "</div>",
                 unsafe_allow_html=True)
 
@@ -80,7 +81,7 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "")
     """Everything about one step: tree (click to inspect), mask with the inspected row, inspector, details."""
     step_caption(step, len(trace.steps))
     if teach:
-        teach_box(step)
+        teach_box(step, trace.settings.get("method"))
     inspect_key = f"{prefix}inspect_{step.index}"
     chart_key = f"{prefix}tree_chart_{step.index}"  # per step: a click on one step's tree stays with that step
     chosen = selected_node(st.session_state.get(chart_key), inspect_key)  # the click that caused this rerun
