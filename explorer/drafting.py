@@ -40,8 +40,11 @@ def _inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> lis
         raise ValueError("cannot sample from a distribution with no mass")
     u = torch.tensor([_uniform(generator) * total for _ in range(n)], dtype=torch.float64, device=probs.device)
     # the first index whose running sum exceeds u has weight > 0, and u < total keeps it inside the row
-    idx = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
-    return idx.tolist()
+    idx = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).tolist()
+    if any(float(probs[i]) <= 0 for i in idx):  # u rounded up to total (chance ~2^-53): the last token with weight
+        last = int(torch.nonzero(probs > 0).max())
+        idx = [i if float(probs[i]) > 0 else last for i in idx]
+    return idx
 
 
 def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -56,7 +59,8 @@ PRECISE_REST = 1e-3
 def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_row, k: int,
                                generator: torch.Generator) -> list[int]:
     """``k`` distinct tokens drawn one after another, each from the distribution left after removing the tokens
-    already drawn: the law of sequential sampling without replacement (and of Gumbel-top-k).
+    already drawn: the law of sequential sampling without replacement (and of Gumbel-top-k), up to float32
+    rounding of the probabilities (about 1e-7 of mass, as for any float32 softmax).
 
     A draw walks the best tokens' probabilities (inverse CDF) and reads the whole row only when it lands in the
     tail beyond them, or when the tokens already drawn hold nearly all the mass (``PRECISE_REST``), where the rest

@@ -145,7 +145,8 @@ class RowDists:
     def stats(self) -> tuple:
         """Plain-softmax statistics of the batched rows (all stored rows by default): log-normaliser ``(S,)``, the
         ``TOP_CACHED`` best token ids ``(S, t)`` and their probabilities ``(S, t)``. The decision features use
-        them."""
+        them. Indexed by position among ``stat_rows`` (sorted), which is ``r - offset`` only when ``stat_rows``
+        covers every stored row."""
         ids, vals = self._top_block()
         lse = self._lse_block()
         return lse, ids, torch.exp(vals - lse[:, None])

@@ -121,14 +121,21 @@ def _adaptive_width(step: StepTrace, method: dict, target_roots: bool) -> list[s
             (sure if top >= threshold else unsure).append((top, len(children), branching[level]))
     out = []
     if sure:
-        tops = ", ".join(_pct(t) for t, _, _ in sure[:4]) + (" …" if len(sure) > 4 else "")
+        tops = ", ".join(_pct_against(t, threshold) for t, _, _ in sure[:4]) + (" …" if len(sure) > 4 else "")
+        ks = sorted({k for _, _, k in sure})
+        instead = f"{ks[0]}" if len(ks) == 1 else f"their level's {' or '.join(map(str, ks))}"
         out.append(f"Adaptive width: the draft was sure at {len(sure)} place(s) (top probability {tops}, at or above "
-                   f"{_pct(threshold)}), so each got one candidate instead of {sure[0][2]}: a second one would "
-                   "rarely be accepted and would cost a draft row on every later level.")
+                   f"{_pct(threshold)}), so each got one candidate instead of {instead}: another one would rarely "
+                   "be accepted and would cost a draft row on every later level.")
     for top, n, k in unsure[:3]:
-        out.append(f"Adaptive width: the draft was unsure at one place (top probability {_pct(top)} < "
-                   f"{_pct(threshold)}), so it drew {n} candidate(s) there.")
+        out.append(f"Adaptive width: the draft was unsure at one place (top probability {_pct_against(top, threshold)}"
+                   f" < {_pct(threshold)}), so it drew {n} candidate(s) there.")
     return out
+
+
+def _pct_against(x: float, threshold: float) -> str:
+    """``x`` as a percentage, with a decimal when whole percents would read as equal to ``threshold``."""
+    return f"{100 * x:.1f} %" if round(100 * x) == round(100 * threshold) else _pct(x)
 
 
 def _verdicts(step: StepTrace, nodes: dict) -> list[str]:

@@ -8,6 +8,7 @@ import pytest
 from explorer.audit import MIN_EXPECTED, audit, compare
 from explorer.cli import main
 from explorer.config import MethodConfig
+from explorer.engine import Engine
 from explorer.sampling import SamplingConfig
 
 N = 1200
@@ -35,12 +36,28 @@ LOSSLESS = [
 def test_lossless_rules_pass_the_audit(tiny, case):
     cfg, temperature, top_p = LOSSLESS[case]
     ids = tiny.tokenizer.encode(PROMPT)
+    if cfg.branch_threshold < 1.0:  # the second token's node must really be narrowed sometimes, and not always
+        assert _depth1_widths(tiny, cfg, temperature, ids) == {1, cfg.k_config[1]}
     # sample s uses seed + s: disjoint seed ranges keep the cases' samples independent of each other
     seed = 100_000 * (case + 1)
     r = audit(tiny, cfg, SamplingConfig(temperature=temperature, top_p=top_p, seed=seed), ids, N)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     assert r.first.tv_distance < 0.06
     assert r.first.dof >= 3 and r.pairs.dof >= 3  # the test really spans several categories
+
+
+def _depth1_widths(tiny, cfg, temperature, ids, runs=40) -> set:
+    """How many children the first-level nodes got over ``runs`` seeds (one step each)."""
+    engine = Engine(tiny, cfg, SamplingConfig(temperature=temperature))
+    engine.start(ids, 4)
+    widths = set()
+    for seed in range(runs):
+        engine.rewind(seed)
+        step = engine.step()
+        depth1 = {n.id for n in step.nodes if n.depth == 1}
+        for parent in depth1:
+            widths.add(sum(1 for n in step.nodes if n.parent == parent))
+    return widths
 
 
 def test_the_lossy_longest_branch_rule_is_detected(tiny):

@@ -53,12 +53,17 @@ def test_row_dists_are_lazy_and_offset():
 
 
 def _chi_square_p(counts: dict, expected: dict, n: int) -> float:
-    """Pearson's test of observed counts against expected probabilities (cells with expected count >= 5)."""
-    stat, cells = 0.0, 0
+    """Pearson's test of observed counts against expected probabilities; cells expecting fewer than 5 are pooled."""
+    stat, cells, rare_count, rare_prob = 0.0, 0, 0, 0.0
     for key, prob in expected.items():
         if prob * n >= 5:
             stat += (counts.get(key, 0) - prob * n) ** 2 / (prob * n)
             cells += 1
+        else:
+            rare_count, rare_prob = rare_count + counts.get(key, 0), rare_prob + prob
+    if rare_prob * n >= 1:
+        stat += (rare_count - rare_prob * n) ** 2 / (rare_prob * n)
+        cells += 1
     return float(chi2.sf(stat, cells - 1))
 
 
@@ -79,6 +84,7 @@ def _sequential_law(q: torch.Tensor, k: int) -> dict:
     ([0.4, 0.25, 0.15, 0.1, 0.06, 0.04], 2),  # most second draws and some first draws land in the tail
     ([0.4, 0.25, 0.15, 0.1, 0.06, 0.04], 6),  # the whole row is the top list
     ([1 - 4e-4, 2e-4, 1e-4, 6e-5, 4e-5, 0.0], 3),  # a sure draft: the second draw renormalises from the row
+    ([0.9985, 5e-4, 4e-4, 3e-4, 2e-4, 1e-4], 2),  # 0.15 % left: the top walk, then a small tail
 ])
 def test_sample_without_replacement_has_the_sequential_law(q_list, top):
     q = torch.tensor(q_list, dtype=torch.float32)
@@ -93,10 +99,9 @@ def test_sample_without_replacement_has_the_sequential_law(q_list, top):
     law = _sequential_law(q, 2)
     # the rare pairs carry no chi-square cells: check the conditional law of the second draw instead
     if q_list[0] > 0.99:
-        second = {b: sum(c for (a, b2), c in counts.items() if a == 0 and b2 == b) for b in range(1, 5)}
-        total = sum(second.values())
-        expected = {b: float(q[b]) / float(q[1:].sum()) for b in range(1, 5)}
-        assert _chi_square_p(second, expected, total) > 1e-3, second
+        second = {b: sum(c for (a, b2), c in counts.items() if a == 0 and b2 == b) for b in range(1, 6)}
+        expected = {b: float(q[b]) / float(q[1:].sum()) for b in range(1, 6)}
+        assert _chi_square_p(second, expected, sum(second.values())) > 1e-3, second
     else:
         assert _chi_square_p(counts, law, n) > 1e-3
 
@@ -142,3 +147,20 @@ def test_row_dists_batched_rows_agree_with_single_rows(temperature):
             ids, probs = part.top_processed(r, 4)
             assert ids == torch.topk(ref, 4).indices.tolist()
             assert probs == pytest.approx(torch.topk(ref, 4).values.tolist(), rel=1e-4)
+
+
+def test_row_dists_with_a_fixed_anchor_row_and_a_subset_of_batched_rows():
+    """The engine's target rows: row 0 kept from the previous step, rows 1.. from the forward, only parents batched."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 30, generator=g)  # rows 1..4
+    anchor = torch.randn(30, generator=g)
+    cfg = SamplingConfig(temperature=0.7)
+    d = RowDists(logits, cfg, offset=1, fixed={0: (logits_to_probs(anchor, cfg), anchor)}, stat_rows=[0, 2, 4])
+    for r, lg in [(0, anchor)] + [(i + 1, logits[i]) for i in range(4)]:
+        ref = torch.softmax(lg / 0.7, -1)
+        assert torch.allclose(d[r], ref, atol=1e-6)
+        assert d.shown(r, 5) == pytest.approx(float(ref[5]), rel=1e-5)
+        ids, probs = d.top_processed(r, 3)
+        assert ids == torch.topk(ref, 3).indices.tolist()
+        assert probs == pytest.approx(torch.topk(ref, 3).values.tolist(), rel=1e-5)
+        assert d.log_normalizer(r) == pytest.approx(float(torch.logsumexp(lg, -1)), rel=1e-6)

@@ -96,3 +96,9 @@ def test_memory_stays_flat_over_500_steps(tiny, method):
     gc.collect()
     growth = _rss_mb() - baseline
     assert growth < 15, f"resident memory grew {growth:.1f} MB over 450 steps"
+
+
+def test_adaptive_width_percentages_never_read_as_equal_to_the_threshold():
+    from explorer.teach import _pct_against
+
+    assert _pct_against(0.746, 0.75) == "74.6 %" and _pct_against(0.62, 0.75) == "62 %"

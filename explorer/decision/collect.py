@@ -109,10 +109,12 @@ def open_data_dir(out: Path, meta: dict) -> None:
             old = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise DataError(f"cannot read {path}: {exc}") from None
-        for key in ("format", "pair", "method", "max_new_tokens", "hidden_size"):
+        for key in ("format", "pair", "method", "max_new_tokens", "hidden_size", "draft_quant"):
             was, now = old.get(key), meta.get(key)
             if key == "method":  # settings added since the folder was made take their defaults
                 was, now = _full_method(was), _full_method(now)
+            if key == "draft_quant" and was is None:  # folders from before it was recorded: unknown
+                continue
             if was != now:
                 raise DataError(f"{out} holds data collected with another {key} ({old.get(key)!r}); "
                                 "use a new --out folder")

@@ -31,12 +31,11 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
         changes["k_config"] = box.text_input("k_config (children per level)", default_k,
                                              key=f"{prefix}k_config_{method}_{lossy}",
                                              help="e.g. 4,2,2 = 4 children of the anchor, 2 under each, 2 under each")
-        if not lossy:
-            changes["branch_threshold"] = box.slider(
-                "Adaptive width: branch where top q <", 0.0, 1.0, d.branch_threshold, 0.05,
-                key=f"{prefix}branch_threshold_{method}",
-                help="a node gets its level's k children only where the draft's top probability is below this, "
-                     "else one child; 1.0 keeps the fixed k_config")
+        changes["branch_threshold"] = box.slider(
+            "Adaptive width: branch where top q <", 0.0, 1.0, d.branch_threshold, 0.05,
+            key=f"{prefix}branch_threshold_{method}",
+            help="a node gets its level's k children only where the draft's top probability is below this, "
+                 "else one child; 1.0 keeps the fixed k_config")
         if method == "mcsd-improved":
             changes["lossy"] = lossy
             if lossy:
