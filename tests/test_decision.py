@@ -98,6 +98,8 @@ def test_collect_refuses_a_folder_of_other_settings(tiny, tiny_data):
     assert meta["draft_quant"] == tiny.draft_quant
     older = {**meta, "method": {k: v for k, v in meta["method"].items() if k != "branch_threshold"}}
     open_data_dir(out, older)  # a folder from before a setting existed still resumes (the setting's default)
+    with pytest.raises(DataError, match="draft_quant"):
+        open_data_dir(out, {**meta, "draft_quant": "int8" if meta["draft_quant"] != "int8" else "none"})
     meta["max_new_tokens"] = 999
     with pytest.raises(DataError, match="max_new_tokens"):
         open_data_dir(out, meta)
