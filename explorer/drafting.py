@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .sampling import TOP_CACHED
+
 
 def greedy_candidates(logits: torch.Tensor, k: int) -> list[int]:
     """Top-``k`` token ids of ``logits`` (``(vocab,)``), best first."""
@@ -111,7 +113,7 @@ def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Gener
     """``k`` distinct tokens drawn from a whole distribution ``probs`` (``(vocab,)`` float32, e.g. the target's
     at the anchor for target-initialized roots) without replacement, in draw order. Fewer than ``k`` come back when
     fewer than ``k`` tokens have non-zero probability (top-k / top-p cut)."""
-    vals, ids = torch.topk(probs, min(16, probs.shape[-1]))
+    vals, ids = torch.topk(probs, min(TOP_CACHED, probs.shape[-1]))
     kept = [(t, p) for t, p in zip(ids.tolist(), vals.tolist()) if p > 0]
     return sample_without_replacement([t for t, _ in kept], [p for _, p in kept], lambda: probs, k, generator)
 

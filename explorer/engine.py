@@ -120,6 +120,7 @@ class _Verified:
     anchor_fed: bool
     calls: int
     head: int  # target cache length before the tree rows
+    parent_rows: list[int]  # p rows with children in the tree (batched in p_rows; their top tokens are traced)
 
 
 class Engine:
@@ -422,7 +423,7 @@ class Engine:
                                    mask if n else None, keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
             logits = torch.empty(0, self.pair.vocab_size)
-        parents = {p + 1 for p in tree.parent}  # rows with children: their best tokens go into the trace
+        parents = sorted({p + 1 for p in tree.parent})  # rows with children: their best tokens go into the trace
         if chain:  # logits row 0 = anchor (p row 0), row 1 + i = node i
             p_rows = RowDists(logits, self.sampling, stat_rows=parents)
         else:  # the anchor is cached: its distribution was kept from the prefill or the previous (lossy) step
@@ -430,7 +431,7 @@ class Engine:
                               stat_rows=parents)
         result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
                                      greedy=self.sampling.greedy)
-        return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain))
+        return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents)
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""
@@ -462,7 +463,7 @@ class Engine:
         branches = tree.children(-1)
         branch_of = tree.branch_ids()
         anchor_token = self.committed[L - 1]
-        p_top = p_rows.top(sorted({p + 1 for p in tree.parent}), TOP_K_SHOWN)  # one batched pass for all parents
+        p_top = p_rows.top(v.parent_rows, TOP_K_SHOWN)  # from the batched pass over the parent rows
         nodes = [NodeTrace(id=0, parent=None, token_id=anchor_token, text=self._text(anchor_token), depth=0,
                            position_id=L - 1, source=CONTEXT, status=CONTEXT, committed=True)]
         for i in range(len(tree)):
