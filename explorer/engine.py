@@ -74,11 +74,15 @@ def trim_cache(cache, keep_prefix: int, keep_rows: list[int]) -> int:
         if total > new_len:
             cache.crop(new_len - total)  # transformers 5: negative = tokens to remove
         return new_len
-    index = torch.tensor(list(range(keep_prefix)) + keep_rows, dtype=torch.long)
+    kept = list(range(keep_prefix)) + keep_rows
+    index: dict = {}  # device -> index tensor (layers may be spread over devices)
     for layer in cache.layers:
         if not hasattr(layer, "keys") or getattr(layer, "sliding_window", None):
             raise EngineError(f"cache layer {type(layer).__name__} cannot be trimmed to a tree path")
-        idx = index.to(layer.keys.device)
+        dev = layer.keys.device
+        idx = index.get(dev)
+        if idx is None:
+            idx = index[dev] = torch.tensor(kept, dtype=torch.long, device=dev)
         layer.keys = layer.keys.index_select(-2, idx)
         layer.values = layer.values.index_select(-2, idx)
     return new_len
@@ -354,9 +358,10 @@ class Engine:
                     if self.stop_policy.needs_hidden:
                         view.hidden = torch.stack([features[i][0] for i in nodes])
                     view.dist = torch.stack([features[i][1] for i in nodes])
-                    view.path = path_features(view.dist, torch.tensor([features[i][2] for i in nodes]),
-                                              torch.tensor([tree.depth[i] for i in nodes]),
-                                              torch.tensor([features[i][3] for i in nodes]))
+                    at = view.dist.device  # the features live where the draft ran
+                    view.path = path_features(view.dist, torch.tensor([features[i][2] for i in nodes], device=at),
+                                              torch.tensor([tree.depth[i] for i in nodes], device=at),
+                                              torch.tensor([features[i][3] for i in nodes], device=at))
                 sig = self.stop_policy.signal(view)
                 signals.append(sig)
                 active -= set(sig.pruned)
@@ -422,7 +427,7 @@ class Engine:
             logits = self._forward(self.pair.target, self.target_cache, chain + tree.token, pos,
                                    mask if n else None, keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
-            logits = torch.empty(0, self.pair.vocab_size)
+            logits = torch.empty(0, self.pair.vocab_size, device=self.pair.device)
         parents = sorted({p + 1 for p in tree.parent})  # rows with children: their best tokens go into the trace
         if chain:  # logits row 0 = anchor (p row 0), row 1 + i = node i
             p_rows = RowDists(logits, self.sampling, stat_rows=parents)

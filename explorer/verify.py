@@ -146,7 +146,7 @@ def mcns_node(tokens, p, q, generator):
         decisions[j] = NodeDecision(accepted=ok, ratio=ratio)
         if ok:
             return j, None, decisions
-    return None, torch.nn.functional.one_hot(torch.tensor(y), p.shape[-1]).to(p), decisions
+    return None, torch.nn.functional.one_hot(torch.tensor(y, device=p.device), p.shape[-1]).to(p), decisions
 
 
 def spechub_plan(p: torch.Tensor, q: torch.Tensor) -> dict:

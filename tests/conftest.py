@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py hel
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "real: uses the embedded real model pair (1.6 GB download on first use)")
+    config.addinivalue_line("markers", "cuda: runs on a CUDA GPU (skipped without one; CI has none)")
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ from .features import DIST_FEATURE_NAMES
 
 DATA_FORMAT = 1
 COLLECT_CONFIG = MethodConfig(method="mcsd-improved", k_config=(2, 2, 2), max_depth=6, stop="none")
+_HOST = torch.device("cpu")  # shards are host data, whatever device the models run on
 SHARD_TENSORS = ("hidden", "dist", "depth", "cum_q", "q", "p", "soft", "greedy", "step", "token")
 
 
@@ -55,8 +56,8 @@ def step_records(engine) -> dict[str, list]:
         logits = v.p_rows.row_logits(parent + 1)
         x = tree.token[i]
         p1 = float(torch.exp(logits[x] - torch.logsumexp(logits, -1)))
-        rows["hidden"].append(hidden.to(torch.float16))
-        rows["dist"].append(dist)
+        rows["hidden"].append(hidden.to(_HOST, torch.float16))
+        rows["dist"].append(dist.cpu())
         rows["depth"].append(tree.depth[i])
         rows["cum_q"].append(cum)
         rows["q"].append(q1)
@@ -71,16 +72,16 @@ def step_records(engine) -> dict[str, list]:
 def _to_tensors(rows: dict[str, list], hidden_size: int) -> dict[str, torch.Tensor]:
     n = len(rows["depth"])
     return {
-        "hidden": torch.stack(rows["hidden"]) if n else torch.zeros(0, hidden_size, dtype=torch.float16),
-        "dist": torch.stack(rows["dist"]).float() if n else torch.zeros(0, len(DIST_FEATURE_NAMES)),
-        "depth": torch.tensor(rows["depth"], dtype=torch.int32),
-        "cum_q": torch.tensor(rows["cum_q"], dtype=torch.float32),
-        "q": torch.tensor(rows["q"], dtype=torch.float32),
-        "p": torch.tensor(rows["p"], dtype=torch.float32),
-        "soft": torch.tensor(rows["soft"], dtype=torch.float32),
-        "greedy": torch.tensor(rows["greedy"], dtype=torch.uint8),
-        "step": torch.tensor(rows["step"], dtype=torch.int32),
-        "token": torch.tensor(rows["token"], dtype=torch.int64),
+        "hidden": torch.stack(rows["hidden"]) if n else torch.zeros(0, hidden_size, dtype=torch.float16, device=_HOST),
+        "dist": torch.stack(rows["dist"]).float() if n else torch.zeros(0, len(DIST_FEATURE_NAMES), device=_HOST),
+        "depth": torch.tensor(rows["depth"], dtype=torch.int32, device=_HOST),
+        "cum_q": torch.tensor(rows["cum_q"], dtype=torch.float32, device=_HOST),
+        "q": torch.tensor(rows["q"], dtype=torch.float32, device=_HOST),
+        "p": torch.tensor(rows["p"], dtype=torch.float32, device=_HOST),
+        "soft": torch.tensor(rows["soft"], dtype=torch.float32, device=_HOST),
+        "greedy": torch.tensor(rows["greedy"], dtype=torch.uint8, device=_HOST),
+        "step": torch.tensor(rows["step"], dtype=torch.int32, device=_HOST),
+        "token": torch.tensor(rows["token"], dtype=torch.int64, device=_HOST),
     }
 
 

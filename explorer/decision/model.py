@@ -38,13 +38,13 @@ class DecisionModelError(ValueError):
 class DecisionMLP(nn.Module):
     """``in_features -> layers... -> 1`` with ReLU between, returning logits ``(n,)``."""
 
-    def __init__(self, in_features: int, layers=(512, 256)):
+    def __init__(self, in_features: int, layers=(512, 256), device=None):
         super().__init__()
         sizes = [in_features, *layers]
         mods: list[nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:]):
-            mods += [nn.Linear(a, b), nn.ReLU()]
-        mods.append(nn.Linear(sizes[-1], 1))
+            mods += [nn.Linear(a, b, device=device), nn.ReLU()]
+        mods.append(nn.Linear(sizes[-1], 1, device=device))
         self.layers = nn.Sequential(*mods)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,7 +140,7 @@ def load_decision_model(directory: str | Path, kind: str = "hidden") -> Decision
         raise DecisionModelError(f"cannot read {path}: {exc}") from None
     try:
         mean, std = tensors.pop("mean"), tensors.pop("std")
-        net = DecisionMLP(int(info["in_features"]), tuple(int(x) for x in info["layers"]))
+        net = DecisionMLP(int(info["in_features"]), tuple(int(x) for x in info["layers"]), device="cpu")
         net.load_state_dict(tensors)
     except (KeyError, RuntimeError, TypeError, ValueError) as exc:
         raise DecisionModelError(f"{path} does not match its card: {exc}") from None

@@ -25,6 +25,10 @@ def get_pair(spec: str, draft: str, target: str, dtype: str):
                            draft_quant=os.environ.get("SPEC_EXPLORER_DRAFT_QUANT") or None)
 
 
+# What the prompt boxes hold on a fresh start, so that the first press of Step drafts a tree.
+STARTING_PROMPT = "Write a Python function that checks whether a number is prime."
+
+
 @st.cache_data(show_spinner=False)
 def example_prompts() -> dict[str, str]:
     out = {}

@@ -9,7 +9,7 @@ import streamlit as st
 from .. import figures
 from ..config import METHOD_LABELS, METHODS
 from ..metrics import run_metrics
-from .common import guarded, make_engine, pair_or_message, set_error
+from .common import STARTING_PROMPT, guarded, make_engine, pair_or_message, set_error
 from .explorer_page import engine_lock
 from .sidebar import method_widgets
 
@@ -59,8 +59,8 @@ def compare_page(settings) -> None:
     st.title("Compare two methods")
     st.caption("Run A uses the sidebar's settings; choose run B here. Both decode the same prompt with the same "
                "seed and sampling settings on the same models, one step each in turn.")
-    prompt_text = st.text_area("Prompt", key="cmp_prompt", height=90,
-                               placeholder="Write a Python function that checks whether a number is prime.")
+    st.session_state.setdefault("cmp_prompt", STARTING_PROMPT)
+    prompt_text = st.text_area("Prompt", key="cmp_prompt", height=90)
     chat = st.checkbox("Apply the chat template", value=True, key="cmp_chat")
     with st.expander("Run B settings", expanded=True):
         b_method = st.selectbox("Method (B)", METHODS, index=METHODS.index("sd"), format_func=METHOD_LABELS.get,

@@ -187,7 +187,7 @@ def explorer_page(settings) -> None:
     if settings["teach"]:
         st.markdown(panels.TEACH_CSS, unsafe_allow_html=True)
 
-    from .common import example_prompts
+    from .common import STARTING_PROMPT, example_prompts
 
     examples = example_prompts()
 
@@ -198,8 +198,8 @@ def explorer_page(settings) -> None:
 
     st.selectbox("Example prompt", [""] + list(examples), key="example", on_change=use_example,
                  format_func=lambda s: s or "— pick an example, or type below —")
-    prompt_text = st.text_area("Prompt", key="prompt_text", height=110,
-                               placeholder="Write a Python function that checks whether a number is prime.")
+    st.session_state.setdefault("prompt_text", STARTING_PROMPT)  # a real prompt: the first Step draws a tree
+    prompt_text = st.text_area("Prompt", key="prompt_text", height=110)
     chat = st.checkbox("Apply the chat template", value=True, key="chat")
     with st.expander("Save and replay", expanded=st.session_state.get("replay") is not None):
         st.caption("**Download trace** saves the session as JSON (schema version, settings, model ids, every step). "

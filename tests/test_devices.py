@@ -1,0 +1,173 @@
+"""Every tensor lives on the device it is used on.
+
+CI has no GPU, so the CPU guard runs the method grid under ``torch.device("meta")`` as the default device: the tiny
+pair stays on the CPU, and any factory call (``torch.tensor``, ``torch.empty``, a module's parameters) that forgets
+its ``device=`` makes a meta tensor, which fails loudly the moment it meets a real one. The ``cuda`` tests run the
+same grid, greedy equality with ``ar``, the audit and the embedded pair on a GPU (skipped without one).
+"""
+
+import os
+
+import pytest
+import torch
+
+from explorer.audit import audit
+from explorer.config import DEFAULTS, MethodConfig
+from explorer.engine import Engine
+from explorer.sampling import SamplingConfig
+
+PROMPT = "def f(x):\n    return"
+
+# (config, temperature): every method, every verifier, every stop policy, lossy and lossless, greedy and sampled.
+GRID = [
+    (DEFAULTS["ar"], 0.0),
+    (DEFAULTS["ar"], 0.8),
+    (MethodConfig(method="sd", gamma=3), 0.0),
+    (MethodConfig(method="sd", gamma=3), 0.8),
+    (MethodConfig(method="mcsd", k_config=(2, 2)), 0.0),
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs"), 0.8),
+    (MethodConfig(method="mcsd", k_config=(3, 1), verifier="rrs-replacement"), 0.8),
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="mcns"), 0.8),
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub"), 0.8),
+    (MethodConfig(method="mcsd", k_config=(2, 2), branch_threshold=0.5), 0.8),
+    (DEFAULTS["mcsd-improved"], 0.0),
+    (DEFAULTS["mcsd-improved"], 0.8),
+    (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="none"), 0.8),
+    (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="confidence"), 0.8),
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="prune"), 0.8),
+    (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="specdec++"), 0.8),
+    (MethodConfig(method="mcsd-improved", max_depth=4, stop="decision", decision_model="path"), 0.8),
+    (MethodConfig(method="mcsd-improved", max_depth=4, stop="decision", decision_model="hidden"), 0.0),
+    (MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3), 0.0),
+    (MethodConfig(method="mcsd-improved", lossy=True, width=2, k_config=(2,), max_depth=3, stop="decision"), 0.8),
+]
+IDS = [f"{c.method}-{c.verifier}-{c.stop}-{c.decision_model}-{'lossy' if c.is_lossy else 'lossless'}-T{t}"
+       for c, t in GRID]
+
+
+def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: bool = False):
+    """Start, three steps, rewind with a new seed, one more step: every code path of a session."""
+    eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3),
+                 capture_features=capture_features)
+    eng.start(pair.tokenizer.encode(PROMPT), 16)
+    eng.run(max_steps=3)
+    eng.rewind(seed=4)
+    eng.step()
+    return eng
+
+
+# ---------------------------------------------------------------------------------------------------- CPU guard
+
+@pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
+def test_no_tensor_is_made_on_the_default_device(tiny, case):
+    cfg, temperature = GRID[case]
+    with torch.device("meta"):
+        eng = _exercise(tiny, cfg, temperature)
+    assert all(n.status for s in eng.trace.steps for n in s.nodes)
+    assert eng.trace.steps[-1].committed_ids
+
+
+def test_the_guard_catches_a_factory_call_without_its_device(tiny):
+    """The guard itself: a tensor built without ``device=`` inside the engine fails under the meta default."""
+    import explorer.engine as engine_module
+
+    original = engine_module.path_features
+
+    def forgetful(dist, q, depth, cum_q):  # what engine.py did before: host tensors beside device features
+        return original(dist, torch.tensor(q.tolist()), depth, cum_q)
+
+    engine_module.path_features = forgetful
+    try:
+        with torch.device("meta"), pytest.raises((RuntimeError, NotImplementedError)):
+            _exercise(tiny, MethodConfig(method="mcsd-improved", max_depth=4, stop="decision"), 0.0)
+    finally:
+        engine_module.path_features = original
+
+
+def test_audit_and_feature_capture_under_the_guard(tiny):
+    from explorer.decision.collect import _to_tensors, step_records
+
+    with torch.device("meta"):
+        r = audit(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig(temperature=1.0, seed=5),
+                  tiny.tokenizer.encode(PROMPT), 20)
+        eng = _exercise(tiny, MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="none"), 0.8,
+                        capture_features=True)
+        shard = _to_tensors(step_records(eng), tiny.draft.config.hidden_size)
+    assert r.samples == 20
+    assert all(t.device.type == "cpu" for t in shard.values()) and shard["dist"].shape[0] > 0
+
+
+# ---------------------------------------------------------------------------------------------------- CUDA
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda():
+    from explorer.tiny import tiny_pair
+
+    return tiny_pair(seed=0, device="cuda")
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
+def test_every_method_runs_on_cuda(tiny_cuda, case):
+    cfg, temperature = GRID[case]
+    eng = _exercise(tiny_cuda, cfg, temperature)
+    assert eng.trace.model["device"].startswith("cuda")
+    assert sum(len(s.committed_ids) for s in eng.trace.steps) >= 1
+
+
+@pytest.mark.cuda
+@cuda
+def test_greedy_methods_reproduce_ar_on_cuda(tiny_cuda):
+    ids = tiny_cuda.tokenizer.encode(PROMPT)
+
+    def run(cfg):
+        eng = Engine(tiny_cuda, cfg, SamplingConfig(temperature=0.0))
+        eng.start(ids, 40)
+        return eng.run().generated_ids
+
+    ar = run(DEFAULTS["ar"])
+    assert len(ar) == 40 or ar[-1] in tiny_cuda.eos_token_ids
+    for cfg, temperature in GRID:
+        if temperature == 0.0 and not cfg.is_lossy:
+            assert run(cfg) == ar, cfg
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("verifier", ["rrs", "rrs-replacement", "mcns", "spechub"])
+def test_the_audit_passes_on_cuda(tiny_cuda, verifier):
+    r = audit(tiny_cuda, MethodConfig(method="mcsd", k_config=(2, 2), verifier=verifier),
+              SamplingConfig(temperature=1.0, seed=7_000), tiny_cuda.tokenizer.encode(PROMPT), 600)
+    assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
+
+
+@pytest.mark.cuda
+@pytest.mark.real
+@cuda
+def test_embedded_pair_on_cuda():
+    """The embedded pair on the GPU (bf16): ``ar`` reproduces transformers' ``generate``; every lossless default
+    method reproduces ``ar`` up to bf16 near-ties and accepts drafts; the default method's decision model runs."""
+    from explorer.equivalence import check_prompt
+    from explorer.metrics import run_metrics
+    from explorer.models import load_default_pair
+    from explorer.prompts import encode_prompt, humaneval
+
+    pair = load_default_pair(device="cuda")
+    assert pair.device.type == "cuda" and pair.dtype == torch.bfloat16
+    ids = encode_prompt(pair.tokenizer, humaneval()[2].text)
+    report = check_prompt(pair, ids, 48)
+    assert report["methods"]["ar"]["matches"], report["methods"]["ar"]["divergence"]
+    for name, r in report["methods"].items():
+        assert r["matches"] or r["divergence"]["near_tie"], (name, r["divergence"])
+        if name != "ar":
+            assert r["steps"] < len(r["ids"]), (name, r["steps"])  # more than one token per target call
+    eng = Engine(pair, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.7, seed=1))
+    eng.start(ids, 48)
+    m = run_metrics(eng.run())
+    assert m["tokens_per_target_call"] > 1.5 and any(s.stop_signals for s in eng.trace.steps)
+    if os.environ.get("SPEC_EXPLORER_REPORT"):
+        print({k: (v["matches"], v["steps"], round(v["seconds"], 2)) for k, v in report["methods"].items()}, m)
