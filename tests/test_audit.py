@@ -4,15 +4,20 @@ the audit has the power to catch the seed's lossy longest-branch rule at the sam
 import json
 
 import pytest
+import torch
 
 from explorer.audit import MIN_EXPECTED, audit, compare
 from explorer.cli import main
 from explorer.config import MethodConfig
 from explorer.engine import Engine
-from explorer.sampling import SamplingConfig
+from explorer.sampling import SamplingConfig, logits_to_probs
 
 N = 1200
 PROMPT = "def f(x):\n    return"
+# Contexts tried in order until one has the property a case needs (never an accident of the tiny pair's logits).
+CANDIDATES = [PROMPT, "The capital of France is", "def add(a, b):", "x = ", "import numpy as np\n", "Hello, ",
+              "for i in range(", "Once upon a time", "SELECT * FROM", "1, 2, 3, "]
+MIN_CATEGORIES = 4  # tested first tokens: chi-square with at least 3 degrees of freedom from real categories
 
 LOSSLESS = [
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs"), 1.0, 1.0),
@@ -35,15 +40,29 @@ LOSSLESS = [
                          ids=[f"{c.method}-{c.verifier}-{c.k_config}-{c.stop}-T{t}-p{p}" for c, t, p in LOSSLESS])
 def test_lossless_rules_pass_the_audit(tiny, case):
     cfg, temperature, top_p = LOSSLESS[case]
-    ids = tiny.tokenizer.encode(PROMPT)
-    if cfg.branch_threshold < 1.0:  # the second token's node must really be narrowed sometimes, and not always
-        assert _depth1_widths(tiny, cfg, temperature, ids) == {1, cfg.k_config[1]}
     # sample s uses seed + s: disjoint seed ranges keep the cases' samples independent of each other
-    seed = 100_000 * (case + 1)
-    r = audit(tiny, cfg, SamplingConfig(temperature=temperature, top_p=top_p, seed=seed), ids, N)
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=100_000 * (case + 1))
+
+    def usable(ids):
+        if _tested_categories(tiny, ids, sampling) < MIN_CATEGORIES:
+            return False
+        # adaptive width: the second token's node must really be narrowed sometimes, and not always
+        return cfg.branch_threshold == 1.0 or _depth1_widths(tiny, cfg, temperature, ids) == {1, cfg.k_config[1]}
+
+    ids = next((ids for ids in map(tiny.tokenizer.encode, CANDIDATES) if usable(ids)), None)
+    assert ids is not None, f"no candidate context has {MIN_CATEGORIES} testable first tokens for this case"
+    r = audit(tiny, cfg, sampling, ids, N)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     assert r.first.tv_distance < 0.06
-    assert r.first.dof >= 3 and r.pairs.dof >= 3  # the test really spans several categories
+    real = [c for c, p in zip(r.first.categories, r.first.exact) if p * N >= MIN_EXPECTED]
+    assert len(real) >= MIN_CATEGORIES and r.pairs.dof >= 3  # the test really spans several categories
+
+
+def _tested_categories(tiny, ids, sampling) -> int:
+    """First tokens whose probability under the processed target law reaches the audit's expected-count floor."""
+    with torch.inference_mode():
+        logits = tiny.target(input_ids=torch.tensor([ids])).logits[0, -1, : tiny.vocab_size]
+    return int((logits_to_probs(logits, sampling) * N >= MIN_EXPECTED).sum())
 
 
 def _depth1_widths(tiny, cfg, temperature, ids, runs=40) -> set:
@@ -79,6 +98,10 @@ def test_compare_pools_rare_categories_and_flags_impossible_ones():
     impossible = compare({"a": 99, "z": 1}, {"a": 1.0}, 100)
     assert impossible.p_value == 0.0
     assert all(p * 100 >= MIN_EXPECTED for p in c.exact[:-1])
+    # a law that sums to 1 only up to float32 rounding: the same categories and dof however the sum rounded
+    for eps in (-3e-7, 0.0, 2e-7):
+        r = compare({"a": 60, "b": 40}, {"a": 0.6, "b": 0.4 + eps}, 100)
+        assert r.categories == ["a", "b"] and r.dof == 1, (eps, r.categories)
 
 
 def test_audit_refuses_greedy(tiny):
