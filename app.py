@@ -33,6 +33,14 @@ def keep_widget_values() -> None:
             st.session_state[key] = st.session_state[key]
 
 
+def mark_run_finished() -> None:
+    """A hidden marker holding how many script runs of this session have finished: browser automation waits for
+    it to change after a click instead of guessing how long the rerun takes (tests/browser.py)."""
+    n = st.session_state.get("_finished_runs", 0) + 1
+    st.session_state["_finished_runs"] = n
+    st.sidebar.html(f'<span data-spec-run="{n}" hidden></span>')
+
+
 def main() -> None:
     keep_widget_values()
     page = st.sidebar.radio("Page", PAGES, horizontal=True, key="page")
@@ -47,3 +55,4 @@ def main() -> None:
 
 
 main()
+mark_run_finished()

@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite: unit tests on the tiny random pair, the Streamlit app headless and in a real
 # browser (Debian's chromium, installed here when missing), and integration tests on the embedded real pair.
-# Extra arguments go to pytest (e.g. -m "not real" to skip the real pair).
+# Extra arguments go to pytest (e.g. -m "not real" to skip the real pair). Prints the wall time of each phase.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+phase() { echo "[test.sh] $1: $(( SECONDS - t0 )) s"; t0=$SECONDS; }
+t0=$SECONDS
 if ! command -v chromium >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; } ||
     echo "WARNING: could not install Debian's chromium; the real-browser test will be skipped" >&2
 fi
+phase "chromium"
 . scripts/setup.sh requirements-dev.txt
-exec python -m pytest -q tests "$@"
+phase "python packages"
+case " $* " in
+  *"not real"*) ;;
+  *) # assemble, check and convert the embedded pair once (a no-op when SPEC_EXPLORER_CACHE already holds it)
+     python -c "from explorer.models import DEFAULT_DRAFT, DEFAULT_TARGET, parse_dtype, prepare_embedded as p
+for m in (DEFAULT_DRAFT, DEFAULT_TARGET): p(m, parse_dtype(None))"
+     phase "embedded model pair" ;;
+esac
+status=0
+python -m pytest -q tests "$@" || status=$?
+phase "test suite"
+exit $status

@@ -54,29 +54,56 @@ def running_app(pair: str, port: int | None = None, timeout: float = 600):
             proc.kill()
 
 
+# The app writes how many script runs of the session have finished into a hidden marker at the end of every run
+# (app.py, mark_run_finished): a test waits for it to change after its click, not for a fixed time, and not for the
+# script-state attribute, whose "running" phase a fast rerun can skip entirely.
+RUNS = "() => document.querySelector('[data-spec-run]')?.getAttribute('data-spec-run') ?? null"
+
+
+def new_page(owner, **kwargs):
+    """A new page of ``owner`` (a browser or a context)."""
+    return owner.new_page(**kwargs)
+
+
 def wait_idle(page, timeout_ms: int) -> None:
-    page.wait_for_timeout(300)  # let a click start a rerun before waiting for it to end
+    """Wait until no script run is in progress (for the first load; after an action use ``rerun``)."""
     page.wait_for_selector(IDLE, timeout=timeout_ms)
 
 
+def runs(page):
+    """The app's count of finished script runs in this session (a string), or None before the first."""
+    return page.evaluate(RUNS)
+
+
+def wait_runs_after(page, before, timeout_ms: int) -> None:
+    """Wait until a script run has finished after the count ``before`` and no other is in progress."""
+    page.wait_for_function(f"before => ({RUNS})() !== before", arg=before, timeout=timeout_ms)
+    page.wait_for_selector(IDLE, timeout=timeout_ms)
+
+
+def rerun(page, action, timeout_ms: int = 300_000) -> None:
+    """Do ``action()`` (a click, a key press, an upload) and wait until the script run it starts has finished."""
+    before = runs(page)
+    action()
+    wait_runs_after(page, before, timeout_ms)
+
+
 def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
-    """Open the app, type a prompt, press Step twice; screenshot; report what the page shows."""
+    """Open the app, press Step twice with nothing typed; screenshot; report what the page shows."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1600, "height": 1400})
+        page = new_page(browser, viewport={"width": 1600, "height": 1400})
         page.goto(url)
         page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
-        wait_idle(page, load_timeout_s * 1000)
-        page.locator("textarea").first.fill("Write a Python function that checks whether a number is prime.")
-        page.keyboard.press("Control+Enter")
-        wait_idle(page, 60_000)
+        wait_runs_after(page, None, load_timeout_s * 1000)
+        # nothing typed: the prompt box starts with a real prompt, so the first Step of a fresh page draws a tree
+        prompt = page.get_by_label("Prompt", exact=True).input_value()
         try:
             for _ in range(2):
-                page.get_by_role("button", name="Step", exact=True).click(timeout=120_000)
-                wait_idle(page, 300_000)
+                _press(page, "Step")
         except Exception:
             page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
             raise
@@ -89,6 +116,7 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
         if charts.count() >= 4:
             charts.nth(3).screenshot(path=str(out_dir / "step2_stop.png"))
         report = {
+            "prompt": prompt,
             "plots": charts.count(),
             "errors": page.locator("[data-testid='stAlertContentError']").all_inner_texts(),
             "exceptions": page.locator("[data-testid='stException']").count(),
@@ -103,19 +131,46 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
 
 def _open(browser, url: str, prompt: str, load_timeout_s: float, page=None):
     """Load the app in ``page`` (default: a new page of ``browser``), type ``prompt`` and wait for the rerun."""
-    page = page or browser.new_page(viewport={"width": 1600, "height": 1400}, accept_downloads=True)
+    page = page or new_page(browser, viewport={"width": 1600, "height": 1400}, accept_downloads=True)
     page.goto(url)
     page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
-    wait_idle(page, load_timeout_s * 1000)
+    wait_runs_after(page, None, load_timeout_s * 1000)
     page.get_by_label("Prompt", exact=True).fill(prompt)
-    page.keyboard.press("Control+Enter")
-    wait_idle(page, 60_000)
+    rerun(page, lambda: page.keyboard.press("Control+Enter"), 60_000)
     return page
 
 
 def _press(page, name: str, timeout_ms: int = 300_000) -> None:
-    page.get_by_role("button", name=name, exact=True).click(timeout=120_000)
+    rerun(page, lambda: page.get_by_role("button", name=name, exact=True).click(timeout=120_000), timeout_ms)
+
+
+def slider_key(page, label: str, key: str, attempts: int = 5) -> str:
+    """Press ``key`` on the slider ``label`` until its value changes (a key that lands while the previous rerun
+    redraws the slider is lost), then wait for the rerun the change starts. Returns the new value."""
+    thumb = page.locator(f"input[type='range'][aria-label='{label}']")
+    old = thumb.get_attribute("aria-valuetext")
+    for _ in range(attempts):
+        before = runs(page)
+        thumb.press(key)
+        try:
+            page.wait_for_function("([sel, old]) => document.querySelector(sel).getAttribute('aria-valuetext') !== old",
+                                   arg=[f"input[type='range'][aria-label='{label}']", old], timeout=3000)
+        except Exception:  # playwright's TimeoutError: the key was lost, press it again
+            continue
+        wait_runs_after(page, before, 60_000)
+        return thumb.get_attribute("aria-valuetext")
+    raise AssertionError(f"the slider {label!r} did not move on {key} after {attempts} presses")
+
+
+def _shows(page, selector: str, timeout_ms: int = 60_000) -> bool:
+    """Wait until ``selector`` is on the page and no script run is in progress; False if it never came (the
+    caller's assertion then says what was missing)."""
+    try:
+        page.wait_for_selector(selector, timeout=timeout_ms)
+    except Exception:  # playwright's TimeoutError
+        return False
     wait_idle(page, timeout_ms)
+    return True
 
 
 def _step_caption(page) -> str:
@@ -145,9 +200,7 @@ def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
             points = tree.locator(".scatterlayer .trace .points path")
             report["tree_points"] = points.count()
             box = points.nth(min(2, points.count() - 1)).bounding_box()
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            wait_idle(page, 60_000)
-            page.wait_for_timeout(800)
+            rerun(page, lambda: page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2), 60_000)
             heads = page.locator("h4").all_inner_texts()
             report["inspector"] = [h for h in heads if h.startswith("Node inspector")]
             page.screenshot(path=str(out_dir / "inspector_full.png"), full_page=True)
@@ -163,10 +216,9 @@ def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
             _press(page, "Reset")
             report["after_reset"] = _step_caption(page)
             page.get_by_text("Save and replay").click()
-            page.locator("input[type='file']").first.set_input_files(str(trace_path))
-            wait_idle(page, 60_000)
-            page.wait_for_timeout(800)
-            wait_idle(page, 60_000)
+            rerun(page, lambda: page.locator("input[type='file']").first.set_input_files(str(trace_path)), 60_000)
+            # replacing an uploaded file may take more than one script run: wait for what this one must show
+            _shows(page, "[data-testid='stAlertContentInfo']:has-text('Replaying')")
             report["replay_info"] = [t for t in page.locator("[data-testid='stAlertContentInfo']").all_inner_texts()
                                      if t.startswith("Replaying")]
             report["replay_first"] = _step_caption(page)
@@ -176,9 +228,8 @@ def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
             page.screenshot(path=str(out_dir / "replay_full.png"), full_page=True)
             bad = out_dir / "bad.json"
             bad.write_text('{"schema_version": 99, "steps": []}')
-            page.locator("input[type='file']").first.set_input_files(str(bad))
-            wait_idle(page, 60_000)
-            page.wait_for_timeout(800)
+            rerun(page, lambda: page.locator("input[type='file']").first.set_input_files(str(bad)), 60_000)
+            _shows(page, "[data-testid='stAlertContentError']")
             report["bad_upload"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
         except Exception:
             page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
@@ -197,17 +248,12 @@ def run_and_stop(url: str, out_dir: Path, wait_s: float = 3.0, load_timeout_s: f
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = _open(browser, url, "Write a long story about a dragon.", load_timeout_s)
-        slider = page.get_by_role("slider", name="Max new tokens")
-        slider.focus()
         for key in keys:
-            page.keyboard.press(key)
-            wait_idle(page, 60_000)
+            slider_key(page, "Max new tokens", key)
         page.get_by_role("button", name="Run to end", exact=True).click()
         page.wait_for_selector("[data-testid='stProgress']", timeout=120_000)
         page.wait_for_timeout(wait_s * 1000)
-        page.get_by_role("button", name="Stop", exact=True).click()
-        wait_idle(page, 300_000)
-        page.wait_for_timeout(500)
+        _press(page, "Stop")
         report = {"info": page.locator("[data-testid='stAlertContentInfo']").all_inner_texts(),
                   "success": page.locator("[data-testid='stAlertContentSuccess']").all_inner_texts(),
                   "caption": _step_caption(page),
@@ -233,13 +279,14 @@ def two_sessions(url: str, out_dir: Path, prompts=("def add(a, b):", "The capita
         pages = []
         for prompt in prompts:
             ctx = browser.new_context(viewport={"width": 1400, "height": 1200}, accept_downloads=True)
-            pages.append(_open(browser, url, prompt, load_timeout_s, page=ctx.new_page()))  # own session
+            pages.append(_open(browser, url, prompt, load_timeout_s, page=new_page(ctx)))  # own session
         for _ in range(steps):
             # both clicks go out before either rerun finishes: the server runs the two sessions concurrently
+            before = [runs(page) for page in pages]
             for page in pages:
                 page.get_by_role("button", name="Step", exact=True).click(no_wait_after=True)
-            for page in pages:
-                wait_idle(page, 300_000)
+            for page, n in zip(pages, before):
+                wait_runs_after(page, n, 300_000)
         for i, page in enumerate(pages):
             page.screenshot(path=str(out_dir / f"session{i}.png"), full_page=True)
             with page.expect_download() as dl:

@@ -11,9 +11,10 @@ pytestmark = pytest.mark.skipif(not (shutil.which(CHROMIUM) or os.path.exists(CH
 
 
 def test_step_twice_in_a_real_browser(tmp_path):
+    """A fresh page, nothing typed: the prompt box holds a real prompt and the first Step draws a tree."""
     with running_app("tiny") as url:
         report = step_twice(url, tmp_path, load_timeout_s=120)
-    assert report["exceptions"] == 0 and report["errors"] == []
+    assert report["prompt"].strip() and report["exceptions"] == 0 and report["errors"] == []
     assert report["plots"] >= 5  # tree, mask, branches, stop signal, run
     titles = " ".join(report["titles"])
     assert "Step 2: draft tree" in titles and "Tree attention mask" in titles
