@@ -12,7 +12,7 @@ Invariants between steps (batch size 1):
   for the anchor. The prompt is never recomputed.
 * A step feeds each model the committed tokens it lacks (its *chain*) together with tree nodes; tree nodes use
   the topology-aware float mask and position ids ``L - 1 + depth`` (``tree.py``). After verification both caches
-  are cut to the committed context plus the accepted path (rows gathered per layer).
+  keep the committed context plus the accepted path (``kv_cache.py``: only the path's rows move).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from . import drafting, verify
 from .config import MethodConfig
 from .decision.features import dist_features, path_features
+from .kv_cache import KV_CACHES, KVCache, new_kv_cache
 from .models import ModelPair
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
 from .stopping import LEARNED_POLICIES, LevelView, make_stop_policy
@@ -49,43 +50,6 @@ def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
-
-
-def _new_cache():
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-def cache_length(cache) -> int:
-    return int(cache.get_seq_length()) if cache is not None else 0
-
-
-def trim_cache(cache, keep_prefix: int, keep_rows: list[int]) -> int:
-    """Keep cache positions ``[0, keep_prefix)`` plus ``keep_rows`` (ascending, all >= keep_prefix); drop the rest.
-
-    Uses a plain crop when the kept rows are contiguous (the common chain case) and an ``index_select`` on the
-    sequence axis of every layer's keys and values otherwise (transformers 5 has no sequence-axis select).
-    Returns the new length.
-    """
-    total = cache_length(cache)
-    new_len = keep_prefix + len(keep_rows)
-    if keep_rows == list(range(keep_prefix, new_len)):
-        if total > new_len:
-            cache.crop(new_len - total)  # transformers 5: negative = tokens to remove
-        return new_len
-    kept = list(range(keep_prefix)) + keep_rows
-    index: dict = {}  # device -> index tensor (layers may be spread over devices)
-    for layer in cache.layers:
-        if not hasattr(layer, "keys") or getattr(layer, "sliding_window", None):
-            raise EngineError(f"cache layer {type(layer).__name__} cannot be trimmed to a tree path")
-        dev = layer.keys.device
-        idx = index.get(dev)
-        if idx is None:
-            idx = index[dev] = torch.tensor(kept, dtype=torch.long, device=dev)
-        layer.keys = layer.keys.index_select(-2, idx)
-        layer.values = layer.values.index_select(-2, idx)
-    return new_len
 
 
 @dataclass
@@ -138,13 +102,18 @@ class Engine:
             (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
         capture_features: keep every drafted node's decision features (``_Drafted.features``) for
             ``decision collect``, whatever the stop policy.
+        kv_cache: ``dynamic`` (default) or ``static`` (preallocated for the run; fixed shapes, see ``kv_cache.py``).
+            Both give the same tokens and traces.
     Raises:
-        EngineError: a learned stop policy with no decision model for this pair; on ``start``, an empty prompt or
-            one that leaves no room in the context window.
+        EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``; on
+            ``start``, an empty prompt or one that leaves no room in the context window.
     """
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
-                 capture_features: bool = False):
+                 capture_features: bool = False, kv_cache: str = "dynamic"):
+        if kv_cache not in KV_CACHES:
+            raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
+        self.kv_cache = kv_cache
         self.pair = pair
         self.config = config
         self.sampling = sampling
@@ -192,19 +161,19 @@ class Engine:
         self.n_prompt = len(self.committed)
         self.max_new_tokens = int(max_new_tokens)
         self.finished = False
-        self.target_cache = _new_cache()
-        self.draft_cache = _new_cache() if self.branching else None
+        self.target_kv: KVCache = new_kv_cache(self.kv_cache, self.pair.target, needed)
+        self.draft_kv: KVCache | None = new_kv_cache(self.kv_cache, self.pair.draft, needed) if self.branching else None
         self._text_so_far = ""  # decoded generated text, complete characters only
         t0 = _now(self.pair.device)
         # The target prefills the whole prompt exactly as transformers' generate does (same kernels, same cache
         # rounding), and its last row gives p for the first step's anchor.
-        fwd = self._forward(self.pair.target, self.target_cache, self.committed, list(range(self.n_prompt)), None,
+        fwd = self._forward(self.pair.target, self.target_kv, self.committed, list(range(self.n_prompt)), None,
                             keep=1)
         self.next_logits = fwd.logits[-1].float()
         self.next_dist = logits_to_probs(self.next_logits, self.sampling)
         head = self.committed[:-1]
-        if self.draft_cache is not None and head:
-            self._forward(self.pair.draft, self.draft_cache, head, list(range(len(head))), None, keep=1)
+        if self.draft_kv is not None and head:
+            self._forward(self.pair.draft, self.draft_kv, head, list(range(len(head))), None, keep=1)
         prefill_ms = (_now(self.pair.device) - t0) * 1e3
         self._after_prefill = (self.target_len(), self.draft_len(), self.next_logits, self.next_dist)
         self.trace = RunTrace(
@@ -212,7 +181,7 @@ class Engine:
                       "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
-                   "draft_quant": self.pair.draft_quant},
+                   "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 
@@ -222,9 +191,9 @@ class Engine:
         if self.trace is None:
             raise EngineError("start() the engine with a prompt first")
         target_len, draft_len, self.next_logits, self.next_dist = self._after_prefill
-        trim_cache(self.target_cache, target_len, [])
-        if self.draft_cache is not None:
-            trim_cache(self.draft_cache, draft_len, [])
+        self.target_kv.rewind(target_len)
+        if self.draft_kv is not None:
+            self.draft_kv.rewind(draft_len)
         del self.committed[self.n_prompt:]
         self.finished = False
         self._text_so_far = ""
@@ -263,19 +232,22 @@ class Engine:
 
     # ------------------------------------------------------------------ forwards
 
-    def _forward(self, model, cache, input_ids: list[int], position_ids: list[int], mask, keep: int,
+    def _forward(self, model, kv: KVCache, input_ids: list[int], position_ids: list[int], mask, keep: int,
                  hidden: bool = False) -> _Forward:
-        """One forward of ``model`` appending to ``cache``. ``mask``: bool ``(q, k)`` numpy array or None for the
-        ordinary causal mask. Returns the logits of the last ``keep`` rows, cut to the shared vocabulary, and with
-        ``hidden`` the last hidden state of the same rows."""
+        """One forward of ``model`` appending to ``kv``. ``mask``: bool ``(q, kv.length + q)`` numpy array or None
+        for the ordinary causal mask. Returns the logits of the last ``keep`` rows, cut to the shared vocabulary,
+        and with ``hidden`` the last hidden state of the same rows."""
         device = self.pair.device
         ids = torch.tensor([input_ids], dtype=torch.long, device=device)
         pos = torch.tensor([position_ids], dtype=torch.long, device=device)
-        attn = None if mask is None else to_float_mask(mask, model.dtype, device)
+        attn = None if mask is None else to_float_mask(kv.pad_mask(mask), model.dtype, device)
         with torch.inference_mode(), self.pair.lock:
             t0 = _now(device)
-            out = model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=cache,
-                        use_cache=True, logits_to_keep=keep, output_hidden_states=hidden)
+            cache_position = kv.before_forward(len(input_ids))
+            out = model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=kv.hf,
+                        cache_position=cache_position, use_cache=True, logits_to_keep=keep,
+                        output_hidden_states=hidden)
+            kv.after_forward(len(input_ids))
             self._forward_ms += (_now(device) - t0) * 1e3
         logits = out.logits[0, :, : self.pair.vocab_size]
         h = out.hidden_states[-1][0, -logits.shape[0]:].float() if hidden else None
@@ -305,9 +277,9 @@ class Engine:
 
         # Commit, then cut both caches to the committed context plus the accepted path.
         new_tokens = [d.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
-        trim_cache(self.target_cache, v.head, [v.head + i for i in result.path])
+        self.target_kv.keep(v.head, [v.head + i for i in result.path])
         if d.calls:
-            trim_cache(self.draft_cache, d.head, [d.head + i for i in result.path if i < d.fed])
+            self.draft_kv.keep(d.head, [d.head + i for i in result.path if i < d.fed])
         if self.config.is_lossy:
             self.next_dist = result.next_dist
             self.next_logits = v.p_rows.row_logits(result.next_row).clone()  # not a view of all rows
@@ -342,7 +314,7 @@ class Engine:
             else:
                 roots = drafting.draw_without_replacement(self.next_dist, self.config.width, self.generator)
             tree.add_level([-1] * len(roots), roots, source="target")
-        chain = self.committed[self.draft_len():] if self.draft_cache is not None else []
+        chain = self.committed[self.draft_len():] if self.draft_kv is not None else []
         past = L - len(chain)
         calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
         active: set[str] | None = None  # branches still drafting, once the first drafted level exists
@@ -372,7 +344,7 @@ class Engine:
             ids = (chain if first else []) + tree.token[start:stop]
             mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
             pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
-            fwd = self._forward(self.pair.draft, self.draft_cache, ids, pos, mask, keep=max(stop - start, 1),
+            fwd = self._forward(self.pair.draft, self.draft_kv, ids, pos, mask, keep=max(stop - start, 1),
                                 hidden=want_hidden)
             calls += 1
             fed = stop
@@ -424,7 +396,7 @@ class Engine:
         pos = step_position_ids(past, len(chain), True, tree.depth, 0, n)
         calls = 1 if chain or n else 0
         if calls:
-            logits = self._forward(self.pair.target, self.target_cache, chain + tree.token, pos,
+            logits = self._forward(self.pair.target, self.target_kv, chain + tree.token, pos,
                                    mask if n else None, keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
             logits = torch.empty(0, self.pair.vocab_size, device=self.pair.device)
@@ -453,11 +425,11 @@ class Engine:
 
     def target_len(self) -> int:
         """Committed tokens in the target's KV cache."""
-        return cache_length(self.target_cache)
+        return self.target_kv.length
 
     def draft_len(self) -> int:
         """Committed tokens in the draft's KV cache."""
-        return cache_length(self.draft_cache)
+        return self.draft_kv.length if self.draft_kv is not None else 0
 
     # ------------------------------------------------------------------ trace
 

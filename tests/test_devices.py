@@ -19,10 +19,11 @@ from explorer.engine import Engine
 from explorer.sampling import SamplingConfig
 
 
-def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: bool = False):
+def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: bool = False,
+              kv_cache: str = "dynamic"):
     """Start, three steps, rewind with a new seed, one more step: every code path of a session."""
     eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3),
-                 capture_features=capture_features)
+                 capture_features=capture_features, kv_cache=kv_cache)
     eng.start(pair.tokenizer.encode(PROMPT), 16)
     eng.run(max_steps=3)
     eng.rewind(seed=4)
@@ -32,11 +33,12 @@ def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: boo
 
 # ---------------------------------------------------------------------------------------------------- CPU guard
 
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
-def test_no_tensor_is_made_on_the_default_device(tiny, case):
+def test_no_tensor_is_made_on_the_default_device(tiny, case, kv_cache):
     cfg, temperature = GRID[case]
     with torch.device("meta"):
-        eng = _exercise(tiny, cfg, temperature)
+        eng = _exercise(tiny, cfg, temperature, kv_cache=kv_cache)
     assert all(n.status for s in eng.trace.steps for n in s.nodes)
     assert eng.trace.steps[-1].committed_ids
 
@@ -85,10 +87,11 @@ def tiny_cuda():
 
 @pytest.mark.cuda
 @cuda
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
-def test_every_method_runs_on_cuda(tiny_cuda, case):
+def test_every_method_runs_on_cuda(tiny_cuda, case, kv_cache):
     cfg, temperature = GRID[case]
-    eng = _exercise(tiny_cuda, cfg, temperature)
+    eng = _exercise(tiny_cuda, cfg, temperature, kv_cache=kv_cache)
     assert eng.trace.model["device"].startswith("cuda")
     assert sum(len(s.committed_ids) for s in eng.trace.steps) >= 1
 

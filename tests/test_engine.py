@@ -84,16 +84,16 @@ def test_kv_caches_hold_exactly_the_committed_prefix(tiny, cfg, temperature):
     eng.start(ids, 30)
     for _ in range(6):
         eng.step()
-        for model, cache, n in ((tiny.target, eng.target_cache, eng.target_len()),
-                                (tiny.draft, eng.draft_cache, eng.draft_len())):
+        for model, kv, n in ((tiny.target, eng.target_kv, eng.target_len()),
+                             (tiny.draft, eng.draft_kv, eng.draft_len())):
             expected = len(eng.committed) - (0 if (cfg.is_lossy and model is tiny.target) else 1)
             assert n <= len(eng.committed)
             if model is tiny.target:
                 assert n == expected
             fresh = _fresh_kv(model, eng.committed[:n])
-            for got, ref in zip(cache.layers, fresh.layers):
-                assert torch.allclose(got.keys, ref.keys, atol=1e-5)
-                assert torch.allclose(got.values, ref.values, atol=1e-5)
+            for (keys, values), ref in zip(kv.layer_tensors(), fresh.layers):
+                assert torch.allclose(keys, ref.keys, atol=1e-5)
+                assert torch.allclose(values, ref.values, atol=1e-5)
 
 
 def test_tree_forward_logits_equal_sequential_path_logits(tiny):

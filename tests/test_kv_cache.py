@@ -1,0 +1,104 @@
+"""Static KV caches (preallocated, fixed key width) give the same tokens and traces as dynamic ones; keeping a
+tree path moves only that path's rows and leaves the layout of a fresh prefill."""
+
+import math
+
+import pytest
+import torch
+from method_grid import GRID, IDS, PROMPT
+
+from explorer.config import MethodConfig
+from explorer.engine import Engine, EngineError
+from explorer.kv_cache import DynamicKVCache, KVCacheError, StaticKVCache
+from explorer.sampling import SamplingConfig
+
+TIMERS = {"draft_ms", "verify_ms", "step_ms", "forward_ms", "prefill_ms"}
+
+
+def _session(pair, cfg, temperature, kv_cache):
+    """Three steps, rewind with another seed, three steps, rewind to the first seed, two steps: the traces."""
+    eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3), kv_cache=kv_cache)
+    eng.start(pair.tokenizer.encode(PROMPT), 24)
+    traces = [eng.run(max_steps=3).to_dict()]
+    for seed, steps in ((4, 3), (3, 2)):
+        eng.rewind(seed=seed)
+        traces.append(eng.run(max_steps=steps).to_dict())
+    return traces
+
+
+def _same(a, b, path="") -> None:
+    """Equal, floats up to rounding (a wider masked key range may sum in another order); timers ignored."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            if k not in TIMERS and k != "kv_cache":
+                _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+@pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
+def test_static_cache_gives_the_dynamic_cache_traces(tiny, case):
+    cfg, temperature = GRID[case]
+    dynamic = _session(tiny, cfg, temperature, "dynamic")
+    static = _session(tiny, cfg, temperature, "static")
+    assert static[0]["model"]["kv_cache"] == "static"
+    _same(dynamic, static)
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+def test_kept_path_has_the_layout_of_a_fresh_prefill(tiny, kv_cache):
+    """After each step of a wide tree, every cache equals a fresh prefill of the committed tokens it covers."""
+    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2, 2)), SamplingConfig(temperature=1.0, seed=5),
+                 kv_cache=kv_cache)
+    eng.start(tiny.tokenizer.encode(PROMPT), 30)
+    for _ in range(5):
+        eng.step()
+        for model, kv in ((tiny.target, eng.target_kv), (tiny.draft, eng.draft_kv)):
+            fresh = DynamicKVCache()
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([eng.committed[: kv.length]]), past_key_values=fresh.hf, use_cache=True)
+            fresh.length = kv.length
+            for (k, v), (k0, v0) in zip(kv.layer_tensors(), fresh.layer_tensors()):
+                assert torch.allclose(k, k0, atol=1e-5) and torch.allclose(v, v0, atol=1e-5)
+
+
+def test_keep_moves_rows_in_place(tiny):
+    kv = StaticKVCache(tiny.target, 16)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.inference_mode():
+        kv.before_forward(6)
+        tiny.target(input_ids=ids, past_key_values=kv.hf, cache_position=torch.arange(6), use_cache=True)
+        kv.after_forward(6)
+    keys = kv.hf.layers[0].keys
+    pointer, before = keys.data_ptr(), keys[:, :, :6].clone()
+    assert kv.keep(2, [3, 5]) == 4 and kv.length == 4
+    assert kv.hf.layers[0].keys.data_ptr() == pointer  # the preallocated buffer is kept
+    assert torch.equal(keys[:, :, :4], before[:, :, [0, 1, 3, 5]])
+    kv.rewind(1)
+    assert kv.length == 1 and list(kv.layer_tensors())[0][0].shape[2] == 1
+
+
+def test_static_cache_refuses_what_it_cannot_hold(tiny):
+    kv = StaticKVCache(tiny.target, 8)
+    with pytest.raises(KVCacheError, match="holds 8 positions"):
+        kv.before_forward(9)
+    with pytest.raises(EngineError, match="unknown KV cache"):
+        Engine(tiny, MethodConfig(method="sd"), SamplingConfig(), kv_cache="paged")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
+def test_static_cache_gives_the_dynamic_cache_traces_on_cuda(case):
+    from explorer.tiny import tiny_pair
+
+    cfg, temperature = GRID[case]
+    pair = tiny_pair(seed=0, device="cuda")
+    _same(_session(pair, cfg, temperature, "dynamic"), _session(pair, cfg, temperature, "static"))
