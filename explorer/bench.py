@@ -82,7 +82,7 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
 
 
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
-               decision_model=None, kv_cache: str = "dynamic") -> dict:
+               decision_model=None, kv_cache: str = "dynamic", graphs: bool = False) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``.
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
@@ -90,11 +90,12 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     """
     from .engine import Engine
 
-    engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache)
+    engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
     seconds = time.perf_counter() - t0
+    engine.release()  # graph runners (and their captured graphs) serve the next run
     metrics = run_metrics(trace)
     metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None)
     return {**metrics, "token_ids": trace.generated_ids}
@@ -127,13 +128,14 @@ def aggregate(rows: list[dict]) -> dict:
 
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
           temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
-          kv_cache: str = "dynamic", progress=lambda msg: None) -> dict:
+          kv_cache: str = "dynamic", graphs: bool = False, progress=lambda msg: None) -> dict:
     """Run ``methods`` over ``prompts_ids`` at each temperature.
 
     Args:
         configs: method name -> MethodConfig (default ``config.DEFAULTS``); a name may be any label, e.g.
             ``"mcsd-improved/prune"``, as long as its config says which method it is.
-        kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``kv_cache.py``).
+        kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``kv_cache.py``); ``graphs``: our forwards
+            through CUDA graphs (``graphs.py``; needs ``static``).
     Returns:
         ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
     """
@@ -153,7 +155,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling)
         if method == HF_ASSISTED_BF16:
             return run_hf_assisted(pair, ids, n, sampling, draft=unquantized)
-        return run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache)
+        return run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs)
 
     for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations
         for method in methods:

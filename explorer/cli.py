@@ -271,12 +271,13 @@ def cmd_bench(args) -> int:
         bar.set_postfix_str(msg)
 
     result = bench(pair, ids, methods=methods, temperatures=temps, max_new_tokens=args.max_new_tokens,
-                   seed=args.seed, warmup=args.warmup, top_p=args.top_p, kv_cache=args.kv_cache, progress=progress)
+                   seed=args.seed, warmup=args.warmup, top_p=args.top_p,
+                   kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs, progress=progress)
     bar.close()
     result["meta"] = {
         "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
         "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "warmup": args.warmup,
-        "kv_cache": args.kv_cache,
+        "kv_cache": "static" if args.graphs else args.kv_cache, "graphs": args.graphs,
         **run_facts(pair)}
     paths = write_reports(result, args.out)
     print(Path(paths["md"]).read_text(encoding="utf-8"))
@@ -340,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--out", default="reports/bench", help="folder for bench.json / .csv / .md / .html")
     bn.add_argument("--kv-cache", default="dynamic", choices=["dynamic", "static"],
                     help="our engine's KV cache: dynamic (grows) or static (preallocated, fixed shapes)")
+    bn.add_argument("--graphs", action="store_true",
+                    help="our forwards through CUDA graphs per query-size bucket (implies --kv-cache static)")
     _add_model_args(bn)
     bn.set_defaults(func=cmd_bench)
 

@@ -25,6 +25,7 @@ import torch
 from . import drafting, verify
 from .config import MethodConfig
 from .decision.features import dist_features, path_features
+from .graphs import BUCKETS, acquire_runner, release_runner
 from .kv_cache import KV_CACHES, KVCache, new_kv_cache
 from .models import ModelPair
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
@@ -104,16 +105,22 @@ class Engine:
             ``decision collect``, whatever the stop policy.
         kv_cache: ``dynamic`` (default) or ``static`` (preallocated for the run; fixed shapes, see ``kv_cache.py``).
             Both give the same tokens and traces.
+        graphs: run forwards through ``graphs.GraphRunner`` (CUDA graphs per query-size bucket on a GPU, padded
+            eager forwards elsewhere); needs ``kv_cache="static"``. Runners come from the pair's idle ones and go
+            back with ``release()``.
     Raises:
-        EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``; on
-            ``start``, an empty prompt or one that leaves no room in the context window.
+        EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``, graphs
+            without a static cache; on ``start``, an empty prompt or one that leaves no room in the context window.
     """
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
-                 capture_features: bool = False, kv_cache: str = "dynamic"):
+                 capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
-        self.kv_cache = kv_cache
+        if graphs and kv_cache != "static":
+            raise EngineError("CUDA graphs need fixed shapes: use kv_cache='static' with graphs")
+        self.kv_cache, self.graphs = kv_cache, bool(graphs)
+        self._runners: dict = {}  # role -> GraphRunner (graphs only)
         self.pair = pair
         self.config = config
         self.sampling = sampling
@@ -161,8 +168,15 @@ class Engine:
         self.n_prompt = len(self.committed)
         self.max_new_tokens = int(max_new_tokens)
         self.finished = False
-        self.target_kv: KVCache = new_kv_cache(self.kv_cache, self.pair.target, needed)
-        self.draft_kv: KVCache | None = new_kv_cache(self.kv_cache, self.pair.draft, needed) if self.branching else None
+        self.release()
+        if self.graphs:  # padding rows of the largest bucket need room past the last real row
+            roles = ("target", "draft") if self.branching else ("target",)
+            self._runners = {role: acquire_runner(self.pair, role, needed + max(BUCKETS)) for role in roles}
+            self.target_kv = self._runners["target"].kv
+            self.draft_kv = self._runners["draft"].kv if self.branching else None
+        else:
+            self.target_kv = new_kv_cache(self.kv_cache, self.pair.target, needed)
+            self.draft_kv = new_kv_cache(self.kv_cache, self.pair.draft, needed) if self.branching else None
         self._text_so_far = ""  # decoded generated text, complete characters only
         t0 = _now(self.pair.device)
         # The target prefills the whole prompt exactly as transformers' generate does (same kernels, same cache
@@ -181,7 +195,7 @@ class Engine:
                       "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
-                   "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache},
+                   "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache, "graphs": self.graphs},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 
@@ -204,6 +218,12 @@ class Engine:
                               model=self.trace.model, prompt=self.trace.prompt, prompt_ids=self.trace.prompt_ids,
                               prefill_ms=self.trace.prefill_ms)
         return self.trace
+
+    def release(self) -> None:
+        """Give this engine's graph runners back to the pair for the next run; the run cannot step after it."""
+        for role, runner in self._runners.items():
+            release_runner(self.pair, role, runner)
+        self._runners = {}
 
     @property
     def n_generated(self) -> int:
@@ -238,6 +258,14 @@ class Engine:
         for the ordinary causal mask. Returns the logits of the last ``keep`` rows, cut to the shared vocabulary,
         and with ``hidden`` the last hidden state of the same rows."""
         device = self.pair.device
+        runner = self._runners.get("target" if kv is self.target_kv else "draft")
+        if runner is not None:
+            with torch.inference_mode(), self.pair.lock:
+                t0 = _now(device)
+                logits, h = runner.forward(input_ids, position_ids, mask, keep, hidden)
+                self._forward_ms += (_now(device) - t0) * 1e3
+            logits = logits[:, : self.pair.vocab_size]
+            return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
         ids = torch.tensor([input_ids], dtype=torch.long, device=device)
         pos = torch.tensor([position_ids], dtype=torch.long, device=device)
         attn = None if mask is None else to_float_mask(kv.pad_mask(mask), model.dtype, device)
@@ -265,6 +293,8 @@ class Engine:
             raise EngineError("start() the engine with a prompt first")
         if self.finished:
             raise EngineError("this run has finished: reset to start again")
+        if self.graphs and not self._runners:
+            raise EngineError("this run's graph runners were released: start a new run")
         device = self.pair.device
         t_start = _now(device)
         self._forward_ms = 0.0

@@ -130,13 +130,18 @@ class StaticKVCache(KVCache):
         self.length = 0
 
     def before_forward(self, n_new: int) -> torch.Tensor:
+        self.seek(n_new)
+        return torch.arange(self.length, self.length + n_new, device=self.device)
+
+    def seek(self, n_new: int) -> None:
+        """Make the next forward write its ``n_new`` rows at ``length``. Raises KVCacheError when they do not
+        fit."""
         if self.length + n_new > self.key_width:
             raise KVCacheError(f"the static KV cache holds {self.key_width} positions; this forward needs "
                                f"{self.length + n_new}")
         for layer in self.hf.layers:
             if getattr(layer, "is_initialized", False):
                 layer.cumulative_length.fill_(self.length)
-        return torch.arange(self.length, self.length + n_new, device=self.device)
 
     def keep(self, keep_prefix: int, keep_rows: list[int]) -> int:
         if self.length and any(getattr(layer, "is_initialized", False) for layer in self.hf.layers):

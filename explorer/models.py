@@ -100,6 +100,7 @@ class ModelPair:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     draft_quant: str = "none"
     unquantized_draft: torch.nn.Module | None = field(default=None, repr=False)
+    graph_runners: dict = field(default_factory=dict, repr=False)  # idle CUDA-graph runners (graphs.acquire_runner)
 
 
 def cache_dir() -> Path:

@@ -1,7 +1,11 @@
 """The method grid the device and KV-cache tests run: every method, every verifier, every stop policy, lossy and
 lossless, greedy and sampled, on the tiny pair."""
 
+import math
+
 from explorer.config import DEFAULTS, MethodConfig
+from explorer.engine import Engine
+from explorer.sampling import SamplingConfig
 
 PROMPT = "def f(x):\n    return"
 
@@ -41,3 +45,36 @@ def _case_id(c: MethodConfig, t: float) -> str:
 
 
 IDS = [_case_id(c, t) for c, t in GRID]
+
+
+TIMERS = {"draft_ms", "verify_ms", "step_ms", "forward_ms", "prefill_ms"}
+
+
+def session(pair, cfg, temperature, kv_cache, graphs=False):
+    """Three steps, rewind with another seed, three steps, rewind to the first seed, two steps: the traces."""
+    eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3), kv_cache=kv_cache,
+                 graphs=graphs)
+    eng.start(pair.tokenizer.encode(PROMPT), 24)
+    traces = [eng.run(max_steps=3).to_dict()]
+    for seed, steps in ((4, 3), (3, 2)):
+        eng.rewind(seed=seed)
+        traces.append(eng.run(max_steps=steps).to_dict())
+    eng.release()
+    return traces
+
+
+def same_traces(a, b, path="") -> None:
+    """Equal, floats up to rounding (a wider masked key range may sum in another order); timers ignored."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            if k not in TIMERS and k not in ("kv_cache", "graphs"):
+                same_traces(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_traces(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (path, a, b)
+    else:
+        assert a == b, (path, a, b)

@@ -22,8 +22,9 @@ from explorer.sampling import SamplingConfig
 def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: bool = False,
               kv_cache: str = "dynamic"):
     """Start, three steps, rewind with a new seed, one more step: every code path of a session."""
+    graphs = kv_cache == "static+graphs"
     eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3),
-                 capture_features=capture_features, kv_cache=kv_cache)
+                 capture_features=capture_features, kv_cache=kv_cache.removesuffix("+graphs"), graphs=graphs)
     eng.start(pair.tokenizer.encode(PROMPT), 16)
     eng.run(max_steps=3)
     eng.rewind(seed=4)
@@ -33,7 +34,7 @@ def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: boo
 
 # ---------------------------------------------------------------------------------------------------- CPU guard
 
-@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static", "static+graphs"])
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
 def test_no_tensor_is_made_on_the_default_device(tiny, case, kv_cache):
     cfg, temperature = GRID[case]
@@ -87,7 +88,7 @@ def tiny_cuda():
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static", "static+graphs"])
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
 def test_every_method_runs_on_cuda(tiny_cuda, case, kv_cache):
     cfg, temperature = GRID[case]

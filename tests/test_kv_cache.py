@@ -1,55 +1,22 @@
 """Static KV caches (preallocated, fixed key width) give the same tokens and traces as dynamic ones; keeping a
 tree path moves only that path's rows and leaves the layout of a fresh prefill."""
 
-import math
-
 import pytest
 import torch
-from method_grid import GRID, IDS, PROMPT
+from method_grid import GRID, IDS, PROMPT, same_traces, session
 
 from explorer.config import MethodConfig
 from explorer.engine import Engine, EngineError
 from explorer.kv_cache import DynamicKVCache, KVCacheError, StaticKVCache
 from explorer.sampling import SamplingConfig
 
-TIMERS = {"draft_ms", "verify_ms", "step_ms", "forward_ms", "prefill_ms"}
-
-
-def _session(pair, cfg, temperature, kv_cache):
-    """Three steps, rewind with another seed, three steps, rewind to the first seed, two steps: the traces."""
-    eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3), kv_cache=kv_cache)
-    eng.start(pair.tokenizer.encode(PROMPT), 24)
-    traces = [eng.run(max_steps=3).to_dict()]
-    for seed, steps in ((4, 3), (3, 2)):
-        eng.rewind(seed=seed)
-        traces.append(eng.run(max_steps=steps).to_dict())
-    return traces
-
-
-def _same(a, b, path="") -> None:
-    """Equal, floats up to rounding (a wider masked key range may sum in another order); timers ignored."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), path
-        for k in a:
-            if k not in TIMERS and k != "kv_cache":
-                _same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (path, a, b)
-    else:
-        assert a == b, (path, a, b)
-
-
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
 def test_static_cache_gives_the_dynamic_cache_traces(tiny, case):
     cfg, temperature = GRID[case]
-    dynamic = _session(tiny, cfg, temperature, "dynamic")
-    static = _session(tiny, cfg, temperature, "static")
+    dynamic = session(tiny, cfg, temperature, "dynamic")
+    static = session(tiny, cfg, temperature, "static")
     assert static[0]["model"]["kv_cache"] == "static"
-    _same(dynamic, static)
+    same_traces(dynamic, static)
 
 
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
@@ -101,4 +68,4 @@ def test_static_cache_gives_the_dynamic_cache_traces_on_cuda(case):
 
     cfg, temperature = GRID[case]
     pair = tiny_pair(seed=0, device="cuda")
-    _same(_session(pair, cfg, temperature, "dynamic"), _session(pair, cfg, temperature, "static"))
+    same_traces(session(pair, cfg, temperature, "dynamic"), session(pair, cfg, temperature, "static"))

@@ -1,0 +1,104 @@
+"""The graph runner: forwards padded to query-size buckets give the logits of unpadded forwards (CPU, padded eager
+calls); on a GPU, replayed CUDA graphs give the traces of eager forwards."""
+
+import numpy as np
+import pytest
+import torch
+from method_grid import GRID, IDS, PROMPT, same_traces, session
+
+from explorer.config import DEFAULTS, MethodConfig
+from explorer.engine import Engine, EngineError
+from explorer.graphs import BUCKETS, GraphRunner, bucket_for, padded_mask
+from explorer.kv_cache import DynamicKVCache, StaticKVCache
+from explorer.sampling import SamplingConfig
+from explorer.tree import DraftTree, step_mask, step_position_ids
+
+
+def test_buckets_and_padded_masks():
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64] and bucket_for(65) is None
+    tree_rows = np.array([[True, True, False], [True, True, True]])  # 2 rows after 1 cached column
+    m = padded_mask(tree_rows, 1, 2, 4, 8)
+    assert m.shape == (4, 8) and (m[:2, :3] == tree_rows).all() and not m[:2, 3:].any()
+    assert m[2].tolist() == [False] * 3 + [True] + [False] * 4 and m[3, 4] and m[3].sum() == 1  # own column
+    causal = padded_mask(None, 2, 3, 4, 8)
+    assert causal[:3, :5].tolist() == [[True, True, True, False, False], [True, True, True, True, False],
+                                       [True] * 5]
+
+
+@pytest.mark.parametrize("n_tree", [1, 3, 6, 13])
+def test_a_padded_tree_forward_gives_the_unpadded_logits(tiny, n_tree):
+    """A tree of ``n_tree`` nodes after a cached prompt, through the runner (padded to its bucket) and through a
+    plain forward on a dynamic cache: the same logits, and the same cache rows afterwards."""
+    prompt = tiny.tokenizer.encode(PROMPT)
+    tree = DraftTree()
+    parents = [-1] + [max(0, (i - 1) // 2) for i in range(1, n_tree)]  # a binary-ish tree, level by level
+    for level in sorted(set(_depths(parents))):
+        idx = [i for i, d in enumerate(_depths(parents)) if d == level]
+        tree.add_level([parents[i] for i in idx], [40 + i for i in idx])
+    past = len(prompt) - 1
+    mask = step_mask(past, 1, True, tree.anc, 0, len(tree))
+    pos = step_position_ids(past, 1, True, tree.depth, 0, len(tree))
+    ids = [prompt[-1]] + tree.token
+    runner = GraphRunner(tiny.target, StaticKVCache(tiny.target, 128), capture=False)
+    plain = DynamicKVCache()
+    with torch.inference_mode():
+        runner.forward(prompt[:-1], list(range(past)), None, 1)  # prefill (larger than no bucket: eager)
+        tiny.target(input_ids=torch.tensor([prompt[:-1]]), past_key_values=plain.hf, use_cache=True)
+        plain.length = past
+        got, _ = runner.forward(ids, pos, mask, keep=len(ids))
+        attn = torch.zeros(mask.shape).masked_fill_(~torch.from_numpy(mask), torch.finfo(torch.float32).min)
+        ref = tiny.target(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]),
+                          attention_mask=attn[None, None], past_key_values=plain.hf, use_cache=True).logits[0]
+    assert bucket_for(len(ids)) > len(ids) or len(ids) in BUCKETS
+    assert torch.allclose(got, ref, atol=1e-5), (got - ref).abs().max()
+    assert runner.kv.length == past + len(ids)
+    plain.length = past + len(ids)
+    for (k, v), (k0, v0) in zip(runner.kv.layer_tensors(), plain.layer_tensors()):
+        assert torch.allclose(k, k0, atol=1e-5) and torch.allclose(v, v0, atol=1e-5)
+
+
+def _depths(parents):
+    depth = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
+
+
+@pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
+def test_padded_buckets_give_the_unpadded_traces(tiny, case):
+    cfg, temperature = GRID[case]
+    same_traces(session(tiny, cfg, temperature, "dynamic"), session(tiny, cfg, temperature, "static", graphs=True))
+
+
+def test_runners_are_reused_and_released(tiny):
+    with pytest.raises(EngineError, match="static"):
+        Engine(tiny, DEFAULTS["sd"], SamplingConfig(), graphs=True)
+    ids = tiny.tokenizer.encode(PROMPT)
+    first = Engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(), kv_cache="static", graphs=True)
+    first.start(ids, 12)
+    first.step()
+    runners = dict(first._runners)
+    first.release()
+    with pytest.raises(EngineError, match="released"):
+        first.step()
+    second = Engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig(), kv_cache="static",
+                    graphs=True)
+    second.start(ids, 12)  # same width class: the idle runners (and on a GPU their graphs) are taken again
+    assert second._runners["target"] is runners["target"] and second._runners["draft"] is runners["draft"]
+    assert second.target_kv.length == len(ids)
+    second.run()
+    second.release()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
+def test_cuda_graphs_give_the_eager_traces(case):
+    from explorer.tiny import tiny_pair
+
+    cfg, temperature = GRID[case]
+    pair = tiny_pair(seed=0, device="cuda")
+    same_traces(session(pair, cfg, temperature, "static"), session(pair, cfg, temperature, "static", graphs=True))
+    runners = [r for idle in pair.graph_runners.values() for r in idle]
+    assert runners and all(r.capture for r in runners) and sum(r.replays for r in runners) > 0
+    assert all(r.captures <= 2 * len(BUCKETS) for r in runners)
