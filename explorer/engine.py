@@ -25,7 +25,7 @@ import torch
 from . import drafting, verify
 from .config import MethodConfig
 from .decision.features import dist_features, path_features
-from .graphs import BUCKETS, acquire_runner, release_runner
+from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, KVCache, new_kv_cache
 from .models import ModelPair
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
@@ -40,7 +40,7 @@ from .trace import (
     RunTrace,
     StepTrace,
 )
-from .tree import DraftTree, step_mask, step_position_ids, to_float_mask
+from .tree import DraftTree, step_mask, step_position_ids
 
 
 class EngineError(ValueError):
@@ -257,28 +257,15 @@ class Engine:
         """One forward of ``model`` appending to ``kv``. ``mask``: bool ``(q, kv.length + q)`` numpy array or None
         for the ordinary causal mask. Returns the logits of the last ``keep`` rows, cut to the shared vocabulary,
         and with ``hidden`` the last hidden state of the same rows."""
-        device = self.pair.device
         runner = self._runners.get("target" if kv is self.target_kv else "draft")
-        if runner is not None:
-            with torch.inference_mode(), self.pair.lock:
-                t0 = _now(device)
-                logits, h = runner.forward(input_ids, position_ids, mask, keep, hidden)
-                self._forward_ms += (_now(device) - t0) * 1e3
-            logits = logits[:, : self.pair.vocab_size]
-            return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
-        ids = torch.tensor([input_ids], dtype=torch.long, device=device)
-        pos = torch.tensor([position_ids], dtype=torch.long, device=device)
-        attn = None if mask is None else to_float_mask(kv.pad_mask(mask), model.dtype, device)
         with torch.inference_mode(), self.pair.lock:
-            t0 = _now(device)
-            cache_position = kv.before_forward(len(input_ids))
-            out = model(input_ids=ids, position_ids=pos, attention_mask=attn, past_key_values=kv.hf,
-                        cache_position=cache_position, use_cache=True, logits_to_keep=keep,
-                        output_hidden_states=hidden)
-            kv.after_forward(len(input_ids))
-            self._forward_ms += (_now(device) - t0) * 1e3
-        logits = out.logits[0, :, : self.pair.vocab_size]
-        h = out.hidden_states[-1][0, -logits.shape[0]:].float() if hidden else None
+            t0 = _now(self.pair.device)
+            if runner is not None:
+                logits, h = runner.forward(input_ids, position_ids, mask, keep, hidden)
+            else:
+                logits, h = eager_forward(model, kv, input_ids, position_ids, mask, keep, hidden)
+            self._forward_ms += (_now(self.pair.device) - t0) * 1e3
+        logits = logits[:, : self.pair.vocab_size]
         return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
 
     # ------------------------------------------------------------------ one step

@@ -1,4 +1,5 @@
-"""Model forwards at fixed shapes: CUDA graphs per query-size bucket (issue 13).
+"""Model forwards: plain calls (``eager_forward``), and at fixed shapes through CUDA graphs per query-size bucket
+(``GraphRunner``, issue 13).
 
 On a GPU a small model's eager forward is mostly Python and kernel launches (GUIDE.md 3b: about 22 ms of host work
 around 3.5 ms of kernels for the 1.5B target). A CUDA graph records one forward's kernels once and replays them
@@ -22,9 +23,27 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .kv_cache import StaticKVCache
+from .kv_cache import KVCache, StaticKVCache
+from .tree import to_float_mask
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def eager_forward(model, kv: KVCache, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None,
+                  keep: int, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One plain forward of ``model`` appending ``q = len(input_ids)`` rows to ``kv``. ``mask``: bool
+    ``(q, kv.length + q)`` or None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the
+    model dtype and, with ``hidden``, their last hidden state ``(keep, hidden_size)`` float32."""
+    device = next(model.parameters()).device
+    attn = None if mask is None else to_float_mask(kv.pad_mask(mask), model.dtype, device)
+    cache_position = kv.before_forward(len(input_ids))
+    out = model(input_ids=torch.tensor([input_ids], dtype=torch.long, device=device),
+                position_ids=torch.tensor([position_ids], dtype=torch.long, device=device), attention_mask=attn,
+                past_key_values=kv.hf, cache_position=cache_position, use_cache=True, logits_to_keep=keep,
+                output_hidden_states=hidden)
+    kv.after_forward(len(input_ids))
+    logits = out.logits[0]
+    return logits, (out.hidden_states[-1][0, -logits.shape[0]:].float() if hidden else None)
 
 
 def bucket_for(n: int, buckets=BUCKETS) -> int | None:
@@ -99,7 +118,8 @@ class GraphRunner:
         size = bucket_for(n, self.buckets)
         ready = all(getattr(layer, "is_initialized", False) for layer in self.kv.hf.layers)
         if size is None or not ready or length + size > self.kv.key_width:
-            return self._eager(input_ids, position_ids, mask, keep, hidden)
+            self.eager_calls += 1
+            return eager_forward(self.model, self.kv, input_ids, position_ids, mask, keep, hidden)
         b = self._bucket(size, hidden)
         host = np.zeros((3, size), dtype=np.int64)  # ids, position ids, cache positions: one copy to the device
         host[0, :n] = input_ids
@@ -150,25 +170,6 @@ class GraphRunner:
         b.graph, b.logits = graph, out.logits
         b.hidden = out.hidden_states[-1] if hidden else None
         self.captures += 1
-
-    def _eager(self, input_ids, position_ids, mask, keep, hidden):
-        device = self.kv.device
-        n = len(input_ids)
-        attn = None
-        if mask is not None:
-            allowed = torch.from_numpy(self.kv.pad_mask(mask)).to(device)
-            attn = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
-            attn.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            attn = attn[None, None]
-        cache_position = self.kv.before_forward(n)
-        out = self.model(input_ids=torch.tensor([input_ids], dtype=torch.long, device=device),
-                         position_ids=torch.tensor([position_ids], dtype=torch.long, device=device),
-                         attention_mask=attn, past_key_values=self.kv.hf, cache_position=cache_position,
-                         use_cache=True, logits_to_keep=keep, output_hidden_states=hidden)
-        self.kv.after_forward(n)
-        self.eager_calls += 1
-        logits = out.logits[0]
-        return logits, (out.hidden_states[-1][0, -logits.shape[0]:].float() if hidden else None)
 
 
 def acquire_runner(pair, role: str, min_width: int) -> GraphRunner:
