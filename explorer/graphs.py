@@ -94,8 +94,8 @@ class GraphRunner:
         capture: record CUDA graphs (default: when ``kv`` lives on a CUDA device); False = padded eager calls.
         buckets: the query sizes forwards are padded to, ascending.
     Raises:
-        ValueError: ``kv`` is not a ``StaticKVCache`` (graphs need fixed key widths) or has no room for the
-            padding rows of the largest bucket.
+        ValueError: ``kv`` is not a ``StaticKVCache`` (graphs need fixed key widths). A forward whose padding rows
+            would not fit in ``kv`` runs eagerly instead.
     """
 
     def __init__(self, model, kv, capture: bool | None = None, buckets=BUCKETS):
@@ -104,7 +104,6 @@ class GraphRunner:
         self.model, self.kv, self.buckets = model, kv, tuple(buckets)
         self.capture = kv.device.type == "cuda" if capture is None else bool(capture)
         self.dtype = next(model.parameters()).dtype
-        self.vocab = model.get_output_embeddings().weight.shape[0]
         self._buckets: dict[tuple[int, bool], _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.replays = self.captures = self.eager_calls = 0
@@ -131,7 +130,7 @@ class GraphRunner:
         self.kv.seek(size)  # the cache's write position: `length`
         if self.capture and b.graph is None:
             self._capture(b, hidden)
-            self.kv.seek(size)
+            self.kv.seek(size)  # warm-up and capture advanced the cache's counter
         if b.graph is not None:
             b.graph.replay()
             self.replays += 1

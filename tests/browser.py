@@ -60,11 +60,6 @@ def running_app(pair: str, port: int | None = None, timeout: float = 600):
 RUNS = "() => document.querySelector('[data-spec-run]')?.getAttribute('data-spec-run') ?? null"
 
 
-def new_page(owner, **kwargs):
-    """A new page of ``owner`` (a browser or a context)."""
-    return owner.new_page(**kwargs)
-
-
 def wait_idle(page, timeout_ms: int) -> None:
     """Wait until no script run is in progress (for the first load; after an action use ``rerun``)."""
     page.wait_for_selector(IDLE, timeout=timeout_ms)
@@ -95,7 +90,7 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = new_page(browser, viewport={"width": 1600, "height": 1400})
+        page = browser.new_page(viewport={"width": 1600, "height": 1400})
         page.goto(url)
         page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
         wait_runs_after(page, None, load_timeout_s * 1000)
@@ -131,7 +126,7 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
 
 def _open(browser, url: str, prompt: str, load_timeout_s: float, page=None):
     """Load the app in ``page`` (default: a new page of ``browser``), type ``prompt`` and wait for the rerun."""
-    page = page or new_page(browser, viewport={"width": 1600, "height": 1400}, accept_downloads=True)
+    page = page or browser.new_page(viewport={"width": 1600, "height": 1400}, accept_downloads=True)
     page.goto(url)
     page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
     wait_runs_after(page, None, load_timeout_s * 1000)
@@ -147,15 +142,16 @@ def _press(page, name: str, timeout_ms: int = 300_000) -> None:
 def slider_key(page, label: str, key: str, attempts: int = 5) -> str:
     """Press ``key`` on the slider ``label`` until its value changes (a key that lands while the previous rerun
     redraws the slider is lost), then wait for the rerun the change starts. Returns the new value."""
+    from playwright.sync_api import expect
+
     thumb = page.locator(f"input[type='range'][aria-label='{label}']")
     old = thumb.get_attribute("aria-valuetext")
     for _ in range(attempts):
         before = runs(page)
         thumb.press(key)
         try:
-            page.wait_for_function("([sel, old]) => document.querySelector(sel).getAttribute('aria-valuetext') !== old",
-                                   arg=[f"input[type='range'][aria-label='{label}']", old], timeout=3000)
-        except Exception:  # playwright's TimeoutError: the key was lost, press it again
+            expect(thumb).not_to_have_attribute("aria-valuetext", old, timeout=3000)
+        except AssertionError:  # the key was lost: press it again
             continue
         wait_runs_after(page, before, 60_000)
         return thumb.get_attribute("aria-valuetext")
@@ -279,7 +275,7 @@ def two_sessions(url: str, out_dir: Path, prompts=("def add(a, b):", "The capita
         pages = []
         for prompt in prompts:
             ctx = browser.new_context(viewport={"width": 1400, "height": 1200}, accept_downloads=True)
-            pages.append(_open(browser, url, prompt, load_timeout_s, page=new_page(ctx)))  # own session
+            pages.append(_open(browser, url, prompt, load_timeout_s, page=ctx.new_page()))  # own session
         for _ in range(steps):
             # both clicks go out before either rerun finishes: the server runs the two sessions concurrently
             before = [runs(page) for page in pages]
