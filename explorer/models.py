@@ -348,13 +348,20 @@ def load_pair(draft: str, target: str, *, dtype=None, device=None, progress: Pro
                      draft_id=draft, target_id=target)
 
 
+def prepare_default_pair(dtype=None, progress: ProgressFn = _noop_progress) -> list[Path]:
+    """Assemble, check and convert both embedded models for ``dtype`` (once; later calls return at once).
+    Returns the draft's and the target's converted folders."""
+    dtype = parse_dtype(dtype)
+    return [prepare_embedded(m, dtype, progress) for m in (DEFAULT_DRAFT, DEFAULT_TARGET)]
+
+
 def load_default_pair(*, dtype=None, device=None, progress: ProgressFn = _noop_progress) -> ModelPair:
     """The embedded pair: Qwen2.5-Coder-0.5B-Instruct (draft) and Qwen2.5-Coder-1.5B-Instruct (target).
 
     First start: assemble + verify + convert both (about 1.6 GB read, 1-2 minutes on 2 cores). Later: seconds.
     """
     dtype = parse_dtype(dtype)
-    dirs = [prepare_embedded(m, dtype, progress) for m in (DEFAULT_DRAFT, DEFAULT_TARGET)]
+    dirs = prepare_default_pair(dtype, progress)
     pair = load_pair(str(dirs[0]), str(dirs[1]), dtype=dtype, device=device, progress=progress)
     pair.name = "Qwen2.5-Coder 0.5B -> 1.5B (embedded)"
     pair.draft_id, pair.target_id = DEFAULT_DRAFT.hf_name, DEFAULT_TARGET.hf_name

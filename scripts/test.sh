@@ -17,8 +17,7 @@ phase "python packages"
 case " $* " in
   *"not real"*) ;;
   *) # assemble, check and convert the embedded pair once (a no-op when SPEC_EXPLORER_CACHE already holds it)
-     python -c "from explorer.models import DEFAULT_DRAFT, DEFAULT_TARGET, parse_dtype, prepare_embedded as p
-for m in (DEFAULT_DRAFT, DEFAULT_TARGET): p(m, parse_dtype(None))"
+     python -c "from explorer.models import prepare_default_pair; prepare_default_pair()"
      phase "embedded model pair" ;;
 esac
 status=0

@@ -21,6 +21,14 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def tiny_cuda():
+    """The tiny pair on the GPU, built once (only ``cuda`` tests, which skip without one, ask for it)."""
+    from explorer.tiny import tiny_pair
+
+    return tiny_pair(seed=0, device="cuda")
+
+
+@pytest.fixture(scope="session")
 def real_pair():
     from explorer.models import load_default_pair
 

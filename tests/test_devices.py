@@ -79,13 +79,6 @@ def test_audit_and_feature_capture_under_the_guard(tiny):
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.fixture(scope="module")
-def tiny_cuda():
-    from explorer.tiny import tiny_pair
-
-    return tiny_pair(seed=0, device="cuda")
-
-
 @pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static", "static+graphs"])

@@ -93,12 +93,13 @@ def test_runners_are_reused_and_released(tiny):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
-def test_cuda_graphs_give_the_eager_traces(case):
-    from explorer.tiny import tiny_pair
+def test_cuda_graphs_give_the_eager_traces(tiny_cuda, case):
+    def runners():  # the idle ones: every session gives its runners back
+        return [r for idle in tiny_cuda.graph_runners.values() for r in idle]
 
     cfg, temperature = GRID[case]
-    pair = tiny_pair(seed=0, device="cuda")
-    same_traces(session(pair, cfg, temperature, "static"), session(pair, cfg, temperature, "static", graphs=True))
-    runners = [r for idle in pair.graph_runners.values() for r in idle]
-    assert runners and all(r.capture for r in runners) and sum(r.replays for r in runners) > 0
+    replays = sum(r.replays for r in runners())
+    same_traces(session(tiny_cuda, cfg, temperature, "static"),
+                session(tiny_cuda, cfg, temperature, "static", graphs=True))
+    assert runners() and all(r.capture for r in runners()) and sum(r.replays for r in runners()) > replays
     assert all(r.captures <= 2 * len(BUCKETS) for r in runners)

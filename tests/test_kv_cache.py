@@ -63,9 +63,6 @@ def test_static_cache_refuses_what_it_cannot_hold(tiny):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
-def test_static_cache_gives_the_dynamic_cache_traces_on_cuda(case):
-    from explorer.tiny import tiny_pair
-
+def test_static_cache_gives_the_dynamic_cache_traces_on_cuda(tiny_cuda, case):
     cfg, temperature = GRID[case]
-    pair = tiny_pair(seed=0, device="cuda")
-    same_traces(session(pair, cfg, temperature, "dynamic"), session(pair, cfg, temperature, "static"))
+    same_traces(session(tiny_cuda, cfg, temperature, "dynamic"), session(tiny_cuda, cfg, temperature, "static"))
