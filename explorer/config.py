@@ -8,16 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .stopping import DEFAULT_THRESHOLDS, STOP_POLICY_NAMES
-from .tree import TreeShapeError, parse_k_config, tree_size
+from .tree import TreeShapeError, parse_k_config, rank_decay_parents, tree_size
 
-METHODS = ("ar", "sd", "mcsd", "mcsd-improved")
-METHOD_LABELS = {
-    "ar": "Autoregressive (AR)",
-    "sd": "Speculative decoding (SD, chain)",
-    "mcsd": "MCSD (draft tree, one target pass)",
-    "mcsd-improved": "Improved MCSD (seed paper)",
-}
 MAX_TREE_NODES = 512
 VERIFIERS = ("rrs", "rrs-replacement", "mcns", "spechub")
 VERIFIER_LABELS = {
@@ -34,7 +28,8 @@ class MethodConfig:
     """Settings of one decoding method.
 
     Attributes:
-        method: ``ar`` | ``sd`` | ``mcsd`` | ``mcsd-improved``.
+        method: one of ``methods.METHODS`` (``ar``, ``sd``, ``mcsd``, ``mcsd-improved``, ``prompt-lookup``,
+            ``token-recycling``, ``hybrid``).
         gamma: draft chain length for ``sd``.
         k_config: children per node at each draft level (``mcsd``; for ``mcsd-improved`` the first levels,
             padded with 1s up to ``max_depth``: 1s make the "fork" chains of the seed).
@@ -55,6 +50,11 @@ class MethodConfig:
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
             ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
             the verifier. The lossy mode always uses the seed's longest-branch rule.
+        lookup_tokens: prompt lookup: tokens copied after a match (transformers' ``prompt_lookup_num_tokens``).
+        lookup_ngram: prompt lookup: the longest n-gram matched (shorter ones are tried when it has no match).
+        lookup_branches: prompt lookup: distinct continuations proposed (the most recent matches first).
+        recycling_widths: Token Recycling's static tree template (``tree.rank_decay_parents``).
+        recycling_k: Token Recycling: candidates stored per token in the adjacency matrix.
     """
 
     method: str = "mcsd"
@@ -68,12 +68,24 @@ class MethodConfig:
     verifier: str = "auto"
     decision_model: str = "dist"
     branch_threshold: float = 1.0
+    lookup_tokens: int = 10
+    lookup_ngram: int = 3
+    lookup_branches: int = 3
+    recycling_widths: tuple[int, ...] = (8, 3, 2, 1, 1, 1, 1, 1)
+    recycling_k: int = 8
+
+    @property
+    def spec(self):
+        """The method's ``methods.MethodSpec``."""
+        return METHOD_SPECS[self.method]
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
-        for name, lo, hi in (("gamma", 1, 64), ("width", 1, 64), ("max_depth", 1, 64)):
+        object.__setattr__(self, "recycling_widths", parse_k_config(self.recycling_widths))
+        for name, lo, hi in (("gamma", 1, 64), ("width", 1, 64), ("max_depth", 1, 64), ("lookup_tokens", 1, 64),
+                             ("lookup_ngram", 1, 8), ("lookup_branches", 1, 16), ("recycling_k", 1, 64)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
@@ -92,28 +104,52 @@ class MethodConfig:
         if isinstance(bt, bool) or not isinstance(bt, (int, float)) or not 0.0 <= bt <= 1.0:
             raise ValueError(f"branch_threshold must be a number in [0, 1], got {bt!r}")
         object.__setattr__(self, "branch_threshold", float(bt))
-        if self.method == "mcsd-improved" and len(self.k_config) > self.max_depth:
+        if self.spec.has_stop_policy and len(self.k_config) > self.max_depth:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
         if self.verifier not in ("auto",) + VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; use auto or one of {', '.join(VERIFIERS)}")
+        if self.lossy and self.method != "mcsd-improved":
+            raise ValueError(f"the lossy mode belongs to mcsd-improved, not {self.method}")
         if self.lossy and self.verifier != "auto":
             raise ValueError("the lossy mode uses the seed's longest-branch rule; leave the verifier on auto")
         if self.verifier == "spechub" and any(k > 2 for k in self.draft_branching()):
             raise TreeShapeError(f"SpecHub verifies at most two drafts per node; k_config {self.k_config} has "
                                  f"{max(self.draft_branching())} (use e.g. 2,2,2)")
+        if "recycling" in self.spec.free and max(self.recycling_widths) > self.recycling_k:
+            raise TreeShapeError(f"recycling widths {self.recycling_widths} ask for more candidates per token than "
+                                 f"the matrix stores (recycling_k {self.recycling_k})")
         if self.max_nodes() > MAX_TREE_NODES:
             raise TreeShapeError(f"this tree has {self.max_nodes()} nodes; at most {MAX_TREE_NODES} are verified "
                                  "in one target pass")
 
     def draft_branching(self) -> list[int]:
-        """Children per node for each draft-model level (empty for ``ar``)."""
-        if self.method == "ar":
+        """Children per node for each draft-model level (empty for methods without a draft model)."""
+        shape = self.spec.model_tree
+        if shape == "none":
             return []
-        if self.method == "sd":
+        if shape == "chain":
             return [1] * self.gamma
-        if self.method == "mcsd":
+        if shape == "tree":
             return list(self.k_config)
         return list(self.k_config) + [1] * (self.max_depth - len(self.k_config))
+
+    def free_nodes(self) -> int:
+        """Most tree nodes the free drafters (lookup, recycling) add in one step."""
+        n = 0
+        if "lookup" in self.spec.free:
+            n += self.lookup_tokens * self.lookup_branches
+        if "recycling" in self.spec.free:
+            n += len(rank_decay_parents(self.recycling_widths)[0])
+        return n
+
+    def max_draft_depth(self) -> int:
+        """Deepest draft level a step can reach (the seed's acceptance rate divides by it; 0 for ``ar``)."""
+        depth = len(self.draft_branching())
+        if "lookup" in self.spec.free:
+            depth = max(depth, self.lookup_tokens)
+        if "recycling" in self.spec.free:
+            depth = max(depth, len(self.recycling_widths))
+        return depth
 
     @property
     def target_roots(self) -> int:
@@ -126,7 +162,9 @@ class MethodConfig:
 
     def max_nodes(self) -> int:
         roots = self.target_roots
-        return roots * (1 + tree_size(self.draft_branching())) if roots else tree_size(self.draft_branching())
+        if roots:
+            return roots * (1 + tree_size(self.draft_branching()))
+        return tree_size(self.draft_branching()) + self.free_nodes()
 
     def verifier_for(self, greedy: bool) -> str:
         """The verifier that runs: ``longest-branch`` when lossy, ``greedy`` at temperature 0, else the setting."""
@@ -137,11 +175,12 @@ class MethodConfig:
         return "rrs" if self.verifier == "auto" else self.verifier
 
     def stop_policy_name(self) -> str:
-        return self.stop if self.method == "mcsd-improved" else "none"
+        return self.stop if self.spec.has_stop_policy else "none"
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["k_config"] = list(self.k_config)
+        d["recycling_widths"] = list(self.recycling_widths)
         return d
 
     def with_(self, **changes) -> "MethodConfig":
@@ -160,4 +199,7 @@ DEFAULTS = {
     # extra branch costs a draft row on each later level.
     "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=16, stop="decision",
                                   branch_threshold=0.8),
+    "prompt-lookup": MethodConfig(method="prompt-lookup"),
+    "token-recycling": MethodConfig(method="token-recycling"),
+    "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
 }

@@ -1,7 +1,8 @@
 """The step machine: prefill, draft, verify, commit, trim the KV caches; every step emits a StepTrace.
 
-One engine drives all methods (``ar``, ``sd``, ``mcsd``, ``mcsd-improved``); they differ only in the draft tree's
-shape, where its roots come from, the stop policy and the verifier (see ``config.MethodConfig``).
+One engine drives all methods (``methods.METHODS``); they differ only in the drafter that proposes the tree
+(``explorer/drafters``: none, the draft model, prompt lookup, Token Recycling, or the draft model plus free
+branches), the stop policy and the verifier (see ``config.MethodConfig``).
 
 Invariants between steps (batch size 1):
 
@@ -22,14 +23,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import drafting, verify
+from . import verify
 from .config import MethodConfig
-from .decision.features import dist_features, path_features
+from .drafters import Drafted, make_drafter
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
-from .kv_cache import KV_CACHES, KVCache, new_kv_cache
+from .kv_cache import KV_CACHES, new_kv_cache
 from .models import ModelPair
+from .methods import DRAFT_SOURCES
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
-from .stopping import LEARNED_POLICIES, LevelView, make_stop_policy
+from .stopping import LEARNED_POLICIES, make_stop_policy
 from .trace import (
     ACCEPTED,
     CONTEXT,
@@ -63,21 +65,6 @@ class _Forward:
 
 
 @dataclass
-class _Drafted:
-    """What drafting produced for one step (internal)."""
-
-    tree: DraftTree
-    q_rows: LazyRows  # row -> q the children of that row were drafted from (sampling only)
-    q_show: dict  # node -> displayed draft probability of its token
-    signals: list  # StopSignal per checked level
-    calls: int  # draft forwards
-    fed: int  # tree nodes fed to the draft (a breadth-first prefix)
-    head: int  # draft cache length before the tree rows (context + chain)
-    features: dict  # node -> (hidden (H,) or None, dist (11,), q(x), prod q of its path): decision features
-    q_top: dict  # row -> [(token, q)] top tokens of the distribution its children were drafted from
-
-
-@dataclass
 class _Verified:
     """What verification produced for one step (internal)."""
 
@@ -90,6 +77,9 @@ class _Verified:
     calls: int
     head: int  # target cache length before the tree rows
     parent_rows: list[int]  # p rows with children in the tree (batched in p_rows; their top tokens are traced)
+    anchor_token: int
+    anchor_logits: torch.Tensor  # (vocab,) the target's logits at the anchor
+    node_logits: torch.Tensor  # (N, vocab) the target's logits at every tree node, tree order
 
 
 class Engine:
@@ -101,20 +91,23 @@ class Engine:
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
         decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
             (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
-        capture_features: keep every drafted node's decision features (``_Drafted.features``) for
+        capture_features: keep every drafted node's decision features (``drafters.Drafted.features``) for
             ``decision collect``, whatever the stop policy.
         kv_cache: ``dynamic`` (default) or ``static`` (preallocated for the run; fixed shapes, see ``kv_cache.py``).
             Both give the same tokens and traces.
         graphs: run forwards through ``graphs.GraphRunner`` (CUDA graphs per query-size bucket on a GPU, padded
             eager forwards elsewhere); needs ``kv_cache="static"``. Runners come from the pair's idle ones and go
             back with ``release()``.
+        recycling_state: a Token Recycling matrix carried over from an earlier run (``recycling_state()`` of that
+            run's engine); None starts with an empty matrix.
     Raises:
         EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``, graphs
             without a static cache; on ``start``, an empty prompt or one that leaves no room in the context window.
     """
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
-                 capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False):
+                 capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
+                 recycling_state: dict | None = None):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
@@ -136,11 +129,12 @@ class Engine:
         self.decision_model = decision_model
         self.stop_policy = make_stop_policy(policy, config.threshold, decision_model)
         self.capture_features = capture_features
+        self.drafter = make_drafter(config, recycling_state)
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
         self._forward_ms = 0.0  # time inside model forwards during the current step
         self._texts: dict[int, str] = {}  # token id -> decoded text (the trace shows thousands per run)
-        self.last_step: tuple | None = None  # (_Drafted, _Verified) of the latest step, for decision collect
+        self.last_step: tuple | None = None  # (Drafted, _Verified) of the latest step, for decision collect
 
     # ------------------------------------------------------------------ set-up
 
@@ -169,30 +163,31 @@ class Engine:
         self.max_new_tokens = int(max_new_tokens)
         self.finished = False
         self.release()
+        drafts = self.drafter.uses_draft_model
         if self.graphs:  # padding rows of the largest bucket need room past the last real row
-            roles = ("target", "draft") if self.branching else ("target",)
+            roles = ("target", "draft") if drafts else ("target",)
             self._runners = {role: acquire_runner(self.pair, role, needed + max(BUCKETS)) for role in roles}
             self.target_kv = self._runners["target"].kv
-            self.draft_kv = self._runners["draft"].kv if self.branching else None
+            self.draft_kv = self._runners["draft"].kv if drafts else None
         else:
             self.target_kv = new_kv_cache(self.kv_cache, self.pair.target, needed)
-            self.draft_kv = new_kv_cache(self.kv_cache, self.pair.draft, needed) if self.branching else None
+            self.draft_kv = new_kv_cache(self.kv_cache, self.pair.draft, needed) if drafts else None
         self._text_so_far = ""  # decoded generated text, complete characters only
         t0 = _now(self.pair.device)
         # The target prefills the whole prompt exactly as transformers' generate does (same kernels, same cache
         # rounding), and its last row gives p for the first step's anchor.
-        fwd = self._forward(self.pair.target, self.target_kv, self.committed, list(range(self.n_prompt)), None,
-                            keep=1)
+        fwd = self.forward("target", self.committed, list(range(self.n_prompt)), None, keep=1)
         self.next_logits = fwd.logits[-1].float()
         self.next_dist = logits_to_probs(self.next_logits, self.sampling)
         head = self.committed[:-1]
         if self.draft_kv is not None and head:
-            self._forward(self.pair.draft, self.draft_kv, head, list(range(len(head))), None, keep=1)
+            self.forward("draft", head, list(range(len(head))), None, keep=1)
         prefill_ms = (_now(self.pair.device) - t0) * 1e3
         self._after_prefill = (self.target_len(), self.draft_len(), self.next_logits, self.next_dist)
         self.trace = RunTrace(
             settings={"method": self.config.to_dict(), "sampling": self.sampling.to_dict(),
-                      "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name},
+                      "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name,
+                      **self.drafter.state_for_trace()},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
                    "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache, "graphs": self.graphs},
@@ -209,6 +204,7 @@ class Engine:
         if self.draft_kv is not None:
             self.draft_kv.rewind(draft_len)
         del self.committed[self.n_prompt:]
+        self.drafter.rewind()
         self.finished = False
         self._text_so_far = ""
         if seed is not None:
@@ -252,12 +248,13 @@ class Engine:
 
     # ------------------------------------------------------------------ forwards
 
-    def _forward(self, model, kv: KVCache, input_ids: list[int], position_ids: list[int], mask, keep: int,
-                 hidden: bool = False) -> _Forward:
-        """One forward of ``model`` appending to ``kv``. ``mask``: bool ``(q, kv.length + q)`` numpy array or None
-        for the ordinary causal mask. Returns the logits of the last ``keep`` rows, cut to the shared vocabulary,
-        and with ``hidden`` the last hidden state of the same rows."""
-        runner = self._runners.get("target" if kv is self.target_kv else "draft")
+    def forward(self, role: str, input_ids: list[int], position_ids: list[int], mask, keep: int,
+                hidden: bool = False) -> _Forward:
+        """One forward of the ``target`` or ``draft`` model (``role``) appending to its KV cache. ``mask``: bool
+        ``(q, kv.length + q)`` numpy array or None for the ordinary causal mask. Returns the logits of the last
+        ``keep`` rows, cut to the shared vocabulary, and with ``hidden`` the last hidden state of the same rows."""
+        model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.pair.draft, self.draft_kv)
+        runner = self._runners.get(role)
         with torch.inference_mode(), self.pair.lock:
             t0 = _now(self.pair.device)
             if runner is not None:
@@ -286,17 +283,23 @@ class Engine:
         t_start = _now(device)
         self._forward_ms = 0.0
         L = len(self.committed)
-        d = self._draft()
+        d = self.drafter.draft(self)
         t_drafted = _now(device)
         v = self._verify(d.tree, d.q_rows)
         result = v.result
         self.last_step = (d, v)
+        self.drafter.learn(self, d, v)
 
         # Commit, then cut both caches to the committed context plus the accepted path.
         new_tokens = [d.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
         self.target_kv.keep(v.head, [v.head + i for i in result.path])
-        if d.calls:
-            self.draft_kv.keep(d.head, [d.head + i for i in result.path if i < d.fed])
+        if d.calls:  # the path's nodes the draft model saw: a prefix of the path (free nodes were never fed)
+            fed_path = []
+            for i in result.path:
+                if i not in d.draft_rows:
+                    break
+                fed_path.append(d.head + d.draft_rows[i])
+            self.draft_kv.keep(d.head, fed_path)
         if self.config.is_lossy:
             self.next_dist = result.next_dist
             self.next_logits = v.p_rows.row_logits(result.next_row).clone()  # not a view of all rows
@@ -309,100 +312,6 @@ class Engine:
         self.trace.steps.append(step)
         return step
 
-    def _draft(self) -> "_Drafted":
-        """Grow the step's tree level by level with the draft model (after the target-sampled roots, if lossy).
-
-        The first draft forward also feeds the committed tokens the draft has not cached (its chain). After every
-        drafted level the stop policy scores the branches: drafting ends, or (``prune``) only the branches that
-        stopped get no children. Every level is fed whole, so the draft cache keeps a breadth-first prefix.
-        """
-        L = len(self.committed)
-        tree = DraftTree()
-        q_rows = LazyRows()  # row (node + 1; 0 = anchor) -> q its children were drafted from, computed if read
-        q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
-        q_top: dict[int, list] = {}  # row -> top tokens of q there, for the trace
-        features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
-        want_features = self.stop_policy.needs_features or self.capture_features
-        want_hidden = self.stop_policy.needs_hidden or self.capture_features  # an extra output of each forward
-        signals = []
-        if self.config.is_lossy:
-            if self.sampling.greedy:
-                roots = drafting.greedy_candidates(self.next_logits, self.config.width)
-            else:
-                roots = drafting.draw_without_replacement(self.next_dist, self.config.width, self.generator)
-            tree.add_level([-1] * len(roots), roots, source="target")
-        chain = self.committed[self.draft_len():] if self.draft_kv is not None else []
-        past = L - len(chain)
-        calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
-        active: set[str] | None = None  # branches still drafting, once the first drafted level exists
-        accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
-        for k in self.branching:
-            level = tree.n_levels
-            if level >= 1 and tree.source[tree.level_starts[level - 1]] == "draft":
-                if active is None:
-                    active = {str(b) for b in range(len(tree.children(-1)))}
-                view = LevelView(tree, level, q_show, active=active, accept=accept)
-                if self.stop_policy.needs_features:
-                    nodes = list(tree.level(level))
-                    if self.stop_policy.needs_hidden:
-                        view.hidden = torch.stack([features[i][0] for i in nodes])
-                    view.dist = torch.stack([features[i][1] for i in nodes])
-                    at = view.dist.device  # the features live where the draft ran
-                    view.path = path_features(view.dist, torch.tensor([features[i][2] for i in nodes], device=at),
-                                              torch.tensor([tree.depth[i] for i in nodes], device=at),
-                                              torch.tensor([features[i][3] for i in nodes], device=at))
-                sig = self.stop_policy.signal(view)
-                signals.append(sig)
-                active -= set(sig.pruned)
-                if not sig.keep_drafting:
-                    break
-            start, stop = (tree.level_starts[level - 1], tree.level_starts[level]) if level else (0, 0)
-            first = calls == 0
-            ids = (chain if first else []) + tree.token[start:stop]
-            mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
-            pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
-            fwd = self._forward(self.pair.draft, self.draft_kv, ids, pos, mask, keep=max(stop - start, 1),
-                                hidden=want_hidden)
-            calls += 1
-            fed = stop
-            qd = RowDists(fwd.logits, self.sampling)
-            row_feats = self._row_features(fwd, qd) if want_features else None
-            branch_of = tree.branch_ids()
-            parents, tokens = [], []
-            rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
-                    if active is None or str(branch_of[node]) in active]  # a pruned branch gets no children
-            tops = qd.top([r for r, _ in rows], TOP_K_SHOWN)
-            for r, node in rows:
-                q_top[node + 1] = tops[r]
-                if not self.sampling.greedy:
-                    q_rows.add(node + 1, qd, r)
-                sure = (k > 1 and self.config.branch_threshold < 1.0 and tops[r]
-                        and tops[r][0][1] >= self.config.branch_threshold)
-                kids = drafting.candidates(qd, r, 1 if sure else k, verifier=self.verifier_name,
-                                           generator=self.generator)
-                for t in kids:
-                    i = len(tree) + len(tokens)
-                    q_show[i] = qd.shown(r, t)
-                    if row_feats is not None:
-                        hidden, dist, lse = row_feats
-                        q1 = float(torch.exp(qd.float_logits[r, t] - lse[r]))
-                        cum = q1 * (features[node][3] if node in features else 1.0)  # target roots: 1
-                        features[i] = (None if hidden is None else hidden[r], dist[r], q1, cum)
-                    parents.append(node)
-                    tokens.append(t)
-            if not tokens:
-                break
-            tree.add_level(parents, tokens, source="draft")
-        return _Drafted(tree, q_rows, q_show, signals, calls, fed, past + len(chain), features, q_top)
-
-    @staticmethod
-    def _row_features(fwd: _Forward, qd: RowDists) -> tuple:
-        """Per row of a draft forward: hidden state ``(rows, H)`` (None unless asked for), the 11 distribution
-        features ``(rows, 11)`` and the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is
-        ``exp(logit - lse)``)."""
-        lse, _, top = qd.stats()
-        return fwd.hidden, dist_features(qd.float_logits, lse, top), lse
-
     def _verify(self, tree: DraftTree, q_rows: LazyRows) -> "_Verified":
         """One target forward over its chain (the anchor, when not cached) and the whole tree, then the verifier."""
         L = len(self.committed)
@@ -413,8 +322,8 @@ class Engine:
         pos = step_position_ids(past, len(chain), True, tree.depth, 0, n)
         calls = 1 if chain or n else 0
         if calls:
-            logits = self._forward(self.pair.target, self.target_kv, chain + tree.token, pos,
-                                   mask if n else None, keep=n + (1 if chain else 0)).logits
+            logits = self.forward("target", chain + tree.token, pos, mask if n else None,
+                                  keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
             logits = torch.empty(0, self.pair.vocab_size, device=self.pair.device)
         parents = sorted({p + 1 for p in tree.parent})  # rows with children: their best tokens go into the trace
@@ -425,7 +334,9 @@ class Engine:
                               stat_rows=parents)
         result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
                                      greedy=self.sampling.greedy)
-        return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents)
+        anchor_logits = logits[0] if chain else self.next_logits
+        return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents,
+                         self.committed[-1], anchor_logits, logits[1:] if chain else logits)
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""
@@ -440,6 +351,13 @@ class Engine:
             self.finished = True
         return out
 
+    def recycling_state(self) -> dict | None:
+        """The Token Recycling matrix after this run (pass it to the next run's Engine), or None."""
+        for f in [self.drafter] + list(getattr(self.drafter, "free", [])):
+            if hasattr(f, "state"):
+                return f.state()
+        return None
+
     def target_len(self) -> int:
         """Committed tokens in the target's KV cache."""
         return self.target_kv.length
@@ -450,7 +368,7 @@ class Engine:
 
     # ------------------------------------------------------------------ trace
 
-    def _record(self, L: int, d: "_Drafted", v: "_Verified", new_tokens: list[int], draft_ms: float,
+    def _record(self, L: int, d: Drafted, v: "_Verified", new_tokens: list[int], draft_ms: float,
                 verify_ms: float, step_ms: float) -> StepTrace:
         tree, result, p_rows = d.tree, v.result, v.p_rows
         committed_nodes = set(result.path[: len(new_tokens)])
@@ -474,19 +392,19 @@ class Engine:
                 id=i + 1, parent=parent_row, token_id=tok, text=self._text(tok), depth=tree.depth[i],
                 position_id=L - 1 + tree.depth[i], source=tree.source[i], status=status,
                 committed=i in committed_nodes, branch=branch_of[i],
-                q=d.q_show.get(i), p=p_rows.shown(parent_row, tok),
+                q=d.q_show.get(i), p=p_rows.shown(parent_row, tok), provenance=d.provenance.get(i),
                 u=None if dec is None else dec.u, ratio=None if dec is None else _finite(dec.ratio),
                 residual_top=[] if dec is None else self._top_rows(dec.residual_top),
                 p_top=self._top_rows(p_top.get(parent_row, [])), q_top=self._top_rows(d.q_top.get(parent_row, []))))
         ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(len(tree))]
-        drafted = sum(1 for s in tree.source if s == "draft")
-        accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] == "draft")
+        drafted = sum(1 for s in tree.source if s in DRAFT_SOURCES)
+        accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] in DRAFT_SOURCES)
         branch_rows = []
         for b, root in enumerate(branches):
             branch_rows.append({"branch": b, "root_id": root + 1, "root_text": self._text(tree.token[root]),
                                 "accepted": int(result.branch_accepted.get(b, 0)),
                                 "drafted": sum(1 for j in range(len(tree))
-                                               if branch_of[j] == b and tree.source[j] == "draft"),
+                                               if branch_of[j] == b and tree.source[j] in DRAFT_SOURCES),
                                 "chosen": b == result.chosen_branch})
         return StepTrace(
             index=len(self.trace.steps), method=self.config.method, lossy=self.config.is_lossy, nodes=nodes,
@@ -494,9 +412,9 @@ class Engine:
             position_ids=[int(p) for p in v.position_ids], branches=branch_rows, stop_signals=d.signals,
             committed_ids=list(new_tokens), committed_text=self._pieces(new_tokens),
             bonus_token=result.bonus if (result.bonus is not None and len(new_tokens) > len(result.path)) else None,
-            accepted_draft_len=accepted_draft, max_draft_len=len(self.branching), drafted=drafted,
+            accepted_draft_len=accepted_draft, max_draft_len=self.config.max_draft_depth(), drafted=drafted,
             draft_calls=d.calls, target_calls=v.calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
-            verifier=self.verifier_name, finished=self.finished, forward_ms=self._forward_ms)
+            verifier=self.verifier_name, finished=self.finished, forward_ms=self._forward_ms, drafter=d.info)
 
     def _top_rows(self, top: list) -> list:
         return [[t, self._text(t), float(pr)] for t, pr in top]

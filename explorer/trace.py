@@ -38,7 +38,10 @@ class NodeTrace:
     p/q of its acceptance test when it had one. ``residual_top`` lists ``[token_id, text, prob]`` of the residual
     distribution after this node was rejected. ``p_top`` / ``q_top`` list ``[token_id, text, prob]`` of the
     ``TOP_K_SHOWN`` most likely tokens of p and q at the parent (the distributions this node was drafted from and
-    checked against; ``q_top`` is empty for target-sampled roots).
+    checked against; ``q_top`` is empty for target-sampled roots). ``provenance`` says where a free node
+    (``lookup``, ``recycled``) came from: for lookup ``copied_from`` (position in prompt + output), ``ngram`` and
+    ``in_prompt``; for recycling the matrix row's token (``row_token``), the candidate's ``rank`` there, and the
+    ``step`` and ``node`` whose target logits wrote that row (step -1: carried over from an earlier run).
     """
 
     id: int
@@ -47,7 +50,7 @@ class NodeTrace:
     text: str
     depth: int
     position_id: int
-    source: str  # context | draft | target
+    source: str  # context | draft | target | lookup | recycled (methods.py)
     status: str
     committed: bool = False
     branch: int | None = None
@@ -58,6 +61,7 @@ class NodeTrace:
     residual_top: list = field(default_factory=list)
     p_top: list = field(default_factory=list)
     q_top: list = field(default_factory=list)
+    provenance: dict | None = None
 
 
 @dataclass
@@ -84,11 +88,14 @@ class StepTrace:
             context columns, omitted here.
         position_ids: position id of each row of ``mask``.
         committed_ids / committed_text: tokens this step added, the bonus token included (last).
-        accepted_draft_len: accepted draft-model tokens on the committed path; max_draft_len: the configured
-            maximum draft depth; drafted: draft-model tokens in the tree.
+        accepted_draft_len: accepted proposed tokens on the committed path; max_draft_len: the configured
+            maximum draft depth.
         draft_ms / verify_ms / step_ms: wall-clock milliseconds.
         forward_ms: of ``step_ms``, the milliseconds spent inside model forwards (draft and target); the rest is
             the engine's own work (tree, masks, sampling, verification, cache trimming, the trace itself).
+        drafter: what the drafter read to propose the tree, as plain data (Token Recycling: ``recycling_row``,
+            the anchor's matrix row with its ``candidates`` and the ``step`` / ``node`` that wrote it).
+        drafted: proposed tokens in the tree (draft model, lookup and recycled; ``methods.DRAFT_SOURCES``).
     """
 
     index: int
@@ -115,6 +122,7 @@ class StepTrace:
     verifier: str = ""
     finished: bool = False
     forward_ms: float | None = None  # None in traces saved before it was recorded
+    drafter: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -193,7 +201,8 @@ def _is_list_of(value, kind) -> bool:
 _NODE_TYPES = {"id": int, "parent": (int, type(None)), "token_id": int, "text": str, "depth": int,
                "position_id": int, "source": str, "status": str, "committed": bool, "branch": (int, type(None)),
                "q": (int, float, type(None)), "p": (int, float, type(None)), "u": (int, float, type(None)),
-               "ratio": (int, float, type(None)), "residual_top": list, "p_top": list, "q_top": list}
+               "ratio": (int, float, type(None)), "residual_top": list, "p_top": list, "q_top": list,
+               "provenance": (dict, type(None))}
 
 
 def _step_problem(step: "StepTrace") -> str | None:
@@ -218,6 +227,8 @@ def _step_problem(step: "StepTrace") -> str | None:
             or any(not _is_list_of(row, int) or len(row) != n for row in step.mask)
             or not _is_list_of(step.position_ids, int) or len(step.position_ids) != n):
         return "the mask does not match its node ids and position ids"
+    if not isinstance(step.drafter, dict):
+        return "the drafter's record must be an object"
     for name in ("draft_ms", "verify_ms", "step_ms"):
         if not isinstance(getattr(step, name), (int, float)):
             return f"{name} must be a number"

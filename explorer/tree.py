@@ -88,6 +88,29 @@ def k_config_parents(k_config) -> list[int]:
     return parents
 
 
+def rank_decay_parents(widths) -> tuple[list[int], list[int]]:
+    """Breadth-first parents and sibling ranks of a static tree template (Token Recycling's tree, here built by
+    one rule): a node at level ``l`` whose rank among its siblings is ``r`` (0 = the best candidate) gets
+    ``floor(widths[l] / (r + 1))`` children, so better-ranked candidates grow wider and deeper subtrees.
+    ``(8, 3, 2, 1, 1, 1, 1, 1)`` gives 40 nodes, 8 levels deep along the best candidates.
+
+    Returns:
+        ``(parents, ranks)``: ``N`` parent indices (-1 = the anchor) and each node's rank among its siblings.
+    """
+    parents: list[int] = []
+    ranks: list[int] = []
+    frontier = [(-1, 0)]
+    for w in widths:
+        level = []
+        for p, r in frontier:
+            for c in range(int(w) // (r + 1)):
+                parents.append(p)
+                ranks.append(c)
+                level.append((len(parents) - 1, c))
+        frontier = level
+    return parents, ranks
+
+
 def ancestor_matrix(parents) -> np.ndarray:
     """``anc[i, j]`` is True when node j is node i or one of its ancestors. Shape ``(N, N)`` bool.
 
@@ -119,7 +142,8 @@ class DraftTree:
         parent: ``N`` ints, -1 for nodes hanging from the anchor.
         depth: ``N`` ints >= 1.
         token: ``N`` token ids.
-        source: ``N`` of ``"draft"`` (sampled from q) or ``"target"`` (target-initialized roots).
+        source: ``N`` of ``"draft"`` (sampled from q), ``"target"`` (target-initialized roots), ``"lookup"`` or
+            ``"recycled"`` (deterministic free proposals; ``methods.py``).
         level_starts: ``cum`` offsets: level s (1-based) holds nodes ``[level_starts[s-1], level_starts[s])``.
         anc: ``(N, N)`` bool ancestor-or-self matrix, grown with each level.
     """
@@ -142,10 +166,14 @@ class DraftTree:
         """Indices of level ``s`` (1-based)."""
         return range(self.level_starts[s - 1], self.level_starts[s])
 
-    def add_level(self, parents: list[int], tokens: list[int], source: str = "draft") -> range:
-        """Append one level (its nodes must hang from the previous level, or the anchor for the first)."""
+    def add_level(self, parents: list[int], tokens: list[int], source: str | list[str] = "draft") -> range:
+        """Append one level (its nodes must hang from the previous level, or the anchor for the first);
+        ``source``: one for the whole level or one per node (``methods.py`` lists the sources)."""
         if len(parents) != len(tokens):
             raise ValueError("parents and tokens differ in length")
+        sources = [source] * len(tokens) if isinstance(source, str) else list(source)
+        if len(sources) != len(tokens):
+            raise ValueError("sources and tokens differ in length")
         start = len(self.token)
         prev = self.level(self.n_levels) if self.n_levels else range(-1, 0)
         for p in parents:
@@ -165,7 +193,7 @@ class DraftTree:
         self.anc = anc
         self.parent.extend(int(p) for p in parents)
         self.token.extend(int(t) for t in tokens)
-        self.source.extend([source] * n_new)
+        self.source.extend(sources)
         self.level_starts.append(start + n_new)
         return range(start, start + n_new)
 

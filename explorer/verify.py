@@ -23,6 +23,13 @@ from (the bonus token when the walk ends at a leaf: p itself). Node rules (GUIDE
 * ``longest-branch``: the seed paper's rule (Lu et al. 2024): each target-sampled root's branch is walked on its
   own with ``rrs`` (or ``greedy``) and the branch with the most accepted draft tokens is committed. **Lossy.**
 
+Free children (prompt lookup, Token Recycling: ``methods.FREE_SOURCES``) are deterministic proposals, q a point
+mass. After the node rule rejects the draft-model children, each free child faces ``point_stage``: the step of
+SpecInfer's multi-step speculative sampling for a proposal of its own (accept x with ``min(1, p'(x) / q_x(x))``,
+else ``p' <- norm(max(p' - q_x, 0))``), which for ``q_x = delta_x`` accepts with probability ``p'(x)`` and removes
+x from p'. Every stage, given the proposals, leaves the next token distributed as the p' it was handed, so any mix
+of model and free children stays lossless.
+
 All but the last are lossless: the committed tokens are distributed exactly as sampling from the target.
 """
 
@@ -34,6 +41,7 @@ import torch
 
 from .config import VERIFIERS
 from .drafting import sample_one
+from .methods import FREE_SOURCES
 from .tree import DraftTree
 
 RESIDUAL_TOP = 5
@@ -215,6 +223,32 @@ def spechub_node(tokens, p, q, generator):
     return None, residual, decisions
 
 
+def point_stage(tokens, p, generator, greedy: bool = False):
+    """Deterministic children (q = a point mass each), tested one after another against ``p`` (the residual the
+    draft-model children left). Greedy: accept the child equal to ``argmax p``. Sampling: accept x when
+    ``u < p(x)`` (u ~ U[0, 1)), else set ``p(x) = 0`` and renormalise. Same return as the node rules."""
+    decisions = {}
+    for j, x in enumerate(tokens):
+        if greedy:
+            ok = x == int(p.argmax())
+            decisions[j] = NodeDecision(accepted=ok, ratio=1.0 if ok else 0.0)
+        else:
+            px = float(p[x])
+            u = _uniform(generator, p.device)
+            ok = u < px
+            decisions[j] = NodeDecision(accepted=ok, ratio=px, u=u)
+            if not ok:
+                rest = p.clone()
+                rest[x] = 0
+                rest = _normalize(rest)
+                if rest is not None:  # None only if p(x) == 1, where rejection had probability 0
+                    p = rest
+                decisions[j].residual_top = _top(p)
+        if ok:
+            return j, None, decisions
+    return None, p, decisions
+
+
 NODE_RULES = {"greedy": greedy_node, "rrs": rrs_node, "rrs-replacement": rrs_replacement_node,
               "mcns": mcns_node, "spechub": spechub_node}
 
@@ -228,22 +262,30 @@ def _walk(tree: DraftTree, p_rows, q_rows, start: int, rule, generator, decision
     path, node = [], start
     while True:
         kids = tree.children(node)
-        p = p_rows[node + 1]
+        dist = p_rows[node + 1]
         if not kids:
-            return path, p, node + 1
-        idx, dist, decs = rule([tree.token[c] for c in kids], p, q_rows.get(node + 1), generator)
-        for j, d in decs.items():
-            decisions[kids[j]] = d
-        if idx is None:
             return path, dist, node + 1
-        node = kids[idx]
+        accepted = None
+        model = [c for c in kids if tree.source[c] not in FREE_SOURCES]
+        free = [c for c in kids if tree.source[c] in FREE_SOURCES]
+        if model:  # the rule's own children first, then the free ones against what they left
+            idx, dist, decs = rule([tree.token[c] for c in model], dist, q_rows.get(node + 1), generator)
+            decisions.update({model[j]: d for j, d in decs.items()})
+            accepted = None if idx is None else model[idx]
+        if accepted is None and free:
+            idx, dist, decs = point_stage([tree.token[c] for c in free], dist, generator, greedy=rule is greedy_node)
+            decisions.update({free[j]: d for j, d in decs.items()})
+            accepted = None if idx is None else free[idx]
+        if accepted is None:
+            return path, dist, node + 1
+        node = accepted
         path.append(node)
 
 
 def _branch_counts(tree: DraftTree, path: list[int]) -> dict[int, int]:
     counts = {b: 0 for b in range(len(tree.children(-1)))}
     if path:
-        counts[tree.branch_of(path[0])] = sum(1 for i in path if tree.source[i] == "draft")
+        counts[tree.branch_of(path[0])] = sum(1 for i in path if tree.source[i] != "target")
     return counts
 
 

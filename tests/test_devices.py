@@ -46,11 +46,11 @@ def test_no_tensor_is_made_on_the_default_device(tiny, case, kv_cache):
 
 def test_the_guard_catches_a_factory_call_without_its_device(tiny):
     """The guard itself: a tensor built without ``device=`` inside the engine fails under the meta default."""
-    import explorer.engine as engine_module
+    import explorer.drafters.model as engine_module
 
     original = engine_module.path_features
 
-    def forgetful(dist, q, depth, cum_q):  # what engine.py did before: host tensors beside device features
+    def forgetful(dist, q, depth, cum_q):  # what the model drafter did before: host tensors beside device features
         return original(dist, torch.tensor(q.tolist()), depth, cum_q)
 
     engine_module.path_features = forgetful

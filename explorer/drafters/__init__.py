@@ -1,0 +1,33 @@
+"""Drafters: who proposes a step's draft tree (``base.Drafter``). ``make_drafter`` builds the one a method names
+(``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, or the hybrid."""
+
+from __future__ import annotations
+
+from .base import Drafted, Drafter, FreeNode, merge_free
+from .hybrid import HybridDrafter
+from .lookup import LookupDrafter, lookup_continuations
+from .model import ModelDrafter
+from .recycling import RecyclingDrafter
+
+__all__ = ["Drafted", "Drafter", "FreeNode", "HybridDrafter", "LookupDrafter", "ModelDrafter", "RecyclingDrafter",
+           "lookup_continuations", "make_drafter", "merge_free"]
+
+
+def make_drafter(config, recycling_state: dict | None = None) -> Drafter:
+    """The drafter of ``config`` (a ``MethodConfig``); ``recycling_state``: a Token Recycling matrix carried over
+    from an earlier run (``RecyclingDrafter.state()``), or None to start empty."""
+    spec = config.spec
+    free: list[Drafter] = []
+    for name in spec.free:
+        if name == "lookup":
+            free.append(LookupDrafter(config.lookup_ngram, config.lookup_tokens, config.lookup_branches))
+        elif name == "recycling":
+            free.append(RecyclingDrafter(config.recycling_widths, config.recycling_k, recycling_state))
+    model = ModelDrafter() if spec.uses_draft_model else None
+    if model is not None and free:
+        return HybridDrafter(model, free)
+    if model is not None:
+        return model
+    if len(free) == 1:
+        return free[0]
+    return HybridDrafter(Drafter(), free) if free else Drafter()

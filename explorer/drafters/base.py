@@ -1,0 +1,141 @@
+"""The drafter interface: what a drafter hands the engine for one step, and how free branches join a tree.
+
+A drafter (the seam transformers draws with ``CandidateGenerator``) proposes the step's draft tree from the
+committed context and learns from the step's verification:
+
+* ``draft(engine) -> Drafted``: the tree (tokens, parents, each node's source) plus, for draft-model nodes, the
+  distributions their children were drawn from (``q_rows``); free nodes (``methods.FREE_SOURCES``) are
+  deterministic and carry where they came from (``provenance``).
+* ``learn(engine, drafted, verified)``: called after verification (Token Recycling updates its matrix here).
+* ``rewind()``: back to the state after the prefill (the audit draws many samples from one context).
+* ``state_for_trace()``: plain data saved with the run, so a replay can show what the drafter knew.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..sampling import LazyRows
+from ..tree import DraftTree
+
+
+@dataclass
+class FreeNode:
+    """One deterministic proposal: ``parent`` indexes an earlier FreeNode of the same list (-1 = the anchor)."""
+
+    parent: int
+    token: int
+    source: str  # lookup | recycled
+    provenance: dict
+
+
+@dataclass
+class Drafted:
+    """What drafting produced for one step.
+
+    Attributes:
+        tree: the draft tree (breadth-first).
+        q_rows: row (node + 1; 0 = the anchor) -> q the draft-model children of that row were drawn from
+            (sampling only; free children need none).
+        q_show: node -> displayed draft probability of its token (draft-model nodes).
+        signals: ``StopSignal`` per checked level.
+        calls: draft-model forwards.
+        draft_rows: node -> its row among the tree rows in the draft model's KV cache (the nodes fed to the draft
+            model: a breadth-first prefix of its own tree).
+        head: draft cache length before the tree rows (context + chain).
+        features: node -> (hidden (H,) or None, dist (11,), q(x), prod q of its path): decision features.
+        q_top: row -> [(token, q)] top tokens of the distribution its children were drafted from.
+        provenance: node -> where a free node came from (plain data for the trace).
+        info: plain data the drafter wants in the step trace (e.g. the matrix rows it read).
+    """
+
+    tree: DraftTree
+    q_rows: LazyRows = field(default_factory=LazyRows)
+    q_show: dict = field(default_factory=dict)
+    signals: list = field(default_factory=list)
+    calls: int = 0
+    draft_rows: dict = field(default_factory=dict)
+    head: int = 0
+    features: dict = field(default_factory=dict)
+    q_top: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+
+class Drafter:
+    """Base drafter: proposes nothing (``ar``). Subclasses override ``draft`` and, when they learn, ``learn``."""
+
+    name = "none"
+    uses_draft_model = False
+
+    def draft(self, engine) -> Drafted:
+        return Drafted(DraftTree())
+
+    def free_nodes(self, engine) -> list["FreeNode"]:
+        """Deterministic proposals for this step (free drafters only), as a trie-able list of FreeNodes."""
+        return []
+
+    def info(self, engine) -> dict:
+        """Plain data for the step trace (what the drafter read to propose this step's tree)."""
+        return {}
+
+    def learn(self, engine, drafted: Drafted, verified) -> None:
+        """Update the drafter's state from a verified step (default: nothing to learn)."""
+
+    def rewind(self) -> None:
+        """Return to the state right after the prefill."""
+
+    def state_for_trace(self) -> dict:
+        return {}
+
+
+def merge_free(drafted: Drafted, free: list[FreeNode]) -> Drafted:
+    """Add free nodes to a drafted tree as a trie: a free node whose token already hangs under the same parent is
+    merged into that node (its subtree continues there), otherwise it becomes a new node. The result is again
+    breadth-first, with each level's existing nodes first in their old order (so branch indices, stop signals and
+    the draft cache rows of the existing nodes keep their meaning) and the new free nodes after them.
+
+    Verification order follows tree order: at a node, draft-model children are tested before free ones.
+    """
+    old = drafted.tree
+    if not free:
+        return drafted
+    # Work on (parent, token, source, old index or None, provenance) records, merged parents resolved as we go.
+    records = [(old.parent[i], old.token[i], old.source[i], i, None) for i in range(len(old))]
+    children: dict[int, dict[int, int]] = {}  # record parent (-1 anchor) -> token -> record index
+    for r, (p, t, *_rest) in enumerate(records):
+        children.setdefault(p, {}).setdefault(t, r)
+    where: list[int] = []  # free index -> record index
+    for node in free:
+        parent = -1 if node.parent < 0 else where[node.parent]
+        hit = children.setdefault(parent, {}).get(node.token)
+        if hit is None:
+            hit = len(records)
+            records.append((parent, node.token, node.source, None, node.provenance))
+            children[parent][node.token] = hit
+        where.append(hit)
+    depth: list[int] = []
+    for p, *_rest in records:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    order = sorted(range(len(records)), key=lambda r: (depth[r], records[r][3] is None, r))
+    new_index = {r: n for n, r in enumerate(order)}
+    tree = DraftTree()
+    for level in range(1, max(depth) + 1):
+        rs = [r for r in order if depth[r] == level]
+        tree.add_level([-1 if records[r][0] < 0 else new_index[records[r][0]] for r in rs],
+                       [records[r][1] for r in rs], source=[records[r][2] for r in rs])
+    to_new = {records[r][3]: new_index[r] for r in range(len(records)) if records[r][3] is not None}
+
+    def row(r: int) -> int:  # rows are node + 1 (0 = the anchor)
+        return 0 if r == 0 else to_new[r - 1] + 1
+
+    out = Drafted(tree, q_rows=drafted.q_rows.remapped(row), q_show={to_new[i]: v for i, v in drafted.q_show.items()},
+                  signals=drafted.signals, calls=drafted.calls,
+                  draft_rows={to_new[i]: v for i, v in drafted.draft_rows.items()}, head=drafted.head,
+                  features={to_new[i]: v for i, v in drafted.features.items()},
+                  q_top={row(r): v for r, v in drafted.q_top.items()},
+                  provenance={to_new[i]: v for i, v in drafted.provenance.items()}, info=dict(drafted.info))
+    for r, rec in enumerate(records):
+        if rec[3] is None:
+            out.provenance[new_index[r]] = rec[4]
+    return out

@@ -1,0 +1,122 @@
+"""Model drafting: the draft model grows the tree level by level (``sd``, ``mcsd``, ``mcsd-improved``).
+
+The tree's shape comes from ``MethodConfig.draft_branching()`` (a chain, a ``k_config`` tree, or the improved
+MCSD's first levels and chains), its roots from the anchor or, in the seed's lossy mode, from the target
+(target-initialized candidates, Lu et al. 2024). After every drafted level the stop policy scores the branches:
+drafting ends, or (``prune``) only the branches that stopped get no children. Children are drawn the way the
+verifier expects (``drafting.candidates``). Every level is fed whole, so the draft cache keeps a breadth-first
+prefix of the tree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import drafting
+from ..decision.features import dist_features, path_features
+from ..sampling import LazyRows, RowDists
+from ..stopping import LevelView
+from ..trace import TOP_K_SHOWN
+from ..tree import DraftTree, step_mask, step_position_ids
+from .base import Drafted, Drafter
+
+
+class ModelDrafter(Drafter):
+    """Draft tokens sampled from the draft model's q; costs one draft forward per tree level."""
+
+    name = "model"
+    uses_draft_model = True
+
+    def draft(self, engine) -> Drafted:
+        """Grow the step's tree with ``engine``'s draft model (after the target-sampled roots, if lossy).
+
+        The first draft forward also feeds the committed tokens the draft has not cached (its chain).
+        """
+        config, sampling = engine.config, engine.sampling
+        L = len(engine.committed)
+        tree = DraftTree()
+        q_rows = LazyRows()  # row (node + 1; 0 = anchor) -> q its children were drafted from, computed if read
+        q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
+        q_top: dict[int, list] = {}  # row -> top tokens of q there, for the trace
+        features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
+        policy = engine.stop_policy
+        want_features = policy.needs_features or engine.capture_features
+        want_hidden = policy.needs_hidden or engine.capture_features  # an extra output of each forward
+        signals = []
+        if config.is_lossy:
+            if sampling.greedy:
+                roots = drafting.greedy_candidates(engine.next_logits, config.width)
+            else:
+                roots = drafting.draw_without_replacement(engine.next_dist, config.width, engine.generator)
+            tree.add_level([-1] * len(roots), roots, source="target")
+        chain = engine.committed[engine.draft_len():]
+        past = L - len(chain)
+        calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
+        active: set[str] | None = None  # branches still drafting, once the first drafted level exists
+        accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
+        for k in engine.branching:
+            level = tree.n_levels
+            if level >= 1 and tree.source[tree.level_starts[level - 1]] == "draft":
+                if active is None:
+                    active = {str(b) for b in range(len(tree.children(-1)))}
+                view = LevelView(tree, level, q_show, active=active, accept=accept)
+                if policy.needs_features:
+                    nodes = list(tree.level(level))
+                    if policy.needs_hidden:
+                        view.hidden = torch.stack([features[i][0] for i in nodes])
+                    view.dist = torch.stack([features[i][1] for i in nodes])
+                    at = view.dist.device  # the features live where the draft ran
+                    view.path = path_features(view.dist, torch.tensor([features[i][2] for i in nodes], device=at),
+                                              torch.tensor([tree.depth[i] for i in nodes], device=at),
+                                              torch.tensor([features[i][3] for i in nodes], device=at))
+                sig = policy.signal(view)
+                signals.append(sig)
+                active -= set(sig.pruned)
+                if not sig.keep_drafting:
+                    break
+            start, stop = (tree.level_starts[level - 1], tree.level_starts[level]) if level else (0, 0)
+            first = calls == 0
+            ids = (chain if first else []) + tree.token[start:stop]
+            mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
+            pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
+            fwd = engine.forward("draft", ids, pos, mask, keep=max(stop - start, 1), hidden=want_hidden)
+            calls += 1
+            fed = stop
+            qd = RowDists(fwd.logits, sampling)
+            row_feats = _row_features(fwd, qd) if want_features else None
+            branch_of = tree.branch_ids()
+            parents, tokens = [], []
+            rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
+                    if active is None or str(branch_of[node]) in active]  # a pruned branch gets no children
+            tops = qd.top([r for r, _ in rows], TOP_K_SHOWN)
+            for r, node in rows:
+                q_top[node + 1] = tops[r]
+                if not sampling.greedy:
+                    q_rows.add(node + 1, qd, r)
+                sure = (k > 1 and config.branch_threshold < 1.0 and tops[r]
+                        and tops[r][0][1] >= config.branch_threshold)
+                kids = drafting.candidates(qd, r, 1 if sure else k, verifier=engine.verifier_name,
+                                           generator=engine.generator)
+                for t in kids:
+                    i = len(tree) + len(tokens)
+                    q_show[i] = qd.shown(r, t)
+                    if row_feats is not None:
+                        hidden, dist, lse = row_feats
+                        q1 = float(torch.exp(qd.float_logits[r, t] - lse[r]))
+                        cum = q1 * (features[node][3] if node in features else 1.0)  # target roots: 1
+                        features[i] = (None if hidden is None else hidden[r], dist[r], q1, cum)
+                    parents.append(node)
+                    tokens.append(t)
+            if not tokens:
+                break
+            tree.add_level(parents, tokens, source="draft")
+        return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls,
+                       draft_rows={i: i for i in range(fed)}, head=past + len(chain), features=features, q_top=q_top)
+
+
+def _row_features(fwd, qd: RowDists) -> tuple:
+    """Per row of a draft forward: hidden state ``(rows, H)`` (None unless asked for), the 11 distribution
+    features ``(rows, 11)`` and the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is
+    ``exp(logit - lse)``)."""
+    lse, _, top = qd.stats()
+    return fwd.hidden, dist_features(qd.float_logits, lse, top), lse

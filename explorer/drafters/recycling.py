@@ -1,0 +1,103 @@
+"""Token Recycling (Luo et al. 2024, "Turning Trash into Treasure", arXiv 2408.08696): the target's own top-k
+candidates at every verified position, otherwise thrown away, become the next drafts.
+
+* An adjacency matrix holds, per token id, the ``k`` most likely next tokens the target gave after that token the
+  last time it was verified (here a dict of the rows written so far: a run touches a few hundred of 151,936 ids).
+* Drafting reads a static tree template breadth-first (``tree.rank_decay_parents``): the anchor's row gives the
+  first level, each node's row its children, as many as the template gives a node of that level and rank.
+* After verification every row the target scored (the anchor and every tree node) overwrites the matrix row of its
+  token with the top-k of its logits.
+
+Train-free and lossless: the drafts are a function of the history only (deterministic proposals). The matrix is
+kept across steps and, when the caller passes it on, across runs of a session (``state`` / ``initial``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree, rank_decay_parents
+from .base import Drafted, Drafter, FreeNode, merge_free
+
+PREFILL = -1
+"""``step`` of a matrix row written before this run (carried over from an earlier run of the session)."""
+
+
+class RecyclingDrafter(Drafter):
+    """Free draft trees read from the adjacency matrix (``recycled`` nodes).
+
+    Args:
+        widths: the tree template (``tree.rank_decay_parents``).
+        k: candidates stored per token.
+        initial: a matrix carried over from an earlier run (``state()`` of that run's drafter), or None.
+    """
+
+    name = "recycling"
+
+    def __init__(self, widths, k: int, initial: dict | None = None):
+        self.parents, self.ranks = rank_decay_parents(widths)
+        self.k = int(k)
+        self.rows: dict[int, list[int]] = {}  # token id -> candidate ids, best first
+        self.origin: dict[int, tuple[int, int]] = {}  # token id -> (step, node id) whose logits wrote the row
+        for t, cands in (initial or {}).get("rows", {}).items():
+            self.rows[int(t)] = [int(c) for c in cands][: self.k]
+            self.origin[int(t)] = (PREFILL, 0)
+        self._initial = (dict(self.rows), dict(self.origin))
+
+    def free_nodes(self, engine) -> list[FreeNode]:
+        """The template filled breadth-first from the matrix, starting at the anchor (the last committed token). A
+        node whose token has no row yet gets no children; neither do template slots beyond a row's candidates."""
+        anchor = engine.committed[-1]
+        nodes: list[FreeNode] = []
+        where: dict[int, int] = {-1: -1}  # template index -> FreeNode index (absent: not filled)
+        token_of = {-1: anchor}
+        for i, (p, rank) in enumerate(zip(self.parents, self.ranks)):
+            if p not in where:
+                continue
+            row_token = token_of[p]
+            row = self.rows.get(row_token)
+            if row is None or rank >= len(row):
+                continue
+            step, node = self.origin[row_token]
+            nodes.append(FreeNode(where[p], row[rank], "recycled",
+                                  {"source": "recycled", "row_token": row_token, "rank": rank, "step": step,
+                                   "node": node}))
+            where[i] = len(nodes) - 1
+            token_of[i] = row[rank]
+        return nodes
+
+    def draft(self, engine) -> Drafted:
+        d = merge_free(Drafted(DraftTree(), head=len(engine.committed)), self.free_nodes(engine))
+        d.info = self.info(engine)
+        return d
+
+    def info(self, engine) -> dict:
+        """The matrix row of the anchor as plain data: its candidates and the step and node that wrote them."""
+        token = engine.committed[-1]
+        step, node = self.origin.get(token, (None, None))
+        return {"recycling_row": {"token": int(token), "candidates": list(self.rows.get(token, [])), "step": step,
+                                  "node": node}}
+
+    def learn(self, engine, drafted: Drafted, verified) -> None:
+        """Overwrite the row of every token the target scored this step (the anchor and every tree node) with the
+        top-k of its logits; later rows win when a token occurs twice."""
+        step = len(engine.trace.steps)
+        rows = [(verified.anchor_token, 0, verified.anchor_logits)]
+        if len(drafted.tree):
+            top = torch.topk(verified.node_logits.float(), self.k, dim=-1).indices.tolist()
+            rows += [(t, i + 1, cands) for i, (t, cands) in enumerate(zip(drafted.tree.token, top))]
+        for t, node, cands in rows:
+            if isinstance(cands, torch.Tensor):
+                cands = torch.topk(cands.float(), self.k).indices.tolist()
+            self.rows[int(t)] = cands
+            self.origin[int(t)] = (step, node)
+
+    def rewind(self) -> None:
+        self.rows, self.origin = dict(self._initial[0]), dict(self._initial[1])
+
+    def state(self) -> dict:
+        """The matrix as plain data (``{"rows": {token: [candidates]}}``), for the next run or the trace."""
+        return {"k": self.k, "rows": {str(t): list(c) for t, c in self.rows.items()}}
+
+    def state_for_trace(self) -> dict:
+        return {"recycling_initial": {"k": self.k, "rows": {str(t): list(c) for t, c in self._initial[0].items()}}}
