@@ -9,7 +9,8 @@ same run's ``ar`` and ``hf-assisted``.
 ``hf-assisted`` is ``target.generate(assistant_model=draft)`` with transformers' defaults for the assistant
 (recorded in the report: ``num_assistant_tokens``, its schedule, ``assistant_confidence_threshold``), with the same
 draft our engine uses (int8 when the pair's draft is quantized). ``hf-assisted-bf16`` is the same call with the
-unquantized draft: what a user who loads the two models gets.
+unquantized draft: what a user who loads the two models gets. ``hf-prompt-lookup`` is
+``target.generate(prompt_lookup_num_tokens=10)``: transformers' prompt lookup decoding (no draft model).
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from .sampling import SamplingConfig
 
 HF_ASSISTED = "hf-assisted"
 HF_ASSISTED_BF16 = "hf-assisted-bf16"  # the unquantized draft, as users run it (same as hf-assisted without quant)
-HF_METHODS = (HF_ASSISTED, HF_ASSISTED_BF16)
-BENCH_METHODS = ("ar", HF_ASSISTED_BF16, HF_ASSISTED, "sd", "mcsd", "mcsd-improved")
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+HF_METHODS = (HF_ASSISTED, HF_ASSISTED_BF16, HF_PROMPT_LOOKUP)
+BENCH_METHODS = ("ar", HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOOKUP, "sd", "mcsd", "mcsd-improved",
+                 "prompt-lookup", "token-recycling", "hybrid")
 
 
 def run_facts(pair) -> dict:
@@ -53,9 +57,10 @@ def hf_assisted_settings(draft) -> dict:
 
 
 def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
-                    draft=None) -> dict:
-    """One ``generate(assistant_model=draft)`` call (``draft``: default ``pair.draft``); returns the same keys as
-    ``metrics.run_metrics`` where known."""
+                    draft=None, lookup: bool = False) -> dict:
+    """One ``generate(assistant_model=draft)`` call (``draft``: default ``pair.draft``), or with ``lookup``
+    ``generate(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)``; returns the same keys as ``metrics.run_metrics``
+    where known."""
     draft = pair.draft if draft is None else draft
     ids = torch.tensor([prompt_ids], device=pair.device)
     kwargs = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
@@ -67,8 +72,9 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
     t0 = time.perf_counter()
     with torch.inference_mode(), pair.lock:
         try:
-            out = pair.target.generate(ids, assistant_model=draft, max_new_tokens=max_new_tokens,
-                                       attention_mask=torch.ones_like(ids), **kwargs)
+            helper = {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS} if lookup else {"assistant_model": draft}
+            out = pair.target.generate(ids, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
+                                       **helper, **kwargs)
         finally:
             for name, value in settings.items():
                 setattr(draft.generation_config, name, value)
@@ -155,6 +161,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling)
         if method == HF_ASSISTED_BF16:
             return run_hf_assisted(pair, ids, n, sampling, draft=unquantized)
+        if method == HF_PROMPT_LOOKUP:
+            return run_hf_assisted(pair, ids, n, sampling, lookup=True)
         return run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs)
 
     for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations
@@ -186,5 +194,6 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             summary.append({"temperature": temperature, "method": method,
                             "config": cfg.to_dict() if cfg else hf_assisted_settings(pair.draft), **agg,
                             "speedup_vs_ar": ratio("ar"), "ratio_vs_hf": ratio(HF_ASSISTED),
-                            "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16)})
+                            "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16),
+                            "ratio_vs_hf_lookup": ratio(HF_PROMPT_LOOKUP)})
     return {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_settings(pair.draft)}

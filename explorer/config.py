@@ -50,7 +50,8 @@ class MethodConfig:
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
             ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
             the verifier. The lossy mode always uses the seed's longest-branch rule.
-        lookup_tokens: prompt lookup: tokens copied after a match (transformers' ``prompt_lookup_num_tokens``).
+        lookup_tokens: prompt lookup: most tokens copied after a match (the adaptive copy length's cap; see
+            ``drafters/lookup.py``; transformers copies a fixed ``prompt_lookup_num_tokens``).
         lookup_ngram: prompt lookup: the longest n-gram matched (shorter ones are tried when it has no match).
         lookup_branches: prompt lookup: distinct continuations proposed (the most recent matches first).
         recycling_widths: Token Recycling's static tree template (``tree.rank_decay_parents``).
@@ -68,9 +69,9 @@ class MethodConfig:
     verifier: str = "auto"
     decision_model: str = "dist"
     branch_threshold: float = 1.0
-    lookup_tokens: int = 10
+    lookup_tokens: int = 32
     lookup_ngram: int = 3
-    lookup_branches: int = 3
+    lookup_branches: int = 2
     recycling_widths: tuple[int, ...] = (8, 3, 2, 1, 1, 1, 1, 1)
     recycling_k: int = 8
 

@@ -182,6 +182,7 @@ class Engine:
         head = self.committed[:-1]
         if self.draft_kv is not None and head:
             self.forward("draft", head, list(range(len(head))), None, keep=1)
+        self.drafter.start(self)
         prefill_ms = (_now(self.pair.device) - t0) * 1e3
         self._after_prefill = (self.target_len(), self.draft_len(), self.next_logits, self.next_dist)
         self.trace = RunTrace(

@@ -36,13 +36,14 @@ def markdown_table(report: dict) -> str:
              f"{m['device']}, draft {m.get('draft_quant', 'none')} ({m['machine']}; torch {m['torch']}, "
              f"transformers {m['transformers']})", "",
              "| T | method | tokens/s | speed-up vs ar | ratio vs hf-assisted | ratio vs hf-assisted-bf16 | "
-             "tokens / target call | acceptance (seed) | acceptance (MCSD) | draft s | verify s | other s | "
-             "engine overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio vs hf-prompt-lookup | tokens / target call | acceptance (seed) | acceptance (MCSD) | draft s | "
+             "verify s | other s | engine overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
         lines.append(f"| {r['temperature']:g} | {r['method']} | {_f(r['tokens_per_s'])} | "
                      f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
                      f"{_f(r.get('ratio_vs_hf_bf16'), suffix='x')} | "
+                     f"{_f(r.get('ratio_vs_hf_lookup'), suffix='x')} | "
                      f"{_f(r['tokens_per_target_call'])} | {_f(r['acceptance_rate'])} | "
                      f"{_f(r['mcsd_acceptance_rate'])} | {_f(r['draft_s'], 1)} | {_f(r['verify_s'], 1)} | "
                      f"{_f(r['other_s'], 1)} | {_f(_pct(r.get('overhead_share')), 1, ' %')} |")

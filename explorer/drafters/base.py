@@ -71,6 +71,9 @@ class Drafter:
     def draft(self, engine) -> Drafted:
         return Drafted(DraftTree())
 
+    def start(self, engine) -> None:
+        """Called once after the prefill (``engine.committed`` holds the prompt); ``rewind`` returns here."""
+
     def free_nodes(self, engine) -> list["FreeNode"]:
         """Deterministic proposals for this step (free drafters only), as a trie-able list of FreeNodes."""
         return []

@@ -2,15 +2,27 @@
 ``prompt_lookup_num_tokens``). No model, no training: it wins where the output repeats the prompt or itself (code
 edits, quoting, extraction) and proposes nothing elsewhere.
 
-Unlike transformers' lookup (the first match of the longest n-gram, one chain), several matches become branches:
-the most recent occurrences first, longest n-gram first, distinct continuations only; shared prefixes merge into
-one trie when the branches join the tree (``base.merge_free``).
+Two changes to transformers' lookup (the first match of the longest n-gram, one chain of a fixed length), both
+measured on the embedded pair (docs/bench.md):
+
+* several matches become branches: the most recent occurrences first, longest n-gram first, distinct
+  continuations only; shared prefixes merge into one trie when the branches join the tree (``base.merge_free``);
+* the copy length adapts (for the best match; runner-ups copy at most ``START_TOKENS``): it starts at
+  ``START_TOKENS``, doubles (up to ``lookup_tokens``) after a step that
+  accepted a whole branch, and otherwise halves, or falls back to what the last step accepted plus one when that
+  is longer (at least ``START_TOKENS``). Long copies are
+  where lookup shines (a docstring copied whole), and a long failed branch costs target rows on every step.
+
+The length depends only on earlier steps' outcomes, so the proposals stay a function of the history: lossless.
 """
 
 from __future__ import annotations
 
 from ..tree import DraftTree
 from .base import Drafted, Drafter, FreeNode, merge_free
+
+START_TOKENS = 8
+"""Copy length of the first step and the floor after a miss (``lookup_tokens`` caps the doubling)."""
 
 
 def lookup_continuations(context: list[int], max_ngram: int, n_tokens: int, branches: int) -> list[tuple]:
@@ -41,17 +53,33 @@ def lookup_continuations(context: list[int], max_ngram: int, n_tokens: int, bran
 
 
 class LookupDrafter(Drafter):
-    """Free branches copied from earlier in the prompt and output (``lookup`` nodes)."""
+    """Free branches copied from earlier in the prompt and output (``lookup`` nodes).
+
+    Args:
+        max_ngram: longest n-gram matched. max_tokens: cap of the adaptive copy length. branches: continuations.
+    """
 
     name = "lookup"
 
-    def __init__(self, max_ngram: int, n_tokens: int, branches: int):
-        self.max_ngram, self.n_tokens, self.branches = max_ngram, n_tokens, branches
+    def __init__(self, max_ngram: int, max_tokens: int, branches: int):
+        self.max_ngram, self.max_tokens, self.branches = max_ngram, max_tokens, branches
+        self.rewind()
+
+    def rewind(self) -> None:
+        self.length = min(START_TOKENS, self.max_tokens)
+        self.proposed: list[list[int]] = []  # this step's continuations, for learn()
+        self.last_hit = 0  # tokens of the best continuation the last step committed
+        self.best_ngram = 0  # n-gram length of this step's best match (0: none)
 
     def free_nodes(self, engine) -> list[FreeNode]:
         """The step's lookup chains as FreeNodes (each chain's nodes in order, hanging from the anchor)."""
         nodes: list[FreeNode] = []
-        for tokens, start, n in lookup_continuations(engine.committed, self.max_ngram, self.n_tokens, self.branches):
+        found = lookup_continuations(engine.committed, self.max_ngram, self.length, self.branches)
+        # only the best match gets the long copy: every row costs target time, and runner-up matches rarely run long
+        found = [(tokens if j == 0 else tokens[:START_TOKENS], start, n) for j, (tokens, start, n) in enumerate(found)]
+        self.proposed = [tokens for tokens, _, _ in found]
+        self.best_ngram = found[0][2] if found else 0
+        for tokens, start, n in found:
             parent = -1
             for j, t in enumerate(tokens):
                 nodes.append(FreeNode(parent, t, "lookup", {"source": "lookup", "copied_from": start + j, "ngram": n,
@@ -59,5 +87,23 @@ class LookupDrafter(Drafter):
                 parent = len(nodes) - 1
         return nodes
 
+    def info(self, engine) -> dict:
+        return {"lookup_length": self.length, "lookup_branches": len(self.proposed)}
+
     def draft(self, engine) -> Drafted:
-        return merge_free(Drafted(DraftTree(), head=len(engine.committed)), self.free_nodes(engine))
+        d = merge_free(Drafted(DraftTree(), head=len(engine.committed)), self.free_nodes(engine))
+        d.info.update(self.info(engine))
+        return d
+
+    def learn(self, engine, drafted: Drafted, verified) -> None:
+        """Adapt the copy length to how much of the best continuation the step committed."""
+        result = verified.result
+        new = [drafted.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
+        hits = [next((j for j, (a, b) in enumerate(zip(c, new)) if a != b), min(len(c), len(new)))
+                for c in self.proposed]
+        self.last_hit = max(hits, default=0)
+        if not self.proposed:
+            return
+        whole = any(h == len(c) for h, c in zip(hits, self.proposed))
+        self.length = (min(self.max_tokens, 2 * self.length) if whole
+                       else max(START_TOKENS, self.last_hit + 1, self.length // 2))

@@ -10,6 +10,10 @@ candidates at every verified position, otherwise thrown away, become the next dr
 
 Train-free and lossless: the drafts are a function of the history only (deterministic proposals). The matrix is
 kept across steps and, when the caller passes it on, across runs of a session (``state`` / ``initial``).
+
+One addition to the paper: before the first step, the rows of the prompt's tokens are seeded with the tokens that
+follow them in the prompt (most recent first), ahead of any carried-over candidates. The prefill computes logits
+for the last prompt token only, so without this a run starts blind exactly where outputs copy their prompt.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import torch
 from ..tree import DraftTree, rank_decay_parents
 from .base import Drafted, Drafter, FreeNode, merge_free
 
-PREFILL = -1
+CARRIED = -1
 """``step`` of a matrix row written before this run (carried over from an earlier run of the session)."""
+PROMPT = -2
+"""``step`` of a matrix row seeded from the prompt's own successors (``RecyclingDrafter.start``)."""
 
 
 class RecyclingDrafter(Drafter):
@@ -41,7 +47,25 @@ class RecyclingDrafter(Drafter):
         self.origin: dict[int, tuple[int, int]] = {}  # token id -> (step, node id) whose logits wrote the row
         for t, cands in (initial or {}).get("rows", {}).items():
             self.rows[int(t)] = [int(c) for c in cands][: self.k]
-            self.origin[int(t)] = (PREFILL, 0)
+            self.origin[int(t)] = (CARRIED, 0)
+        self.carried = len(self.rows)
+        self._initial = (dict(self.rows), dict(self.origin))
+
+    def start(self, engine) -> None:
+        """Seed the rows of the prompt's tokens with their successors in the prompt, most recent first, then the
+        carried-over candidates; ``node`` records the prompt position of the first successor."""
+        prompt = engine.committed
+        seeds: dict[int, list[int]] = {}
+        first: dict[int, int] = {}
+        for i in range(len(prompt) - 2, -1, -1):  # most recent occurrence first
+            row = seeds.setdefault(prompt[i], [])
+            if prompt[i + 1] not in row and len(row) < self.k:
+                row.append(prompt[i + 1])
+                first.setdefault(prompt[i], i + 1)
+        for t, row in seeds.items():
+            rest = [c for c in self.rows.get(t, []) if c not in row]
+            self.rows[t] = (row + rest)[: self.k]
+            self.origin[t] = (PROMPT, first[t])
         self._initial = (dict(self.rows), dict(self.origin))
 
     def free_nodes(self, engine) -> list[FreeNode]:
@@ -100,4 +124,6 @@ class RecyclingDrafter(Drafter):
         return {"k": self.k, "rows": {str(t): list(c) for t, c in self.rows.items()}}
 
     def state_for_trace(self) -> dict:
-        return {"recycling_initial": {"k": self.k, "rows": {str(t): list(c) for t, c in self._initial[0].items()}}}
+        """The matrix the run started from (after seeding from the prompt), so a replay can show any row."""
+        return {"recycling_initial": {"k": self.k, "carried_rows": self.carried,
+                                      "rows": {str(t): list(c) for t, c in self._initial[0].items()}}}

@@ -19,14 +19,16 @@ def report_path() -> str:
     """``$SPEC_EXPLORER_BENCH`` or reports/bench/bench.json (read on every page run)."""
     return os.environ.get("SPEC_EXPLORER_BENCH", DEFAULT_REPORT)
 COLUMNS = ["temperature", "method", "tokens_per_s", "speedup_vs_ar", "ratio_vs_hf", "ratio_vs_hf_bf16",
+           "ratio_vs_hf_lookup",
            "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_s", "verify_s", "other_s",
            "overhead_share"]
 
 
 def benchmarks_page() -> None:
     st.title("Benchmarks")
-    st.caption("Our methods against autoregressive decoding and Hugging Face assisted generation "
-               "(`generate(assistant_model=draft)`), measured in one run. Produce a report with "
+    st.caption("Our methods against autoregressive decoding, Hugging Face assisted generation "
+               "(`generate(assistant_model=draft)`) and its prompt lookup (`generate(prompt_lookup_num_tokens=10)`), "
+               "measured in one run. Produce a report with "
                "`python -m explorer bench --prompt-file humaneval --temperatures 0,0.7` (see docs/bench.md).")
     upload = st.file_uploader("Load a benchmark report (bench.json)", type=["json"], key="bench_upload")
     path = report_path()
