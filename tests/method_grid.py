@@ -31,12 +31,19 @@ GRID = [
     (MethodConfig(method="mcsd-improved", max_depth=4, stop="decision", decision_model="hidden"), 0.0),
     (MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3), 0.0),
     (MethodConfig(method="mcsd-improved", lossy=True, width=2, k_config=(2,), max_depth=3, stop="decision"), 0.8),
+    (DEFAULTS["prompt-lookup"], 0.0),
+    (DEFAULTS["prompt-lookup"], 0.8),
+    (DEFAULTS["token-recycling"], 0.0),
+    (MethodConfig(method="token-recycling", recycling_widths=(4, 2, 1), recycling_k=4), 0.8),
+    (DEFAULTS["hybrid"], 0.0),
+    (MethodConfig(method="hybrid", k_config=(2, 2), max_depth=3, stop="none", verifier="spechub"), 0.8),
+    (MethodConfig(method="hybrid", k_config=(2,), max_depth=3, stop="confidence", verifier="mcns"), 0.8),
 ]
 
 
 def _case_id(c: MethodConfig, t: float) -> str:
     parts = [c.method] + ([c.verifier] if c.verifier != "auto" else [])
-    if c.method == "mcsd-improved":
+    if c.spec.has_stop_policy:
         parts += [c.stop] + ([c.decision_model] if c.stop in ("decision", "prune", "specdec++") else [])
         parts += ["lossy"] if c.is_lossy else []
     if c.branch_threshold < 1.0:

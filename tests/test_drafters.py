@@ -1,0 +1,194 @@
+"""Free drafters (prompt lookup, Token Recycling, the hybrid) and the point-mass verification of their drafts."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from explorer.config import DEFAULTS, MethodConfig
+from explorer.drafters import Drafted, FreeNode, LookupDrafter, RecyclingDrafter, lookup_continuations, merge_free
+from explorer.engine import Engine
+from explorer.sampling import LazyRows, SamplingConfig
+from explorer.tree import DraftTree, TreeShapeError, rank_decay_parents
+from explorer.verify import verify_tree
+
+REPEATING = "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return a + "
+
+
+# ------------------------------------------------------------------------------------------------ prompt lookup
+
+
+def test_lookup_takes_the_longest_ngram_and_the_most_recent_match_first():
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    found = lookup_continuations(ctx, max_ngram=3, n_tokens=2, branches=3)
+    # "2 3" (n=2) matches twice: position 5-6 (most recent, then 7 8) and 1-2 (then 9 1); then "3" alone adds none new
+    assert found[0] == ([7, 8], 7, 2)
+    assert found[1] == ([9, 1], 3, 2)
+    assert len(found) == 2
+
+
+def test_lookup_skips_continuations_it_already_has_and_respects_the_branch_limit():
+    ctx = [4, 5, 6, 4, 5, 6, 4, 5]
+    found = lookup_continuations(ctx, max_ngram=2, n_tokens=3, branches=5)
+    assert [f[0] for f in found] == [[6, 4, 5]]  # the older match gives the same continuation: one branch
+    assert lookup_continuations([1, 2, 3], 3, 4, 2) == []  # nothing repeats
+    assert len(lookup_continuations([1, 1, 1, 1, 2, 1, 3, 1], 1, 1, 2)) == 2
+
+
+def test_lookup_copy_length_doubles_after_a_whole_branch_and_shrinks_after_a_miss(tiny):
+    engine = Engine(tiny, MethodConfig(method="prompt-lookup", lookup_tokens=32), SamplingConfig())
+    engine.start(tiny.tokenizer.encode(REPEATING), 40)
+    lookup = engine.drafter
+    lengths = []
+    for _ in range(8):
+        before = lookup.length
+        step = engine.step()
+        lengths.append(before)
+        proposed = [n for n in step.nodes if n.source == "lookup"]
+        if proposed:
+            assert max(n.depth for n in proposed) <= before
+        hit = lookup.last_hit
+        if any(hit == len(c) for c in lookup.proposed):
+            assert lookup.length == min(32, 2 * before)
+        elif lookup.proposed:
+            assert lookup.length == max(8, hit + 1, before // 2)
+    assert all(8 <= n <= 32 for n in lengths)
+
+
+# ------------------------------------------------------------------------------------------------ trees
+
+
+def test_rank_decay_template_sizes_and_validation():
+    parents, ranks = rank_decay_parents((3, 2, 1))
+    # anchor: 3 children (ranks 0, 1, 2); rank 0 gets 2, rank 1 gets 1, rank 2 none; then rank-0 nodes get one
+    assert parents == [-1, -1, -1, 0, 0, 1, 3, 5]
+    assert ranks == [0, 1, 2, 0, 1, 0, 0, 0]
+    assert len(rank_decay_parents((8, 3, 2, 1, 1, 1, 1, 1))[0]) == 40
+    with pytest.raises(TreeShapeError, match="recycling_k"):
+        MethodConfig(method="token-recycling", recycling_widths=(9,), recycling_k=8)
+    with pytest.raises(ValueError, match="lossy"):
+        MethodConfig(method="hybrid", lossy=True)
+
+
+def test_free_branches_merge_into_the_tree_as_a_trie_keeping_model_rows():
+    tree = DraftTree()
+    tree.add_level([-1, -1], [10, 11])
+    tree.add_level([0, 1], [12, 13])
+    q_rows = LazyRows()
+    d = Drafted(tree, q_rows=q_rows, q_show={0: 0.5, 1: 0.2, 2: 0.9, 3: 0.4}, draft_rows={0: 0, 1: 1, 2: 2, 3: 3},
+                q_top={0: "anchor", 1: "row1", 3: "row3"})
+    free = [FreeNode(-1, 10, "lookup", {"i": 0}), FreeNode(0, 14, "lookup", {"i": 1}),  # 10 merges, 14 joins under it
+            FreeNode(1, 15, "lookup", {"i": 2}), FreeNode(-1, 20, "recycled", {"i": 3})]
+    out = merge_free(d, free)
+    t = out.tree
+    assert t.token == [10, 11, 20, 12, 13, 14, 15]
+    assert t.parent == [-1, -1, -1, 0, 1, 0, 5]
+    assert t.source == ["draft", "draft", "recycled", "draft", "draft", "lookup", "lookup"]
+    assert out.draft_rows == {0: 0, 1: 1, 3: 2, 4: 3}  # model nodes keep their draft-cache rows
+    assert out.q_show == {0: 0.5, 1: 0.2, 3: 0.9, 4: 0.4}
+    assert out.q_top == {0: "anchor", 1: "row1", 4: "row3"}  # rows are node + 1: old node 2 is new node 3
+    assert out.provenance == {2: {"i": 3}, 5: {"i": 1}, 6: {"i": 2}}  # the merged free node keeps the model's node
+    assert t.branch_ids() == [0, 1, 2, 0, 1, 0, 0]
+
+
+# ------------------------------------------------------------------------------------------------ recycling
+
+
+def test_recycling_seeds_from_the_prompt_and_learns_the_targets_top_k(tiny):
+    ids = tiny.tokenizer.encode(REPEATING)
+    engine = Engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
+    engine.start(ids, 12)
+    rec = engine.drafter
+    # every prompt token but the last has a seeded row whose first candidate followed it most recently
+    last_next = {ids[i]: ids[i + 1] for i in range(len(ids) - 1)}
+    assert all(rec.rows[t][0] == nxt for t, nxt in last_next.items())
+    assert engine.trace.settings["recycling_initial"]["rows"][str(ids[0])] == rec.rows[ids[0]]
+    step = engine.step()
+    recycled = [n for n in step.nodes if n.source == "recycled"]
+    assert recycled and all(n.provenance["step"] == -2 for n in recycled)  # step 0 reads prompt-seeded rows only
+    # after the step, the rows of the anchor and of every tree node hold the target's top-k at those rows
+    _, v = engine.last_step
+    d, _ = engine.last_step
+    top = torch.topk(v.node_logits.float(), rec.k, dim=-1).indices.tolist()
+    for i, tok in enumerate(d.tree.token):
+        if tok not in d.tree.token[i + 1:]:  # a later duplicate overwrites
+            assert rec.rows[tok] == top[i] and rec.origin[tok] == (0, i + 1)
+    anchor = engine.committed[-1]
+    step2 = engine.step()
+    assert step2.drafter["recycling_row"]["token"] == anchor
+    # a later anchor equal to a token the first step scored is expanded from the row that step wrote
+    tok = d.tree.token[-1]
+    nodes = rec.free_nodes(type("Ctx", (), {"committed": engine.committed + [tok]})())
+    first_level = [n for n in nodes if n.parent == -1]
+    assert [n.token for n in first_level] == rec.rows[tok][: len(first_level)]
+    assert first_level and all(n.provenance["row_token"] == tok and n.provenance["step"] in (0, 1) for n in first_level)
+    # a rewind forgets what the run learned
+    engine.rewind()
+    assert all(o[0] == -2 for o in rec.origin.values())
+
+
+def test_recycling_state_carries_over_to_the_next_run(tiny):
+    ids = tiny.tokenizer.encode(REPEATING)
+    first = Engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
+    first.start(ids, 16)
+    first.run()
+    state = first.recycling_state()
+    second = Engine(tiny, DEFAULTS["token-recycling"], SamplingConfig(), recycling_state=state)
+    second.start(tiny.tokenizer.encode("x = 1"), 4)
+    carried = second.trace.settings["recycling_initial"]
+    assert carried["carried_rows"] == len(state["rows"]) > 0
+    rec = second.drafter
+    assert any(o[0] == -1 for o in rec.origin.values())
+
+
+# ------------------------------------------------------------------------------------------------ losslessness
+
+
+@pytest.mark.parametrize("rule", ["rrs", "rrs-replacement", "mcns", "greedy"])
+def test_free_children_after_model_children_keep_the_target_law(rule):
+    """One node: two children drawn from q (as the rule's drafting does) and two fixed free children, one of them
+    possibly equal to a model child's token. The first committed token must follow p exactly (chi-square)."""
+    from explorer import drafting
+
+    g = torch.Generator().manual_seed(11)
+    p = torch.tensor([0.30, 0.25, 0.20, 0.10, 0.10, 0.05])
+    q = torch.tensor([0.05, 0.40, 0.05, 0.30, 0.10, 0.10])
+    counts = np.zeros(6)
+    n = 6000 if rule != "greedy" else 50
+    for _ in range(n):
+        if rule == "rrs-replacement":
+            kids = drafting.sample_with_replacement(q, 2, g)
+        elif rule == "greedy":
+            kids = [1, 3]
+        else:
+            kids = drafting.draw_without_replacement(q, 2, g)
+        tree = DraftTree()
+        free = [t for t in (0, 2) if t not in kids]
+        sources = ["draft"] * len(kids) + ["lookup"] * len(free)
+        tree.add_level([-1] * len(sources), kids + free, source=sources)
+        rows = torch.stack([p] * (len(tree) + 1))
+        r = verify_tree(tree, rows, {0: q}, g, rule=rule)
+        first = tree.token[r.path[0]] if r.path else r.bonus
+        counts[first] += 1
+    if rule == "greedy":
+        assert counts[0] == n  # argmax p is token 0: only the free child 0 can be accepted
+        return
+    expected = p.double().numpy() * n
+    stat = chisquare(counts, expected * counts.sum() / expected.sum())
+    assert stat.pvalue > 0.001, (counts, stat)
+    assert counts[[0, 2]].sum() > 0.15 * n  # the free children really were accepted at their share
+
+
+def test_every_new_method_reproduces_ar_greedily_on_the_tiny_pair(tiny):
+    ids = tiny.tokenizer.encode(REPEATING)
+    ar = Engine(tiny, DEFAULTS["ar"], SamplingConfig())
+    ar.start(ids, 40)
+    want = ar.run().generated_ids
+    for method in ("prompt-lookup", "token-recycling", "hybrid"):
+        engine = Engine(tiny, DEFAULTS[method], SamplingConfig())
+        engine.start(ids, 40)
+        trace = engine.run()
+        assert trace.generated_ids == want, method
+        free = [n for s in trace.steps for n in s.nodes if n.source in ("lookup", "recycled")]
+        assert free, f"{method} proposed no free tokens on a repeating prompt"
+        assert all(n.provenance and n.provenance["source"] == n.source for n in free)
