@@ -88,15 +88,18 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
 
 
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
-               decision_model=None, kv_cache: str = "dynamic", graphs: bool = False) -> dict:
-    """One run of our engine; ``run_metrics`` plus ``token_ids``.
+               decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
+               recycling_state: dict | None = None) -> dict:
+    """One run of our engine; ``run_metrics`` plus ``token_ids`` and, for Token Recycling, ``recycling_state``
+    (the matrix after the run, for the next prompt).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
     trace), as for ``hf-assisted``, not the sum of the trace's step timers.
     """
     from .engine import Engine
 
-    engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs)
+    engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
+                    recycling_state=recycling_state)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
@@ -104,7 +107,7 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     engine.release()  # graph runners (and their captured graphs) serve the next run
     metrics = run_metrics(trace)
     metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None)
-    return {**metrics, "token_ids": trace.generated_ids}
+    return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state()}
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -142,6 +145,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             ``"mcsd-improved/prune"``, as long as its config says which method it is.
         kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``kv_cache.py``); ``graphs``: our forwards
             through CUDA graphs (``graphs.py``; needs ``static``).
+    Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
+    run (a session's matrix keeps learning); each temperature starts with an empty one.
+
     Returns:
         ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
     """
@@ -156,6 +162,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
                 raise ValueError(f"unknown bench method {m!r}; use {', '.join(BENCH_METHODS)}")
             configs[m] = DEFAULTS[m]
 
+    matrices: dict = {}  # method -> Token Recycling matrix carried to its next prompt
+
     def one(method, ids, sampling, n):
         if method == HF_ASSISTED:
             return run_hf_assisted(pair, ids, n, sampling)
@@ -163,13 +171,17 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling, draft=unquantized)
         if method == HF_PROMPT_LOOKUP:
             return run_hf_assisted(pair, ids, n, sampling, lookup=True)
-        return run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs)
+        row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
+                         recycling_state=matrices.get(method))
+        matrices[method] = row.pop("recycling_state")
+        return row
 
     for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations
         for method in methods:
             one(method, prompts_ids[0], SamplingConfig(), 8)
     runs = []
     for temperature in temperatures:
+        matrices.clear()
         for n, ids in enumerate(prompts_ids):
             sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n)
             for method in methods:

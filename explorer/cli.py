@@ -54,6 +54,12 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
     g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
                    help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
+    g.add_argument("--lookup-tokens", type=int, help="prompt-lookup / hybrid: longest copy (the adaptive length's cap)")
+    g.add_argument("--lookup-branches", type=int, help="prompt-lookup / hybrid: matches proposed as branches")
+    g.add_argument("--lookup-ngram", type=int, help="prompt-lookup / hybrid: longest n-gram matched")
+    g.add_argument("--recycling-widths", help="token-recycling / hybrid: tree template widths per level, e.g. "
+                                               "8,3,2,1,1,1,1,1 (a node of sibling rank r gets floor(w / (r + 1)))")
+    g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -77,12 +83,15 @@ def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:
 def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
-    for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold"):
+    for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
+                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
     if getattr(args, "k_config", None) is not None:
         changes["k_config"] = parse_k_config(args.k_config)
+    if getattr(args, "recycling_widths", None) is not None:
+        changes["recycling_widths"] = parse_k_config(args.recycling_widths)
     if getattr(args, "lossy", False):
         changes["lossy"] = True
         if "k_config" not in changes:

@@ -393,7 +393,7 @@ class Engine:
                 id=i + 1, parent=parent_row, token_id=tok, text=self._text(tok), depth=tree.depth[i],
                 position_id=L - 1 + tree.depth[i], source=tree.source[i], status=status,
                 committed=i in committed_nodes, branch=branch_of[i],
-                q=d.q_show.get(i), p=p_rows.shown(parent_row, tok), provenance=d.provenance.get(i),
+                q=d.q_show.get(i), p=p_rows.shown(parent_row, tok), provenance=self._provenance(d.provenance.get(i)),
                 u=None if dec is None else dec.u, ratio=None if dec is None else _finite(dec.ratio),
                 residual_top=[] if dec is None else self._top_rows(dec.residual_top),
                 p_top=self._top_rows(p_top.get(parent_row, [])), q_top=self._top_rows(d.q_top.get(parent_row, []))))
@@ -415,7 +415,29 @@ class Engine:
             bonus_token=result.bonus if (result.bonus is not None and len(new_tokens) > len(result.path)) else None,
             accepted_draft_len=accepted_draft, max_draft_len=self.config.max_draft_depth(), drafted=drafted,
             draft_calls=d.calls, target_calls=v.calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
-            verifier=self.verifier_name, finished=self.finished, forward_ms=self._forward_ms, drafter=d.info)
+            verifier=self.verifier_name, finished=self.finished, forward_ms=self._forward_ms,
+            drafter=self._drafter_info(d.info))
+
+    def _provenance(self, prov: dict | None) -> dict | None:
+        """A free node's provenance with the texts a replay needs (no tokenizer there)."""
+        if prov is None:
+            return None
+        prov = dict(prov)
+        if "row_token" in prov:  # recycled: the token whose matrix row proposed it
+            prov["row_text"] = self._text(prov["row_token"])
+        if "match_at" in prov:  # lookup: the earlier occurrence of the n-gram the copy continues
+            at = prov["match_at"]
+            prov["match_text"] = "".join(self._text(t) for t in self.committed[at: at + prov["ngram"]])
+        return prov
+
+    def _drafter_info(self, info: dict) -> dict:
+        """The drafter's record with token texts added (the matrix row of the anchor)."""
+        info = dict(info)
+        row = info.get("recycling_row")
+        if row is not None:
+            info["recycling_row"] = {**row, "token_text": self._text(row["token"]),
+                                     "candidate_texts": [self._text(t) for t in row["candidates"]]}
+        return info
 
     def _top_rows(self, top: list) -> list:
         return [[t, self._text(t), float(pr)] for t, pr in top]

@@ -12,12 +12,17 @@ import html
 import networkx as nx
 import plotly.graph_objects as go
 
+from .methods import SOURCE_LABELS
 from .trace import ACCEPTED, CONTEXT, REJECTED, UNVERIFIED, RunTrace, StepTrace
 
 STATUS_COLORS = {CONTEXT: "#7f8c8d", ACCEPTED: "#2ca02c", REJECTED: "#d62728", UNVERIFIED: "#c7c7c7"}
 STATUS_LABELS = {CONTEXT: "last committed token", ACCEPTED: "accepted", REJECTED: "rejected",
                  UNVERIFIED: "not verified"}
 BONUS_COLOR = "#1f77b4"
+SOURCE_SYMBOLS = {CONTEXT: "circle", "draft": "circle", "target": "diamond", "lookup": "square",
+                  "recycled": "triangle-up"}
+SOURCE_COLORS = {CONTEXT: "#7f8c8d", "draft": "#9467bd", "target": "#8c564b", "lookup": "#ff7f0e",
+                 "recycled": "#17becf"}
 
 
 def token_label(text: str, limit: int = 16, escape: bool = True) -> str:
@@ -44,6 +49,25 @@ def _fmt(x, digits=3) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def provenance_text(node) -> str | None:
+    """Where a free node (prompt lookup, Token Recycling) came from, in one plain sentence; None for others."""
+    prov = node.provenance or {}
+    if prov.get("source") == "lookup":
+        where = "the prompt" if prov.get("in_prompt") else "the output so far"
+        return (f"copied from position {prov['copied_from']} ({where}): it followed an earlier "
+                f"“{token_label(prov.get('match_text', '?'), 30, escape=False)}” ({prov['ngram']}-gram match at "
+                f"position {prov['match_at']})")
+    if prov.get("source") == "recycled":
+        row_text = token_label(prov.get("row_text", "?"), 20, escape=False)
+        row = f"candidate #{prov['rank'] + 1} in the matrix row of “{row_text}”"
+        if prov["step"] == -2:
+            return f"{row}, seeded from the prompt (it follows that token at prompt position {prov['node']})"
+        if prov["step"] == -1:
+            return f"{row}, carried over from an earlier run of this session"
+        return f"{row}, written by the target's top-k at node {prov['node']} of step {prov['step'] + 1}"
+    return None
+
+
 def node_rows(step: StepTrace) -> list[dict]:
     """One plain row per node for a table: token, where it sits, p, q, the test and its outcome."""
     rows = []
@@ -52,6 +76,7 @@ def node_rows(step: StepTrace) -> list[dict]:
             "id": n.id, "parent": n.parent, "token": token_label(n.text, 24, escape=False), "depth": n.depth,
             "position id": n.position_id, "branch": n.branch, "source": n.source, "status": n.status,
             "committed": n.committed, "p (target)": n.p, "q (draft)": n.q, "p/q": n.ratio, "u": n.u,
+            "from": provenance_text(n) or "",
             "residual top": ", ".join(f"{token_label(t, 10, escape=False)} {pr:.2f}" for _, t, pr in n.residual_top[:3]),
         })
     return rows
@@ -90,6 +115,9 @@ def _hover(n) -> str:
         lines.append(f"p (target) {_fmt(n.p)} · q (draft) {_fmt(n.q)}")
         if n.source == "target":
             lines.append("root sampled from the target (target-initialized)")
+        prov = provenance_text(n)
+        if prov:
+            lines.append(f"{SOURCE_LABELS[n.source]}: {html.escape(prov, quote=False)}")
         if n.ratio is not None or n.u is not None:
             lines.append(f"p/q {_fmt(n.ratio)} · u {_fmt(n.u)}")
         if n.residual_top:
@@ -97,10 +125,14 @@ def _hover(n) -> str:
     return "<br>".join(lines)
 
 
-def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None) -> go.Figure:
-    """The draft token tree of one step, coloured by verification status; committed nodes get a thick outline,
-    target-sampled roots are diamonds, and the bonus token hangs off the committed path as a blue star. Each node
-    marker carries its node id as ``customdata`` (clicks select it); ``selected`` gets an orange ring."""
+def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None,
+                color_by: str = "status") -> go.Figure:
+    """The draft token tree of one step, coloured by verification status (``color_by="status"``) or by draft
+    source (``"source"``: draft model, target root, prompt lookup, token recycling; rejected and unverified nodes
+    faded). The marker's shape always tells the source (circle: draft model, diamond: target root, square: lookup,
+    triangle: recycled). Committed nodes get a thick outline, and the bonus token hangs off the committed path as a
+    blue star. Each node marker carries its node id as ``customdata`` (clicks select it); ``selected`` gets an
+    orange ring."""
     g = tree_graph(step)
     pos = tree_layout(g)
     fig = go.Figure()
@@ -110,17 +142,23 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         ey += [pos[a][1], pos[b][1], None]
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=1), hoverinfo="skip",
                              showlegend=False))
-    for status in (CONTEXT, ACCEPTED, REJECTED, UNVERIFIED):
-        nodes = [n for n in step.nodes if n.status == status]
+    if color_by == "source":
+        groups = [(SOURCE_LABELS[src], SOURCE_COLORS[src], [n for n in step.nodes if n.source == src])
+                  for src in SOURCE_COLORS]
+    else:
+        groups = [(STATUS_LABELS[status], STATUS_COLORS[status], [n for n in step.nodes if n.status == status])
+                  for status in (CONTEXT, ACCEPTED, REJECTED, UNVERIFIED)]
+    for name, color, nodes in groups:
         if not nodes:
             continue
+        faded = color_by == "source"
         fig.add_trace(go.Scatter(
             x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
-            name=STATUS_LABELS[status], text=[token_label(n.text, 10) for n in nodes], textposition="top center",
+            name=name, text=[token_label(n.text, 10) for n in nodes], textposition="top center",
             textfont=dict(size=11),
             customdata=[n.id for n in nodes], hovertext=[_hover(n) for n in nodes], hoverinfo="text",
-            marker=dict(size=16, color=STATUS_COLORS[status],
-                        symbol=["diamond" if n.source == "target" else "circle" for n in nodes],
+            marker=dict(size=16, color=color, symbol=[SOURCE_SYMBOLS.get(n.source, "circle") for n in nodes],
+                        opacity=[0.35 if faded and n.status in (REJECTED, UNVERIFIED) else 1.0 for n in nodes],
                         line=dict(color=["#000" if n.committed and n.status != CONTEXT else "#fff" for n in nodes],
                                   width=[3 if n.committed and n.status != CONTEXT else 1 for n in nodes]))))
     if selected is not None and selected in pos:

@@ -7,6 +7,7 @@ why, and where the step's last token came from. Plain text (no HTML or Markdown)
 from __future__ import annotations
 
 from .config import MethodConfig
+from .methods import DRAFT_SOURCES, FREE_SOURCES
 from .trace import ACCEPTED, REJECTED, StepTrace
 
 POLICY_WORDS = {
@@ -43,17 +44,21 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
                    f"next one itself. No draft, so one target call gives exactly one token.")
     else:
         target_roots = any(n.source == "target" for n in roots)
-        levels = max((n.depth for n in drafted), default=0) - (1 if target_roots else 0)  # draft levels only
-        out.append(f"Drafting: after the last committed token {_tok(anchor.text)}, the small draft model proposed "
-                   f"{len(drafted)} token(s) over {levels} level(s) in {step.draft_calls} draft call(s) "
-                   f"(one call per level: every branch of a level is fed at once).")
+        model = [n for n in drafted if n.source == "draft"]
+        levels = max((n.depth for n in model), default=0) - (1 if target_roots else 0)  # draft levels only
+        if model:
+            out.append(f"Drafting: after the last committed token {_tok(anchor.text)}, the small draft model proposed "
+                       f"{len(model)} token(s) over {levels} level(s) in {step.draft_calls} draft call(s) "
+                       f"(one call per level: every branch of a level is fed at once).")
+        out.extend(_free_drafts(step, anchor, bool(model)))
         if len(roots) > 1:
             firsts = ", ".join(f"branch {n.branch} starts with {_tok(n.text)}" for n in roots)
             out.append(f"The tree has {len(roots)} branches: {firsts}.")
         if target_roots:
             out.append("Its roots were sampled from the target's own distribution (the seed's lossy mode).")
         out.extend(_adaptive_width(step, method or {}, target_roots))
-        out.extend(_stopping(step, levels))
+        if model or step.stop_signals:
+            out.extend(_stopping(step, levels))
         out.append(f"Verification: the target model scored all {len(step.mask_node_ids)} tokens in one forward pass. "
                    "The tree attention mask lets each token see only its own ancestors, and each gets the position "
                    "id of its depth, so every branch is scored as if it were the only text.")
@@ -74,6 +79,33 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
                + (f" and {step.draft_calls} draft call(s)." if step.draft_calls else "."))
     if step.finished:
         out.append("The run ended here (end of sequence or the new-token limit).")
+    return out
+
+
+def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
+    """Sentences about the free (deterministic) drafts: prompt lookup and Token Recycling."""
+    out = []
+    lookup = [n for n in step.nodes if n.source == "lookup"]
+    recycled = [n for n in step.nodes if n.source == "recycled"]
+    if step.drafter.get("lookup_trusted"):
+        out.append("The draft model sat this step out: prompt lookup's last copy was accepted, so its forwards "
+                   "would cost more than they add.")
+    if lookup:
+        prov = lookup[0].provenance or {}
+        out.append(f"Prompt lookup copied {len(lookup)} token(s) for free: the last {prov.get('ngram', '?')} "
+                   f"token(s) also appear earlier in the {'prompt' if prov.get('in_prompt') else 'text'}, and it "
+                   "proposes what followed them there. Outputs often repeat their prompt (code, quotes, names).")
+    if recycled:
+        out.append(f"Token Recycling proposed {len(recycled)} token(s) for free from its matrix: for each token, the "
+                   "target's top candidates the last time it scored that token. Why it works: every verification "
+                   "computes the target's whole distribution at every tree node, but keeps one token per position; "
+                   "the runners-up are what the target tends to say after that token, and text keeps reusing its "
+                   "local patterns, so they come back.")
+    elif "recycling_row" in step.drafter and not step.drafter["recycling_row"]["candidates"]:
+        out.append(f"Token Recycling had no row for {_tok(anchor.text)} yet, so it proposed nothing; this step's "
+                   "verification writes one.")
+    if (lookup or recycled) and not model:
+        out.append("Free drafts cost no draft-model forward: only extra rows in the target's one verification pass.")
     return out
 
 
@@ -139,7 +171,7 @@ def _pct_against(x: float, threshold: float) -> str:
 
 
 def _verdicts(step: StepTrace, nodes: dict) -> list[str]:
-    path = [n for n in step.nodes if n.committed and n.id != 0 and n.source == "draft"]
+    path = [n for n in step.nodes if n.committed and n.id != 0 and n.source in DRAFT_SOURCES]
     greedy = step.verifier in ("greedy", "longest-branch") and all(n.u is None for n in step.nodes)
     out = []
     if path:
@@ -152,7 +184,12 @@ def _verdicts(step: StepTrace, nodes: dict) -> list[str]:
             continue
         if greedy:
             out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: greedy decoding keeps a draft token only if it "
-                       f"is the target's own top choice, and the target gave it {_pct(n.p)} (draft: {_pct(n.q)}).")
+                       f"is the target's own top choice, and the target gave it {_pct(n.p)}"
+                       + (f" (draft: {_pct(n.q)})." if n.q is not None else "."))
+        elif n.source in FREE_SOURCES and n.u is not None and n.ratio is not None:
+            out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: a free token is accepted with the target's "
+                       f"probability of it (here {n.ratio:.2f}, after any rejected siblings), and the draw u = "
+                       f"{n.u:.2f} was above it.")
         elif n.u is not None and n.ratio is not None:
             out.append(f"Rejected {_tok(n.text)} at depth {n.depth}: the draw u = {n.u:.2f} was above its "
                        f"acceptance ratio {n.ratio:.2f} (p/q for a first child; for later siblings the residual's, "
@@ -161,7 +198,7 @@ def _verdicts(step: StepTrace, nodes: dict) -> list[str]:
             out.append(f"Rejected {_tok(n.text)} at depth {n.depth} (target {_pct(n.p)}, draft {_pct(n.q)}).")
     if not path and not rejected:
         out.append("Nothing was accepted.")
-    unverified = sum(1 for n in step.nodes if n.source == "draft" and n.status not in (ACCEPTED, REJECTED))
+    unverified = sum(1 for n in step.nodes if n.source in DRAFT_SOURCES and n.status not in (ACCEPTED, REJECTED))
     if unverified:
         out.append(f"{unverified} token(s) were never checked: they hang below a rejected token or in a branch the "
                    "verifier did not walk.")
@@ -169,4 +206,4 @@ def _verdicts(step: StepTrace, nodes: dict) -> list[str]:
 
 
 def _drafted(step: StepTrace) -> list:
-    return [n for n in step.nodes if n.source == "draft"]
+    return [n for n in step.nodes if n.source in DRAFT_SOURCES]

@@ -39,9 +39,11 @@ class NodeTrace:
     distribution after this node was rejected. ``p_top`` / ``q_top`` list ``[token_id, text, prob]`` of the
     ``TOP_K_SHOWN`` most likely tokens of p and q at the parent (the distributions this node was drafted from and
     checked against; ``q_top`` is empty for target-sampled roots). ``provenance`` says where a free node
-    (``lookup``, ``recycled``) came from: for lookup ``copied_from`` (position in prompt + output), ``ngram`` and
-    ``in_prompt``; for recycling the matrix row's token (``row_token``), the candidate's ``rank`` there, and the
-    ``step`` and ``node`` whose target logits wrote that row (step -1: carried over from an earlier run).
+    (``lookup``, ``recycled``) came from: for lookup ``copied_from`` (position in prompt + output), the matched
+    n-gram's length ``ngram``, position ``match_at`` and text ``match_text``, and ``in_prompt``; for recycling the
+    matrix row's token (``row_token``, ``row_text``), the candidate's ``rank`` there, and the ``step`` and ``node``
+    whose target logits wrote that row (step -1: carried over from an earlier run; -2: seeded from the prompt, node =
+    the prompt position of the successor).
     """
 
     id: int

@@ -294,11 +294,77 @@ def two_sessions(url: str, out_dir: Path, prompts=("def add(a, b):", "The capita
     return paths
 
 
+def choose(page, label: str, option: str) -> None:
+    """Pick ``option`` in the Streamlit selectbox labelled ``label`` and wait for the rerun it starts."""
+    page.locator("[data-testid='stSelectbox']", has_text=label).first.click()
+    rerun(page, lambda: page.get_by_role("option", name=option, exact=True).click(), 60_000)
+
+
+def click_source_node(page, source_label: str) -> bool:
+    """Click the first marker of the tree's trace named ``source_label`` (the tree coloured by draft source);
+    False when the tree has no such trace."""
+    tree = page.locator(".js-plotly-plot").first
+    index = tree.evaluate(f"el => el.data.findIndex(t => t.name === {source_label!r})")
+    if index < 0:
+        return False
+    # scatter traces are drawn in data order, one <g class='trace'> each
+    point = tree.locator(".scatterlayer .trace").nth(index).locator(".points path").first
+    box = point.bounding_box()
+    rerun(page, lambda: page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2), 60_000)
+    return True
+
+
+FREE_PROMPT = "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return a + "
+
+
+def free_drafts_tour(url: str, out_dir: Path, method: str = "Token Recycling (free)", steps: int = 2,
+                     source: str = "token recycling", prompt: str = FREE_PROMPT,
+                     load_timeout_s: float = 600) -> dict:
+    """Pick a free-drafting method, Step, colour the tree by draft source, click a free node (the inspector says
+    where it came from) and open the matrix row panel. Screenshots; returns what the page showed."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = _open(browser, url, prompt, load_timeout_s)
+        try:
+            choose(page, "Method", method)
+            for _ in range(steps):
+                _press(page, "Step")
+            rerun(page, lambda: page.get_by_text("draft source", exact=True).click(), 60_000)
+            report["legend"] = page.locator(".js-plotly-plot").first.locator(".legendtext").all_text_contents()
+            report["clicked"] = click_source_node(page, source)
+            report["inspector"] = page.locator("h4", has_text="Node inspector").all_inner_texts()
+            report["provenance"] = [t for t in page.locator("[data-testid='stMarkdownContainer'] p").all_inner_texts()
+                                    if "(a free draft" in t]
+            matrix = page.get_by_text("Token Recycling: the matrix row", exact=False)
+            report["matrix_panel"] = matrix.count() > 0
+            if report["matrix_panel"]:
+                rerun(page, lambda: matrix.first.click(), 60_000)
+            report["matrix_rows"] = page.locator("[data-testid='stDataFrame']").count()
+            page.screenshot(path=str(out_dir / "free_full.png"), full_page=True)
+            page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "free_tree.png"))
+            insp = page.locator("h4", has_text="Node inspector")
+            if insp.count():
+                insp.first.scroll_into_view_if_needed()
+                page.screenshot(path=str(out_dir / "free_inspector.png"))
+        except Exception:
+            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
+            raise
+        report["exceptions"] = page.locator("[data-testid='stException']").count()
+        report["errors"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+        browser.close()
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
     ap.add_argument("--out", default=str(ROOT / "out" / "screens"))
     ap.add_argument("--tour", action="store_true", help="also: back, inspector, download, replay, two sessions")
+    ap.add_argument("--free", action="store_true", help="also: a Token Recycling tree with a node's provenance")
     args = ap.parse_args()
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))
@@ -307,6 +373,8 @@ def main() -> int:
             print(tour(url, Path(args.out) / "tour"))
             print(run_and_stop(url, Path(args.out) / "stop"))
             print([str(p) for p in two_sessions(url, Path(args.out) / "sessions")])
+        if args.free:
+            print(free_drafts_tour(url, Path(args.out) / "free"))
     return 0 if report["plots"] >= 2 and not report["errors"] and not report["exceptions"] else 1
 
 

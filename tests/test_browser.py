@@ -84,3 +84,16 @@ def test_stop_interrupts_run_to_end_and_the_run_goes_on(tmp_path):
     after = re.match(r"Step (\d+) of (\d+)", r["after_step"])
     # the interrupted run may finish the step it was in after the page was drawn: one or two steps more
     assert after and after.group(1) == after.group(2) and shown + 1 <= int(after.group(2)) <= shown + 2, r
+
+
+def test_free_drafts_show_their_source_provenance_and_matrix_row(tmp_path):
+    from browser import free_drafts_tour
+
+    with running_app("tiny") as url:
+        r = free_drafts_tour(url, tmp_path, load_timeout_s=120)
+    assert r["exceptions"] == 0 and r["errors"] == [], r
+    assert "token recycling" in r["legend"], r["legend"]  # the tree coloured by draft source
+    assert r["clicked"] and r["inspector"], r
+    assert r["provenance"] and "matrix row of" in r["provenance"][0], r["provenance"]
+    assert r["matrix_panel"] and r["matrix_rows"] >= 1
+    assert (tmp_path / "free_tree.png").stat().st_size > 10_000

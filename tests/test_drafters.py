@@ -192,3 +192,54 @@ def test_every_new_method_reproduces_ar_greedily_on_the_tiny_pair(tiny):
         free = [n for s in trace.steps for n in s.nodes if n.source in ("lookup", "recycled")]
         assert free, f"{method} proposed no free tokens on a repeating prompt"
         assert all(n.provenance and n.provenance["source"] == n.source for n in free)
+
+
+# ------------------------------------------------------------------------------------------------ trace -> figures
+
+
+def _hybrid_trace(tiny, temperature=0.0, steps=4):
+    engine = Engine(tiny, MethodConfig(method="hybrid", k_config=(2,), max_depth=3, stop="none"),
+                    SamplingConfig(temperature=temperature, seed=1))
+    engine.start(tiny.tokenizer.encode(REPEATING), 30)
+    return engine.run(max_steps=steps)
+
+
+def test_a_saved_free_drafting_trace_replays_with_provenance_and_source_colours(tiny, tmp_path):
+    from explorer import figures
+    from explorer.teach import explain_step
+    from explorer.trace import load_run, save_run
+
+    save_run(_hybrid_trace(tiny), tmp_path / "t.json")
+    trace = load_run(tmp_path / "t.json")  # no model from here on
+    step = trace.steps[0]
+    sources = {n.source for n in step.nodes}
+    assert {"draft", "lookup", "recycled"} <= sources
+    fig = figures.tree_figure(step, color_by="source")
+    names = {t.name for t in fig.data if t.name}
+    assert {"draft model", "prompt lookup", "token recycling"} <= names
+    lookup = next(n for n in step.nodes if n.source == "lookup")
+    text = figures.provenance_text(lookup)
+    assert f"position {lookup.provenance['copied_from']}" in text and "gram match" in text
+    recycled = next(n for n in step.nodes if n.source == "recycled")
+    said = figures.provenance_text(recycled)
+    assert "matrix row of" in said and "seeded from the prompt" in said
+    row = step.drafter["recycling_row"]
+    assert row["token"] == step.nodes[0].token_id and len(row["candidate_texts"]) == len(row["candidates"])
+    story = " ".join(explain_step(step, trace.settings["method"]))
+    assert "Prompt lookup copied" in story and "Token Recycling proposed" in story and "Why it works" in story
+    assert figures.node_rows(step)[lookup.id]["from"] == text
+
+
+def test_teach_mode_names_a_rejected_free_token_by_its_point_mass_test(tiny):
+    from explorer.teach import explain_step
+
+    trace = _hybrid_trace(tiny, temperature=1.0, steps=6)
+    found = False
+    for step in trace.steps:
+        story = " ".join(explain_step(step, trace.settings["method"]))
+        rejected = [n for n in step.nodes if n.source in ("lookup", "recycled") and n.status == "rejected"
+                    and n.parent in {0} | {m.id for m in step.nodes if m.committed}]
+        if rejected:
+            assert "a free token is accepted with the target's probability" in story
+            found = True
+    assert found

@@ -83,6 +83,7 @@ class LookupDrafter(Drafter):
             parent = -1
             for j, t in enumerate(tokens):
                 nodes.append(FreeNode(parent, t, "lookup", {"source": "lookup", "copied_from": start + j, "ngram": n,
+                                                            "match_at": start - n,
                                                             "in_prompt": start + j < engine.n_prompt}))
                 parent = len(nodes) - 1
         return nodes

@@ -97,22 +97,27 @@ def guarded(action, *args, error_key: str = "error", **kwargs):
 def build_config(method: str, changes: dict):
     """MethodConfig from the method's defaults and the widgets' values (``k_config`` as typed). Raises
     TreeShapeError / ValueError with a message naming the field."""
-    changes = dict(changes)
-    if "k_config" in changes:
-        changes["k_config"] = parse_k_config(changes["k_config"])
+    changes = {k: v for k, v in changes.items() if k != "carry_matrix"}
+    for name in ("k_config", "recycling_widths"):
+        if name in changes:
+            changes[name] = parse_k_config(changes[name])
     return DEFAULTS[method].with_(**changes)
 
 
 def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None = None,
                 changes: dict | None = None):
-    """A started engine for the prompt (the prefill runs here). Raises PromptError / EngineError / ValueError."""
+    """A started engine for the prompt (the prefill runs here). With Token Recycling and ``carry_matrix`` on, it
+    starts from the matrix the session's last recycling run left (``st.session_state["recycling_state"]``; the
+    caller stores it there). Raises PromptError / EngineError / ValueError."""
     from ..engine import Engine
     from ..prompts import encode_prompt
     from ..sampling import SamplingConfig
 
-    config = build_config(method or settings["method"], settings["changes"] if changes is None else changes)
+    changes = settings["changes"] if changes is None else changes
+    config = build_config(method or settings["method"], changes)
     sampling = SamplingConfig(**settings["sampling"])
     ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
-    engine = Engine(pair, config, sampling)
+    carried = st.session_state.get("recycling_state") if changes.get("carry_matrix") else None
+    engine = Engine(pair, config, sampling, recycling_state=carried)
     engine.start(ids, settings["max_new"], prompt_text=prompt_text)
     return engine

@@ -8,6 +8,7 @@ import streamlit as st
 
 from .. import figures
 from ..config import METHOD_LABELS, METHODS
+from ..methods import DRAFT_SOURCES, SOURCE_LABELS
 from ..metrics import run_metrics
 from .common import STARTING_PROMPT, guarded, make_engine, pair_or_message, set_error
 from .explorer_page import engine_lock
@@ -84,11 +85,27 @@ def compare_page(settings) -> None:
             column(name, engine.trace)
 
 
+def source_counts(trace) -> dict:
+    """Per draft source: (committed, proposed) tokens over the run so far."""
+    out: dict = {}
+    for step in trace.steps:
+        for n in step.nodes:
+            if n.source in DRAFT_SOURCES:
+                a, p = out.get(n.source, (0, 0))
+                out[n.source] = (a + int(n.committed), p + 1)
+    return out
+
+
 def column(name: str, trace) -> None:
     cfg = trace.settings["method"]
     adaptive = f", branch where q < {cfg['branch_threshold']:g}" if cfg.get("branch_threshold", 1.0) < 1.0 else ""
+    free = (f", lookup copies up to {cfg.get('lookup_tokens')} tokens", f", recycling template "
+            f"{cfg.get('recycling_widths')}")
     shape = {"sd": f"γ = {cfg['gamma']}", "mcsd": f"k_config {cfg['k_config']}{adaptive}",
-             "mcsd-improved": f"k_config {cfg['k_config']}{adaptive}, depth {cfg['max_depth']}, stop {cfg['stop']}"}
+             "mcsd-improved": f"k_config {cfg['k_config']}{adaptive}, depth {cfg['max_depth']}, stop {cfg['stop']}",
+             "prompt-lookup": free[0][2:], "token-recycling": free[1][2:],
+             "hybrid": f"k_config {cfg['k_config']}{adaptive}, depth {cfg['max_depth']}, stop {cfg['stop']}"
+                       + "".join(free)}
     st.subheader(f"{name}: {METHOD_LABELS[cfg['method']]}")
     st.caption(html.escape(shape.get(cfg["method"], "one token per target call")) + f" · verifier "
                f"{html.escape(trace.settings.get('verifier', ''))}")
@@ -105,4 +122,9 @@ def column(name: str, trace) -> None:
     st.markdown(figures.text_html(trace, current=len(trace.steps) - 1 if trace.steps else None),
                 unsafe_allow_html=True)
     if trace.steps:
-        st.plotly_chart(figures.tree_figure(trace.steps[-1]), width="stretch", key=f"cmp_tree_{name}")
+        st.plotly_chart(figures.tree_figure(trace.steps[-1], color_by="source"), width="stretch",
+                        key=f"cmp_tree_{name}")
+        by_source = source_counts(trace)
+        if by_source:
+            st.caption("Committed drafts by source: " + ", ".join(f"{SOURCE_LABELS[s]} {a}/{p}"
+                                                                  for s, (a, p) in by_source.items()))

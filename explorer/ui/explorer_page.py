@@ -45,6 +45,9 @@ def _go(delta: int) -> None:
 
 
 def _reset() -> None:
+    engine = st.session_state.get("engine")
+    if engine is not None and engine.recycling_state() is not None:  # what the run learned serves the next one
+        st.session_state["recycling_state"] = engine.recycling_state()
     for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running"):
         st.session_state.pop(key, None)
     _forget_clicks()

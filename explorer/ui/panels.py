@@ -8,6 +8,7 @@ import html
 import streamlit as st
 
 from .. import figures
+from ..methods import FREE_SOURCES, SOURCE_LABELS
 from ..metrics import run_metrics
 from ..teach import explain_step
 from ..trace import RunTrace, StepTrace
@@ -86,15 +87,24 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "")
     chart_key = f"{prefix}tree_chart_{step.index}"  # per step: a click on one step's tree stays with that step
     chosen = selected_node(st.session_state.get(chart_key), inspect_key)  # the click that caused this rerun
     chosen = chosen if chosen in {n.id for n in step.nodes} else None
+    free = any(n.source in FREE_SOURCES for n in step.nodes)
     left, right = st.columns([3, 2])
     with left:
-        st.plotly_chart(figures.tree_figure(step, selected=chosen), width="stretch", key=chart_key,
-                        on_select="rerun", selection_mode="points")
-        st.caption("Click a node to inspect it.")
+        color_by = "status"
+        if free:  # free drafters mix sources in one tree: let the colours tell them apart
+            color_by = st.radio("Colour the tree by", ["status", "source"], horizontal=True,
+                                key=f"{prefix}color_by", format_func={"status": "verification status",
+                                                                      "source": "draft source"}.get)
+        st.plotly_chart(figures.tree_figure(step, selected=chosen, color_by=color_by), width="stretch",
+                        key=chart_key, on_select="rerun", selection_mode="points")
+        st.caption("Click a node to inspect it." + (" Shapes: ● draft model, ■ prompt lookup, ▲ token recycling."
+                                                     if free else ""))
     with right:
         st.plotly_chart(figures.mask_figure(step, highlight=chosen), width="stretch", key=f"{prefix}mask_chart")
     if chosen is not None:
         inspector(step, chosen)
+    if "recycling_row" in step.drafter:
+        matrix_row_panel(step)
     with st.expander("Why each node was accepted or rejected"):
         st.caption("A node x is accepted when u ≤ p(x)/q(x) (the SpecHub rule uses its transport plan's "
                    "probability instead); after a rejection the next sibling, or the replacement token, is drawn "
@@ -122,8 +132,16 @@ def inspector(step: StepTrace, node_id: int) -> None:
         st.caption("The anchor: the last committed token. The tree grows from it; its row in the mask (when fed) "
                    "gives the target's distribution for the first drafted level.")
         return
+    prov = figures.provenance_text(node)
+    if prov:
+        st.markdown(f"**{SOURCE_LABELS[node.source].capitalize()}** (a free draft: no draft-model forward, q is a "
+                    f"point mass): {html.escape(prov)}.")
     if node.source == "target":
         st.caption("A root sampled from the target itself (the seed's lossy mode): not tested.")
+    elif node.source in FREE_SOURCES and node.u is not None and node.ratio is not None:
+        verdict = "accepted: u < p" if node.u < node.ratio else "rejected: u ≥ p"
+        st.caption(f"Point-mass test: u = {node.u:.3f} against p = {node.ratio:.3f} (the target's probability of "
+                   f"this token after the draft model's siblings were rejected) → {verdict}.")
     elif node.u is not None and node.ratio is not None:
         verdict = "accepted: u ≤ ratio" if node.u <= node.ratio else "rejected: u > ratio"
         st.caption(f"Test: u = {node.u:.3f} against the acceptance ratio {node.ratio:.3f} → {verdict} (the ratio is "
@@ -138,6 +156,26 @@ def inspector(step: StepTrace, node_id: int) -> None:
         st.plotly_chart(figures.inspector_figure(node), width="stretch", key=f"inspector_{step.index}_{node.id}")
     else:
         st.caption("This trace has no top-k distributions for the node (saved by an older version).")
+
+
+def matrix_row_panel(step: StepTrace) -> None:
+    """Token Recycling: the adjacency-matrix row of this step's anchor, the candidates its first level came from."""
+    row = step.drafter["recycling_row"]
+    texts = row.get("candidate_texts") or [str(t) for t in row["candidates"]]
+    anchor = figures.token_label(row.get("token_text", str(row["token"])), 24, escape=False)
+    with st.expander(f"Token Recycling: the matrix row of “{anchor}”", expanded=False):
+        if not row["candidates"]:
+            st.caption("No row yet: the target has not scored this token in this session, so recycling proposes "
+                       "nothing here (the row is written when this step's verification scores it).")
+            return
+        written = {-2: "seeded from the prompt (the tokens that follow it there)",
+                   -1: "carried over from an earlier run"}.get(row["step"],
+                                                               f"written at step {row['step'] + 1}, node {row['node']}")
+        st.caption(f"The row holds the target's top-{len(row['candidates'])} next tokens the last time it scored "
+                   f"this token ({written}). The tree's first level is read from it, deeper levels from the rows of "
+                   "those candidates.")
+        st.dataframe([{"rank": i + 1, "token": figures.token_label(t, 24, escape=False), "id": c}
+                      for i, (t, c) in enumerate(zip(texts, row["candidates"]))], hide_index=True, width="stretch")
 
 
 def _num(x) -> str:

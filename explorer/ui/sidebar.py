@@ -6,7 +6,7 @@ import os
 
 import streamlit as st
 
-from ..config import DEFAULTS, METHOD_LABELS, METHODS, VERIFIER_LABELS, VERIFIERS
+from ..config import DEFAULTS, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS, VERIFIERS
 from ..stopping import DEFAULT_THRESHOLDS, LEARNED_POLICIES, STOP_POLICY_LABELS, STOP_POLICY_NAMES
 from .common import PAIRS
 
@@ -16,12 +16,14 @@ DECISION_MODEL_LABELS = {"hidden": "MLP on the draft's hidden state", "dist": "M
 
 def method_widgets(box, method: str, prefix: str = "") -> dict:
     """Widgets for one method's settings in ``box`` (the sidebar, or a column of the compare page); ``prefix``
-    keeps two sets of widgets apart. Returns the changes to ``DEFAULTS[method]`` (``k_config`` as typed)."""
+    keeps two sets of widgets apart. Returns the changes to ``DEFAULTS[method]`` (``k_config`` and
+    ``recycling_widths`` as typed; ``carry_matrix`` is the session's choice, not a method setting)."""
     d = DEFAULTS[method]
+    spec = METHOD_SPECS[method]
     changes: dict = {}
-    if method == "sd":
+    if spec.model_tree == "chain":
         changes["gamma"] = box.slider("Draft length γ", 1, 12, d.gamma, key=f"{prefix}gamma")
-    if method in ("mcsd", "mcsd-improved"):
+    if spec.model_tree in ("tree", "stoppable"):
         lossy = False
         if method == "mcsd-improved":
             lossy = box.checkbox("Seed's lossy mode (target-initialized roots, longest branch)", key=f"{prefix}lossy",
@@ -36,8 +38,9 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
             key=f"{prefix}branch_threshold_{method}",
             help="a node gets its level's k children only where the draft's top probability is below this, "
                  "else one child; 1.0 keeps the fixed k_config")
-        if method == "mcsd-improved":
-            changes["lossy"] = lossy
+        if spec.has_stop_policy:
+            if method == "mcsd-improved":
+                changes["lossy"] = lossy
             if lossy:
                 changes["width"] = box.slider("Target roots w", 1, 8, d.width, key=f"{prefix}width")
             changes["max_depth"] = box.slider("Max draft depth", 1, 16, d.max_depth, key=f"{prefix}max_depth")
@@ -54,10 +57,28 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                 changes["decision_model"] = box.selectbox("Decision model", ["dist", "path", "hidden"],
                                                           key=f"{prefix}decision_model",
                                                           format_func=DECISION_MODEL_LABELS.get)
-    if method in ("sd", "mcsd", "mcsd-improved") and not changes.get("lossy"):
+    if "lookup" in spec.free:
+        changes["lookup_tokens"] = box.slider("Lookup: longest copy", 1, 64, d.lookup_tokens, key=f"{prefix}lk_tokens",
+                                              help="the copy length adapts (doubles after a whole accepted copy, "
+                                                   "halves after a miss) up to this")
+        changes["lookup_branches"] = box.slider("Lookup: matches as branches", 1, 8, d.lookup_branches,
+                                                key=f"{prefix}lk_branches")
+        changes["lookup_ngram"] = box.slider("Lookup: longest n-gram matched", 1, 6, d.lookup_ngram,
+                                             key=f"{prefix}lk_ngram")
+    if "recycling" in spec.free:
+        changes["recycling_widths"] = box.text_input(
+            "Recycling tree template (widths per level)", ",".join(map(str, d.recycling_widths)),
+            key=f"{prefix}rc_widths", help="a node at level l with sibling rank r gets floor(w_l / (r + 1)) children")
+        changes["recycling_k"] = box.slider("Recycling: candidates per token", 1, 16, d.recycling_k,
+                                            key=f"{prefix}rc_k")
+        changes["carry_matrix"] = box.checkbox("Carry the matrix over to the next run", value=True,
+                                               key=f"{prefix}rc_carry",
+                                               help="Token Recycling keeps learning across the session's runs")
+    if spec.name != "ar" and not changes.get("lossy"):
         changes["verifier"] = box.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
                                             key=f"{prefix}verifier",
-                                            help="at temperature 0 every rule is greedy matching")
+                                            help="at temperature 0 every rule is greedy matching; free drafts "
+                                                 "(lookup, recycled) are tested after the rule's own children")
     return changes
 
 
