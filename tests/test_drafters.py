@@ -197,37 +197,41 @@ def test_every_new_method_reproduces_ar_greedily_on_the_tiny_pair(tiny):
 # ------------------------------------------------------------------------------------------------ trace -> figures
 
 
-def _hybrid_trace(tiny, temperature=0.0, steps=4):
-    engine = Engine(tiny, MethodConfig(method="hybrid", k_config=(2,), max_depth=3, stop="none"),
-                    SamplingConfig(temperature=temperature, seed=1))
+def _trace(tiny, method, temperature=0.0, steps=4, **changes):
+    engine = Engine(tiny, DEFAULTS[method].with_(**changes), SamplingConfig(temperature=temperature, seed=1))
     engine.start(tiny.tokenizer.encode(REPEATING), 30)
     return engine.run(max_steps=steps)
 
 
-def test_a_saved_free_drafting_trace_replays_with_provenance_and_source_colours(tiny, tmp_path):
+def _hybrid_trace(tiny, temperature=0.0, steps=4):
+    return _trace(tiny, "hybrid", temperature, steps, k_config=(2,), max_depth=3, stop="none")
+
+
+@pytest.mark.parametrize("method, source, label", [("prompt-lookup", "lookup", "prompt lookup"),
+                                                   ("token-recycling", "recycled", "token recycling")])
+def test_a_saved_free_drafting_trace_replays_with_provenance_and_source_colours(tiny, tmp_path, method, source,
+                                                                               label):
     from explorer import figures
     from explorer.teach import explain_step
     from explorer.trace import load_run, save_run
 
-    save_run(_hybrid_trace(tiny), tmp_path / "t.json")
+    save_run(_trace(tiny, method), tmp_path / "t.json")
     trace = load_run(tmp_path / "t.json")  # no model from here on
     step = trace.steps[0]
-    sources = {n.source for n in step.nodes}
-    assert {"draft", "lookup", "recycled"} <= sources
+    node = next(n for n in step.nodes if n.source == source)
     fig = figures.tree_figure(step, color_by="source")
-    names = {t.name for t in fig.data if t.name}
-    assert {"draft model", "prompt lookup", "token recycling"} <= names
-    lookup = next(n for n in step.nodes if n.source == "lookup")
-    text = figures.provenance_text(lookup)
-    assert f"position {lookup.provenance['copied_from']}" in text and "gram match" in text
-    recycled = next(n for n in step.nodes if n.source == "recycled")
-    said = figures.provenance_text(recycled)
-    assert "matrix row of" in said and "seeded from the prompt" in said
-    row = step.drafter["recycling_row"]
-    assert row["token"] == step.nodes[0].token_id and len(row["candidate_texts"]) == len(row["candidates"])
+    assert label in {t.name for t in fig.data}
+    said = figures.provenance_text(node)
+    assert figures.node_rows(step)[node.id]["from"] == said
     story = " ".join(explain_step(step, trace.settings["method"]))
-    assert "Prompt lookup copied" in story and "Token Recycling proposed" in story and "Why it works" in story
-    assert figures.node_rows(step)[lookup.id]["from"] == text
+    if source == "lookup":
+        assert f"position {node.provenance['copied_from']}" in said and "gram match" in said
+        assert node.provenance["match_text"] and "Prompt lookup copied" in story
+    else:
+        assert "matrix row of" in said and "seeded from the prompt" in said
+        assert "Token Recycling proposed" in story and "Why it works" in story
+        row = step.drafter["recycling_row"]
+        assert row["token"] == step.nodes[0].token_id and len(row["candidate_texts"]) == len(row["candidates"])
 
 
 def test_teach_mode_names_a_rejected_free_token_by_its_point_mass_test(tiny):
