@@ -333,7 +333,14 @@ def free_drafts_tour(url: str, out_dir: Path, method: str = "Token Recycling (fr
             choose(page, "Method", method)
             for _ in range(steps):
                 _press(page, "Step")
-            rerun(page, lambda: page.get_by_text("draft source", exact=True).click(), 60_000)
+            # the colouring radio shows on steps with free nodes: go back to the latest such step
+            radio = page.get_by_text("draft source", exact=True)
+            for _ in range(steps - 1):
+                if radio.count():
+                    break
+                _press(page, "Back")
+            report["step"] = _step_caption(page)
+            rerun(page, lambda: radio.click(), 60_000)
             report["legend"] = page.locator(".js-plotly-plot").first.locator(".legendtext").all_text_contents()
             report["clicked"] = click_source_node(page, source)
             report["inspector"] = page.locator("h4", has_text="Node inspector").all_inner_texts()
@@ -341,9 +348,10 @@ def free_drafts_tour(url: str, out_dir: Path, method: str = "Token Recycling (fr
                                     if "(a free draft" in t]
             matrix = page.get_by_text("Token Recycling: the matrix row", exact=False)
             report["matrix_panel"] = matrix.count() > 0
-            if report["matrix_panel"]:
-                rerun(page, lambda: matrix.first.click(), 60_000)
-            report["matrix_rows"] = page.locator("[data-testid='stDataFrame']").count()
+            if report["matrix_panel"]:  # an expander opens in the browser: no script run
+                matrix.first.click()
+                _shows(page, "[data-testid='stExpander'] [data-testid='stDataFrame']")
+            report["matrix_rows"] = page.locator("[data-testid='stExpander'] [data-testid='stDataFrame']").count()
             page.screenshot(path=str(out_dir / "free_full.png"), full_page=True)
             page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "free_tree.png"))
             insp = page.locator("h4", has_text="Node inspector")
