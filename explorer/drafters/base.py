@@ -62,14 +62,22 @@ class Drafted:
     info: dict = field(default_factory=dict)
 
 
+def empty_draft(engine) -> Drafted:
+    """A step's draft with no tree yet (the draft model not run), anchored after the committed tokens."""
+    return Drafted(DraftTree(), head=len(engine.committed))
+
+
 class Drafter:
-    """Base drafter: proposes nothing (``ar``). Subclasses override ``draft`` and, when they learn, ``learn``."""
+    """Base drafter: its own free nodes as the tree (none: ``ar``). Free drafters override ``free_nodes`` and
+    ``info``; the model drafter overrides ``draft``; a drafter that learns overrides ``learn``."""
 
     name = "none"
     uses_draft_model = False
 
     def draft(self, engine) -> Drafted:
-        return Drafted(DraftTree())
+        d = merge_free(empty_draft(engine), self.free_nodes(engine))
+        d.info.update(self.info(engine))
+        return d
 
     def start(self, engine) -> None:
         """Called once after the prefill (``engine.committed`` holds the prompt); ``rewind`` returns here."""

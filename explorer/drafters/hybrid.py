@@ -9,8 +9,7 @@ forward (its chain). The choice is a function of past outcomes, so the output la
 
 from __future__ import annotations
 
-from ..tree import DraftTree
-from .base import Drafted, Drafter, merge_free
+from .base import Drafted, Drafter, empty_draft, merge_free
 
 TRUST_LOOKUP = 4
 """Tokens of lookup's best branch the last step must have committed for the next step to skip the draft model."""
@@ -37,7 +36,7 @@ class HybridDrafter(Drafter):
                                                                     or lookup.best_ngram >= lookup.max_ngram)
         if not trusted:
             free += [(f, f.free_nodes(engine)) for f in self.free if f is not lookup]
-        d = Drafted(DraftTree(), head=len(engine.committed)) if trusted else self.model.draft(engine)
+        d = empty_draft(engine) if trusted else self.model.draft(engine)
         d.info["lookup_trusted"] = trusted
         for f, nodes in free:
             d = merge_free(d, nodes)

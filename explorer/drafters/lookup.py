@@ -18,8 +18,7 @@ The length depends only on earlier steps' outcomes, so the proposals stay a func
 
 from __future__ import annotations
 
-from ..tree import DraftTree
-from .base import Drafted, Drafter, FreeNode, merge_free
+from .base import Drafted, Drafter, FreeNode
 
 START_TOKENS = 8
 """Copy length of the first step and the floor after a miss (``lookup_tokens`` caps the doubling)."""
@@ -90,11 +89,6 @@ class LookupDrafter(Drafter):
 
     def info(self, engine) -> dict:
         return {"lookup_length": self.length, "lookup_branches": len(self.proposed)}
-
-    def draft(self, engine) -> Drafted:
-        d = merge_free(Drafted(DraftTree(), head=len(engine.committed)), self.free_nodes(engine))
-        d.info.update(self.info(engine))
-        return d
 
     def learn(self, engine, drafted: Drafted, verified) -> None:
         """Adapt the copy length to how much of the best continuation the step committed."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree, rank_decay_parents
-from .base import Drafted, Drafter, FreeNode, merge_free
+from ..tree import rank_decay_parents
+from .base import Drafted, Drafter, FreeNode
 
 CARRIED = -1
 """``step`` of a matrix row written before this run (carried over from an earlier run of the session)."""
@@ -89,11 +89,6 @@ class RecyclingDrafter(Drafter):
             where[i] = len(nodes) - 1
             token_of[i] = row[rank]
         return nodes
-
-    def draft(self, engine) -> Drafted:
-        d = merge_free(Drafted(DraftTree(), head=len(engine.committed)), self.free_nodes(engine))
-        d.info = self.info(engine)
-        return d
 
     def info(self, engine) -> dict:
         """The matrix row of the anchor as plain data: its candidates and the step and node that wrote them."""
