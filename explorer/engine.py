@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import verify
+from . import expectation, verify
 from .config import MethodConfig
 from .drafters import Drafted, make_drafter
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
@@ -80,6 +80,9 @@ class _Verified:
     anchor_token: int
     anchor_logits: torch.Tensor  # (vocab,) the target's logits at the anchor
     node_logits: torch.Tensor  # (N, vocab) the target's logits at every tree node, tree order
+    odds: dict  # tree index -> expectation.NodeOdds: what the rule implies about each node's test
+    expected_tokens: float  # tokens the step commits in expectation over the verifier's draws (bonus included)
+    rng_state: torch.Tensor  # the generator's state right before verification (the probe re-verifies with it)
 
 
 class Engine:
@@ -333,11 +336,15 @@ class Engine:
         else:  # the anchor is cached: its distribution was kept from the prefill or the previous (lossy) step
             p_rows = RowDists(logits, self.sampling, offset=1, fixed={0: (self.next_dist, self.next_logits)},
                               stat_rows=parents)
+        rng_state = self.generator.get_state()
         result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
                                      greedy=self.sampling.greedy)
+        odds = expectation.node_odds(tree, p_rows, q_rows, self.verifier_name, greedy=self.sampling.greedy)
+        expected = expectation.expected_tokens(tree, odds, lossy=self.config.is_lossy)
         anchor_logits = logits[0] if chain else self.next_logits
         return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents,
-                         self.committed[-1], anchor_logits, logits[1:] if chain else logits)
+                         self.committed[-1], anchor_logits, logits[1:] if chain else logits, odds, expected,
+                         rng_state)
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""
@@ -383,6 +390,7 @@ class Engine:
             parent_row = tree.parent[i] + 1
             tok = tree.token[i]
             dec = result.decisions.get(i)
+            odds = v.odds.get(i)
             if tree.source[i] == "target":
                 status = ACCEPTED
             elif dec is None:
@@ -396,7 +404,9 @@ class Engine:
                 q=d.q_show.get(i), p=p_rows.shown(parent_row, tok), provenance=self._provenance(d.provenance.get(i)),
                 u=None if dec is None else dec.u, ratio=None if dec is None else _finite(dec.ratio),
                 residual_top=[] if dec is None else self._top_rows(dec.residual_top),
-                p_top=self._top_rows(p_top.get(parent_row, [])), q_top=self._top_rows(d.q_top.get(parent_row, []))))
+                p_top=self._top_rows(p_top.get(parent_row, [])), q_top=self._top_rows(d.q_top.get(parent_row, [])),
+                accept_prob=None if odds is None else odds.accept_prob,
+                slot_prob=None if odds is None else odds.slot_prob, test_order=None if odds is None else odds.order))
         ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(len(tree))]
         drafted = sum(1 for s in tree.source if s in DRAFT_SOURCES)
         accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] in DRAFT_SOURCES)
@@ -416,7 +426,7 @@ class Engine:
             accepted_draft_len=accepted_draft, max_draft_len=self.config.max_draft_depth(), drafted=drafted,
             draft_calls=d.calls, target_calls=v.calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
             verifier=self.verifier_name, finished=self.finished, forward_ms=self._forward_ms,
-            drafter=self._drafter_info(d.info))
+            drafter=self._drafter_info(d.info), expected_tokens=v.expected_tokens)
 
     def _provenance(self, prov: dict | None) -> dict | None:
         """A free node's provenance with the texts a replay needs (no tokenizer there)."""

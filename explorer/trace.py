@@ -43,7 +43,10 @@ class NodeTrace:
     n-gram's length ``ngram``, position ``match_at`` and text ``match_text``, and ``in_prompt``; for recycling the
     matrix row's token (``row_token``, ``row_text``), the candidate's ``rank`` there, and the ``step`` and ``node``
     whose target logits wrote that row (step -1: carried over from an earlier run; -2: seeded from the prompt, node =
-    the prompt position of the successor).
+    the prompt position of the successor). ``accept_prob`` / ``slot_prob`` / ``test_order``: what the verification
+    rule implies about this node's test (``expectation.py``): the probability it accepts this token once its parent
+    is reached and the siblings tested before it (``test_order`` of them) were rejected, and the same averaged over
+    the tokens the draft could have proposed here; None for untested target roots and in older traces.
     """
 
     id: int
@@ -64,6 +67,9 @@ class NodeTrace:
     p_top: list = field(default_factory=list)
     q_top: list = field(default_factory=list)
     provenance: dict | None = None
+    accept_prob: float | None = None
+    slot_prob: float | None = None
+    test_order: int | None = None
 
 
 @dataclass
@@ -98,6 +104,8 @@ class StepTrace:
         drafter: what the drafter read to propose the tree, as plain data (Token Recycling: ``recycling_row``,
             the anchor's matrix row with its ``candidates`` and the ``step`` / ``node`` that wrote it).
         drafted: proposed tokens in the tree (draft model, lookup and recycled; ``methods.DRAFT_SOURCES``).
+        expected_tokens: the tokens this step commits in expectation over the verifier's own draws, given the
+            drafted tree (``expectation.expected_tokens``; bonus token included, before EOS / length cuts).
     """
 
     index: int
@@ -125,6 +133,7 @@ class StepTrace:
     finished: bool = False
     forward_ms: float | None = None  # None in traces saved before it was recorded
     drafter: dict = field(default_factory=dict)
+    expected_tokens: float | None = None  # None in traces saved before it was recorded
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -204,7 +213,8 @@ _NODE_TYPES = {"id": int, "parent": (int, type(None)), "token_id": int, "text": 
                "position_id": int, "source": str, "status": str, "committed": bool, "branch": (int, type(None)),
                "q": (int, float, type(None)), "p": (int, float, type(None)), "u": (int, float, type(None)),
                "ratio": (int, float, type(None)), "residual_top": list, "p_top": list, "q_top": list,
-               "provenance": (dict, type(None))}
+               "provenance": (dict, type(None)), "accept_prob": (int, float, type(None)),
+               "slot_prob": (int, float, type(None)), "test_order": (int, type(None))}
 
 
 def _step_problem(step: "StepTrace") -> str | None:

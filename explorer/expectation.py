@@ -1,0 +1,213 @@
+"""What a verification rule implies about acceptance: per drafted node the probability that it passes, and from
+those the number of tokens a step is expected to commit (issue 15, "expected against realised acceptance").
+
+Every node gets two probabilities, both computed from the step's own p (target) and q (draft) rows:
+
+* ``accept_prob``: the probability that the node's test accepts *this* token, given that its parent is on the
+  committed path and the siblings tested before it were rejected. For ``rrs`` it is ``min(1, p'(x) / q'(x))`` with
+  p', q' the residuals left by the earlier siblings; ``greedy`` 1 or 0; ``mcns`` ``p'(x)``; SpecHub its transport
+  plan's alpha or beta; a free (deterministic) child ``p'(x)``, or 1 / 0 when greedy. Multiplied down the tree they
+  give the law of the committed length *for the drafted tree*, so the expected tokens per step differs from the
+  realised ones only by the verifier's own coin flips (``expected_tokens``).
+* ``slot_prob``: the same averaged over the token the draft could have proposed in this slot, e.g.
+  ``sum_x min(p'(x), q'(x))`` for ``rrs`` (one draft: ``1 - TV(p, q)``, Leviathan et al. 2023, section 3.1). Its
+  mean over the nodes tested at a (depth, sibling rank) is an unbiased estimate of that slot's acceptance rate,
+  with less noise than counting accepts: the acceptance vector Sequoia's tree search takes (Chen et al. 2024).
+
+The walk mirrors ``verify.py`` node rule by node rule (the residual updates are the same); nothing here draws a
+random number. Tensors: ``p_rows`` / ``q_rows`` as in ``verify.py`` (float32 ``(vocab,)`` rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .methods import FREE_SOURCES
+from .tree import DraftTree
+from .verify import spechub_plan
+
+
+@dataclass(frozen=True)
+class NodeOdds:
+    """One node's test, as the rule implies: see the module docstring. ``order`` is its place among the
+    siblings in test order (0 = tested first)."""
+
+    accept_prob: float
+    slot_prob: float
+    order: int
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor | None:
+    s = float(x.sum())
+    return x / s if s > 0 else None
+
+
+def _min_sum(p: torch.Tensor, q: torch.Tensor) -> float:
+    return float(torch.minimum(p, q).sum())
+
+
+def _greedy(tokens, p, q):
+    best = int(p.argmax())
+    return [(j, float(x == best), float(x == best)) for j, x in enumerate(tokens)], p
+
+
+def _rrs(tokens, p, q, replacement: bool = False):
+    out = []
+    for j, x in enumerate(tokens):
+        px, qx = float(p[x]), float(q[x])
+        accept = 1.0 if qx <= 0 and px > 0 else (min(1.0, px / qx) if qx > 0 else 0.0)
+        out.append((j, accept, _min_sum(p, q)))
+        residual = _norm((p - q).clamp(min=0))
+        if residual is not None:
+            p = residual
+        if not replacement:
+            q = q.clone()
+            q[x] = 0
+            q = _norm(q)
+            if q is None:
+                q = torch.zeros_like(p)
+    return out, p
+
+
+def _rrs_replacement(tokens, p, q):
+    return _rrs(tokens, p, q, replacement=True)
+
+
+def _mcns(tokens, p, q):
+    # y ~ p; the first child equal to y is accepted. Given the earlier children were rejected, y ~ p without them.
+    out = []
+    for j, x in enumerate(tokens):
+        out.append((j, float(p[x]), float((q * p).sum()) if q is not None else float(p[x])))
+        rest = p.clone()
+        rest[x] = 0
+        rest = _norm(rest)
+        if rest is None:
+            break
+        p = rest
+        if q is not None:  # drafted without replacement: the next slot's draw excludes x
+            q = q.clone()
+            q[x] = 0
+            q = _norm(q)
+    return out, p
+
+
+def _spechub(tokens, p, q):
+    if len(tokens) == 1:
+        return _rrs(tokens, p, q)
+    plan = spechub_plan(p, q)
+    a = plan["hub"]
+    qa = float(q[a])
+    q_ai = q * qa / max(1.0 - qa, 1e-30)
+    non_hub = torch.ones_like(q, dtype=torch.bool)
+    non_hub[a] = False
+    # The first test is the non-hub draft's, whichever of the two pair kinds was drawn.
+    drawn = float(q[non_hub].sum() + q_ai[non_hub].sum())
+    captured = float((q * plan["alpha1"])[non_hub].sum() + (q_ai * plan["alpha2"])[non_hub].sum())
+    r1 = float((q * (1 - plan["alpha1"]))[non_hub].sum())
+    r2 = float((q_ai * (1 - plan["alpha2"]))[non_hub].sum())
+    hub_slot = (plan["beta1"] * r1 + plan["beta2"] * r2) / (r1 + r2) if r1 + r2 > 0 else 0.0
+    first_slot = captured / drawn if drawn > 0 else 0.0
+    if tokens[1] == a:
+        out = [(0, float(plan["alpha1"][tokens[0]]), first_slot), (1, plan["beta1"], hub_slot)]
+    else:
+        out = [(1, float(plan["alpha2"][tokens[1]]), first_slot), (0, plan["beta2"], hub_slot)]
+    residual = _norm(plan["residual"])
+    return out, (p if residual is None else residual)
+
+
+def _point(tokens, p, greedy: bool):
+    if greedy:
+        best = int(p.argmax())
+        return [(j, float(x == best), float(x == best)) for j, x in enumerate(tokens)], p
+    out = []
+    for j, x in enumerate(tokens):
+        out.append((j, float(p[x]), float(p[x])))
+        rest = p.clone()
+        rest[x] = 0
+        rest = _norm(rest)
+        if rest is None:
+            break
+        p = rest
+    return out, p
+
+
+ODDS_RULES = {"greedy": _greedy, "rrs": _rrs, "rrs-replacement": _rrs_replacement, "mcns": _mcns,
+              "spechub": _spechub}
+
+
+def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = False) -> dict[int, NodeOdds]:
+    """Each tested node's odds (tree index -> NodeOdds) under ``verifier`` (a ``verify.run_verifier`` name).
+
+    Every node that can be tested gets odds, including nodes the walk never reached (below a rejection): what
+    their test would have been. Target-sampled roots of the lossy rule are not tested and get none.
+    Raises KeyError for an unknown verifier.
+    """
+    if verifier == "longest-branch":
+        rule = ODDS_RULES["greedy" if greedy else "rrs"]
+    else:
+        rule = ODDS_RULES[verifier]
+    out: dict[int, NodeOdds] = {}
+    for node in [-1] + list(range(len(tree))):
+        kids = tree.children(node)
+        kids = [c for c in kids if tree.source[c] != "target"]
+        if not kids:
+            continue
+        p = p_rows[node + 1]
+        model = [c for c in kids if tree.source[c] not in FREE_SOURCES]
+        free = [c for c in kids if tree.source[c] in FREE_SOURCES]
+        order = 0
+        if model:
+            tested, p = rule([tree.token[c] for c in model], p, q_rows.get(node + 1))
+            for j, accept, slot in tested:
+                out[model[j]] = NodeOdds(accept, slot, order)
+                order += 1
+        if free:
+            tested, _ = _point([tree.token[c] for c in free], p, greedy=rule is _greedy)
+            for j, accept, slot in tested:
+                out[free[j]] = NodeOdds(accept, slot, order)
+                order += 1
+    return out
+
+
+def accepted_length_laws(tree: DraftTree, odds: dict[int, NodeOdds]) -> dict[int, np.ndarray]:
+    """For every node (and -1, the anchor): the law of the number of nodes accepted below it, given the walk
+    reaches it; ``law[k]`` = P(k accepted), float64 ``(max depth below + 1,)``. Children are tried in test order;
+    the first accepted one is descended into."""
+    laws: dict[int, np.ndarray] = {}
+    for node in list(range(len(tree) - 1, -1, -1)) + [-1]:
+        kids = sorted((c for c in tree.children(node) if c in odds), key=lambda c: odds[c].order)
+        law = np.zeros(1 + max((len(laws[c]) for c in kids), default=0))
+        none_yet = 1.0
+        for c in kids:
+            take = none_yet * odds[c].accept_prob
+            law[1: 1 + len(laws[c])] += take * laws[c]
+            none_yet *= 1.0 - odds[c].accept_prob
+        law[0] += none_yet
+        laws[node] = law
+    return laws
+
+
+def expected_tokens(tree: DraftTree, odds: dict[int, NodeOdds], lossy: bool = False) -> float:
+    """Expected tokens the step commits before any truncation (EOS, max new tokens), the bonus token included.
+
+    Lossless rules: ``1 + E[accepted length]``. The lossy longest-branch rule commits one target-sampled root plus
+    the longest accepted continuation below any root (no bonus token): ``1 + E[max_b length_b]``, branches walked
+    independently.
+    """
+    laws = accepted_length_laws(tree, odds)
+    if not lossy:
+        law = laws[-1]
+        return 1.0 + float(np.dot(np.arange(len(law)), law))
+    roots = tree.children(-1)
+    if not roots:
+        return 0.0
+    size = max(len(laws[r]) for r in roots)
+    cdf = np.ones(size)
+    for r in roots:  # P(max <= k) = prod_b P(length_b <= k)
+        law = np.zeros(size)
+        law[: len(laws[r])] = laws[r]
+        cdf *= np.cumsum(law)
+    return 1.0 + float(np.sum(1.0 - cdf[:-1]))  # E[max] = sum_k P(max > k)
