@@ -1,4 +1,5 @@
-"""Command line: ``python -m explorer generate | greedy-check | audit | verifiers``.
+"""Command line: ``python -m explorer generate | greedy-check | audit | verifiers | bench | decision | probe |
+acceptance`` (the last two: ``instruments/cli.py``).
 
 ``generate`` decodes one prompt or a prompt file with one method and prints the text and metrics, or with
 ``--json`` one JSON object a line per prompt. ``greedy-check`` runs transformers' greedy ``generate``, ``ar`` and
@@ -17,7 +18,7 @@ from pathlib import Path
 from .config import DEFAULTS, METHODS, VERIFIERS, MethodConfig
 from .prompts import Prompt, PromptError, load_prompt_set
 from .stopping import STOP_POLICY_NAMES
-from .tree import TreeShapeError, parse_k_config
+from .tree import TreeShapeError, parse_k_config, parse_tree_template
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -60,6 +61,8 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recycling-widths", help="token-recycling / hybrid: tree template widths per level, e.g. "
                                                "8,3,2,1,1,1,1,1 (a node of sibling rank r gets floor(w / (r + 1)))")
     g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
+    g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
+                                  "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -90,6 +93,8 @@ def method_config_from_args(args) -> MethodConfig:
             changes[name] = value
     if getattr(args, "k_config", None) is not None:
         changes["k_config"] = parse_k_config(args.k_config)
+    if getattr(args, "tree", None):
+        changes["tree"] = parse_tree_template(args.tree)
     if getattr(args, "recycling_widths", None) is not None:
         changes["recycling_widths"] = parse_k_config(args.recycling_widths)
     if getattr(args, "lossy", False):
@@ -358,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .decision.cli import add_decision_parser
 
     add_decision_parser(sub)
+    from .instruments.cli import add_instrument_parsers
+
+    add_instrument_parsers(sub)
     return parser
 
 

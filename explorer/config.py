@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, replace
 
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .stopping import DEFAULT_THRESHOLDS, STOP_POLICY_NAMES
-from .tree import TreeShapeError, parse_k_config, rank_decay_parents, tree_size
+from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
 
 MAX_TREE_NODES = 512
 VERIFIERS = ("rrs", "rrs-replacement", "mcns", "spechub")
@@ -56,6 +56,9 @@ class MethodConfig:
         lookup_branches: prompt lookup: distinct continuations proposed (the most recent matches first).
         recycling_widths: Token Recycling's static tree template (``tree.rank_decay_parents``).
         recycling_k: Token Recycling: candidates stored per token in the adjacency matrix.
+        tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
+            anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
+            rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
     """
 
     method: str = "mcsd"
@@ -74,6 +77,7 @@ class MethodConfig:
     lookup_branches: int = 2
     recycling_widths: tuple[int, ...] = (8, 3, 2, 1, 1, 1, 1, 1)
     recycling_k: int = 8
+    tree: tuple[int, ...] | None = None
 
     @property
     def spec(self):
@@ -85,6 +89,10 @@ class MethodConfig:
             raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
         object.__setattr__(self, "k_config", parse_k_config(self.k_config))
         object.__setattr__(self, "recycling_widths", parse_k_config(self.recycling_widths))
+        if self.tree is not None:
+            if self.method != "mcsd":
+                raise ValueError(f"a tree template belongs to mcsd, not {self.method}")
+            object.__setattr__(self, "tree", parse_tree_template(self.tree))
         for name, lo, hi in (("gamma", 1, 64), ("width", 1, 64), ("max_depth", 1, 64), ("lookup_tokens", 1, 64),
                              ("lookup_ngram", 1, 8), ("lookup_branches", 1, 16), ("recycling_k", 1, 64)):
             value = getattr(self, name)
@@ -114,7 +122,8 @@ class MethodConfig:
         if self.lossy and self.verifier != "auto":
             raise ValueError("the lossy mode uses the seed's longest-branch rule; leave the verifier on auto")
         if self.verifier == "spechub" and any(k > 2 for k in self.draft_branching()):
-            raise TreeShapeError(f"SpecHub verifies at most two drafts per node; k_config {self.k_config} has "
+            shape = f"tree template {self.tree}" if self.tree else f"k_config {self.k_config}"
+            raise TreeShapeError(f"SpecHub verifies at most two drafts per node; {shape} has "
                                  f"{max(self.draft_branching())} (use e.g. 2,2,2)")
         if "recycling" in self.spec.free and max(self.recycling_widths) > self.recycling_k:
             raise TreeShapeError(f"recycling widths {self.recycling_widths} ask for more candidates per token than "
@@ -131,7 +140,7 @@ class MethodConfig:
         if shape == "chain":
             return [1] * self.gamma
         if shape == "tree":
-            return list(self.k_config)
+            return template_levels(self.tree) if self.tree else list(self.k_config)
         return list(self.k_config) + [1] * (self.max_depth - len(self.k_config))
 
     def free_nodes(self) -> int:
@@ -165,6 +174,8 @@ class MethodConfig:
         roots = self.target_roots
         if roots:
             return roots * (1 + tree_size(self.draft_branching()))
+        if self.tree:
+            return len(self.tree)
         return tree_size(self.draft_branching()) + self.free_nodes()
 
     def verifier_for(self, greedy: bool) -> str:
@@ -182,6 +193,7 @@ class MethodConfig:
         d = asdict(self)
         d["k_config"] = list(self.k_config)
         d["recycling_widths"] = list(self.recycling_widths)
+        d["tree"] = None if self.tree is None else list(self.tree)
         return d
 
     def with_(self, **changes) -> "MethodConfig":

@@ -83,6 +83,7 @@ class _Verified:
     odds: dict  # tree index -> expectation.NodeOdds: what the rule implies about each node's test
     expected_tokens: float  # tokens the step commits in expectation over the verifier's draws (bonus included)
     rng_state: torch.Tensor  # the generator's state right before verification (the probe re-verifies with it)
+    full_mask: object  # numpy bool (rows, past + rows): the whole mask the target was sent (the probe lints it)
 
 
 class Engine:
@@ -344,7 +345,7 @@ class Engine:
         anchor_logits = logits[0] if chain else self.next_logits
         return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents,
                          self.committed[-1], anchor_logits, logits[1:] if chain else logits, odds, expected,
-                         rng_state)
+                         rng_state, mask)
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""

@@ -7,11 +7,17 @@
 * acceptance rate (MCSD, Yang et al. 2024) = accepted draft tokens / drafted tokens.
 * tokens/s = generated tokens / wall-clock seconds (prefill included).
 * engine overhead = share of the steps' wall time spent outside model forwards.
+* acceptance length (EAGLE's tau, vLLM's "mean acceptance length") = tokens committed per speculative step's
+  target call, the bonus token counted: accepted draft tokens + 1 for a lossless step; the prefill is not counted
+  (block efficiency counts it), so ``ar`` is exactly 1.0 here too.
+* acceptance per draft position (vLLM's per-position counters) = for draft depth i, steps that committed a
+  proposed token at depth i / steps whose tree had a proposed token at depth i.
 """
 
 from __future__ import annotations
 
-from .trace import RunTrace
+from .methods import DRAFT_SOURCES
+from .trace import RunTrace, StepTrace
 
 
 def run_metrics(run: RunTrace) -> dict:
@@ -42,4 +48,28 @@ def run_metrics(run: RunTrace) -> dict:
         "forward_ms": (sum(s.forward_ms for s in steps)
                        if steps and all(s.forward_ms is not None for s in steps) else None),
         "step_ms": sum(s.step_ms for s in steps),
+        "acceptance_length": acceptance_length(steps),
+        "position_acceptance": position_acceptance(steps),
     }
+
+
+def acceptance_length(steps: list[StepTrace]) -> float | None:
+    """Mean tokens committed per target call of the steps (bonus included; prefill excluded); None without
+    steps."""
+    calls = sum(s.target_calls for s in steps)
+    return sum(len(s.committed_ids) for s in steps) / calls if calls else None
+
+
+def position_acceptance(steps: list[StepTrace]) -> list[dict]:
+    """Per draft depth i = 1, 2, ...: ``{"position", "drafted", "accepted", "rate"}``, where ``drafted`` counts
+    steps with a proposed node at depth i and ``accepted`` steps that committed one there."""
+    drafted: dict[int, int] = {}
+    accepted: dict[int, int] = {}
+    for s in steps:
+        depths = {n.depth for n in s.nodes if n.source in DRAFT_SOURCES}
+        for d in depths:
+            drafted[d] = drafted.get(d, 0) + 1
+        for d in {n.depth for n in s.nodes if n.source in DRAFT_SOURCES and n.committed}:
+            accepted[d] = accepted.get(d, 0) + 1
+    return [{"position": d, "drafted": drafted[d], "accepted": accepted.get(d, 0),
+             "rate": accepted.get(d, 0) / drafted[d]} for d in sorted(drafted)]

@@ -65,6 +65,56 @@ def parse_k_config(value) -> tuple[int, ...]:
     return tuple(out)
 
 
+def parse_tree_template(value) -> tuple[int, ...]:
+    """Validate a tree template: the breadth-first parent index of every node (-1 = the anchor), siblings
+    contiguous and in rank order, e.g. ``(-1, -1, 0, 0, 2)`` or the string ``"-1,-1,0,0,2"`` (the shape
+    ``instruments.optimal_tree`` computes). Parents must be non-decreasing and precede their children.
+
+    Raises:
+        TreeShapeError: empty, non-integer entries, a parent that does not precede its child, parents out of
+            breadth-first order, or more than 4096 nodes.
+    """
+    if isinstance(value, str):
+        items = [s for s in value.replace(" ", "").split(",") if s != ""]
+        try:
+            value = [int(s) for s in items]
+        except ValueError:
+            raise TreeShapeError(f"tree template {value!r} must be comma-separated integers, e.g. -1,-1,0") from None
+    try:
+        items = list(value)
+    except TypeError:
+        raise TreeShapeError(f"a tree template must be a list of parent indices, got {value!r}") from None
+    if not items:
+        raise TreeShapeError("the tree template is empty: give each node's parent, -1 for the anchor's children")
+    if len(items) > 4096:
+        raise TreeShapeError(f"the tree template has {len(items)} nodes; at most 4096 fit one verification")
+    out = []
+    for i, p in enumerate(items):
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+            raise TreeShapeError(f"tree template entry {p!r} is not an integer")
+        p = int(p)
+        if not -1 <= p < i:
+            raise TreeShapeError(f"tree template node {i} has parent {p}: a parent is -1 or an earlier node")
+        if out and p < out[-1]:
+            raise TreeShapeError(f"tree template node {i} has parent {p} after a node with parent {out[-1]}: "
+                                 "list nodes breadth-first, each parent's children together")
+        out.append(p)
+    return tuple(out)
+
+
+def template_levels(parents) -> list[int]:
+    """Largest number of children of one node at each level of a tree template (its per-level ``k``)."""
+    d = depths(parents)
+    counts: dict[int, int] = {}
+    for p in parents:
+        counts[p] = counts.get(p, 0) + 1
+    levels = [0] * (max(d) if d else 0)
+    for p, c in counts.items():
+        level = 0 if p < 0 else d[p]
+        levels[level] = max(levels[level], c)
+    return levels
+
+
 def tree_size(k_config) -> int:
     """Number of nodes of a full tree: ``k1 + k1*k2 + ...`` (28 for (4, 2, 2))."""
     total, width = 0, 1

@@ -53,6 +53,8 @@ class ModelDrafter(Drafter):
         past = L - len(chain)
         calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
         active: set[str] | None = None  # branches still drafting, once the first drafted level exists
+        template = _template_children(config.tree)  # tree template: node -> its template children, else None
+        in_template: dict[int, int] = {-1: -1}  # drafted node -> its template node
         accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
         for k in engine.branching:
             level = tree.n_levels
@@ -93,12 +95,18 @@ class ModelDrafter(Drafter):
                 q_top[node + 1] = tops[r]
                 if not sampling.greedy:
                     q_rows.add(node + 1, qd, r)
-                sure = (k > 1 and config.branch_threshold < 1.0 and tops[r]
+                slots = None if template is None else template.get(in_template.get(node), [])
+                want = k if slots is None else len(slots)
+                if want == 0:
+                    continue
+                sure = (want > 1 and config.branch_threshold < 1.0 and tops[r]
                         and tops[r][0][1] >= config.branch_threshold)
-                kids = drafting.candidates(qd, r, 1 if sure else k, verifier=engine.verifier_name,
+                kids = drafting.candidates(qd, r, 1 if sure else want, verifier=engine.verifier_name,
                                            generator=engine.generator)
-                for t in kids:
+                for j, t in enumerate(kids):
                     i = len(tree) + len(tokens)
+                    if slots is not None:
+                        in_template[i] = slots[j]
                     q_show[i] = qd.shown(r, t)
                     if row_feats is not None:
                         hidden, dist, lse = row_feats
@@ -112,6 +120,16 @@ class ModelDrafter(Drafter):
             tree.add_level(parents, tokens, source="draft")
         return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls,
                        draft_rows={i: i for i in range(fed)}, head=past + len(chain), features=features, q_top=q_top)
+
+
+def _template_children(parents) -> dict[int, list[int]] | None:
+    """A tree template's children lists (-1 = the anchor), or None without a template."""
+    if parents is None:
+        return None
+    out: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        out.setdefault(p, []).append(i)
+    return out
 
 
 def _row_features(fwd, qd: RowDists) -> tuple:

@@ -1,0 +1,58 @@
+"""Re-running a recorded run on the models, step by step, to look inside a step the trace only summarises (the
+probe needs the tree forward's logits, which a trace does not keep).
+
+The engine is deterministic for a given pair, device, dtype, settings and seed, so running the trace's settings
+again retraces its steps; every replayed step is checked against the recorded one and a divergence is an error
+that says where.
+"""
+
+from __future__ import annotations
+
+from ..config import MethodConfig
+from ..sampling import SamplingConfig
+from ..trace import RunTrace
+
+
+class ReplayError(ValueError):
+    """The trace cannot be replayed on these models, or the replay left the recorded run."""
+
+
+def engine_for_trace(pair, trace: RunTrace, decision_model=None):
+    """A started ``Engine`` with the trace's method, sampling, length and starting Token Recycling matrix.
+
+    Raises ReplayError when the trace was recorded on another model pair or its settings do not parse.
+    """
+    from ..engine import Engine
+
+    if trace.model.get("target_id") not in (None, pair.target_id) or trace.model.get("draft_id") not in (
+            None, pair.draft_id):
+        raise ReplayError(f"the trace was recorded with {trace.model.get('draft_id')} -> "
+                          f"{trace.model.get('target_id')}; the loaded pair is {pair.draft_id} -> {pair.target_id}")
+    try:
+        config = MethodConfig(**trace.settings["method"])
+        sampling = SamplingConfig(**trace.settings["sampling"])
+        max_new = int(trace.settings.get("max_new_tokens", sum(len(s.committed_ids) for s in trace.steps)))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ReplayError(f"the trace's settings cannot be replayed: {exc}") from None
+    initial = trace.settings.get("recycling_initial")
+    state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
+    engine = Engine(pair, config, sampling, decision_model=decision_model, recycling_state=state)
+    engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
+    return engine
+
+
+def replay_steps(pair, trace: RunTrace, last: int, decision_model=None):
+    """Yield ``(index, engine)`` after each replayed step ``0..last``; the engine's ``last_step`` is that step's.
+
+    Raises ReplayError when ``last`` is not a recorded step or a replayed step commits other tokens than the
+    recorded one (another device, dtype or decision model than the recording's).
+    """
+    if not 0 <= last < len(trace.steps):
+        raise ReplayError(f"step {last + 1} is not in the trace (it has {len(trace.steps)} steps)")
+    engine = engine_for_trace(pair, trace, decision_model)
+    for i in range(last + 1):
+        step = engine.step()
+        if step.committed_ids != trace.steps[i].committed_ids:
+            raise ReplayError(f"the replay left the recorded run at step {i + 1} (it committed other tokens): the "
+                              "trace was recorded on another device, dtype or decision model")
+        yield i, engine
