@@ -21,7 +21,7 @@ st.set_page_config(page_title="Speculative decoding explorer", page_icon="🌳",
 PAGES = ["Explorer", "Compare", "Benchmarks"]
 KEPT = ("prompt_text", "chat", "example", "cmp_prompt", "cmp_chat", "pair_spec", "draft_path", "target_path",
         "dtype", "method", "gamma", "lossy", "width", "max_depth", "stop", "decision_model", "verifier",
-        "temperature", "top_k", "top_p", "seed", "max_new", "teach")
+        "temperature", "top_k", "top_p", "seed", "max_new", "teach", "tree_template")
 KEPT_PREFIXES = ("k_config_", "threshold_", "b_")
 
 

@@ -76,6 +76,7 @@ def node_rows(step: StepTrace) -> list[dict]:
             "id": n.id, "parent": n.parent, "token": token_label(n.text, 24, escape=False), "depth": n.depth,
             "position id": n.position_id, "branch": n.branch, "source": n.source, "status": n.status,
             "committed": n.committed, "p (target)": n.p, "q (draft)": n.q, "p/q": n.ratio, "u": n.u,
+            "P(accept)": n.accept_prob, "slot P(accept)": n.slot_prob,
             "from": provenance_text(n) or "",
             "residual top": ", ".join(f"{token_label(t, 10, escape=False)} {pr:.2f}" for _, t, pr in n.residual_top[:3]),
         })
@@ -120,19 +121,21 @@ def _hover(n) -> str:
             lines.append(f"{SOURCE_LABELS[n.source]}: {html.escape(prov, quote=False)}")
         if n.ratio is not None or n.u is not None:
             lines.append(f"p/q {_fmt(n.ratio)} · u {_fmt(n.u)}")
+        if n.accept_prob is not None:
+            lines.append(f"P(accepted | reached) {_fmt(n.accept_prob)} · slot average {_fmt(n.slot_prob)}")
         if n.residual_top:
             lines.append("residual: " + ", ".join(f"{token_label(t, 10)} {pr:.2f}" for _, t, pr in n.residual_top[:3]))
     return "<br>".join(lines)
 
 
 def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None,
-                color_by: str = "status") -> go.Figure:
+                color_by: str = "status", flagged: dict[int, str] | None = None) -> go.Figure:
     """The draft token tree of one step, coloured by verification status (``color_by="status"``) or by draft
     source (``"source"``: draft model, target root, prompt lookup, token recycling; rejected and unverified nodes
     faded). The marker's shape always tells the source (circle: draft model, diamond: target root, square: lookup,
     triangle: recycled). Committed nodes get a thick outline, and the bonus token hangs off the committed path as a
     blue star. Each node marker carries its node id as ``customdata`` (clicks select it); ``selected`` gets an
-    orange ring."""
+    orange ring; ``flagged`` (node id -> why, e.g. the probe's flipped decisions) a magenta square."""
     g = tree_graph(step)
     pos = tree_layout(g)
     fig = go.Figure()
@@ -165,6 +168,12 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         fig.add_trace(go.Scatter(x=[pos[selected][0]], y=[pos[selected][1]], mode="markers", hoverinfo="skip",
                                  name="inspected", marker=dict(size=30, color="rgba(0,0,0,0)", symbol="circle",
                                                                line=dict(color="#ff7f0e", width=4))))
+    flagged = {k: v for k, v in (flagged or {}).items() if k in pos}
+    if flagged:
+        fig.add_trace(go.Scatter(x=[pos[k][0] for k in flagged], y=[pos[k][1] for k in flagged], mode="markers",
+                                 name="flips on plain decoding (probe)", hovertext=list(flagged.values()),
+                                 hoverinfo="text", marker=dict(size=34, color="rgba(0,0,0,0)", symbol="square",
+                                                               line=dict(color="#e377c2", width=4))))
     if step.bonus_token is not None:
         path = [n for n in step.nodes if n.committed]
         last = max(path, key=lambda n: n.depth)

@@ -7,9 +7,9 @@
 * acceptance rate (MCSD, Yang et al. 2024) = accepted draft tokens / drafted tokens.
 * tokens/s = generated tokens / wall-clock seconds (prefill included).
 * engine overhead = share of the steps' wall time spent outside model forwards.
-* acceptance length (EAGLE's tau, vLLM's "mean acceptance length") = tokens committed per speculative step's
-  target call, the bonus token counted: accepted draft tokens + 1 for a lossless step; the prefill is not counted
-  (block efficiency counts it), so ``ar`` is exactly 1.0 here too.
+* acceptance length (EAGLE's tau, vLLM's "mean acceptance length") = mean tokens committed per step (one
+  draft-and-verify cycle, one target call), the bonus token counted: accepted draft tokens + 1 for a lossless
+  step. Unlike block efficiency the prefill is not counted; ``ar`` is exactly 1.0 on both.
 * acceptance per draft position (vLLM's per-position counters) = for draft depth i, steps that committed a
   proposed token at depth i / steps whose tree had a proposed token at depth i.
 """
@@ -54,10 +54,8 @@ def run_metrics(run: RunTrace) -> dict:
 
 
 def acceptance_length(steps: list[StepTrace]) -> float | None:
-    """Mean tokens committed per target call of the steps (bonus included; prefill excluded); None without
-    steps."""
-    calls = sum(s.target_calls for s in steps)
-    return sum(len(s.committed_ids) for s in steps) / calls if calls else None
+    """Mean tokens committed per step (bonus included; prefill excluded); None without steps."""
+    return sum(len(s.committed_ids) for s in steps) / len(steps) if steps else None
 
 
 def position_acceptance(steps: list[StepTrace]) -> list[dict]:

@@ -367,12 +367,74 @@ def free_drafts_tour(url: str, out_dir: Path, method: str = "Token Recycling (fr
     return report
 
 
+def _expander(page, title: str):
+    """Open the expander whose summary starts with ``title`` (client side: no script run) and return it."""
+    box = page.locator("[data-testid='stExpander']", has_text=title).first
+    if box.locator("details").first.get_attribute("open") is None:
+        box.locator("summary").first.click()
+    box.locator("summary").first.scroll_into_view_if_needed()
+    return box
+
+
+def instruments_tour(url: str, out_dir: Path, steps: int = 6, prompt: str = "def fibonacci(n):",
+                     method: str = "MCSD (draft tree, one target pass)", load_timeout_s: float = 600) -> dict:
+    """Issue 15's three panels: Step, probe the step (tree forward against plain decoding), open expected
+    against realised acceptance, measure forward costs, open the optimal tree and run mcsd with it. Screenshots
+    of each panel; returns what the page showed."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = _open(browser, url, prompt, load_timeout_s)
+        try:
+            choose(page, "Method", method)  # a full tree: every (depth, rank) slot gets measured
+            for _ in range(steps):
+                _press(page, "Step")
+            _expander(page, "Tree-attention probe")
+            _press(page, "Probe this step", 600_000)
+            probe = _expander(page, "Tree-attention probe")
+            report["probe_metrics"] = probe.locator("[data-testid='stMetric']").all_inner_texts()
+            report["probe_plot"] = probe.locator(".js-plotly-plot").count()
+            probe.screenshot(path=str(out_dir / "probe_panel.png"))
+            acc = _expander(page, "Expected against realised acceptance")
+            report["acceptance_metrics"] = acc.locator("[data-testid='stMetric']").all_inner_texts()
+            report["acceptance_plots_before_costs"] = acc.locator(".js-plotly-plot").count()
+            _press(page, "Measure forward costs on this machine", 600_000)
+            acc = _expander(page, "Expected against realised acceptance")
+            report["acceptance_plots"] = acc.locator(".js-plotly-plot").count()
+            report["acceptance_titles"] = acc.locator(".gtitle").all_text_contents()
+            acc.screenshot(path=str(out_dir / "acceptance_panel.png"))
+            opt = _expander(page, "The optimal tree for this run")
+            report["optimal_text"] = [t for t in opt.locator("[data-testid='stMarkdownContainer'] p").all_inner_texts()
+                                      if "Optimal for" in t]
+            report["optimal_titles"] = opt.locator(".gtitle").all_text_contents()
+            opt.screenshot(path=str(out_dir / "optimal_panel.png"))
+            report["template"] = opt.locator("code").first.inner_text()
+            _press(page, "Run mcsd with the optimal tree", 600_000)
+            _shows(page, "[data-testid='stAlertContentSuccess']", 600_000)
+            report["after_run"] = _step_caption(page)
+            report["sidebar_template"] = page.locator("[data-testid='stTextInput']", has_text="Tree template").locator(
+                "input").first.input_value()
+            report["finished"] = page.locator("[data-testid='stAlertContentSuccess']").all_inner_texts()
+            page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "optimal_run_tree.png"))
+        except Exception:
+            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
+            raise
+        report["exceptions"] = page.locator("[data-testid='stException']").count()
+        report["errors"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+        browser.close()
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
     ap.add_argument("--out", default=str(ROOT / "out" / "screens"))
     ap.add_argument("--tour", action="store_true", help="also: back, inspector, download, replay, two sessions")
     ap.add_argument("--free", action="store_true", help="also: a Token Recycling tree with a node's provenance")
+    ap.add_argument("--instruments", action="store_true", help="also: probe, acceptance and optimal tree panels")
     args = ap.parse_args()
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))
@@ -383,6 +445,8 @@ def main() -> int:
             print([str(p) for p in two_sessions(url, Path(args.out) / "sessions")])
         if args.free:
             print(free_drafts_tour(url, Path(args.out) / "free"))
+        if args.instruments:
+            print(instruments_tour(url, Path(args.out) / "instruments"))
     return 0 if report["plots"] >= 2 and not report["errors"] and not report["exceptions"] else 1
 
 

@@ -97,3 +97,24 @@ def test_free_drafts_show_their_source_provenance_and_matrix_row(tmp_path):
     assert r["provenance"] and "matrix row of" in r["provenance"][0], r["provenance"]
     assert r["matrix_panel"] and r["matrix_rows"] >= 1
     assert (tmp_path / "free_tree.png").stat().st_size > 10_000
+
+
+def test_instrument_panels_in_a_real_browser(tmp_path):
+    """Issue 15: probe a step, expected against realised acceptance with measured forward costs, and the optimal
+    tree run with one click (the sidebar switches to mcsd with that tree template)."""
+    from browser import instruments_tour
+
+    with running_app("tiny") as url:
+        r = instruments_tour(url, tmp_path, load_timeout_s=120)
+    assert r["exceptions"] == 0 and r["errors"] == [], r
+    metrics = dict(m.split("\n\n") for m in r["probe_metrics"])
+    assert metrics["Flipped decisions"] == "0" and metrics["Mask lint"] == "OK" and float(metrics["max |Δ logit|"]) < 1e-3
+    assert r["probe_plot"] == 1
+    assert r["acceptance_plots"] == r["acceptance_plots_before_costs"] + 1 == 5
+    assert "Forward cost on this machine" in r["acceptance_titles"]
+    assert r["optimal_text"] and "Optimal for 32 nodes" in r["optimal_text"][0]
+    assert r["optimal_titles"][0].startswith("Optimal tree:")
+    assert r["sidebar_template"] == r["template"] and r["after_run"].startswith("Step ")
+    assert r["finished"]
+    for name in ("probe_panel.png", "acceptance_panel.png", "optimal_panel.png"):
+        assert (tmp_path / name).stat().st_size > 10_000

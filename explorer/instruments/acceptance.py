@@ -207,6 +207,8 @@ def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats:
         kv = DynamicKVCache()
         with torch.inference_mode(), pair.lock:
             eager_forward(model, kv, list(context), list(range(len(context))), None, keep=1)
+            eager_forward(model, kv, [int(context[-1])], [kv.length], None, keep=1)  # warm the one-row kernels
+        kv.rewind(len(context))
         base = kv.length
         out[role] = {}
         for w in widths:

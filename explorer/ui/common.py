@@ -8,7 +8,7 @@ import streamlit as st
 
 from ..config import DEFAULTS
 from ..prompts import PromptError, humaneval, mt_bench
-from ..tree import TreeShapeError, parse_k_config
+from ..tree import TreeShapeError, parse_k_config, parse_tree_template
 
 PAIRS = {"default": "Embedded: Qwen2.5-Coder 0.5B → 1.5B", "tiny": "Tiny random pair (no download, for trying)",
          "custom": "Custom pair (folders, hub ids or .gguf)"}
@@ -101,6 +101,8 @@ def build_config(method: str, changes: dict):
     for name in ("k_config", "recycling_widths"):
         if name in changes:
             changes[name] = parse_k_config(changes[name])
+    if "tree" in changes:
+        changes["tree"] = parse_tree_template(changes["tree"]) if str(changes["tree"] or "").strip() else None
     return DEFAULTS[method].with_(**changes)
 
 

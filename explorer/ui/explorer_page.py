@@ -210,6 +210,9 @@ def explorer_page(settings) -> None:
                    f"through its steps. Files up to {MAX_TRACE_BYTES // 2**20} MB.")
         _load_trace(st.file_uploader("Load trace", type=["json"], key="trace_upload"))
 
+    if st.session_state.pop("instrument_reset", None):  # "Run mcsd with this tree": a new run, straight away
+        _reset()
+        _request("run")
     pending = st.session_state.pop("pending", None)
     if st.session_state.pop("running", False):
         st.session_state["stopped"] = True
@@ -259,21 +262,73 @@ def explorer_page(settings) -> None:
         except Exception as exc:  # noqa: BLE001 - a file that validated but still cannot be drawn
             st.error(f"This trace cannot be drawn: {type(exc).__name__}: {exc}. Press Reset.")
     else:
-        show_run(trace, _cursor(), settings["teach"])
+        run_instrument_requests(pair, trace)
+        show_run(trace, _cursor(), settings["teach"], pair=pair)
     if pair is not None:
         audit_panel(pair, settings, prompt_text, chat)
 
 
-def show_run(trace, cursor: int | None, teach: bool) -> None:
-    panels.metrics_row(trace, cursor)
+def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
+    """The run on screen: metrics, text, the step at ``cursor`` and the run's instruments (``pair``: the loaded
+    models, which the probe and the cost measurement need; None when replaying a file)."""
     from .. import figures
+    from .instruments_panel import acceptance_section, optimal_tree_section
 
+    panels.metrics_row(trace, cursor)
     st.markdown("**Generated text** (each step's tokens shaded; bonus tokens underlined in blue; the step on "
                 "screen outlined)")
     st.markdown(figures.text_html(trace, current=cursor), unsafe_allow_html=True)
     if cursor is None:
         return
-    panels.step_panels(trace, trace.steps[cursor], teach)
+    step = trace.steps[cursor]
+    probes = st.session_state.get("probes", {})
+    panels.step_panels(trace, step, teach, probe=probes.get(step.index) if probes.get("trace") is trace else None,
+                       can_probe=pair is not None)
+    costs = _costs_for(pair)
+    report = acceptance_section(trace, costs, can_measure=pair is not None, teach=teach)
+    optimal_tree_section(trace, step, report, can_run=pair is not None, teach=teach)
+
+
+def _costs_for(pair) -> dict | None:
+    held = st.session_state.get("forward_costs")
+    return held["costs"] if held and pair is not None and held["pair"] == pair.name else None
+
+
+def run_instrument_requests(pair, trace) -> None:
+    """Do what the instrument buttons asked for (they only set a flag): probe a step, measure forward costs. The
+    results are plain data in the session; errors become a message and the session goes on."""
+    from ..instruments.acceptance import measure_forward_costs
+    from ..instruments.probe import probe_last_step
+    from ..instruments.replay import replay_steps
+
+    index = st.session_state.pop("probe_request", None)
+    if index is not None and pair is not None and trace is not None and index < len(trace.steps):
+        engine = st.session_state.get("engine")
+
+        def probe():
+            if engine is not None and engine.trace is trace and index == len(trace.steps) - 1:
+                with engine_lock():
+                    return probe_last_step(engine)
+            with st.spinner(f"Replaying the run to step {index + 1}…"):
+                *_, (_, replayed) = replay_steps(pair, trace, index)
+            return probe_last_step(replayed)
+
+        with st.spinner(f"Probing step {index + 1}: one plain forward per node…"):
+            result = guarded(probe, error_key="probe_error")
+        if result is not None:
+            probes = st.session_state.get("probes")
+            if not probes or probes.get("trace") is not trace:
+                probes = st.session_state["probes"] = {"trace": trace}
+            probes[index] = result.to_dict()
+    if st.session_state.pop("costs_request", None) and pair is not None and trace is not None:
+        with st.spinner("Timing draft and target forwards at 1 to 64 rows…"):
+            costs = guarded(measure_forward_costs, pair, trace.prompt_ids + trace.generated_ids,
+                            error_key="probe_error")
+        if costs is not None:
+            st.session_state["forward_costs"] = {"pair": pair.name, "costs": costs}
+    error = st.session_state.pop("probe_error", None)
+    if error:
+        st.error(error)
 
 
 def audit_panel(pair, settings, prompt_text: str, chat: bool) -> None:

@@ -78,8 +78,12 @@ def selected_node(event, key: str) -> int | None:
     return st.session_state.get(key)
 
 
-def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "") -> None:
-    """Everything about one step: tree (click to inspect), mask with the inspected row, inspector, details."""
+def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "", probe: dict | None = None,
+                can_probe: bool = False) -> None:
+    """Everything about one step: tree (click to inspect), mask with the inspected row, inspector, details, and
+    the tree-attention probe (``probe``: its result for this step, if any; ``can_probe``: the models are here)."""
+    from .instruments_panel import flagged_nodes, probe_section
+
     step_caption(step, len(trace.steps))
     if teach:
         teach_box(step, trace.settings.get("method"))
@@ -95,7 +99,8 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "")
             color_by = st.radio("Colour the tree by", ["status", "source"], horizontal=True,
                                 key=f"{prefix}color_by", format_func={"status": "verification status",
                                                                       "source": "draft source"}.get)
-        st.plotly_chart(figures.tree_figure(step, selected=chosen, color_by=color_by), width="stretch",
+        st.plotly_chart(figures.tree_figure(step, selected=chosen, color_by=color_by, flagged=flagged_nodes(probe)),
+                        width="stretch",
                         key=chart_key, on_select="rerun", selection_mode="points")
         st.caption("Click a node to inspect it." + (" Shapes: ● draft model, ■ prompt lookup, ▲ token recycling."
                                                      if free else ""))
@@ -110,6 +115,7 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "")
                    "probability instead); after a rejection the next sibling, or the replacement token, is drawn "
                    "from the residual distribution.")
         st.dataframe(figures.node_rows(step), hide_index=True, width="stretch")
+    probe_section(step, probe, can_probe, teach, prefix)
     c1, c2, c3 = st.columns(3)
     c1.plotly_chart(figures.branch_figure(step), width="stretch", key=f"{prefix}branch_chart")
     with c2:

@@ -33,6 +33,12 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
         changes["k_config"] = box.text_input("k_config (children per level)", default_k,
                                              key=f"{prefix}k_config_{method}_{lossy}",
                                              help="e.g. 4,2,2 = 4 children of the anchor, 2 under each, 2 under each")
+        if method == "mcsd":
+            changes["tree"] = box.text_input(
+                "Tree template (replaces the k_config tree)", key=f"{prefix}tree_template",
+                placeholder="e.g. -1,-1,0,0,1 · empty = k_config",
+                help="each node's parent in breadth-first order, -1 for the anchor's children, siblings in rank "
+                     "order; the optimal tree panel fills this in")
         changes["branch_threshold"] = box.slider(
             "Adaptive width: branch where top q <", 0.0, 1.0, d.branch_threshold, 0.05,
             key=f"{prefix}branch_threshold_{method}",

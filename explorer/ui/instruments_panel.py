@@ -1,0 +1,193 @@
+"""The instruments of issue 15 on the Explorer page: the tree-attention probe of the step on screen, expected
+against realised acceptance over the run, and the optimal tree for the run's measured rates (with a button that
+runs it). Trace data and the instruments' plain results in, page out; the work that needs the models (probe,
+forward costs) is requested here and done by the page (``explorer_page.run_instrument_requests``)."""
+
+from __future__ import annotations
+
+import html
+
+import streamlit as st
+
+from ..instruments import acceptance as acc
+from ..instruments import figures as ifig
+from ..instruments import optimal_tree as ot
+from ..trace import RunTrace, StepTrace
+
+TEACH_PROBE = ("The target checks the whole tree in one pass, with a mask that lets each token see only its own "
+               "branch. The probe redoes the check the slow way, one token at a time along each branch, as ordinary "
+               "generation does, and compares the two. The numbers differ a little because the computer rounds in "
+               "a different order; that only matters when the target's two favourite tokens are closer than the "
+               "rounding, and then the tree and ordinary generation can pick different words.")
+TEACH_ACCEPTANCE = ("Before the target looks, we can already say how likely each drafted token is to pass: it "
+                    "depends on how much the draft's and the target's guesses overlap. Adding those chances up "
+                    "gives how many tokens a step should produce on average; the bars show what each step really "
+                    "produced. The grid shows how often the first, second, third guess passes at each depth.")
+TEACH_OPTIMAL = ("From how often each guess passes, we can try every tree shape with a given number of nodes and "
+                 "keep the one that should produce the most tokens per target pass (Sequoia's dynamic program). "
+                 "With the measured cost of each pass on this machine we can also pick the shape that should be "
+                 "fastest in tokens per second. The button runs the chosen shape.")
+
+PROBE_HELP = {
+    "max |Δ logit|": "largest difference, over the whole vocabulary, between a row's logits from the tree forward "
+                     "and from plain decoding (prompt prefilled, then one token per forward along the node's path)",
+    "flips": "drafted nodes whose accept / reject decision differs when the same step is verified on the plain "
+             "decoding logits with the same random draws",
+    "argmax flips": "rows whose most likely token differs between the tree forward and plain decoding",
+}
+METRIC_HELP = {
+    "expected": "sum over the run's steps of the tokens each step commits in expectation given its drafted tree "
+                "(the verifier's own coin flips averaged out), divided by target calls; steps that ended the run "
+                "are left out",
+    "realised": "tokens the same steps committed, divided by their target calls",
+    "length": "acceptance length as EAGLE and vLLM report it: mean tokens committed per draft-and-verify step, the "
+              "bonus token included (block efficiency also counts the prefill as a call)",
+}
+
+
+def teach_caption(text: str) -> None:
+    st.markdown(f"<div class='teach-box'><p>{html.escape(text)}</p></div>", unsafe_allow_html=True)
+
+
+def flagged_nodes(probe: dict | None) -> dict[int, str]:
+    """Node id -> hover text for the probe's flipped decisions (empty without a probe)."""
+    if not probe:
+        return {}
+    return {f["node"]: f"probe: {f['status']} here, {f['reference_status']} on plain decoding"
+            for f in probe["node_flips"]}
+
+
+def _request_probe(index: int) -> None:
+    st.session_state["probe_request"] = index
+
+
+def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: bool, prefix: str = "") -> None:
+    """The probe's expander for one step: a button (live sessions) and the result when there is one."""
+    with st.expander("Tree-attention probe: does the tree forward match plain decoding?", expanded=probe is not None):
+        if teach:
+            teach_caption(TEACH_PROBE)
+        st.caption("Recomputes every node's target logits with plain one-token decoding along its own path (as "
+                   "`generate` would), compares them with the tree forward's, re-verifies the step on them with "
+                   "the same random draws, and lints the mask the target was sent. Costs one target forward per "
+                   "node; older steps are replayed first.")
+        if can_probe:
+            st.button("Probe this step", key=f"{prefix}probe_btn_{step.index}", on_click=_request_probe,
+                      args=(step.index,))
+        else:
+            st.caption("Needs the models: run the session live, or use `python -m explorer probe --trace FILE`.")
+        if probe is None:
+            return
+        c = st.columns(4)
+        c[0].metric("max |Δ logit|", f"{probe['max_delta_logit']:.3g}", help=PROBE_HELP["max |Δ logit|"])
+        c[1].metric("Flipped decisions", probe["flips"], help=PROBE_HELP["flips"])
+        c[2].metric("Flipped argmaxes", probe["argmax_flips"], help=PROBE_HELP["argmax flips"])
+        c[3].metric("Mask lint", "OK" if not probe["lint"] else f"{len(probe['lint'])} problems",
+                    help="every row attends to exactly the context, its ancestors and itself, at position "
+                         "anchor + depth")
+        for p in probe["lint"]:
+            st.error(f"Mask: {p}")
+        for f in probe["node_flips"]:
+            row = next(r for r in probe["rows"] if r["node"] == f["parent"])
+            top = row["top2_reference"]
+            st.warning(f"Node {f['node']} {f['text']!r}: {f['status']} here, {f['reference_status']} on plain "
+                       f"decoding. Its parent's best two tokens {top[0][1]!r} and {top[1][1]!r} are "
+                       f"{row['top2_gap']:.4g} logits = {row['gap_steps']:.1f} {probe['dtype']} rounding steps apart, "
+                       f"while the two forwards differ by up to {row['max_delta_logit']:.3g}.")
+        if probe["committed"] != probe["reference_committed"]:
+            st.warning("Plain decoding would have committed other tokens at this step: the run leaves `ar`'s "
+                       "output here.")
+        st.plotly_chart(ifig.probe_figure(probe), width="stretch", key=f"{prefix}probe_chart_{step.index}")
+        st.dataframe(ifig.probe_rows(probe), hide_index=True, width="stretch")
+
+
+def _request_costs() -> None:
+    st.session_state["costs_request"] = True
+
+
+def acceptance_section(trace: RunTrace, costs: dict | None, can_measure: bool, teach: bool) -> dict:
+    """Expected against realised acceptance over the run; returns the report (the optimal tree reads it)."""
+    report = acc.run_report([trace], costs=costs)
+    with st.expander("Expected against realised acceptance"):
+        if teach:
+            teach_caption(TEACH_ACCEPTANCE)
+        exp, real = report["expected_tokens_per_call"], report["realised_tokens_per_call"]
+        c = st.columns(3)
+        c[0].metric("Expected tokens / call", "–" if exp is None else f"{exp:.3f}", help=METRIC_HELP["expected"])
+        c[1].metric("Realised tokens / call", "–" if real is None else f"{real:.3f}", help=METRIC_HELP["realised"])
+        length = report["acceptance_length"]
+        c[2].metric("Acceptance length", "–" if length is None else f"{length:.3f}", help=METRIC_HELP["length"])
+        if not report["slots"]:
+            st.info("No tested draft tokens yet (or a trace recorded before the odds were kept).")
+            return report
+        left, right = st.columns(2)
+        left.plotly_chart(ifig.slot_heatmap(report["slots"], "realised"), width="stretch", key="acc_heat_real")
+        right.plotly_chart(ifig.slot_heatmap(report["slots"], "expected"), width="stretch", key="acc_heat_exp")
+        st.caption("Rank = order of the test among siblings (0 = tested first). Realised: accepted / tested. "
+                   "Expected: the mean over the same tests of the slot's acceptance probability (Σ min(p, q) after "
+                   "the earlier siblings), which estimates the same rate with less noise.")
+        left, right = st.columns(2)
+        left.plotly_chart(ifig.expected_realised_figure(report["per_step"]), width="stretch", key="acc_steps")
+        right.plotly_chart(ifig.position_figure(report["position_acceptance"]), width="stretch", key="acc_pos")
+        if costs:
+            st.plotly_chart(ifig.cost_figure(costs), width="stretch", key="acc_costs")
+        elif can_measure:
+            st.button("Measure forward costs on this machine", key="costs_btn", on_click=_request_costs,
+                      help="times one draft and one target forward at 1 to 64 query rows (a few seconds on a GPU, "
+                           "about a minute on a CPU); the optimal tree then also gets a tokens/s model")
+    return report
+
+
+def _run_tree(parents: list[int]) -> None:
+    st.session_state["method"] = "mcsd"
+    st.session_state["tree_template"] = ",".join(map(str, parents))
+    st.session_state["instrument_reset"] = "run"
+
+
+def optimal_tree_section(trace: RunTrace, step: StepTrace | None, report: dict, can_run: bool,
+                         teach: bool) -> None:
+    with st.expander("The optimal tree for this run"):
+        if teach:
+            teach_caption(TEACH_OPTIMAL)
+        if report.get("acceptance_vector") is None:
+            st.info(report.get("optimal_tree_error") or "Run more steps first.")
+            return
+        c = st.columns(2)
+        budget = c[0].slider("Node budget", 1, 64, 32, key="opt_budget")
+        depth = c[1].slider("Depth limit", 1, 16, 8, key="opt_depth")
+        table = report["acceptance_vector"]
+        best = ot.optimal_tree(table, budget, depth)
+        costs = report.get("forward_costs_ms")
+        used = report["used_tree"]
+        lines = [f"Trees this run used: {used['mean_nodes']:.1f} nodes on average, "
+                 f"{used['modelled_tokens_per_call']:.3f} tokens per call expected under the measured rates, "
+                 f"{report['realised_tokens_per_call'] or 0:.3f} realised."]
+        lines.append(f"Optimal for {budget} nodes: {ot.summary(best)}.")
+        shown = [("Optimal tree", best)]
+        if costs:
+            draft, target = ot.cost_curve(costs["draft"]), ot.cost_curve(costs["target"])
+            fast = ot.fastest_tree(table, budget, depth, draft, target)
+            lines.append(f"Fastest under the measured forward costs: {ot.summary(fast)}.")
+            if used.get("modelled_tokens_per_s"):
+                lines.append(f"The trees this run used model at {used['modelled_tokens_per_s']:.2f} tokens/s.")
+            if fast.parents:
+                shown.append(("Fastest tree", fast))
+        st.markdown("  \n".join(html.escape(x) for x in lines))
+        cols = st.columns(len(shown) + (1 if step is not None else 0))
+        for col, (name, tree) in zip(cols, shown):
+            col.plotly_chart(ifig.template_figure(list(tree.parents), list(tree.node_probabilities),
+                                                  f"{name}: {tree.expected_tokens:.2f} tokens per call"),
+                             width="stretch", key=f"opt_fig_{name}")
+            col.code(",".join(map(str, tree.parents)) or "(no tree)", language=None)
+            if can_run and tree.parents:
+                col.button(f"Run mcsd with the {name.lower()}", key=f"opt_run_{name}", on_click=_run_tree,
+                           args=(list(tree.parents),),
+                           help="switches the sidebar to mcsd with this tree template and runs the prompt")
+        if step is not None:
+            parents = acc.model_tree_parents(step)
+            probs = ot.node_probabilities(parents, table) if parents else []
+            cols[-1].plotly_chart(ifig.template_figure(parents, probs, f"Step {step.index + 1}'s tree: "
+                                                       f"{ot.expected_tokens(parents, table):.2f} tokens per call"),
+                                  width="stretch", key="opt_fig_used")
+        st.caption("Under Sequoia's positional model: the sibling tested r-th at depth d passes with the measured "
+                   "rate of slot (d, r), whatever the token. Slots nobody measured count as never accepted, so "
+                   "measure with a wide tree (e.g. k_config 6,3,2,2,1,1) to let the search consider wide ones.")
