@@ -37,7 +37,7 @@ def _probe_summary(prompt_id, probes: list, method: str) -> dict:
         rows = {r.node: r for r in pr.rows}
         for f in pr.node_flips:
             row = rows[f.parent]
-            flips.append({"step": pr.step + 1, "node": f.node, "text": f.text, "status": f.status,
+            flips.append({"step": pr.step + 1, "node": f.node, "text": f.text, "cause": f.cause, "status": f.status,
                           "reference_status": f.reference_status, "parent_row": f.parent,
                           "gap": row.top2_gap, "gap_steps": row.gap_steps, "max_delta_logit": row.max_delta_logit,
                           "top2_reference": row.top2_reference, "top2_tree": row.top2_tree})
@@ -48,7 +48,7 @@ def _probe_summary(prompt_id, probes: list, method: str) -> dict:
                   "argmax_flip": r.argmax_flip, "max_delta_logit": r.max_delta_logit}
                  for r in pr.rows if r.gap_steps <= NEAR_TIE_STEPS]
     return {"prompt_id": prompt_id, "method": method, "dtype": probes[0].dtype if probes else None,
-            "steps_probed": len(probes), "flips": len(flips),
+            "steps_probed": len(probes), "flips": len(flips), "cause_flips": sum(f["cause"] for f in flips),
             "argmax_flips": sum(r.argmax_flip for pr in probes for r in pr.rows),
             "max_delta_logit": max((pr.max_delta_logit for pr in probes), default=0.0),
             "rows_compared": sum(len(pr.rows) for pr in probes),
@@ -100,10 +100,13 @@ def cmd_probe(args) -> int:
         for s in summaries:
             print(f"--- {s['prompt_id']} ({s['method']}, {s['dtype']}): {s['steps_probed']} steps, "
                   f"{s['rows_compared']} rows, max |delta logit| {s['max_delta_logit']:.4g}, "
-                  f"{s['flips']} flipped decisions, {s['argmax_flips']} flipped argmaxes")
+                  f"{s['flips']} flipped decisions ({s['cause_flips']} where a flip starts), "
+                  f"{s['argmax_flips']} flipped argmaxes")
             for p in s["lint"]:
                 print(f"    MASK: {p}")
             for f in s["flipped_nodes"]:
+                if not f["cause"]:
+                    continue  # it follows from a flip above it
                 top = f["top2_reference"]
                 print(f"    step {f['step']} node {f['node']} {f['text']!r}: {f['status']} in the tree, "
                       f"{f['reference_status']} on plain decoding; its parent's row (node {f['parent_row']}) has "

@@ -133,6 +133,7 @@ class NodeFlip:
     status: str  # accepted / rejected / unverified in the step
     reference_status: str  # ... and on the reference logits
     parent: int
+    cause: bool = True  # its parent was reached both ways: the flip starts here (else it follows one above)
 
 
 @dataclass
@@ -158,7 +159,8 @@ class StepProbe:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(flips=self.flips, max_delta_logit=self.max_delta_logit,
+        d.update(flips=self.flips, cause_flips=sum(f.cause for f in self.node_flips),
+                 max_delta_logit=self.max_delta_logit,
                  argmax_flips=sum(r.argmax_flip for r in self.rows),
                  committed_same=self.committed == self.reference_committed)
         return d
@@ -270,8 +272,10 @@ def probe_last_step(engine, reference: ReferenceDecoder | None = None) -> StepPr
     for i in range(len(tree)):
         mine, theirs = _status(v.result.decisions, i, tree), _status(result.decisions, i, tree)
         if mine != theirs:
+            p = tree.parent[i]
+            same_parent = p < 0 or _status(v.result.decisions, p, tree) == _status(result.decisions, p, tree)
             flips.append(NodeFlip(node=i + 1, text=text(tree.token[i]), status=mine, reference_status=theirs,
-                                  parent=tree.parent[i] + 1))
+                                  parent=p + 1, cause=same_parent))
     ref_committed = [tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
     committed = [tree.token[i] for i in v.result.path] + ([v.result.bonus] if v.result.bonus is not None else [])
     chain_len = len(v.position_ids) - len(tree)

@@ -87,6 +87,8 @@ def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: b
         for p in probe["lint"]:
             st.error(f"Mask: {p}")
         for f in probe["node_flips"]:
+            if not f.get("cause", True):
+                continue  # below a flip: it follows from that one
             row = next(r for r in probe["rows"] if r["node"] == f["parent"])
             top = row["top2_reference"]
             st.warning(f"Node {f['node']} {f['text']!r}: {f['status']} here, {f['reference_status']} on plain "
