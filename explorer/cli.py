@@ -160,6 +160,8 @@ def cmd_generate(args) -> int:
                               "tokens_per_target_call": m["tokens_per_target_call"],
                               "acceptance_rate": m["acceptance_rate"],
                               "mcsd_acceptance_rate": m["mcsd_acceptance_rate"], "tokens_per_s": m["tokens_per_s"],
+                              "acceptance_length": m["acceptance_length"],
+                              "position_acceptance": m["position_acceptance"],
                               "generated_tokens": m["generated_tokens"], "seconds": m["seconds"]},
                              ensure_ascii=False), flush=True)
         else:

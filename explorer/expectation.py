@@ -149,6 +149,8 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
         rule = ODDS_RULES["greedy" if greedy else "rrs"]
     else:
         rule = ODDS_RULES[verifier]
+    if rule is _greedy:
+        return _greedy_odds(tree, p_rows)
     out: dict[int, NodeOdds] = {}
     for node in [-1] + list(range(len(tree))):
         kids = tree.children(node)
@@ -169,6 +171,22 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
             for j, accept, slot in tested:
                 out[free[j]] = NodeOdds(accept, slot, order)
                 order += 1
+    return out
+
+
+def _greedy_odds(tree: DraftTree, p_rows) -> dict[int, NodeOdds]:
+    """Greedy: a child passes when it is its parent's argmax; one best token per parent row, no row processed
+    (``p_rows.top_ids`` reads the batched top-k pass verification already made)."""
+    out: dict[int, NodeOdds] = {}
+    for node in [-1] + list(range(len(tree))):
+        kids = [c for c in tree.children(node) if tree.source[c] != "target"]
+        if not kids:
+            continue
+        best = p_rows.top_ids(node + 1, 1)[0] if hasattr(p_rows, "top_ids") else int(p_rows[node + 1].argmax())
+        model = [c for c in kids if tree.source[c] not in FREE_SOURCES]
+        for order, c in enumerate(model + [c for c in kids if tree.source[c] in FREE_SOURCES]):
+            hit = float(tree.token[c] == best)
+            out[c] = NodeOdds(hit, hit, order)
     return out
 
 

@@ -270,3 +270,43 @@ def test_prompt_and_settings_survive_a_page_change(app):
     app.sidebar.radio(key="page").set_value("Explorer").run()
     assert app.text_area(key="prompt_text").value == "def keep_me():"
     assert app.sidebar.slider(key="max_new").value == 33
+
+
+def test_probe_a_past_step_by_replay_and_a_bad_tree_template(app):
+    app.sidebar.selectbox(key="method").set_value("mcsd").run()
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    for _ in range(3):
+        click(app, "step_btn")
+    click(app, "back_btn")  # step 2 of 3: the probe replays the run to it
+    click(app, "probe_btn_1")
+    assert not app.error, [e.value for e in app.error]
+    labels = {m.label: m.value for m in app.metric}
+    assert labels["Flipped decisions"] == "0" and labels["Mask lint"] == "OK"
+    assert app.session_state["probes"][1]["step"] == 1
+    app.sidebar.text_input(key="tree_template").set_value("-1,1").run()
+    click(app, "reset_btn")
+    click(app, "step_btn")
+    assert any("tree template node 1 has parent 1" in e.value for e in app.error)
+
+
+def test_an_old_trace_without_odds_replays_with_empty_instruments(app, tiny):
+    from explorer.config import DEFAULTS
+    from explorer.engine import Engine
+    from explorer.sampling import SamplingConfig
+    from explorer.trace import RunTrace
+
+    engine = Engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
+    engine.start(tiny.tokenizer.encode("def f(x):"), 12, prompt_text="def f(x):")
+    d = engine.run().to_dict()
+    for s in d["steps"]:
+        s.pop("expected_tokens")
+        for n in s["nodes"]:
+            for key in ("accept_prob", "slot_prob", "test_order"):
+                n.pop(key)
+    app.session_state["trace"] = RunTrace.from_dict(d)
+    app.session_state["replay"] = "old.json"
+    app.session_state["cursor"] = 0
+    app.run()
+    assert not app.exception and not app.error
+    assert any("recorded before the odds" in i.value for i in app.info)
+    assert any("use `python -m explorer probe --trace FILE`" in c.value for c in app.caption)

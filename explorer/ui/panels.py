@@ -31,7 +31,7 @@ def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
                                                 prompt_ids=trace.prompt_ids, steps=trace.steps[: upto + 1],
                                                 prefill_ms=trace.prefill_ms)
     m = run_metrics(shown)
-    cols = st.columns(6)
+    cols = st.columns(7)
     acc, mcsd_acc = m["acceptance_rate"], m["mcsd_acceptance_rate"]
     cols[0].metric("Generated tokens", m["generated_tokens"])
     cols[1].metric("Target calls", m["target_calls"])
@@ -41,7 +41,11 @@ def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
                    help="mean over steps of longest accepted draft length / maximum draft length (Lu et al. 2024)")
     cols[4].metric("Acceptance (MCSD)", "–" if mcsd_acc is None else f"{mcsd_acc:.2f}",
                    help="accepted draft tokens / drafted tokens (Yang et al. 2024)")
-    cols[5].metric("Tokens / s", "–" if not m["tokens_per_s"] else f"{m['tokens_per_s']:.1f}",
+    length = m["acceptance_length"]
+    cols[5].metric("Acceptance length", "–" if length is None else f"{length:.2f}",
+                   help="as EAGLE and vLLM report it: mean tokens committed per draft-and-verify step, the bonus "
+                        "token included (tokens / target call also counts the prefill as a call)")
+    cols[6].metric("Tokens / s", "–" if not m["tokens_per_s"] else f"{m['tokens_per_s']:.1f}",
                    help="wall clock, prefill included; the UI adds no time to it")
 
 
