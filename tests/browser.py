@@ -398,6 +398,8 @@ def instruments_tour(url: str, out_dir: Path, steps: int = 6, prompt: str = "def
             report["probe_metrics"] = probe.locator("[data-testid='stMetric']").all_inner_texts()
             report["probe_plot"] = probe.locator(".js-plotly-plot").count()
             probe.screenshot(path=str(out_dir / "probe_panel.png"))
+            report["flip_marks"] = page.locator(".js-plotly-plot").first.locator(".legendtext").all_text_contents()
+            page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "probe_tree.png"))
             acc = _expander(page, "Expected against realised acceptance")
             report["acceptance_metrics"] = acc.locator("[data-testid='stMetric']").all_inner_texts()
             report["acceptance_plots_before_costs"] = acc.locator(".js-plotly-plot").count()

@@ -205,3 +205,12 @@ def test_expectation_overhead_keeps_greedy_rows_cheap(tiny):
         per_parent[d.tree.parent[i]] = per_parent.get(d.tree.parent[i], 0.0) + o.accept_prob
     assert all(s in (0.0, 1.0) for s in per_parent.values())
     assert np.isclose(v.expected_tokens, len(eng.trace.steps[-1].committed_ids))
+
+
+def test_generate_takes_a_tree_template(capsys):
+    assert main(["generate", "--models", "tiny", "--method", "mcsd", "--tree=-1,-1,0,2", "--prompt", PROMPT,
+                 "--no-chat-template", "--max-new-tokens", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["acceptance_length"] >= 1.0 and out["position_acceptance"][0]["position"] == 1
+    assert {p["position"] for p in out["position_acceptance"]} <= {1, 2, 3}
+    assert main(["generate", "--models", "tiny", "--method", "mcsd", "--tree=-1,1", "--prompt", PROMPT]) == 2

@@ -186,7 +186,7 @@ def run_report(runs, budget: int = 32, max_depth: int = 8, costs: dict | None = 
     return out
 
 
-def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats: int = 3,
+def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats: int = 5,
                           roles=("draft", "target")) -> dict:
     """Median wall milliseconds of one forward of ``w`` query rows (a chain under the causal mask) after
     ``context`` tokens, per role and width: ``{"draft": {w: ms}, "target": {w: ms}}``. The caches are this

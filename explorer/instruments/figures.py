@@ -89,13 +89,17 @@ def position_figure(positions: list[dict]) -> go.Figure:
 def cost_figure(costs: dict) -> go.Figure:
     """Measured milliseconds of one forward against its query rows, per model."""
     fig = go.Figure()
+    widths: set[int] = set()
     for role, color in (("target", "#d62728"), ("draft", "#9467bd")):
-        points = costs.get(role) or {}
-        rows = sorted(int(k) for k in points)
-        fig.add_trace(go.Scatter(x=rows, y=[points[k] if k in points else points[str(k)] for k in rows],
-                                 mode="lines+markers", name=f"{role} forward", line=dict(color=color)))
+        points = {int(k): v for k, v in (costs.get(role) or {}).items()}
+        rows = sorted(points)
+        widths.update(rows)
+        fig.add_trace(go.Scatter(x=rows, y=[points[k] for k in rows], mode="lines+markers", name=f"{role} forward",
+                                 line=dict(color=color)))
+    ticks = sorted(widths)
     fig.update_layout(title="Forward cost on this machine", height=300, margin=dict(l=10, r=10, t=50, b=10),
-                      xaxis=dict(title="query rows", type="log"), yaxis=dict(title="ms", rangemode="tozero"))
+                      xaxis=dict(title="query rows", type="log", tickvals=ticks, ticktext=[str(t) for t in ticks]),
+                      yaxis=dict(title="ms", rangemode="tozero"))
     return fig
 
 

@@ -222,8 +222,14 @@ def _status(decisions: dict, i: int, tree) -> str:
 
 
 def _top2(logits: torch.Tensor, text) -> list:
-    vals, ids = torch.topk(logits.float(), 2)
-    return [[int(t), text(int(t)), float(v)] for t, v in zip(ids.tolist(), vals.tolist())]
+    """``[[id, text, logit], [..]]``: the argmax first (as greedy verification and ``generate`` pick it: the lowest
+    id among tied logits; ``topk`` may order ties otherwise), then the best other token."""
+    logits = logits.float()
+    best = int(logits.argmax())
+    rest = logits.clone()
+    rest[best] = float("-inf")
+    second = int(rest.argmax())
+    return [[t, text(t), float(logits[t])] for t in (best, second)]
 
 
 def probe_last_step(engine, reference: ReferenceDecoder | None = None) -> StepProbe:

@@ -91,10 +91,11 @@ def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: b
                 continue  # below a flip: it follows from that one
             row = next(r for r in probe["rows"] if r["node"] == f["parent"])
             top = row["top2_reference"]
+            gap = ("tie exactly (the argmax takes the lower token id)" if row["top2_gap"] == 0 else
+                   f"are {row['top2_gap']:.4g} logits = {row['gap_steps']:.1f} {probe['dtype']} rounding steps apart")
             st.warning(f"Node {f['node']} {f['text']!r}: {f['status']} here, {f['reference_status']} on plain "
-                       f"decoding. Its parent's best two tokens {top[0][1]!r} and {top[1][1]!r} are "
-                       f"{row['top2_gap']:.4g} logits = {row['gap_steps']:.1f} {probe['dtype']} rounding steps apart, "
-                       f"while the two forwards differ by up to {row['max_delta_logit']:.3g}.")
+                       f"decoding. On plain decoding its parent's best two tokens {top[0][1]!r} and {top[1][1]!r} "
+                       f"{gap}, while the two forwards differ by up to {row['max_delta_logit']:.3g} on that row.")
         if probe["committed"] != probe["reference_committed"]:
             st.warning("Plain decoding would have committed other tokens at this step: the run leaves `ar`'s "
                        "output here.")
