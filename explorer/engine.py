@@ -272,11 +272,12 @@ class Engine:
 
     # ------------------------------------------------------------------ one step
 
-    def step(self) -> StepTrace:
+    def step(self, edit=None) -> StepTrace:
         """Run one speculative round: draft a tree, verify it with one target forward, commit, trim caches.
 
-        Returns the step's StepTrace (also appended to ``self.trace``). Raises EngineError when called before
-        ``start`` or after the run finished.
+        ``edit``: ``edit(engine, drafted) -> Drafted``, applied between drafting and verification (the
+        counterfactual steps of ``instruments/counterfactual.py``). Returns the step's StepTrace (also appended to
+        ``self.trace``). Raises EngineError when called before ``start`` or after the run finished.
         """
         if self.trace is None:
             raise EngineError("start() the engine with a prompt first")
@@ -289,6 +290,8 @@ class Engine:
         self._forward_ms = 0.0
         L = len(self.committed)
         d = self.drafter.draft(self)
+        if edit is not None:
+            d = edit(self, d)
         t_drafted = _now(device)
         v = self._verify(d.tree, d.q_rows)
         result = v.result

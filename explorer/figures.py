@@ -50,8 +50,12 @@ def _fmt(x, digits=3) -> str:
 
 
 def provenance_text(node) -> str | None:
-    """Where a free node (prompt lookup, Token Recycling) came from, in one plain sentence; None for others."""
+    """Where a free node (prompt lookup, Token Recycling) or an edited one came from, in one plain sentence; None
+    for others."""
     prov = node.provenance or {}
+    if prov.get("source") == "edited":
+        return ("added by hand (a counterfactual edit)" if prov.get("edit") == "added" else
+                f"replaced by hand (a counterfactual edit; the draft had proposed token {prov.get('was')})")
     if prov.get("source") == "lookup":
         where = "the prompt" if prov.get("in_prompt") else "the output so far"
         return (f"copied from position {prov['copied_from']} ({where}): it followed an earlier "

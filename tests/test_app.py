@@ -310,3 +310,31 @@ def test_an_old_trace_without_odds_replays_with_empty_instruments(app, tiny):
     assert not app.exception and not app.error
     assert any("recorded before the odds" in i.value for i in app.info)
     assert any("use `python -m explorer probe --trace FILE`" in c.value for c in app.caption)
+
+
+def test_what_if_edit_reverifies_branches_and_keeps_the_original(app):
+    app.sidebar.selectbox(key="method").set_value("mcsd").run()
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    click(app, "step_btn")
+    original = app.session_state["trace"]
+    recorded = original.to_json()
+    app.radio(key="cf_1_action").set_value("none").run()
+    click(app, "cf_1_go")
+    assert not app.error, [e.value for e in app.error]
+    assert app.session_state["counterfactuals"][1]["identical"] is True
+    assert any("Re-verified as recorded" in s.value for s in app.success)
+    app.radio(key="cf_1_action").set_value("replace").run()  # the first drafted node, the target's best token
+    click(app, "cf_1_go")
+    result = app.session_state["counterfactuals"][1]
+    assert not result["identical"] and result["edit"]["replace"]
+    click(app, "cf_branch_1")
+    runs = app.session_state["runs"]
+    assert len(runs) == 2 and app.session_state["run_index"] == 1
+    assert app.session_state["trace"] is runs[1]["trace"] and runs[0]["trace"] is original
+    assert original.to_json() == recorded  # the recorded run is untouched
+    before = len(runs[1]["trace"].steps)
+    click(app, "step_btn")  # the branch is live
+    assert len(app.session_state["trace"].steps) == before + 1
+    app.selectbox(key="run_choice").set_value(0).run()
+    assert app.session_state["trace"] is original and not app.exception

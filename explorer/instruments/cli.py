@@ -1,4 +1,5 @@
-"""``python -m explorer probe | acceptance``: the instruments of issue 15 on the command line.
+"""``python -m explorer probe | acceptance | counterfactual``: the instruments (issues 15 and 16) on the command
+line.
 
 Both take ``generate``'s model, method, sampling and prompt options, or ``--trace`` for saved runs (replayed on
 the models for the probe, read as they are for acceptance). ``--json`` prints one JSON object.
@@ -202,6 +203,28 @@ def _print_report(r: dict) -> None:
               f"{row['tokens_per_target_call'] or 0:.3f} tokens per call, {row['speedup_vs_ar'] or 0:.2f}x ar")
 
 
+def cmd_counterfactual(args) -> int:
+    from ..cli import _load_pair
+    from ..trace import load_run
+    from .counterfactual import counterfactual, parse_edits
+
+    trace = load_run(args.trace)
+    pair = _load_pair(args)
+    edit = parse_edits(args.edit or [], pair.tokenizer)
+    cf = counterfactual(pair, trace, args.step - 1, edit, continue_tokens=args.continue_tokens)
+    if args.json:
+        print(json.dumps(cf.to_dict(), ensure_ascii=False))
+        return 0
+    what = "re-verified as recorded" if edit.empty else "edited: " + json.dumps(cf.edit)
+    print(f"step {args.step} {what}")
+    print("identical to the recorded step" if cf.identical else "differences:\n  " + "\n  ".join(
+        cf.differences or ["none"]))
+    print(f"recorded commits {''.join(cf.original.committed_text)!r}, now {''.join(cf.edited.committed_text)!r}")
+    if cf.continuation_ids:
+        print(f"then: {cf.continuation_text!r}")
+    return 0
+
+
 def add_instrument_parsers(sub) -> None:
     from ..cli import _add_method_args, _add_model_args, _add_sampling_args
 
@@ -237,3 +260,15 @@ def add_instrument_parsers(sub) -> None:
     _add_sampling_args(ac)
     _add_model_args(ac)
     ac.set_defaults(func=cmd_acceptance, method="mcsd")
+
+    cf = sub.add_parser("counterfactual", help="re-verify a recorded step, as recorded or edited; JSON of both")
+    cf.add_argument("--trace", required=True, help="a saved trace")
+    cf.add_argument("--step", type=int, required=True, help="the step to re-verify (1-based)")
+    cf.add_argument("--edit", action="append", metavar="EDIT",
+                    help="replace:NODE=TOKEN, add:PARENT=TOKEN (0 = the anchor), remove:NODE, verifier:NAME, "
+                         "temperature:T, seed:S; TOKEN an id or quoted text (one token); repeatable")
+    cf.add_argument("--continue", dest="continue_tokens", type=int, default=0,
+                    help="then decode this many more tokens from the edited step")
+    cf.add_argument("--json", action="store_true")
+    _add_model_args(cf)
+    cf.set_defaults(func=cmd_counterfactual)

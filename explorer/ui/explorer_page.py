@@ -8,6 +8,8 @@ Session state (one browser session each; the models are shared):
     ``replay``: name of the replayed file, or None.
     ``pending``: ``"step"`` / ``"run"`` set by the buttons' callbacks, done in the script body (so the page can
     show progress and a Stop button while a run goes on).
+    ``runs`` / ``run_index``: the session's runs once a what-if edit was continued as a new run (``[{"name",
+    "engine", "trace"}]``); the one on screen is also in ``engine`` / ``trace``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def _reset() -> None:
     engine = st.session_state.get("engine")
     if engine is not None and engine.recycling_state() is not None:  # what the run learned serves the next one
         st.session_state["recycling_state"] = engine.recycling_state()
-    for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running"):
+    for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running", "runs",
+                "run_index", "counterfactuals"):
         st.session_state.pop(key, None)
     _forget_clicks()
     set_error(None)
@@ -227,7 +230,10 @@ def explorer_page(settings) -> None:
                        f"{pair.device} · draft {pair.draft_quant}")
     if pending == "step":
         guarded(_do_step, pair, settings, prompt_text, chat)
+    if not replaying:  # the instrument buttons' requests (they may switch the session to a new run)
+        run_instrument_requests(pair, _trace())
     trace = _trace()
+    runs_selector()
     controls(trace, replaying)
     if pending == "run":
         guarded(_do_run, pair, settings, prompt_text, chat)
@@ -262,7 +268,6 @@ def explorer_page(settings) -> None:
         except Exception as exc:  # noqa: BLE001 - a file that validated but still cannot be drawn
             st.error(f"This trace cannot be drawn: {type(exc).__name__}: {exc}. Press Reset.")
     else:
-        run_instrument_requests(pair, trace)
         show_run(trace, _cursor(), settings["teach"], pair=pair)
     if pair is not None:
         audit_panel(pair, settings, prompt_text, chat)
@@ -272,6 +277,7 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     """The run on screen: metrics, text, the step at ``cursor`` and the run's instruments (``pair``: the loaded
     models, which the probe and the cost measurement need; None when replaying a file)."""
     from .. import figures
+    from .counterfactual_panel import counterfactual_section
     from .instruments_panel import acceptance_section, optimal_tree_section
 
     panels.metrics_row(trace, cursor)
@@ -284,6 +290,10 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     probes = st.session_state.get("probes", {})
     panels.step_panels(trace, step, teach, probe=probes.get(step.index) if probes.get("trace") is trace else None,
                        can_probe=pair is not None)
+    held = st.session_state.get("counterfactuals") or {}
+    counterfactual_section(step, held.get(step.index) if held.get("trace") is trace else None,
+                           can_edit=pair is not None, teach=teach,
+                           temperature=float(trace.settings.get("sampling", {}).get("temperature", 0.0)))
     costs = _costs_for(pair)
     report = acceptance_section(trace, costs, can_measure=pair is not None, teach=teach)
     optimal_tree_section(trace, step, report, can_run=pair is not None, teach=teach)
@@ -292,6 +302,50 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
 def _costs_for(pair) -> dict | None:
     held = st.session_state.get("forward_costs")
     return held["costs"] if held and pair is not None and held["pair"] == pair.name else None
+
+
+def _store_current_run() -> None:
+    runs, i = st.session_state.get("runs"), st.session_state.get("run_index")
+    if runs is not None and i is not None:
+        runs[i].update(engine=st.session_state.get("engine"), trace=_trace())
+
+
+def _switch_run() -> None:
+    _store_current_run()
+    i = int(st.session_state["run_choice"])
+    run = st.session_state["runs"][i]
+    st.session_state.update(engine=run["engine"], trace=run["trace"], cursor=None, run_index=i)
+    _forget_clicks()
+
+
+def new_run_from(engine, name: str) -> None:
+    """Make ``engine`` (a what-if branch) the session's current run; the runs so far stay in ``runs``."""
+    runs = st.session_state.setdefault("runs", [])
+    if st.session_state.get("run_index") is None:
+        runs.append({"name": "run 1 (as recorded)", "engine": st.session_state.get("engine"), "trace": _trace()})
+    else:
+        _store_current_run()
+    runs.append({"name": name, "engine": engine, "trace": engine.trace})
+    st.session_state.update(engine=engine, trace=engine.trace, cursor=None, run_index=len(runs) - 1,
+                            run_choice=len(runs) - 1)
+    _forget_clicks()
+
+
+def runs_selector() -> None:
+    """Switch between the session's runs (a what-if edit continued makes a new one) and download them all."""
+    runs = st.session_state.get("runs")
+    if not runs or len(runs) < 2:
+        return
+    import json
+
+    c = st.columns([3, 1])
+    c[0].selectbox("Run of this session", list(range(len(runs))), format_func=lambda i: runs[i]["name"],
+                   key="run_choice", on_change=_switch_run)
+    _store_current_run()
+    c[1].download_button("Download all runs", file_name="spec-explorer-runs.json", mime="application/json",
+                         data=lambda: json.dumps({"runs": [{"name": r["name"], "trace": r["trace"].to_dict()}
+                                                           for r in runs]}, ensure_ascii=False),
+                         key="download_runs", on_click="ignore")
 
 
 def run_instrument_requests(pair, trace) -> None:
@@ -326,9 +380,37 @@ def run_instrument_requests(pair, trace) -> None:
                             error_key="probe_error")
         if costs is not None:
             st.session_state["forward_costs"] = {"pair": pair.name, "costs": costs}
+    _what_if_requests(pair, trace)
     error = st.session_state.pop("probe_error", None)
     if error:
         st.error(error)
+
+
+def _what_if_requests(pair, trace) -> None:
+    """A what-if re-verification (``cf_request``) and "continue from the edit" (``cf_branch``)."""
+    from ..instruments.counterfactual import counterfactual, parse_edits
+
+    request = st.session_state.pop("cf_request", None)
+    if request is not None and pair is not None and trace is not None and request["step"] < len(trace.steps):
+        def run():
+            edit = parse_edits(request["edits"], pair.tokenizer)
+            return counterfactual(pair, trace, request["step"], edit, continue_tokens=request["continue"])
+
+        with st.spinner(f"Replaying to step {request['step'] + 1} and re-verifying it…"):
+            cf = guarded(run, error_key="probe_error")
+        if cf is not None:
+            held = st.session_state.get("counterfactuals")
+            if not held or held.get("trace") is not trace:
+                held = st.session_state["counterfactuals"] = {"trace": trace}
+            held[request["step"]] = {**cf.to_dict(), "engine": cf.engine}
+    index = st.session_state.pop("cf_branch", None)
+    held = st.session_state.get("counterfactuals") or {}
+    if index is not None and held.get("trace") is trace and index in held:
+        engine = held[index]["engine"]
+        n = len(st.session_state.get("runs") or [None]) + 1
+        if engine is not None:
+            new_run_from(engine, f"run {n}: step {index + 1} edited ({'; '.join(held[index]['differences'][:1])})")
+            held[index]["engine"] = None  # one run per branch: the engine now belongs to it
 
 
 def audit_panel(pair, settings, prompt_text: str, chat: bool) -> None:

@@ -143,7 +143,9 @@ def inspector(step: StepTrace, node_id: int) -> None:
                    "gives the target's distribution for the first drafted level.")
         return
     prov = figures.provenance_text(node)
-    if prov:
+    if prov and (node.provenance or {}).get("source") == "edited":
+        st.markdown(f"**Edited**: {html.escape(prov)}; the draft model rescored the edited tree for q.")
+    elif prov:
         st.markdown(f"**{SOURCE_LABELS[node.source].capitalize()}** (a free draft: no draft-model forward, q is a "
                     f"point mass): {html.escape(prov)}.")
     if node.source == "target":
