@@ -18,6 +18,7 @@ Invariants between steps (batch size 1):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,7 @@ from .kv_cache import KV_CACHES, new_kv_cache
 from .models import ModelPair
 from .methods import DRAFT_SOURCES
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
+from .timeline import StepTimeline
 from .stopping import LEARNED_POLICIES, make_stop_policy
 from .trace import (
     ACCEPTED,
@@ -137,6 +139,7 @@ class Engine:
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
         self._forward_ms = 0.0  # time inside model forwards during the current step
+        self._timeline: StepTimeline | None = None  # the current step's segments (None outside a step)
         self._texts: dict[int, str] = {}  # token id -> decoded text (the trace shows thousands per run)
         self.last_step: tuple | None = None  # (Drafted, _Verified) of the latest step, for decision collect
 
@@ -260,7 +263,8 @@ class Engine:
         ``keep`` rows, cut to the shared vocabulary, and with ``hidden`` the last hidden state of the same rows."""
         model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.pair.draft, self.draft_kv)
         runner = self._runners.get(role)
-        with torch.inference_mode(), self.pair.lock:
+        segment = self._timeline.forward(role, len(input_ids)) if self._timeline else contextlib.nullcontext()
+        with torch.inference_mode(), self.pair.lock, segment:
             t0 = _now(self.pair.device)
             if runner is not None:
                 logits, h = runner.forward(input_ids, position_ids, mask, keep, hidden)
@@ -286,6 +290,8 @@ class Engine:
         if self.graphs and not self._runners:
             raise EngineError("this run's graph runners were released: start a new run")
         device = self.pair.device
+        timeline = self._timeline = StepTimeline(device)
+        timeline.enter("drafting")
         t_start = _now(device)
         self._forward_ms = 0.0
         L = len(self.committed)
@@ -296,9 +302,11 @@ class Engine:
         v = self._verify(d.tree, d.q_rows)
         result = v.result
         self.last_step = (d, v)
+        timeline.enter("drafter learn")
         self.drafter.learn(self, d, v)
 
         # Commit, then cut both caches to the committed context plus the accepted path.
+        timeline.enter("KV-cache commit")
         new_tokens = [d.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
         self.target_kv.keep(v.head, [v.head + i for i in result.path])
         if d.calls:  # the path's nodes the draft model saw: a prefix of the path (free nodes were never fed)
@@ -315,9 +323,12 @@ class Engine:
         self.committed.extend(new_tokens)
         t_end = _now(device)
 
+        timeline.enter("trace recording")
         step = self._record(L, d, v, new_tokens, (t_drafted - t_start) * 1e3, (t_end - t_drafted) * 1e3,
                             (t_end - t_start) * 1e3)
         self.trace.steps.append(step)
+        step.timeline = timeline.finish()
+        self._timeline = None
         return step
 
     def _verify(self, tree: DraftTree, q_rows: LazyRows) -> "_Verified":
@@ -326,6 +337,7 @@ class Engine:
         chain = self.committed[self.target_len():]
         past = L - len(chain)
         n = len(tree)
+        self._timeline.enter("mask")
         mask = step_mask(past, len(chain), True, tree.anc, 0, n)
         pos = step_position_ids(past, len(chain), True, tree.depth, 0, n)
         calls = 1 if chain or n else 0
@@ -334,6 +346,7 @@ class Engine:
                                   keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
             logits = torch.empty(0, self.pair.vocab_size, device=self.pair.device)
+        self._timeline.enter("verification")
         parents = sorted({p + 1 for p in tree.parent})  # rows with children: their best tokens go into the trace
         if chain:  # logits row 0 = anchor (p row 0), row 1 + i = node i
             p_rows = RowDists(logits, self.sampling, stat_rows=parents)
@@ -343,6 +356,7 @@ class Engine:
         rng_state = self.generator.get_state()
         result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
                                      greedy=self.sampling.greedy)
+        self._timeline.enter("odds")
         odds = expectation.node_odds(tree, p_rows, q_rows, self.verifier_name, greedy=self.sampling.greedy)
         expected = expectation.expected_tokens(tree, odds, lossy=self.config.is_lossy)
         anchor_logits = logits[0] if chain else self.next_logits

@@ -106,6 +106,8 @@ class StepTrace:
         drafted: proposed tokens in the tree (draft model, lookup and recycled; ``methods.DRAFT_SOURCES``).
         expected_tokens: the tokens this step commits in expectation over the verifier's own draws, given the
             drafted tree (``expectation.expected_tokens``; bonus token included, before EOS / length cuts).
+        timeline: where the step's time went (``timeline.py``): ``[{"phase", "start_ms", "ms", "rows"?,
+            "gpu_ms"?}]``, contiguous segments from the step's start to the end of its trace recording.
     """
 
     index: int
@@ -134,6 +136,7 @@ class StepTrace:
     forward_ms: float | None = None  # None in traces saved before it was recorded
     drafter: dict = field(default_factory=dict)
     expected_tokens: float | None = None  # None in traces saved before it was recorded
+    timeline: list = field(default_factory=list)  # timeline.StepTimeline segments (empty in older traces)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -241,6 +244,10 @@ def _step_problem(step: "StepTrace") -> str | None:
         return "the mask does not match its node ids and position ids"
     if not isinstance(step.drafter, dict):
         return "the drafter's record must be an object"
+    if not isinstance(step.timeline, list) or not all(
+            isinstance(seg, dict) and isinstance(seg.get("phase"), str) and isinstance(seg.get("ms"), (int, float))
+            and isinstance(seg.get("start_ms"), (int, float)) for seg in step.timeline):
+        return "the timeline must be a list of segments with phase, start_ms and ms"
     for name in ("draft_ms", "verify_ms", "step_ms"):
         if not isinstance(getattr(step, name), (int, float)):
             return f"{name} must be a number"

@@ -225,6 +225,60 @@ def cmd_counterfactual(args) -> int:
     return 0
 
 
+def cmd_timeline(args) -> int:
+    """Each step's timeline, with the step's wall time measured around ``engine.step()`` from outside."""
+    from ..cli import _load_pair
+    from ..timeline import phase_totals, plain_decoding_ms
+
+    pair = _load_pair(args)
+    rows, steps = [], []
+    for prompt_id, (step, wall) in _timed_runs(args, pair):
+        parts = sum(seg["ms"] for seg in step.timeline)
+        rows.append({"prompt_id": prompt_id, "step": step.index + 1, "wall_ms": wall, "sum_of_parts_ms": parts,
+                     "ratio": parts / wall if wall else None, "segments": step.timeline})
+        steps.append(step)
+    totals = phase_totals(steps)
+    plain = plain_decoding_ms(steps)
+    summary = {"steps": len(rows), "wall_ms": sum(r["wall_ms"] for r in rows),
+               "sum_of_parts_ms": sum(r["sum_of_parts_ms"] for r in rows),
+               "worst_ratio": min((r["ratio"] for r in rows if r["ratio"]), default=None), "phase_ms": totals,
+               "plain_decoding_ms_estimate": plain}
+    if args.json:
+        print(json.dumps({**summary, "per_step": rows}, ensure_ascii=False))
+        return 0
+    for r in rows:
+        parts = ", ".join(f"{s['phase']}{'/' + str(s['rows']) if s.get('rows') else ''} {s['ms']:.1f}"
+                          for s in r["segments"])
+        print(f"{r['prompt_id']} step {r['step']}: wall {r['wall_ms']:.1f} ms, parts {r['sum_of_parts_ms']:.1f} ms "
+              f"({r['ratio']:.3f}): {parts}")
+    print("phases (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in totals.items()))
+    if plain is not None:
+        print(f"plain decoding estimate {plain:.0f} ms against {summary['sum_of_parts_ms']:.0f} ms of steps")
+    return 0
+
+
+def _timed_runs(args, pair):
+    """Like ``_runs_from_args``, timing each ``engine.step()`` from outside: yields ``(prompt_id, (step, ms))``."""
+    import time
+
+    from ..cli import _prompts_from_args, decision_model_from_args, method_config_from_args
+    from ..engine import Engine
+    from ..prompts import encode_prompt
+    from ..sampling import SamplingConfig
+
+    config = method_config_from_args(args)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    decision = decision_model_from_args(args, config)
+    for prompt in _prompts_from_args(args):
+        ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
+        engine = Engine(pair, config, sampling, decision_model=decision)
+        engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
+        while not engine.finished:
+            t0 = time.perf_counter()
+            step = engine.step()
+            yield prompt.id, (step, (time.perf_counter() - t0) * 1e3)
+
+
 def add_instrument_parsers(sub) -> None:
     from ..cli import _add_method_args, _add_model_args, _add_sampling_args
 
@@ -260,6 +314,17 @@ def add_instrument_parsers(sub) -> None:
     _add_sampling_args(ac)
     _add_model_args(ac)
     ac.set_defaults(func=cmd_acceptance, method="mcsd")
+
+    tl = sub.add_parser("timeline", help="each step's timeline against its wall time measured from outside")
+    src = tl.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
+    tl.add_argument("--limit", type=int, default=0)
+    tl.add_argument("--json", action="store_true")
+    _add_method_args(tl)
+    _add_sampling_args(tl)
+    _add_model_args(tl)
+    tl.set_defaults(func=cmd_timeline, max_new_tokens=32)
 
     cf = sub.add_parser("counterfactual", help="re-verify a recorded step, as recorded or edited; JSON of both")
     cf.add_argument("--trace", required=True, help="a saved trace")

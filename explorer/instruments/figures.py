@@ -132,3 +132,39 @@ def template_figure(parents: list[int], probabilities: list[float] | None = None
     fig.update_layout(title=title, height=max(260, min(700, 16 * leaves + 120)), margin=dict(l=10, r=10, t=50, b=10),
                       xaxis=dict(title="depth", dtick=1, zeroline=False), yaxis=dict(visible=False))
     return fig
+
+
+PHASE_COLORS = {"drafting": "#c5b0d5", "draft forward": "#9467bd", "mask": "#c7c7c7", "target forward": "#d62728",
+                "verification": "#2ca02c", "odds": "#98df8a", "drafter learn": "#ff7f0e", "KV-cache commit": "#1f77b4",
+                "trace recording": "#7f7f7f"}
+
+
+def waterfall_figure(step) -> go.Figure:
+    """One step's timeline as a waterfall: a bar per segment from its start to its end (ms), forwards with their
+    query rows (and device milliseconds on CUDA)."""
+    segs = step.timeline
+    labels = [f"{i + 1}. {s['phase']}" + (f" ({s['rows']} rows)" if s.get("rows") else "") for i, s in enumerate(segs)]
+    fig = go.Figure(go.Bar(
+        y=labels, x=[s["ms"] for s in segs], base=[s["start_ms"] for s in segs], orientation="h",
+        marker_color=[PHASE_COLORS.get(s["phase"], "#bcbd22") for s in segs],
+        hovertext=[f"{s['phase']}: {s['ms']:.2f} ms from {s['start_ms']:.2f} ms"
+                   + (f", device {s['gpu_ms']:.2f} ms" if "gpu_ms" in s else "") for s in segs], hoverinfo="text"))
+    total = sum(s["ms"] for s in segs)
+    fig.update_layout(title=f"Step {step.index + 1}: where {total:.1f} ms went", height=120 + 24 * len(segs),
+                      yaxis=dict(autorange="reversed"), xaxis=dict(title="ms since the step started"),
+                      margin=dict(l=10, r=10, t=50, b=10), showlegend=False)
+    return fig
+
+
+def run_time_figure(totals: dict[str, float], plain_ms: float | None, tokens: int) -> go.Figure:
+    """Over the run: milliseconds per phase, stacked, beside what plain decoding would have cost for the same
+    tokens (one-row target forward x tokens)."""
+    fig = go.Figure()
+    for phase, ms in totals.items():
+        fig.add_trace(go.Bar(x=["this run"], y=[ms / 1e3], name=phase, marker_color=PHASE_COLORS.get(phase)))
+    if plain_ms is not None:
+        fig.add_trace(go.Bar(x=["plain decoding (estimate)"], y=[plain_ms / 1e3], name="target forwards, 1 row",
+                             marker_color="#ff9896"))
+    fig.update_layout(barmode="stack", title=f"Where the run's time went ({tokens} tokens)", height=360,
+                      yaxis=dict(title="seconds"), margin=dict(l=10, r=10, t=50, b=10))
+    return fig

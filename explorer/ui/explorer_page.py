@@ -278,7 +278,7 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     models, which the probe and the cost measurement need; None when replaying a file)."""
     from .. import figures
     from .counterfactual_panel import counterfactual_section
-    from .instruments_panel import acceptance_section, optimal_tree_section
+    from .instruments_panel import acceptance_section, optimal_tree_section, timeline_section
 
     panels.metrics_row(trace, cursor)
     st.markdown("**Generated text** (each step's tokens shaded; bonus tokens underlined in blue; the step on "
@@ -295,6 +295,7 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
                            can_edit=pair is not None, teach=teach,
                            temperature=float(trace.settings.get("sampling", {}).get("temperature", 0.0)))
     costs = _costs_for(pair)
+    timeline_section(trace, step, costs, teach)
     report = acceptance_section(trace, costs, can_measure=pair is not None, teach=teach)
     optimal_tree_section(trace, step, report, can_run=pair is not None, teach=teach)
 

@@ -23,6 +23,9 @@ TEACH_ACCEPTANCE = ("Before the target looks, we can already say how likely each
                     "depends on how much the draft's and the target's guesses overlap. Adding those chances up "
                     "gives how many tokens a step should produce on average; the bars show what each step really "
                     "produced. The grid shows how often the first, second, third guess passes at each depth.")
+TEACH_TIMELINE = ("Each bar is one piece of the step: the small model drafting, the big model checking, and the "
+                  "bookkeeping in between. If speculation is slower than plain generation on your machine, the "
+                  "run chart shows why: the drafting and checking passes cost more than the tokens they save.")
 TEACH_OPTIMAL = ("From how often each guess passes, we can try every tree shape with a given number of nodes and "
                  "keep the one that should produce the most tokens per target pass (Sequoia's dynamic program). "
                  "With the measured cost of each pass on this machine we can also pick the shape that should be "
@@ -101,6 +104,39 @@ def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: b
                        "output here.")
         st.plotly_chart(ifig.probe_figure(probe), width="stretch", key=f"{prefix}probe_chart_{step.index}")
         st.dataframe(ifig.probe_rows(probe), hide_index=True, width="stretch")
+
+
+def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach: bool) -> None:
+    """The step's waterfall and, over the run, where the time went beside plain decoding's estimated cost."""
+    from .. import timeline
+
+    with st.expander("The step's timeline: where the time went"):
+        if teach:
+            teach_caption(TEACH_TIMELINE)
+        if not step.timeline:
+            st.info("This trace was recorded before steps kept their timeline.")
+            return
+        total = sum(s["ms"] for s in step.timeline)
+        st.caption(f"Segments from the host clock (the device synchronised at each boundary on CUDA; forwards also "
+                   f"carry CUDA-event device time there). Their sum, {total:.1f} ms, covers the step from its first "
+                   f"timestamp to the end of its trace recording; the step's own timer says {step.step_ms:.1f} ms "
+                   "without the trace recording.")
+        st.plotly_chart(ifig.waterfall_figure(step), width="stretch", key=f"timeline_{step.index}")
+        steps = [s for s in trace.steps if s.timeline]
+        one_row = None
+        if costs:
+            target = {int(k): v for k, v in costs["target"].items()}
+            one_row = target.get(1)
+        plain = timeline.plain_decoding_ms(steps, one_row)
+        totals = timeline.phase_totals(steps)
+        tokens = sum(len(s.committed_ids) for s in steps)
+        st.plotly_chart(ifig.run_time_figure(totals, plain, tokens), width="stretch", key="timeline_run")
+        spent = sum(totals.values())
+        if plain is not None:
+            st.caption(f"The steps took {spent / 1e3:.2f} s for {tokens} tokens; plain decoding would take about "
+                       f"{plain / 1e3:.2f} s (one-row target forward x tokens"
+                       f"{', measured' if one_row else ', the fastest small target forward of this run'}): this "
+                       f"run decoded at {plain / spent:.2f}x plain decoding's speed.")
 
 
 def _request_costs() -> None:
