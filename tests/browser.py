@@ -296,7 +296,9 @@ def two_sessions(url: str, out_dir: Path, prompts=("def add(a, b):", "The capita
 
 def choose(page, label: str, option: str) -> None:
     """Pick ``option`` in the Streamlit selectbox labelled ``label`` and wait for the rerun it starts."""
-    page.locator("[data-testid='stSelectbox']", has_text=label).first.click()
+    box = page.locator("[data-testid='stSelectbox']", has_text=label).first
+    box.locator("input").first.click()
+    page.keyboard.press("ArrowDown")  # a click may only focus the field: the arrow key opens the list
     rerun(page, lambda: page.get_by_role("option", name=option, exact=True).click(), 60_000)
 
 
@@ -430,6 +432,55 @@ def instruments_tour(url: str, out_dir: Path, steps: int = 6, prompt: str = "def
     return report
 
 
+def what_if_tour(url: str, out_dir: Path, steps: int = 3, prompt: str = "def fibonacci(n):",
+                 method: str = "MCSD (draft tree, one target pass)", load_timeout_s: float = 600) -> dict:
+    """Issue 16: Step, re-verify the step as recorded (identical), replace its first drafted token with the
+    target's best and re-verify (both trees side by side), continue from the edit as a new run, switch back to the
+    original, and open the step's timeline. Screenshots; returns what the page showed."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = _open(browser, url, prompt, load_timeout_s)
+        try:
+            choose(page, "Method", method)
+            for _ in range(steps):
+                _press(page, "Step")
+            box = _expander(page, "What if: edit this step")
+            rerun(page, lambda: box.get_by_text("nothing: re-verify as recorded").click(), 60_000)
+            _press(page, "Re-verify this step", 600_000)
+            box = _expander(page, "What if: edit this step")
+            report["identical"] = box.locator("[data-testid='stAlertContentSuccess']").all_inner_texts()
+            rerun(page, lambda: box.get_by_text("replace a drafted token").click(), 60_000)
+            _press(page, "Re-verify this step", 600_000)
+            box = _expander(page, "What if: edit this step")
+            report["changes"] = [t for t in box.locator("[data-testid='stMarkdownContainer']").all_inner_texts()
+                                 if t.startswith("What changed")]
+            report["trees"] = box.locator(".js-plotly-plot .gtitle").all_text_contents()
+            box.screenshot(path=str(out_dir / "what_if_panel.png"))
+            _press(page, "Continue from the edit as a new run", 600_000)
+            _shows(page, "[data-testid='stSelectbox']:has-text('Run of this session')")
+            runs = page.locator("[data-testid='stSelectbox']", has_text="Run of this session")
+            report["run_choice"] = runs.inner_text()
+            report["after_branch"] = _step_caption(page)
+            choose(page, "Run of this session", "run 1 (as recorded)")
+            report["after_switch"] = _step_caption(page)
+            tl = _expander(page, "The step's timeline")
+            report["timeline_titles"] = tl.locator(".gtitle").all_text_contents()
+            report["timeline_caption"] = [t for t in tl.locator("[data-testid='stCaptionContainer']").all_inner_texts()
+                                          if "Their sum" in t]
+            tl.screenshot(path=str(out_dir / "timeline_panel.png"))
+        except Exception:
+            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
+            raise
+        report["exceptions"] = page.locator("[data-testid='stException']").count()
+        report["errors"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+        browser.close()
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
@@ -437,6 +488,7 @@ def main() -> int:
     ap.add_argument("--tour", action="store_true", help="also: back, inspector, download, replay, two sessions")
     ap.add_argument("--free", action="store_true", help="also: a Token Recycling tree with a node's provenance")
     ap.add_argument("--instruments", action="store_true", help="also: probe, acceptance and optimal tree panels")
+    ap.add_argument("--what-if", action="store_true", help="also: a what-if edit, a new run from it, the timeline")
     args = ap.parse_args()
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))
@@ -449,6 +501,8 @@ def main() -> int:
             print(free_drafts_tour(url, Path(args.out) / "free"))
         if args.instruments:
             print(instruments_tour(url, Path(args.out) / "instruments"))
+        if args.what_if:
+            print(what_if_tour(url, Path(args.out) / "what_if"))
     return 0 if report["plots"] >= 2 and not report["errors"] and not report["exceptions"] else 1
 
 

@@ -118,3 +118,19 @@ def test_instrument_panels_in_a_real_browser(tmp_path):
     assert r["finished"]
     for name in ("probe_panel.png", "acceptance_panel.png", "optimal_panel.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
+    """Issue 16: re-verify a step as recorded (identical), replace a drafted token and see both trees, continue from
+    the edit as a new run and switch back, and the step's waterfall."""
+    from browser import what_if_tour
+
+    with running_app("tiny") as url:
+        r = what_if_tour(url, tmp_path, load_timeout_s=120)
+    assert r["exceptions"] == 0 and r["errors"] == [], r
+    assert r["identical"] and "Re-verified as recorded" in r["identical"][0]
+    assert r["changes"] and "committed" in r["changes"][0] and len(r["trees"]) == 2
+    assert r["after_branch"].startswith("Step ") and r["after_switch"].startswith("Step 3 of 3")
+    assert r["timeline_titles"][0].startswith("Step 3: where") and r["timeline_caption"]
+    assert (tmp_path / "what_if_panel.png").stat().st_size > 10_000
+    assert (tmp_path / "timeline_panel.png").stat().st_size > 10_000

@@ -143,7 +143,8 @@ def waterfall_figure(step) -> go.Figure:
     """One step's timeline as a waterfall: a bar per segment from its start to its end (ms), forwards with their
     query rows (and device milliseconds on CUDA)."""
     segs = step.timeline
-    labels = [f"{i + 1}. {s['phase']}" + (f" ({s['rows']} rows)" if s.get("rows") else "") for i, s in enumerate(segs)]
+    labels = [f"{i + 1}. {s['phase']}" + (f" ({s['rows']} row{'s' if s['rows'] > 1 else ''})" if s.get("rows") else "")
+              for i, s in enumerate(segs)]
     fig = go.Figure(go.Bar(
         y=labels, x=[s["ms"] for s in segs], base=[s["start_ms"] for s in segs], orientation="h",
         marker_color=[PHASE_COLORS.get(s["phase"], "#bcbd22") for s in segs],

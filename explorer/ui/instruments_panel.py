@@ -137,6 +137,8 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
                        f"{plain / 1e3:.2f} s (one-row target forward x tokens"
                        f"{', measured' if one_row else ', the fastest small target forward of this run'}): this "
                        f"run decoded at {plain / spent:.2f}x plain decoding's speed.")
+        else:
+            st.caption("To compare with plain decoding, measure the forward costs (in the acceptance panel below).")
 
 
 def _request_costs() -> None:
