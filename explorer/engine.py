@@ -424,7 +424,8 @@ class Engine:
                 residual_top=[] if dec is None else self._top_rows(dec.residual_top),
                 p_top=self._top_rows(p_top.get(parent_row, [])), q_top=self._top_rows(d.q_top.get(parent_row, [])),
                 accept_prob=None if odds is None else odds.accept_prob,
-                slot_prob=None if odds is None else odds.slot_prob, test_order=None if odds is None else odds.order))
+                slot_prob=None if odds is None else odds.slot_prob, test_order=None if odds is None else odds.order,
+                predicted_accept=d.predicted.get(i)))
         ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(len(tree))]
         drafted = sum(1 for s in tree.source if s in DRAFT_SOURCES)
         accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] in DRAFT_SOURCES)

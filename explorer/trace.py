@@ -70,6 +70,7 @@ class NodeTrace:
     accept_prob: float | None = None
     slot_prob: float | None = None
     test_order: int | None = None
+    predicted_accept: float | None = None  # the learned stop policy's prediction for this node (levels it scored)
 
 
 @dataclass
@@ -217,7 +218,8 @@ _NODE_TYPES = {"id": int, "parent": (int, type(None)), "token_id": int, "text": 
                "q": (int, float, type(None)), "p": (int, float, type(None)), "u": (int, float, type(None)),
                "ratio": (int, float, type(None)), "residual_top": list, "p_top": list, "q_top": list,
                "provenance": (dict, type(None)), "accept_prob": (int, float, type(None)),
-               "slot_prob": (int, float, type(None)), "test_order": (int, type(None))}
+               "slot_prob": (int, float, type(None)), "test_order": (int, type(None)),
+               "predicted_accept": (int, float, type(None))}
 
 
 def _step_problem(step: "StepTrace") -> str | None:

@@ -472,6 +472,10 @@ def what_if_tour(url: str, out_dir: Path, steps: int = 3, prompt: str = "def fib
             report["timeline_caption"] = [t for t in tl.locator("[data-testid='stCaptionContainer']").all_inner_texts()
                                           if "Their sum" in t]
             tl.screenshot(path=str(out_dir / "timeline_panel.png"))
+            cal = _expander(page, "Stop-signal calibration")
+            report["calibration_titles"] = cal.locator(".gtitle").all_text_contents()
+            report["calibration_metrics"] = cal.locator("[data-testid='stMetric']").all_inner_texts()
+            cal.screenshot(path=str(out_dir / "calibration_panel.png"))
         except Exception:
             page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
             raise

@@ -122,7 +122,7 @@ def test_instrument_panels_in_a_real_browser(tmp_path):
 
 def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
     """Issue 16: re-verify a step as recorded (identical), replace a drafted token and see both trees, continue from
-    the edit as a new run and switch back, and the step's waterfall."""
+    the edit as a new run and switch back, the step's waterfall, and the stop-signal calibration view."""
     from browser import what_if_tour
 
     with running_app("tiny") as url:
@@ -134,3 +134,5 @@ def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
     assert r["timeline_titles"][0].startswith("Step 3: where") and r["timeline_caption"]
     assert (tmp_path / "what_if_panel.png").stat().st_size > 10_000
     assert (tmp_path / "timeline_panel.png").stat().st_size > 10_000
+    assert any(t.startswith("Reliability") for t in r["calibration_titles"]), r["calibration_titles"]
+    assert any(t.startswith("ROC") for t in r["calibration_titles"]) and r["calibration_metrics"]

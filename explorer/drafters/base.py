@@ -47,6 +47,7 @@ class Drafted:
         q_top: row -> [(token, q)] top tokens of the distribution its children were drafted from.
         provenance: node -> where a free node came from (plain data for the trace).
         info: plain data the drafter wants in the step trace (e.g. the matrix rows it read).
+        predicted: node -> the learned stop policy's predicted acceptance of it (nodes of the levels it scored).
     """
 
     tree: DraftTree
@@ -60,6 +61,7 @@ class Drafted:
     q_top: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    predicted: dict = field(default_factory=dict)
 
 
 def empty_draft(engine) -> Drafted:
@@ -145,7 +147,8 @@ def merge_free(drafted: Drafted, free: list[FreeNode]) -> Drafted:
                   draft_rows={to_new[i]: v for i, v in drafted.draft_rows.items()}, head=drafted.head,
                   features={to_new[i]: v for i, v in drafted.features.items()},
                   q_top={row(r): v for r, v in drafted.q_top.items()},
-                  provenance={to_new[i]: v for i, v in drafted.provenance.items()}, info=dict(drafted.info))
+                  provenance={to_new[i]: v for i, v in drafted.provenance.items()}, info=dict(drafted.info),
+                  predicted={to_new[i]: v for i, v in drafted.predicted.items()})
     for r, rec in enumerate(records):
         if rec[3] is None:
             out.provenance[new_index[r]] = rec[4]

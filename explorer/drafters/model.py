@@ -119,7 +119,8 @@ class ModelDrafter(Drafter):
                 break
             tree.add_level(parents, tokens, source="draft")
         return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls,
-                       draft_rows={i: i for i in range(fed)}, head=past + len(chain), features=features, q_top=q_top)
+                       draft_rows={i: i for i in range(fed)}, head=past + len(chain), features=features, q_top=q_top,
+                       predicted=dict(accept))
 
 
 def _template_children(parents) -> dict[int, list[int]] | None:

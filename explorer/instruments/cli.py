@@ -225,6 +225,43 @@ def cmd_counterfactual(args) -> int:
     return 0
 
 
+def cmd_calibration(args) -> int:
+    from ..cli import _load_pair
+    from ..trace import load_run
+    from .calibration import calibration_report
+
+    if args.trace:
+        runs = [load_run(p) for p in args.trace]
+    else:
+        pair = _load_pair(args)
+        runs, last = [], None
+        for prompt_id, engine in _runs_from_args(args, pair):
+            if engine.trace is not last:
+                runs.append(engine.trace)
+                last = engine.trace
+            print(f"[calibration] {prompt_id}: step {len(engine.trace.steps)}", file=sys.stderr, flush=True)
+    report = calibration_report(runs)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    auc = report["roc"]["auc"]
+    print(f"policy {report['policy']} (threshold {report['threshold']}): {report['points']} scored and tested "
+          f"nodes, {report['accepted']} accepted; ROC-AUC {'n/a' if auc is None else f'{auc:.3f}'}, Brier "
+          f"{report['brier'] if report['brier'] is None else round(report['brier'], 4)}")
+    op = report["operating_point"]
+    if op and op["tpr"] is not None:
+        print(f"operating point at {op['threshold']}: keeps {op['tpr']:.2f} of accepted, {op['fpr']:.2f} of "
+              "rejected nodes")
+    print("reliability (bin: predicted -> realised, n):")
+    for r in report["reliability"]:
+        print(f"  [{r['lo']:.1f}, {r['hi']:.1f}): {r['predicted']:.3f} -> {r['realised']:.3f} "
+              f"(soft {r['realised_soft']:.3f}), {r['count']}")
+    print("threshold: draft levels / drafted / committed tokens")
+    for r in report["threshold_costs"]:
+        print(f"  {r['threshold']:.2f}: {r['draft_levels']} / {r['drafted']} / {r['tokens']}")
+    return 0
+
+
 def cmd_timeline(args) -> int:
     """Each step's timeline, with the step's wall time measured around ``engine.step()`` from outside."""
     from ..cli import _load_pair
@@ -287,7 +324,7 @@ def add_instrument_parsers(sub) -> None:
         src.add_argument("--prompt", help="prompt text")
         src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
         src.add_argument("--trace", help="a saved trace (download or generate --save-trace)",
-                         **({"nargs": "+"} if p.prog.endswith("acceptance") else {}))
+                         **({"nargs": "+"} if p.prog.endswith(("acceptance", "calibration")) else {}))
         p.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -314,6 +351,13 @@ def add_instrument_parsers(sub) -> None:
     _add_sampling_args(ac)
     _add_model_args(ac)
     ac.set_defaults(func=cmd_acceptance, method="mcsd")
+
+    ca = sub.add_parser("calibration", help="stop-signal calibration: reliability, ROC, cost of each threshold")
+    prompt_args(ca)
+    _add_method_args(ca)
+    _add_sampling_args(ca)
+    _add_model_args(ca)
+    ca.set_defaults(func=cmd_calibration, max_new_tokens=64)
 
     tl = sub.add_parser("timeline", help="each step's timeline against its wall time measured from outside")
     src = tl.add_mutually_exclusive_group(required=True)

@@ -217,7 +217,8 @@ def rescored(engine, d: Drafted, tree: DraftTree, old_to_new: dict[int, int], pr
     prov = {old_to_new[o]: p for o, p in d.provenance.items() if o in old_to_new}
     prov.update(provenance)
     return replace(d, tree=tree, q_rows=q_rows, q_show=q_show, q_top=q_top, signals=[], calls=calls,
-                   draft_rows=draft_rows, features={}, provenance=prov)
+                   draft_rows=draft_rows, features={}, provenance=prov,
+                   predicted={old_to_new[o]: p for o, p in d.predicted.items() if o in old_to_new})
 
 
 def _old_of(old_to_new: dict[int, int], new: int) -> int | None:

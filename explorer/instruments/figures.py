@@ -169,3 +169,58 @@ def run_time_figure(totals: dict[str, float], plain_ms: float | None, tokens: in
     fig.update_layout(barmode="stack", title=f"Where the run's time went ({tokens} tokens)", height=360,
                       yaxis=dict(title="seconds"), margin=dict(l=10, r=10, t=50, b=10))
     return fig
+
+
+def reliability_figure(report: dict) -> go.Figure:
+    """Predicted against realised acceptance per score bin (marker size: nodes), with the diagonal."""
+    rows = report["reliability"]
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line=dict(color="#999", dash="dot"),
+                               name="calibrated", hoverinfo="skip"))
+    if rows:
+        most = max(r["count"] for r in rows)
+        fig.add_trace(go.Scatter(x=[r["predicted"] for r in rows], y=[r["realised"] for r in rows],
+                                 mode="lines+markers", name="accepted (decision)",
+                                 marker=dict(size=[8 + 22 * r["count"] / most for r in rows], color="#1f77b4"),
+                                 hovertext=[f"{r['count']} nodes" for r in rows], hoverinfo="text+x+y"))
+        fig.add_trace(go.Scatter(x=[r["predicted"] for r in rows], y=[r["realised_soft"] for r in rows],
+                                 mode="lines+markers", name="P(accept | token)", marker=dict(color="#2ca02c")))
+    fig.update_layout(title=f"Reliability: {report['policy']} score against acceptance", height=360,
+                      xaxis=dict(title="predicted (score)", range=[0, 1]), yaxis=dict(title="realised", range=[0, 1]),
+                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
+    return fig
+
+
+def roc_figure(report: dict) -> go.Figure:
+    """The score's ROC curve against the accept decision, the operating point of the run's threshold marked."""
+    r = report["roc"]
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line=dict(color="#999", dash="dot"),
+                               showlegend=False, hoverinfo="skip"))
+    auc = r["auc"]
+    fig.add_trace(go.Scatter(x=r["fpr"], y=r["tpr"], mode="lines", name=f"ROC (AUC {auc:.3f})" if auc else "ROC",
+                             line=dict(color="#d62728")))
+    op = report.get("operating_point")
+    if op and op["tpr"] is not None and op["fpr"] is not None:
+        fig.add_trace(go.Scatter(x=[op["fpr"]], y=[op["tpr"]], mode="markers", name=f"threshold {op['threshold']:.2f}",
+                                 marker=dict(size=14, color="#ff7f0e", symbol="x")))
+    fig.update_layout(title="ROC: the score as a predictor of acceptance", height=360,
+                      xaxis=dict(title="false positive rate (rejected, kept drafting)", range=[0, 1]),
+                      yaxis=dict(title="true positive rate (accepted, kept)", range=[0, 1]),
+                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
+    return fig
+
+
+def threshold_cost_figure(report: dict) -> go.Figure:
+    """Draft forwards and committed tokens of the recorded steps under each threshold (what-if replay)."""
+    rows = report["threshold_costs"]
+    x = [r["threshold"] for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=[r["draft_levels"] for r in rows], mode="lines+markers", name="draft forwards",
+                             line=dict(color="#9467bd")))
+    fig.add_trace(go.Scatter(x=x, y=[r["tokens"] for r in rows], mode="lines+markers", name="committed tokens",
+                             line=dict(color="#2ca02c")))
+    if report.get("threshold") is not None:
+        fig.add_vline(x=report["threshold"], line=dict(color="#ff7f0e", dash="dash"))
+    fig.update_layout(title="What each threshold would have cost (recorded steps)", height=360,
+                      xaxis=dict(title="threshold"), yaxis=dict(title="count", rangemode="tozero"),
+                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
+    return fig

@@ -278,7 +278,12 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     models, which the probe and the cost measurement need; None when replaying a file)."""
     from .. import figures
     from .counterfactual_panel import counterfactual_section
-    from .instruments_panel import acceptance_section, optimal_tree_section, timeline_section
+    from .instruments_panel import (
+        acceptance_section,
+        calibration_section,
+        optimal_tree_section,
+        timeline_section,
+    )
 
     panels.metrics_row(trace, cursor)
     st.markdown("**Generated text** (each step's tokens shaded; bonus tokens underlined in blue; the step on "
@@ -298,6 +303,7 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     timeline_section(trace, step, costs, teach)
     report = acceptance_section(trace, costs, can_measure=pair is not None, teach=teach)
     optimal_tree_section(trace, step, report, can_run=pair is not None, teach=teach)
+    calibration_section(trace, teach)
 
 
 def _costs_for(pair) -> dict | None:

@@ -26,6 +26,10 @@ TEACH_ACCEPTANCE = ("Before the target looks, we can already say how likely each
 TEACH_TIMELINE = ("Each bar is one piece of the step: the small model drafting, the big model checking, and the "
                   "bookkeeping in between. If speculation is slower than plain generation on your machine, the "
                   "run chart shows why: the drafting and checking passes cost more than the tokens they save.")
+TEACH_CALIBRATION = ("The stop rule guesses, before the target looks, how likely each drafted token is to pass. "
+                     "If its guesses are honest, the dots lie on the diagonal. The curve on the right shows how "
+                     "well the guesses separate passing from failing tokens, and the last chart what each "
+                     "threshold would have cost: fewer draft passes, but fewer tokens per step.")
 TEACH_OPTIMAL = ("From how often each guess passes, we can try every tree shape with a given number of nodes and "
                  "keep the one that should produce the most tokens per target pass (Sequoia's dynamic program). "
                  "With the measured cost of each pass on this machine we can also pick the shape that should be "
@@ -139,6 +143,37 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
                        f"run decoded at {plain / spent:.2f}x plain decoding's speed.")
         else:
             st.caption("To compare with plain decoding, measure the forward costs (in the acceptance panel below).")
+
+
+def calibration_section(trace: RunTrace, teach: bool) -> None:
+    """Stop-signal calibration over the run: reliability, ROC with the run's operating point, threshold costs."""
+    from ..instruments.calibration import calibration_report
+
+    with st.expander("Stop-signal calibration"):
+        if teach:
+            teach_caption(TEACH_CALIBRATION)
+        report = calibration_report([trace])
+        if not report["points"]:
+            st.info("No drafted token was both scored by a stop policy and tested yet (the static methods score "
+                    "with the draft's confidence once a level is checked; step further, or use mcsd-improved).")
+            return
+        auc = report["roc"]["auc"]
+        c = st.columns(3)
+        c[0].metric("Scored and tested nodes", report["points"], help="drafted tokens the stop policy scored and the "
+                                                                      "verifier tested; accepted ones are positives")
+        c[1].metric("ROC-AUC", "–" if auc is None else f"{auc:.3f}",
+                    help="probability that an accepted token scored above a rejected one")
+        c[2].metric("Brier score", f"{report['brier']:.3f}", help="mean squared error of the score against the "
+                                                                   "accept decision (0 = perfect)")
+        left, right = st.columns(2)
+        left.plotly_chart(ifig.reliability_figure(report), width="stretch", key="cal_reliability")
+        right.plotly_chart(ifig.roc_figure(report), width="stretch", key="cal_roc")
+        st.plotly_chart(ifig.threshold_cost_figure(report), width="stretch", key="cal_costs")
+        score = ("the decision model's predicted acceptance of each drafted token"
+                 if report["policy"] in ("decision", "prune", "specdec++") else "the draft's probability q(x) of each token")
+        st.caption(f"Score: {score} ({report['policy']} policy). Threshold costs come "
+                   "from re-running the recorded stop decisions (exact under greedy verification; where a lower "
+                   "threshold would draft deeper than recorded they are lower bounds).")
 
 
 def _request_costs() -> None:
