@@ -58,7 +58,9 @@ def _edit_form(step: StepTrace, temperature: float) -> None:
     drafted = [n for n in step.nodes[1:] if n.source != "target"]
     specs: list[str] = []
     if action == "replace" and drafted:
-        node = st.selectbox("Node", drafted, format_func=_node_label, key=f"{key}_node")
+        first_rejected = next((i for i, n in enumerate(drafted) if n.status == "rejected"), 0)
+        node = st.selectbox("Node (a rejected one first)", drafted, index=first_rejected, format_func=_node_label,
+                            key=f"{key}_node")
         token = _token_choice(step, node.parent, key)
         specs = [f"replace:{node.id}={token}"] if token else []
     elif action == "add":
