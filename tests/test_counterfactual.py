@@ -130,3 +130,16 @@ def test_counterfactual_command(tiny, tmp_path, capsys):
     assert main(["counterfactual", "--models", "tiny", "--trace", str(path), "--step", "99"]) == 2
     assert main(["counterfactual", "--models", "tiny", "--trace", str(path), "--step", "1", "--edit",
                  "replace:1=x"]) == 2
+
+
+def test_free_drafts_can_be_edited_but_not_given_draft_model_children(tiny):
+    trace = _run(tiny, MethodConfig(method="token-recycling"), SamplingConfig(), n=32)
+    k = next(i for i, s in enumerate(trace.steps) if len(s.nodes) > 2)
+    node = trace.steps[k].nodes[1]
+    siblings = {n.token_id for n in trace.steps[k].nodes if n.parent == node.parent}
+    token = next(t for t in range(256) if t not in siblings)
+    cf = counterfactual(tiny, trace, k, StepEdit(replace={node.id: token}))
+    edited = next(n for n in cf.edited.nodes if (n.provenance or {}).get("source") == "edited")
+    assert edited.source == "recycled" and edited.token_id == token
+    with pytest.raises(EditError, match="did not draft"):
+        counterfactual(tiny, trace, k, StepEdit(add=[(0, token)]))

@@ -181,8 +181,9 @@ def rescored(engine, d: Drafted, tree: DraftTree, old_to_new: dict[int, int], pr
     model_roots = [i for i in tree.children(-1) if tree.source[i] not in FREE_SOURCES + ("target",)]
     if model_roots and not sampling.greedy and 0 not in d.q_rows:
         raise EditError("this step has no draft distribution at the anchor to test a new root against")
-    if any(tree.source[i] == "draft" for i in range(len(tree))) and engine.draft_kv is None:
-        raise EditError("this method drafts without the draft model: only its own (free) tokens can be edited")
+    if any(tree.source[i] == "draft" for i in range(len(tree))) and (engine.draft_kv is None or not d.calls):
+        raise EditError("the draft model did not draft this step (a method or step without it): only its own "
+                        "(free) tokens can be edited")
     q_rows, q_show, q_top = LazyRows(), {}, {}
     if 0 in d.q_rows:
         q_rows._refs[0] = d.q_rows._refs[0]  # the anchor's row: the same context, the same q
