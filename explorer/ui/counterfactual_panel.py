@@ -104,6 +104,9 @@ def _show(step: StepTrace, result: dict) -> None:
     left.markdown(f"Recorded: commits `{''.join(step.committed_text)!r}`")
     right.plotly_chart(figures.tree_figure(edited), width="stretch", key=f"cf_edit_{step.index}")
     right.markdown(f"Edited: commits `{''.join(edited.committed_text)!r}`")
+    left, right = st.columns(2)
+    left.plotly_chart(figures.mask_figure(step), width="stretch", key=f"cf_orig_mask_{step.index}")
+    right.plotly_chart(figures.mask_figure(edited), width="stretch", key=f"cf_edit_mask_{step.index}")
     if result.get("continuation_text"):
         st.markdown(f"**Then** (decoding on from the edit): `{result['continuation_text']!r}`")
     if result.get("engine") is not None:
