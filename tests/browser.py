@@ -135,8 +135,25 @@ def _open(browser, url: str, prompt: str, load_timeout_s: float, page=None):
     return page
 
 
-def _press(page, name: str, timeout_ms: int = 300_000) -> None:
-    rerun(page, lambda: page.get_by_role("button", name=name, exact=True).click(timeout=120_000), timeout_ms)
+STARTED = ("before => ({runs})() !== before || document.querySelector(\"[data-testid='stApp']\")"
+           "?.getAttribute('data-test-script-state') === 'running'").format(runs=RUNS)
+
+
+def _press(page, name: str, timeout_ms: int = 300_000, attempts: int = 3) -> None:
+    """Click the button ``name`` and wait for the script run it starts. A click that lands while the page is
+    still settling (an expander opening, a chart drawing) can be lost: when no run starts or finishes within 20 s,
+    click again."""
+    button = page.get_by_role("button", name=name, exact=True)
+    for _ in range(attempts):
+        before = runs(page)
+        button.click(timeout=120_000)
+        try:
+            page.wait_for_function(STARTED, arg=before, timeout=20_000)
+        except Exception:  # playwright's TimeoutError: nothing started, the click was lost
+            continue
+        wait_runs_after(page, before, timeout_ms)
+        return
+    raise AssertionError(f"pressing {name!r} started no script run in {attempts} clicks")
 
 
 def slider_key(page, label: str, key: str, attempts: int = 5) -> str:

@@ -54,7 +54,7 @@ def _case_id(c: MethodConfig, t: float) -> str:
 IDS = [_case_id(c, t) for c, t in GRID]
 
 
-TIMERS = {"draft_ms", "verify_ms", "step_ms", "forward_ms", "prefill_ms"}
+TIMERS = {"draft_ms", "verify_ms", "step_ms", "forward_ms", "prefill_ms", "timeline"}
 
 
 def session(pair, cfg, temperature, kv_cache, graphs=False):
