@@ -1,8 +1,9 @@
-"""``python -m explorer probe | acceptance | counterfactual``: the instruments (issues 15 and 16) on the command
-line.
+"""``python -m explorer probe | acceptance | calibration | timeline | counterfactual``: the instruments (issues 15
+and 16) on the command line.
 
-Both take ``generate``'s model, method, sampling and prompt options, or ``--trace`` for saved runs (replayed on
-the models for the probe, read as they are for acceptance). ``--json`` prints one JSON object.
+``probe``, ``acceptance`` and ``calibration`` take ``generate``'s model, method, sampling and prompt options, or
+``--trace`` for saved runs (replayed on the models for the probe, read as they are for the others); ``timeline``
+runs prompts; ``counterfactual`` replays one saved run. ``--json`` prints one JSON object.
 """
 
 from __future__ import annotations

@@ -157,6 +157,8 @@ def _load_trace(upload) -> None:
         set_error(f"Cannot load {upload.name}: malformed trace ({type(exc).__name__}: {exc})")
         return
     _forget_clicks()
+    for key in ("runs", "run_index", "counterfactuals", "probes"):  # the live session's runs end with it
+        st.session_state.pop(key, None)
     st.session_state.update(engine=None, trace=trace, cursor=0 if trace.steps else None, replay=upload.name,
                             step_slider=1)
     set_error(None)
