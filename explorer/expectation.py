@@ -27,7 +27,7 @@ import torch
 
 from .methods import FREE_SOURCES
 from .tree import DraftTree
-from .verify import spechub_plan
+from .verify import accept_ratio, normalize, rrs_rejected, spechub_plan, without
 
 
 @dataclass(frozen=True)
@@ -40,35 +40,15 @@ class NodeOdds:
     order: int
 
 
-def _norm(x: torch.Tensor) -> torch.Tensor | None:
-    s = float(x.sum())
-    return x / s if s > 0 else None
-
-
 def _min_sum(p: torch.Tensor, q: torch.Tensor) -> float:
     return float(torch.minimum(p, q).sum())
-
-
-def _greedy(tokens, p, q):
-    best = int(p.argmax())
-    return [(j, float(x == best), float(x == best)) for j, x in enumerate(tokens)], p
 
 
 def _rrs(tokens, p, q, replacement: bool = False):
     out = []
     for j, x in enumerate(tokens):
-        px, qx = float(p[x]), float(q[x])
-        accept = 1.0 if qx <= 0 and px > 0 else (min(1.0, px / qx) if qx > 0 else 0.0)
-        out.append((j, accept, _min_sum(p, q)))
-        residual = _norm((p - q).clamp(min=0))
-        if residual is not None:
-            p = residual
-        if not replacement:
-            q = q.clone()
-            q[x] = 0
-            q = _norm(q)
-            if q is None:
-                q = torch.zeros_like(p)
+        out.append((j, min(1.0, accept_ratio(float(p[x]), float(q[x]))), _min_sum(p, q)))
+        p, q = rrs_rejected(p, q, x, replacement)  # the verifier's own residual update
     return out, p
 
 
@@ -81,16 +61,12 @@ def _mcns(tokens, p, q):
     out = []
     for j, x in enumerate(tokens):
         out.append((j, float(p[x]), float((q * p).sum()) if q is not None else float(p[x])))
-        rest = p.clone()
-        rest[x] = 0
-        rest = _norm(rest)
+        rest = without(p, x)
         if rest is None:
             break
         p = rest
         if q is not None:  # drafted without replacement: the next slot's draw excludes x
-            q = q.clone()
-            q[x] = 0
-            q = _norm(q)
+            q = without(q, x)
     return out, p
 
 
@@ -114,28 +90,22 @@ def _spechub(tokens, p, q):
         out = [(0, float(plan["alpha1"][tokens[0]]), first_slot), (1, plan["beta1"], hub_slot)]
     else:
         out = [(1, float(plan["alpha2"][tokens[1]]), first_slot), (0, plan["beta2"], hub_slot)]
-    residual = _norm(plan["residual"])
+    residual = normalize(plan["residual"])
     return out, (p if residual is None else residual)
 
 
-def _point(tokens, p, greedy: bool):
-    if greedy:
-        best = int(p.argmax())
-        return [(j, float(x == best), float(x == best)) for j, x in enumerate(tokens)], p
+def _point(tokens, p):
     out = []
     for j, x in enumerate(tokens):
         out.append((j, float(p[x]), float(p[x])))
-        rest = p.clone()
-        rest[x] = 0
-        rest = _norm(rest)
+        rest = without(p, x)  # as verify.point_stage after a rejection
         if rest is None:
             break
         p = rest
     return out, p
 
 
-ODDS_RULES = {"greedy": _greedy, "rrs": _rrs, "rrs-replacement": _rrs_replacement, "mcns": _mcns,
-              "spechub": _spechub}
+ODDS_RULES = {"rrs": _rrs, "rrs-replacement": _rrs_replacement, "mcns": _mcns, "spechub": _spechub}
 
 
 def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = False) -> dict[int, NodeOdds]:
@@ -145,12 +115,9 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
     their test would have been. Target-sampled roots of the lossy rule are not tested and get none.
     Raises KeyError for an unknown verifier.
     """
-    if verifier == "longest-branch":
-        rule = ODDS_RULES["greedy" if greedy else "rrs"]
-    else:
-        rule = ODDS_RULES[verifier]
-    if rule is _greedy:
+    if verifier == "greedy" or (verifier == "longest-branch" and greedy):
         return _greedy_odds(tree, p_rows)
+    rule = ODDS_RULES["rrs" if verifier == "longest-branch" else verifier]
     out: dict[int, NodeOdds] = {}
     for node in [-1] + list(range(len(tree))):
         kids = tree.children(node)
@@ -167,7 +134,7 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
                 out[model[j]] = NodeOdds(accept, slot, order)
                 order += 1
         if free:
-            tested, _ = _point([tree.token[c] for c in free], p, greedy=rule is _greedy)
+            tested, _ = _point([tree.token[c] for c in free], p)
             for j, accept, slot in tested:
                 out[free[j]] = NodeOdds(accept, slot, order)
                 order += 1

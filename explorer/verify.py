@@ -86,7 +86,8 @@ class VerifyResult:
     next_row: int | None = None
 
 
-def _normalize(x: torch.Tensor) -> torch.Tensor | None:
+def normalize(x: torch.Tensor) -> torch.Tensor | None:
+    """``x / x.sum()``, or None when the sum is not positive."""
     s = x.sum()
     return x / s if s > 0 else None
 
@@ -100,8 +101,29 @@ def _uniform(generator: torch.Generator, device) -> float:
     return float(torch.rand((), generator=generator, device=device))
 
 
-def _ratio(px: float, qx: float) -> float:
+def accept_ratio(px: float, qx: float) -> float:
+    """p(x) / q(x) of a draft x: its test accepts with probability ``min(1, ratio)`` (inf when q(x) = 0 < p(x))."""
     return px / qx if qx > 0 else (float("inf") if px > 0 else 0.0)
+
+
+def without(dist: torch.Tensor, x: int) -> torch.Tensor | None:
+    """``dist`` with token x removed and renormalised; None when nothing else had mass."""
+    rest = dist.clone()
+    rest[x] = 0
+    return normalize(rest)
+
+
+def rrs_rejected(p: torch.Tensor, q: torch.Tensor, x: int, replacement: bool = False) -> tuple:
+    """RRS after draft x was rejected: ``p <- norm(max(p - q, 0))`` (kept when that is empty: the rejection had
+    probability 0), and without replacement ``q <- q`` without x (zeros when nothing is left). Returns (p, q)."""
+    residual = normalize((p - q).clamp(min=0))
+    if residual is not None:
+        p = residual
+    if not replacement:
+        q = without(q, x)
+        if q is None:
+            q = torch.zeros_like(p)
+    return p, q
 
 
 # ------------------------------------------------------------------------------------------------ node rules
@@ -123,20 +145,12 @@ def greedy_node(tokens, p, q, generator):
 def rrs_node(tokens, p, q, generator, replacement: bool = False):
     decisions = {}
     for j, x in enumerate(tokens):
-        ratio = _ratio(float(p[x]), float(q[x]))
+        ratio = accept_ratio(float(p[x]), float(q[x]))
         u = _uniform(generator, p.device)
         if u <= ratio:
             decisions[j] = NodeDecision(accepted=True, ratio=ratio, u=u)
             return j, None, decisions
-        residual = _normalize((p - q).clamp(min=0))
-        if residual is not None:  # None only when p == q numerically: then rejection had probability 0
-            p = residual
-        if not replacement:
-            q = q.clone()
-            q[x] = 0
-            q = _normalize(q)
-            if q is None:
-                q = torch.zeros_like(p)
+        p, q = rrs_rejected(p, q, x, replacement)
         decisions[j] = NodeDecision(accepted=False, ratio=ratio, u=u, residual_top=_top(p))
     return None, p, decisions
 
@@ -149,7 +163,7 @@ def mcns_node(tokens, p, q, generator):
     y = sample_one(p, generator)
     decisions = {}
     for j, x in enumerate(tokens):
-        ratio = _ratio(float(p[x]), float(q[x])) if q is not None else 0.0
+        ratio = accept_ratio(float(p[x]), float(q[x])) if q is not None else 0.0
         ok = x == y
         decisions[j] = NodeDecision(accepted=ok, ratio=ratio)
         if ok:
@@ -213,7 +227,7 @@ def spechub_node(tokens, p, q, generator):
     u = _uniform(generator, p.device)
     ok = u <= beta
     decisions[j_a] = NodeDecision(accepted=ok, ratio=beta, u=u)
-    residual = _normalize(plan["residual"])
+    residual = normalize(plan["residual"])
     if residual is None:  # nothing left to capture: the rejection had probability 0
         residual = p
     if ok:
@@ -238,9 +252,7 @@ def point_stage(tokens, p, generator, greedy: bool = False):
             ok = u < px
             decisions[j] = NodeDecision(accepted=ok, ratio=px, u=u)
             if not ok:
-                rest = p.clone()
-                rest[x] = 0
-                rest = _normalize(rest)
+                rest = without(p, x)
                 if rest is not None:  # None only if p(x) == 1, where rejection had probability 0
                     p = rest
                 decisions[j].residual_top = _top(p)
