@@ -191,64 +191,73 @@ def _step_caption(page) -> str:
     return next((t for t in texts if t.startswith("Step ") and " of " in t.split("·")[0]), "")
 
 
-def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
-    """Step three times, go Back, click a tree node (inspector), download the trace, Reset, load the trace
-    again and replay it with Forward. Screenshots at each stage; returns what the page showed."""
+@contextlib.contextmanager
+def _app_page(url: str, out_dir: Path, prompt: str, load_timeout_s: float, report: dict):
+    """A new chromium page on the app with ``prompt`` typed (``_open``). A failure inside saves
+    ``out_dir/failure.png`` and re-raises; at the end ``report`` gets the page's exception count and error texts."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    report: dict = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = _open(browser, url, "def fibonacci(n):", load_timeout_s)
+        page = _open(browser, url, prompt, load_timeout_s)
         try:
-            for _ in range(3):
-                _press(page, "Step")
-            report["after_steps"] = _step_caption(page)
-            _press(page, "Back")
-            report["after_back"] = _step_caption(page)
-            page.screenshot(path=str(out_dir / "back_full.png"), full_page=True)
-            # click a drafted node of the tree (the second marker of the first node trace after the anchor)
-            tree = page.locator(".js-plotly-plot").first
-            points = tree.locator(".scatterlayer .trace .points path")
-            report["tree_points"] = points.count()
-            box = points.nth(min(2, points.count() - 1)).bounding_box()
-            rerun(page, lambda: page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2), 60_000)
-            heads = page.locator("h4").all_inner_texts()
-            report["inspector"] = [h for h in heads if h.startswith("Node inspector")]
-            page.screenshot(path=str(out_dir / "inspector_full.png"), full_page=True)
-            insp = page.locator("h4", has_text="Node inspector")
-            if insp.count():
-                insp.first.scroll_into_view_if_needed()
-                page.screenshot(path=str(out_dir / "inspector_view.png"))
-            with page.expect_download() as dl:
-                page.get_by_role("button", name="Download trace").click()
-            trace_path = out_dir / "trace.json"
-            dl.value.save_as(trace_path)
-            report["downloaded"] = trace_path.stat().st_size
-            _press(page, "Reset")
-            report["after_reset"] = _step_caption(page)
-            page.get_by_text("Save and replay").click()
-            rerun(page, lambda: page.locator("input[type='file']").first.set_input_files(str(trace_path)), 60_000)
-            # replacing an uploaded file may take more than one script run: wait for what this one must show
-            _shows(page, "[data-testid='stAlertContentInfo']:has-text('Replaying')")
-            report["replay_info"] = [t for t in page.locator("[data-testid='stAlertContentInfo']").all_inner_texts()
-                                     if t.startswith("Replaying")]
-            report["replay_first"] = _step_caption(page)
-            _press(page, "Forward")
-            report["replay_forward"] = _step_caption(page)
-            report["step_disabled"] = page.get_by_role("button", name="Step", exact=True).is_disabled()
-            page.screenshot(path=str(out_dir / "replay_full.png"), full_page=True)
-            bad = out_dir / "bad.json"
-            bad.write_text('{"schema_version": 99, "steps": []}')
-            rerun(page, lambda: page.locator("input[type='file']").first.set_input_files(str(bad)), 60_000)
-            _shows(page, "[data-testid='stAlertContentError']")
-            report["bad_upload"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+            yield page
         except Exception:
             page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
             raise
         report["exceptions"] = page.locator("[data-testid='stException']").count()
+        report["errors"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
         browser.close()
+
+
+def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
+    """Step three times, go Back, click a tree node (inspector), download the trace, Reset, load the trace
+    again and replay it with Forward. Screenshots at each stage; returns what the page showed."""
+    report: dict = {}
+    with _app_page(url, out_dir, "def fibonacci(n):", load_timeout_s, report) as page:
+        for _ in range(3):
+            _press(page, "Step")
+        report["after_steps"] = _step_caption(page)
+        _press(page, "Back")
+        report["after_back"] = _step_caption(page)
+        page.screenshot(path=str(out_dir / "back_full.png"), full_page=True)
+        # click a drafted node of the tree (the second marker of the first node trace after the anchor)
+        tree = page.locator(".js-plotly-plot").first
+        points = tree.locator(".scatterlayer .trace .points path")
+        report["tree_points"] = points.count()
+        box = points.nth(min(2, points.count() - 1)).bounding_box()
+        rerun(page, lambda: page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2), 60_000)
+        heads = page.locator("h4").all_inner_texts()
+        report["inspector"] = [h for h in heads if h.startswith("Node inspector")]
+        page.screenshot(path=str(out_dir / "inspector_full.png"), full_page=True)
+        insp = page.locator("h4", has_text="Node inspector")
+        if insp.count():
+            insp.first.scroll_into_view_if_needed()
+            page.screenshot(path=str(out_dir / "inspector_view.png"))
+        with page.expect_download() as dl:
+            page.get_by_role("button", name="Download trace").click()
+        trace_path = out_dir / "trace.json"
+        dl.value.save_as(trace_path)
+        report["downloaded"] = trace_path.stat().st_size
+        _press(page, "Reset")
+        report["after_reset"] = _step_caption(page)
+        page.get_by_text("Save and replay").click()
+        rerun(page, lambda: page.locator("input[type='file']").first.set_input_files(str(trace_path)), 60_000)
+        # replacing an uploaded file may take more than one script run: wait for what this one must show
+        _shows(page, "[data-testid='stAlertContentInfo']:has-text('Replaying')")
+        report["replay_info"] = [t for t in page.locator("[data-testid='stAlertContentInfo']").all_inner_texts()
+                                 if t.startswith("Replaying")]
+        report["replay_first"] = _step_caption(page)
+        _press(page, "Forward")
+        report["replay_forward"] = _step_caption(page)
+        report["step_disabled"] = page.get_by_role("button", name="Step", exact=True).is_disabled()
+        page.screenshot(path=str(out_dir / "replay_full.png"), full_page=True)
+        bad = out_dir / "bad.json"
+        bad.write_text('{"schema_version": 99, "steps": []}')
+        rerun(page, lambda: page.locator("input[type='file']").first.set_input_files(str(bad)), 60_000)
+        _shows(page, "[data-testid='stAlertContentError']")
+        report["bad_upload"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
     return report
 
 
@@ -341,48 +350,36 @@ def free_drafts_tour(url: str, out_dir: Path, method: str = "Token Recycling (fr
                      load_timeout_s: float = 600) -> dict:
     """Pick a free-drafting method, Step, colour the tree by draft source, click a free node (the inspector says
     where it came from) and open the matrix row panel. Screenshots; returns what the page showed."""
-    from playwright.sync_api import sync_playwright
-
-    out_dir.mkdir(parents=True, exist_ok=True)
     report: dict = {}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = _open(browser, url, prompt, load_timeout_s)
-        try:
-            choose(page, "Method", method)
-            for _ in range(steps):
-                _press(page, "Step")
-            # the colouring radio shows on steps with free nodes: go back to the latest such step
-            radio = page.get_by_text("draft source", exact=True)
-            for _ in range(steps - 1):
-                if radio.count():
-                    break
-                _press(page, "Back")
-            report["step"] = _step_caption(page)
-            rerun(page, lambda: radio.click(), 60_000)
-            report["legend"] = page.locator(".js-plotly-plot").first.locator(".legendtext").all_text_contents()
-            report["clicked"] = click_source_node(page, source)
-            report["inspector"] = page.locator("h4", has_text="Node inspector").all_inner_texts()
-            report["provenance"] = [t for t in page.locator("[data-testid='stMarkdownContainer'] p").all_inner_texts()
-                                    if "(a free draft" in t]
-            matrix = page.get_by_text("Token Recycling: the matrix row", exact=False)
-            report["matrix_panel"] = matrix.count() > 0
-            if report["matrix_panel"]:  # an expander opens in the browser: no script run
-                matrix.first.click()
-                _shows(page, "[data-testid='stExpander'] [data-testid='stDataFrame']")
-            report["matrix_rows"] = page.locator("[data-testid='stExpander'] [data-testid='stDataFrame']").count()
-            page.screenshot(path=str(out_dir / "free_full.png"), full_page=True)
-            page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "free_tree.png"))
-            insp = page.locator("h4", has_text="Node inspector")
-            if insp.count():
-                insp.first.scroll_into_view_if_needed()
-                page.screenshot(path=str(out_dir / "free_inspector.png"))
-        except Exception:
-            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
-            raise
-        report["exceptions"] = page.locator("[data-testid='stException']").count()
-        report["errors"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
-        browser.close()
+    with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
+        choose(page, "Method", method)
+        for _ in range(steps):
+            _press(page, "Step")
+        # the colouring radio shows on steps with free nodes: go back to the latest such step
+        radio = page.get_by_text("draft source", exact=True)
+        for _ in range(steps - 1):
+            if radio.count():
+                break
+            _press(page, "Back")
+        report["step"] = _step_caption(page)
+        rerun(page, lambda: radio.click(), 60_000)
+        report["legend"] = page.locator(".js-plotly-plot").first.locator(".legendtext").all_text_contents()
+        report["clicked"] = click_source_node(page, source)
+        report["inspector"] = page.locator("h4", has_text="Node inspector").all_inner_texts()
+        report["provenance"] = [t for t in page.locator("[data-testid='stMarkdownContainer'] p").all_inner_texts()
+                                if "(a free draft" in t]
+        matrix = page.get_by_text("Token Recycling: the matrix row", exact=False)
+        report["matrix_panel"] = matrix.count() > 0
+        if report["matrix_panel"]:  # an expander opens in the browser: no script run
+            matrix.first.click()
+            _shows(page, "[data-testid='stExpander'] [data-testid='stDataFrame']")
+        report["matrix_rows"] = page.locator("[data-testid='stExpander'] [data-testid='stDataFrame']").count()
+        page.screenshot(path=str(out_dir / "free_full.png"), full_page=True)
+        page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "free_tree.png"))
+        insp = page.locator("h4", has_text="Node inspector")
+        if insp.count():
+            insp.first.scroll_into_view_if_needed()
+            page.screenshot(path=str(out_dir / "free_inspector.png"))
     return report
 
 
@@ -400,52 +397,40 @@ def instruments_tour(url: str, out_dir: Path, steps: int = 6, prompt: str = "def
     """Issue 15's three panels: Step, probe the step (tree forward against plain decoding), open expected
     against realised acceptance, measure forward costs, open the optimal tree and run mcsd with it. Screenshots
     of each panel; returns what the page showed."""
-    from playwright.sync_api import sync_playwright
-
-    out_dir.mkdir(parents=True, exist_ok=True)
     report: dict = {}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = _open(browser, url, prompt, load_timeout_s)
-        try:
-            choose(page, "Method", method)  # a full tree: every (depth, rank) slot gets measured
-            for _ in range(steps):
-                _press(page, "Step")
-            _expander(page, "Tree-attention probe")
-            _press(page, "Probe this step", 600_000)
-            probe = _expander(page, "Tree-attention probe")
-            report["probe_metrics"] = probe.locator("[data-testid='stMetric']").all_inner_texts()
-            report["probe_plot"] = probe.locator(".js-plotly-plot").count()
-            probe.screenshot(path=str(out_dir / "probe_panel.png"))
-            report["flip_marks"] = page.locator(".js-plotly-plot").first.locator(".legendtext").all_text_contents()
-            page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "probe_tree.png"))
-            acc = _expander(page, "Expected against realised acceptance")
-            report["acceptance_metrics"] = acc.locator("[data-testid='stMetric']").all_inner_texts()
-            report["acceptance_plots_before_costs"] = acc.locator(".js-plotly-plot").count()
-            _press(page, "Measure forward costs on this machine", 600_000)
-            acc = _expander(page, "Expected against realised acceptance")
-            report["acceptance_plots"] = acc.locator(".js-plotly-plot").count()
-            report["acceptance_titles"] = acc.locator(".gtitle").all_text_contents()
-            acc.screenshot(path=str(out_dir / "acceptance_panel.png"))
-            opt = _expander(page, "The optimal tree for this run")
-            report["optimal_text"] = [t for t in opt.locator("[data-testid='stMarkdownContainer'] p").all_inner_texts()
-                                      if "Optimal for" in t]
-            report["optimal_titles"] = opt.locator(".gtitle").all_text_contents()
-            opt.screenshot(path=str(out_dir / "optimal_panel.png"))
-            report["template"] = opt.locator("code").first.inner_text()
-            _press(page, "Run mcsd with the optimal tree", 600_000)
-            _shows(page, "[data-testid='stAlertContentSuccess']", 600_000)
-            report["after_run"] = _step_caption(page)
-            report["sidebar_template"] = page.locator("[data-testid='stTextInput']", has_text="Tree template").locator(
-                "input").first.input_value()
-            report["finished"] = page.locator("[data-testid='stAlertContentSuccess']").all_inner_texts()
-            page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "optimal_run_tree.png"))
-        except Exception:
-            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
-            raise
-        report["exceptions"] = page.locator("[data-testid='stException']").count()
-        report["errors"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
-        browser.close()
+    with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
+        choose(page, "Method", method)  # a full tree: every (depth, rank) slot gets measured
+        for _ in range(steps):
+            _press(page, "Step")
+        _expander(page, "Tree-attention probe")
+        _press(page, "Probe this step", 600_000)
+        probe = _expander(page, "Tree-attention probe")
+        report["probe_metrics"] = probe.locator("[data-testid='stMetric']").all_inner_texts()
+        report["probe_plot"] = probe.locator(".js-plotly-plot").count()
+        probe.screenshot(path=str(out_dir / "probe_panel.png"))
+        report["flip_marks"] = page.locator(".js-plotly-plot").first.locator(".legendtext").all_text_contents()
+        page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "probe_tree.png"))
+        acc = _expander(page, "Expected against realised acceptance")
+        report["acceptance_metrics"] = acc.locator("[data-testid='stMetric']").all_inner_texts()
+        report["acceptance_plots_before_costs"] = acc.locator(".js-plotly-plot").count()
+        _press(page, "Measure forward costs on this machine", 600_000)
+        acc = _expander(page, "Expected against realised acceptance")
+        report["acceptance_plots"] = acc.locator(".js-plotly-plot").count()
+        report["acceptance_titles"] = acc.locator(".gtitle").all_text_contents()
+        acc.screenshot(path=str(out_dir / "acceptance_panel.png"))
+        opt = _expander(page, "The optimal tree for this run")
+        report["optimal_text"] = [t for t in opt.locator("[data-testid='stMarkdownContainer'] p").all_inner_texts()
+                                  if "Optimal for" in t]
+        report["optimal_titles"] = opt.locator(".gtitle").all_text_contents()
+        opt.screenshot(path=str(out_dir / "optimal_panel.png"))
+        report["template"] = opt.locator("code").first.inner_text()
+        _press(page, "Run mcsd with the optimal tree", 600_000)
+        _shows(page, "[data-testid='stAlertContentSuccess']", 600_000)
+        report["after_run"] = _step_caption(page)
+        report["sidebar_template"] = page.locator("[data-testid='stTextInput']", has_text="Tree template").locator(
+            "input").first.input_value()
+        report["finished"] = page.locator("[data-testid='stAlertContentSuccess']").all_inner_texts()
+        page.locator(".js-plotly-plot").first.screenshot(path=str(out_dir / "optimal_run_tree.png"))
     return report
 
 
@@ -454,51 +439,39 @@ def what_if_tour(url: str, out_dir: Path, steps: int = 3, prompt: str = "def fib
     """Issue 16: Step, re-verify the step as recorded (identical), replace its first drafted token with the
     target's best and re-verify (both trees side by side), continue from the edit as a new run, switch back to the
     original, and open the step's timeline. Screenshots; returns what the page showed."""
-    from playwright.sync_api import sync_playwright
-
-    out_dir.mkdir(parents=True, exist_ok=True)
     report: dict = {}
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = _open(browser, url, prompt, load_timeout_s)
-        try:
-            choose(page, "Method", method)
-            for _ in range(steps):
-                _press(page, "Step")
-            box = _expander(page, "What if: edit this step")
-            rerun(page, lambda: box.get_by_text("nothing: re-verify as recorded").click(), 60_000)
-            _press(page, "Re-verify this step", 600_000)
-            box = _expander(page, "What if: edit this step")
-            report["identical"] = box.locator("[data-testid='stAlertContentSuccess']").all_inner_texts()
-            rerun(page, lambda: box.get_by_text("replace a drafted token").click(), 60_000)
-            _press(page, "Re-verify this step", 600_000)
-            box = _expander(page, "What if: edit this step")
-            report["changes"] = [t for t in box.locator("[data-testid='stMarkdownContainer']").all_inner_texts()
-                                 if t.startswith("What changed")]
-            report["trees"] = box.locator(".js-plotly-plot .gtitle").all_text_contents()
-            box.screenshot(path=str(out_dir / "what_if_panel.png"))
-            _press(page, "Continue from the edit as a new run", 600_000)
-            _shows(page, "[data-testid='stSelectbox']:has-text('Run of this session')")
-            runs = page.locator("[data-testid='stSelectbox']", has_text="Run of this session")
-            report["run_choice"] = runs.inner_text()
-            report["after_branch"] = _step_caption(page)
-            choose(page, "Run of this session", "run 1 (as recorded)")
-            report["after_switch"] = _step_caption(page)
-            tl = _expander(page, "The step's timeline")
-            report["timeline_titles"] = tl.locator(".gtitle").all_text_contents()
-            report["timeline_caption"] = [t for t in tl.locator("[data-testid='stCaptionContainer']").all_inner_texts()
-                                          if "Their sum" in t]
-            tl.screenshot(path=str(out_dir / "timeline_panel.png"))
-            cal = _expander(page, "Stop-signal calibration")
-            report["calibration_titles"] = cal.locator(".gtitle").all_text_contents()
-            report["calibration_metrics"] = cal.locator("[data-testid='stMetric']").all_inner_texts()
-            cal.screenshot(path=str(out_dir / "calibration_panel.png"))
-        except Exception:
-            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
-            raise
-        report["exceptions"] = page.locator("[data-testid='stException']").count()
-        report["errors"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
-        browser.close()
+    with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
+        choose(page, "Method", method)
+        for _ in range(steps):
+            _press(page, "Step")
+        box = _expander(page, "What if: edit this step")
+        rerun(page, lambda: box.get_by_text("nothing: re-verify as recorded").click(), 60_000)
+        _press(page, "Re-verify this step", 600_000)
+        box = _expander(page, "What if: edit this step")
+        report["identical"] = box.locator("[data-testid='stAlertContentSuccess']").all_inner_texts()
+        rerun(page, lambda: box.get_by_text("replace a drafted token").click(), 60_000)
+        _press(page, "Re-verify this step", 600_000)
+        box = _expander(page, "What if: edit this step")
+        report["changes"] = [t for t in box.locator("[data-testid='stMarkdownContainer']").all_inner_texts()
+                             if t.startswith("What changed")]
+        report["trees"] = box.locator(".js-plotly-plot .gtitle").all_text_contents()
+        box.screenshot(path=str(out_dir / "what_if_panel.png"))
+        _press(page, "Continue from the edit as a new run", 600_000)
+        _shows(page, "[data-testid='stSelectbox']:has-text('Run of this session')")
+        runs = page.locator("[data-testid='stSelectbox']", has_text="Run of this session")
+        report["run_choice"] = runs.inner_text()
+        report["after_branch"] = _step_caption(page)
+        choose(page, "Run of this session", "run 1 (as recorded)")
+        report["after_switch"] = _step_caption(page)
+        tl = _expander(page, "The step's timeline")
+        report["timeline_titles"] = tl.locator(".gtitle").all_text_contents()
+        report["timeline_caption"] = [t for t in tl.locator("[data-testid='stCaptionContainer']").all_inner_texts()
+                                      if "Their sum" in t]
+        tl.screenshot(path=str(out_dir / "timeline_panel.png"))
+        cal = _expander(page, "Stop-signal calibration")
+        report["calibration_titles"] = cal.locator(".gtitle").all_text_contents()
+        report["calibration_metrics"] = cal.locator("[data-testid='stMetric']").all_inner_texts()
+        cal.screenshot(path=str(out_dir / "calibration_panel.png"))
     return report
 
 

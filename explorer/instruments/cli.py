@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 NEAR_TIE_STEPS = 4.0  # rows whose best two logits are this many rounding steps apart or closer are listed
 
 
-def _runs_from_args(args, pair, on_step=None):
-    """Yield ``(prompt_id, engine)`` after each step of each prompt's run (``--prompt`` / ``--prompt-file``)."""
+def _runs_from_args(args, pair):
+    """Yield ``(prompt_id, engine, step_ms)`` after each step of each prompt's run (``--prompt`` /
+    ``--prompt-file``); ``step_ms``: the wall time of that ``engine.step()``, measured around it."""
     from ..cli import _prompts_from_args, decision_model_from_args, method_config_from_args
     from ..engine import Engine
     from ..prompts import encode_prompt
@@ -29,8 +31,19 @@ def _runs_from_args(args, pair, on_step=None):
         engine = Engine(pair, config, sampling, decision_model=decision)
         engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
         while not engine.finished:
+            t0 = time.perf_counter()
             engine.step()
-            yield prompt.id, engine
+            yield prompt.id, engine, (time.perf_counter() - t0) * 1e3
+
+
+def _finished_runs(args, pair, label: str) -> list:
+    """Every prompt's run to its end: their RunTraces (progress on stderr, ``[label]``)."""
+    runs = []
+    for prompt_id, engine, _ in _runs_from_args(args, pair):
+        if not runs or runs[-1] is not engine.trace:
+            runs.append(engine.trace)
+        print(f"[{label}] {prompt_id}: step {len(engine.trace.steps)}", file=sys.stderr, flush=True)
+    return runs
 
 
 def _probe_summary(prompt_id, probes: list, method: str) -> dict:
@@ -80,7 +93,7 @@ def cmd_probe(args) -> int:
         summaries.append(_probe_summary(args.trace, probes, trace.settings["method"]["method"]))
     else:
         current, probes, ref = None, [], None
-        for prompt_id, engine in _runs_from_args(args, pair):
+        for prompt_id, engine, _ in _runs_from_args(args, pair):
             if prompt_id != current:
                 if current is not None:
                     summaries.append(_probe_summary(current, probes, engine.config.method))
@@ -132,12 +145,7 @@ def cmd_acceptance(args) -> int:
         pair = _load_pair(args) if (args.costs or args.bench) else None
     else:
         pair = _load_pair(args)
-        runs, last = [], None
-        for prompt_id, engine in _runs_from_args(args, pair):
-            if engine.trace is not last:
-                runs.append(engine.trace)
-                last = engine.trace
-            print(f"[acceptance] {prompt_id}: step {len(engine.trace.steps)}", file=sys.stderr, flush=True)
+        runs = _finished_runs(args, pair, "acceptance")
     if not runs:
         raise ValueError("no runs to analyse")
     costs = None
@@ -234,13 +242,7 @@ def cmd_calibration(args) -> int:
     if args.trace:
         runs = [load_run(p) for p in args.trace]
     else:
-        pair = _load_pair(args)
-        runs, last = [], None
-        for prompt_id, engine in _runs_from_args(args, pair):
-            if engine.trace is not last:
-                runs.append(engine.trace)
-                last = engine.trace
-            print(f"[calibration] {prompt_id}: step {len(engine.trace.steps)}", file=sys.stderr, flush=True)
+        runs = _finished_runs(args, _load_pair(args), "calibration")
     report = calibration_report(runs)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
@@ -270,7 +272,8 @@ def cmd_timeline(args) -> int:
 
     pair = _load_pair(args)
     rows, steps = [], []
-    for prompt_id, (step, wall) in _timed_runs(args, pair):
+    for prompt_id, engine, wall in _runs_from_args(args, pair):
+        step = engine.trace.steps[-1]
         parts = sum(seg["ms"] for seg in step.timeline)
         rows.append({"prompt_id": prompt_id, "step": step.index + 1, "wall_ms": wall, "sum_of_parts_ms": parts,
                      "ratio": parts / wall if wall else None, "segments": step.timeline})
@@ -293,28 +296,6 @@ def cmd_timeline(args) -> int:
     if plain is not None:
         print(f"plain decoding estimate {plain:.0f} ms against {summary['sum_of_parts_ms']:.0f} ms of steps")
     return 0
-
-
-def _timed_runs(args, pair):
-    """Like ``_runs_from_args``, timing each ``engine.step()`` from outside: yields ``(prompt_id, (step, ms))``."""
-    import time
-
-    from ..cli import _prompts_from_args, decision_model_from_args, method_config_from_args
-    from ..engine import Engine
-    from ..prompts import encode_prompt
-    from ..sampling import SamplingConfig
-
-    config = method_config_from_args(args)
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    decision = decision_model_from_args(args, config)
-    for prompt in _prompts_from_args(args):
-        ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
-        engine = Engine(pair, config, sampling, decision_model=decision)
-        engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
-        while not engine.finished:
-            t0 = time.perf_counter()
-            step = engine.step()
-            yield prompt.id, (step, (time.perf_counter() - t0) * 1e3)
 
 
 def add_instrument_parsers(sub) -> None:

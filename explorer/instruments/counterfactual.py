@@ -23,7 +23,7 @@ from ..methods import FREE_SOURCES
 from ..sampling import LazyRows, RowDists
 from ..trace import TOP_K_SHOWN, RunTrace, StepTrace
 from ..tree import DraftTree, step_mask, step_position_ids
-from .replay import ReplayError, engine_for_trace, replay_steps
+from .replay import check_step, engine_for_trace, replay_steps
 
 
 class EditError(ValueError):
@@ -289,8 +289,7 @@ def counterfactual(pair, trace: RunTrace, step: int, edit: StepEdit | None = Non
     from ..config import VERIFIERS
 
     edit = edit or StepEdit()
-    if not 0 <= step < len(trace.steps):
-        raise ReplayError(f"step {step + 1} is not in the trace (it has {len(trace.steps)} steps)")
+    check_step(trace, step)
     if edit.verifier is not None and edit.verifier not in VERIFIERS + ("greedy",):
         raise EditError(f"unknown verifier {edit.verifier!r}; use greedy or one of {', '.join(VERIFIERS)}")
     if step:

@@ -41,14 +41,19 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     return engine
 
 
+def check_step(trace: RunTrace, index: int) -> None:
+    """Raises ReplayError unless ``index`` (0-based) is a recorded step of ``trace``."""
+    if not 0 <= index < len(trace.steps):
+        raise ReplayError(f"step {index + 1} is not in the trace (it has {len(trace.steps)} steps)")
+
+
 def replay_steps(pair, trace: RunTrace, last: int, decision_model=None):
     """Yield ``(index, engine)`` after each replayed step ``0..last``; the engine's ``last_step`` is that step's.
 
     Raises ReplayError when ``last`` is not a recorded step or a replayed step commits other tokens than the
     recorded one (another device, dtype or decision model than the recording's).
     """
-    if not 0 <= last < len(trace.steps):
-        raise ReplayError(f"step {last + 1} is not in the trace (it has {len(trace.steps)} steps)")
+    check_step(trace, last)
     engine = engine_for_trace(pair, trace, decision_model)
     for i in range(last + 1):
         step = engine.step()

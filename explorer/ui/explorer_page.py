@@ -294,11 +294,9 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     if cursor is None:
         return
     step = trace.steps[cursor]
-    probes = st.session_state.get("probes", {})
-    panels.step_panels(trace, step, teach, probe=probes.get(step.index) if probes.get("trace") is trace else None,
+    panels.step_panels(trace, step, teach, probe=_results("probes", trace).get(step.index),
                        can_probe=pair is not None)
-    held = st.session_state.get("counterfactuals") or {}
-    counterfactual_section(step, held.get(step.index) if held.get("trace") is trace else None,
+    counterfactual_section(step, _results("counterfactuals", trace).get(step.index),
                            can_edit=pair is not None, teach=teach,
                            temperature=float(trace.settings.get("sampling", {}).get("temperature", 0.0)))
     costs = _costs_for(pair)
@@ -306,6 +304,18 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     report = acceptance_section(trace, costs, can_measure=pair is not None, teach=teach)
     optimal_tree_section(trace, step, report, can_run=pair is not None, teach=teach)
     calibration_section(trace, teach)
+
+
+def _results(key: str, trace, create: bool = False) -> dict:
+    """Per-step results of an instrument (``probes``, ``counterfactuals``) held for ``trace``: step index -> plain
+    data. Results of another trace do not count; with ``create`` they make way for a new holder."""
+    held = st.session_state.get(key)
+    if held is not None and held.get("trace") is trace:
+        return held
+    if create:
+        held = st.session_state[key] = {"trace": trace}
+        return held
+    return {}
 
 
 def _costs_for(pair) -> dict | None:
@@ -379,10 +389,7 @@ def run_instrument_requests(pair, trace) -> None:
         with st.spinner(f"Probing step {index + 1}: one plain forward per node…"):
             result = guarded(probe, error_key="probe_error")
         if result is not None:
-            probes = st.session_state.get("probes")
-            if not probes or probes.get("trace") is not trace:
-                probes = st.session_state["probes"] = {"trace": trace}
-            probes[index] = result.to_dict()
+            _results("probes", trace, create=True)[index] = result.to_dict()
     if st.session_state.pop("costs_request", None) and pair is not None and trace is not None:
         with st.spinner("Timing draft and target forwards at 1 to 64 rows…"):
             costs = guarded(measure_forward_costs, pair, trace.prompt_ids + trace.generated_ids,
@@ -408,13 +415,10 @@ def _what_if_requests(pair, trace) -> None:
         with st.spinner(f"Replaying to step {request['step'] + 1} and re-verifying it…"):
             cf = guarded(run, error_key="probe_error")
         if cf is not None:
-            held = st.session_state.get("counterfactuals")
-            if not held or held.get("trace") is not trace:
-                held = st.session_state["counterfactuals"] = {"trace": trace}
-            held[request["step"]] = {**cf.to_dict(), "engine": cf.engine}
+            _results("counterfactuals", trace, create=True)[request["step"]] = {**cf.to_dict(), "engine": cf.engine}
     index = st.session_state.pop("cf_branch", None)
-    held = st.session_state.get("counterfactuals") or {}
-    if index is not None and held.get("trace") is trace and index in held:
+    held = _results("counterfactuals", trace)
+    if index is not None and index in held:
         engine = held[index]["engine"]
         n = len(st.session_state.get("runs") or [None]) + 1
         if engine is not None:
