@@ -1,7 +1,8 @@
 """The losslessness audit: does a method + verifier sample exactly from the target?
 
 From one context, the first committed tokens are sampled ``N`` times (the engine rewinds to the prefill between
-samples, each with its own seed). The empirical distribution of the first token, and of the first two tokens, is
+samples, each with its own seed; an online-adapting stop policy keeps learning across samples, so the law is tested
+under a policy that changes from sample to sample). The empirical distribution of the first token, and of the first two tokens, is
 compared with the target's exact distribution, computed from the target's own probabilities (processed by the same
 temperature / top-k / top-p):
 
@@ -58,6 +59,7 @@ class AuditResult:
     first: Comparison
     pairs: Comparison | None = None
     labels: dict = field(default_factory=dict)  # category -> readable text
+    adaptation: dict = field(default_factory=dict)  # online adaptation after the last sample (empty when off)
 
     @property
     def passed(self) -> bool:
@@ -171,5 +173,9 @@ def audit(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, promp
         pair_cmp = compare(pairs, exact2, samples)
         for a, b in list(pairs)[:200]:
             labels[str((a, b))] = pair.tokenizer.decode([a]) + "|" + (pair.tokenizer.decode([b]) if b >= 0 else "(end)")
+    adaptation = {}
+    if engine.adapter is not None:  # it learned across all samples (it outlives rewind): show how far it moved
+        adaptation = {**engine.adapter.summary(), "start_threshold": engine.adapter.start_threshold}
     return AuditResult(method=config.to_dict(), verifier=engine.verifier_name, sampling=sampling.to_dict(),
-                       samples=samples, alpha=alpha, first=first, pairs=pair_cmp, labels=labels)
+                       samples=samples, alpha=alpha, first=first, pairs=pair_cmp, labels=labels,
+                       adaptation=adaptation)

@@ -11,6 +11,10 @@ same run's ``ar`` and ``hf-assisted``.
 draft our engine uses (int8 when the pair's draft is quantized). ``hf-assisted-bf16`` is the same call with the
 unquantized draft: what a user who loads the two models gets. ``hf-prompt-lookup`` is
 ``target.generate(prompt_lookup_num_tokens=10)``: transformers' prompt lookup decoding (no draft model).
+
+A method label may carry settings after ``+``: ``mcsd-improved+adapt=last-layer`` runs the default
+``mcsd-improved`` with online adaptation, ``mcsd-improved+decision_model=path+adapt=threshold`` changes two
+settings (``VARIANT_KEYS``), so variants of one method run side by side in one bench.
 """
 
 from __future__ import annotations
@@ -30,6 +34,25 @@ HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_looku
 HF_METHODS = (HF_ASSISTED, HF_ASSISTED_BF16, HF_PROMPT_LOOKUP)
 BENCH_METHODS = ("ar", HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOOKUP, "sd", "mcsd", "mcsd-improved",
                  "prompt-lookup", "token-recycling", "hybrid")
+
+
+VARIANT_KEYS = ("adapt", "stop", "decision_model", "threshold", "branch_threshold", "max_depth")
+
+
+def method_for_label(label: str) -> MethodConfig:
+    """The config of a bench label: a method name (``config.DEFAULTS``) optionally followed by ``+key=value``
+    settings (``VARIANT_KEYS``). Raises ValueError for an unknown method, key or value."""
+    name, *parts = label.split("+")
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown bench method {name!r}; use {', '.join(BENCH_METHODS)}")
+    changes: dict = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or key not in VARIANT_KEYS:
+            raise ValueError(f"bench label {label!r}: write +key=value with key one of {', '.join(VARIANT_KEYS)}")
+        changes[key] = (float(value) if key in ("threshold", "branch_threshold")
+                        else int(value) if key == "max_depth" else value)
+    return DEFAULTS[name].with_(**changes)
 
 
 def run_facts(pair) -> dict:
@@ -158,9 +181,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
                          "keep_unquantized=True (the bench command does)")
     for m in methods:
         if m not in HF_METHODS and m not in configs:
-            if m not in DEFAULTS:
-                raise ValueError(f"unknown bench method {m!r}; use {', '.join(BENCH_METHODS)}")
-            configs[m] = DEFAULTS[m]
+            configs[m] = method_for_label(m)
 
     matrices: dict = {}  # method -> Token Recycling matrix carried to its next prompt
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .config import DEFAULTS, METHODS, VERIFIERS, MethodConfig
 from .prompts import Prompt, PromptError, load_prompt_set
-from .stopping import STOP_POLICY_NAMES
+from .stopping import ADAPT_MODES, STOP_POLICY_NAMES
 from .tree import TreeShapeError, parse_k_config, parse_tree_template
 
 
@@ -53,6 +53,8 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decision-model", choices=["dist", "path", "hidden"],
                    help="decision model the learned stop policies read (default dist)")
     g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
+    g.add_argument("--adapt", choices=ADAPT_MODES, help="online adaptation of the stop policy during the run: "
+                                                        "threshold (ROC refit) or last-layer (decision model)")
     g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
                    help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
     g.add_argument("--lookup-tokens", type=int, help="prompt-lookup / hybrid: longest copy (the adaptive length's cap)")
@@ -87,7 +89,7 @@ def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
-                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k"):
+                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -231,6 +233,12 @@ def cmd_audit(args) -> int:
                 label = result.labels.get(row["category"], row["category"])
                 print(f"      {label!r:>24}  empirical {row['empirical']:.4f}  exact {row['exact']:.4f}  "
                       f"(count {row['count']})")
+        a = result.adaptation
+        if a:
+            moved = (f"threshold {a['start_threshold']:.3f} -> {a['threshold']:.3f}" if a["mode"] == "threshold"
+                     else f"last layer moved {a['weight_shift']:.3f} from the shipped one")
+            print(f"  online adaptation ({a['mode']}) learned across the samples from {a['records']} labelled "
+                  f"tokens (window): {moved}")
         print("PASS" if result.passed else "FAIL")
     return 0 if result.passed else 1
 

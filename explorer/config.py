@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
-from .stopping import DEFAULT_THRESHOLDS, STOP_POLICY_NAMES
+from .stopping import DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
 from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
 
 MAX_TREE_NODES = 512
@@ -56,6 +56,9 @@ class MethodConfig:
         lookup_branches: prompt lookup: distinct continuations proposed (the most recent matches first).
         recycling_widths: Token Recycling's static tree template (``tree.rank_decay_parents``).
         recycling_k: Token Recycling: candidates stored per token in the adjacency matrix.
+        adapt: online adaptation of the stop policy (``decision/online.py``): ``off`` (default), ``threshold``
+            (refit from the session's ROC curve) or ``last-layer`` (refit the decision model's last layer); methods
+            with a stop policy only. Changes how much is drafted, never the output law.
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -78,6 +81,7 @@ class MethodConfig:
     recycling_widths: tuple[int, ...] = (8, 3, 2, 1, 1, 1, 1, 1)
     recycling_k: int = 8
     tree: tuple[int, ...] | None = None
+    adapt: str = "off"
 
     @property
     def spec(self):
@@ -100,6 +104,12 @@ class MethodConfig:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
         if self.stop not in STOP_POLICY_NAMES:
             raise ValueError(f"unknown stop policy {self.stop!r}; use one of {', '.join(STOP_POLICY_NAMES)}")
+        if self.adapt != "off":
+            if not self.spec.has_stop_policy:
+                raise ValueError(f"online adaptation moves a stop policy; {self.method} has none")
+            problem = adapt_problem(self.adapt, self.stop)
+            if problem:
+                raise ValueError(problem)
         if self.decision_model not in ("hidden", "dist", "path"):
             raise ValueError(f"unknown decision model {self.decision_model!r}; use dist, path or hidden")
         if self.threshold is None:

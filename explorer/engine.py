@@ -134,6 +134,11 @@ class Engine:
                 raise EngineError(str(exc)) from None
         self.decision_model = decision_model
         self.stop_policy = make_stop_policy(policy, config.threshold, decision_model)
+        self.adapter = None  # online adaptation of the stop policy (decision/online.py); outlives rewind()
+        if config.adapt != "off":
+            from .decision.online import make_adapter
+
+            self.adapter = make_adapter(config.adapt, self.stop_policy)
         self.capture_features = capture_features
         self.drafter = make_drafter(config, recycling_state)
         self.verifier_name = config.verifier_for(sampling.greedy)
@@ -304,6 +309,10 @@ class Engine:
         self.last_step = (d, v)
         timeline.enter("drafter learn")
         self.drafter.learn(self, d, v)
+        adaptation = {}
+        if self.adapter is not None:
+            timeline.enter("stop-policy adaptation")
+            adaptation = self._adapt(d, v)
 
         # Commit, then cut both caches to the committed context plus the accepted path.
         timeline.enter("KV-cache commit")
@@ -326,6 +335,7 @@ class Engine:
         timeline.enter("trace recording")
         step = self._record(L, d, v, new_tokens, (t_drafted - t_start) * 1e3, (t_end - t_drafted) * 1e3,
                             (t_end - t_start) * 1e3)
+        step.adaptation = adaptation
         self.trace.steps.append(step)
         step.timeline = timeline.finish()
         self._timeline = None
@@ -363,6 +373,28 @@ class Engine:
         return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents,
                          self.committed[-1], anchor_logits, logits[1:] if chain else logits, odds, expected,
                          rng_state, mask)
+
+    def _adapt(self, d: Drafted, v: "_Verified") -> dict:
+        """Label the step's model-drafted tokens (soft labels from the target's logits) and let the adapter learn.
+        Returns its record for the trace."""
+        from .decision.features import path_features, token_labels
+
+        tree = d.tree
+        nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features]
+        if not nodes:
+            return {"mode": self.adapter.mode, "tokens": 0, "threshold": float(self.stop_policy.threshold)}
+        q1 = [d.features[i][2] for i in nodes]
+        _, soft, _ = token_labels(tree, nodes, q1, v.p_rows)
+        if self.adapter.needs == "score":
+            scores = [d.predicted[i] if i in d.predicted else d.q_show.get(i, 0.0) for i in nodes]
+            return self.adapter.update(soft, scores=torch.tensor(scores, dtype=torch.float32))
+        dist = torch.stack([d.features[i][1] for i in nodes]).float().cpu()
+        inputs = {"dist": dist,
+                  "path": path_features(dist, torch.tensor(q1), torch.tensor([tree.depth[i] for i in nodes]),
+                                        torch.tensor([d.features[i][3] for i in nodes]))}
+        if self.stop_policy.needs_hidden:
+            inputs["hidden"] = torch.stack([d.features[i][0] for i in nodes]).float().cpu()
+        return self.adapter.update(soft, inputs=inputs)
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""

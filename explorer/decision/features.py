@@ -54,3 +54,28 @@ def path_features(dist: torch.Tensor, q: torch.Tensor, depth: torch.Tensor, cum_
     Probabilities are floored at 1e-12 before the log."""
     cols = [q.float().clamp_min(1e-12).log(), depth.float(), cum_q.float().clamp_min(1e-12).log()]
     return torch.cat([dist.float(), torch.stack(cols, dim=-1)], dim=-1)
+
+
+def token_labels(tree, nodes: list[int], q1: list[float], p_rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Labels of drafted tokens from one verification: what every target forward gives for free.
+
+    Args:
+        tree: the step's ``DraftTree``; nodes: node indices to label; q1: each node's q(x) at temperature 1.
+        p_rows: the verification's ``sampling.RowDists`` (row = parent node + 1; 0 = the anchor).
+    Returns:
+        ``(p, soft, greedy)``, each ``(len(nodes),)``: float32 p(x) at temperature 1, float32 ``min(1, p/q)``
+        (0 where q is 0) and uint8 ``x == argmax p``. One log-softmax per distinct parent row.
+    """
+    logp_of: dict[int, torch.Tensor] = {}
+    p, greedy = [], []
+    for i in nodes:
+        r = tree.parent[i] + 1
+        if r not in logp_of:
+            logp_of[r] = torch.log_softmax(p_rows.row_logits(r).float(), dim=-1)
+        row, x = logp_of[r], tree.token[i]
+        p.append(float(torch.exp(row[x])))
+        greedy.append(int(int(torch.argmax(row)) == x))
+    p_t = torch.tensor(p, dtype=torch.float32)
+    q_t = torch.tensor(q1, dtype=torch.float32)
+    soft = torch.where(q_t > 0, torch.clamp(p_t / q_t.clamp_min(1e-30), max=1.0), torch.zeros_like(p_t))
+    return p_t, soft, torch.tensor(greedy, dtype=torch.uint8)

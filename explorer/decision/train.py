@@ -100,51 +100,74 @@ def fit(kind: str, x: torch.Tensor, soft: torch.Tensor, train_idx: np.ndarray, v
     return model, {"epochs": len(history), "best_epoch": best[1], "val_loss": best[0], "history": history}
 
 
-def train_models(folders, out, *, val_fraction: float = 0.15, seed: int = 0, epochs: int = 60, patience: int = 5,
-                 layers: dict | None = None, progress: bool = False) -> dict:
-    """Train the ``hidden`` and ``dist`` models on ``folders`` and write them plus ``card.json`` into ``out``.
+def fit_models(t: dict, owners: list[str], train_prompts: list[str], val_prompts: list[str], *, kinds=KINDS,
+               epochs: int = 60, patience: int = 5, seed: int = 0, layers: dict | None = None,
+               progress: bool = False) -> dict[str, DecisionModel]:
+    """Train each model kind on the rows of ``train_prompts``, early-stopped and thresholded on ``val_prompts``.
 
-    Returns the card. Raises DataError for unusable data and ValueError for bad settings.
+    ``t`` / ``owners``: a data table and its rows' prompts (``collect.load_data``). Returns kind -> model whose
+    ``info`` holds its card entry (features, layers, epochs, validation loss, Youden threshold, validation metrics).
     """
-    meta, t, owners = load_data(folders)
-    train_prompts, val_prompts = split_by_prompt(owners, val_fraction, seed)
-    val_set = set(val_prompts)
-    is_val = np.array([o in val_set for o in owners])
-    train_idx, val_idx = np.flatnonzero(~is_val), np.flatnonzero(is_val)
+    train_set, val_set = set(train_prompts), set(val_prompts)
+    train_idx = np.flatnonzero([o in train_set for o in owners])
+    val_idx = np.flatnonzero([o in val_set for o in owners])
     soft, greedy = t["soft"], t["greedy"].numpy()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     models = {}
-    for kind in KINDS:
+    for kind in kinds:
         t0 = time.perf_counter()
         x = kind_inputs(kind, t)
-        model, fit_info = fit(kind, x, soft, train_idx, val_idx, layers=(layers or {}).get(kind), epochs=epochs,
-                              patience=patience, seed=seed, progress=progress)
+        sizes = (layers or {}).get(kind) or DEFAULT_LAYERS[kind]
+        model, fit_info = fit(kind, x, soft, train_idx, val_idx, layers=sizes, epochs=epochs, patience=patience,
+                              seed=seed, progress=progress)
         pred = model.predict(**{kind: x[val_idx]}).numpy()
         threshold = choose_threshold(pred, soft[val_idx].numpy())
         metrics = score_metrics(pred, soft[val_idx].numpy(), greedy[val_idx], threshold)
         model.info = {"file": f"{kind}.safetensors", "features": FEATURE_TEXT[kind],
-                      "feature_names": FEATURE_NAMES[kind],
-                      "in_features": int(x.shape[1]), "layers": list(layers.get(kind) if layers and kind in layers
-                                                                    else DEFAULT_LAYERS[kind]),
+                      "feature_names": FEATURE_NAMES[kind], "in_features": int(x.shape[1]), "layers": list(sizes),
                       "epochs": fit_info["epochs"], "best_epoch": fit_info["best_epoch"],
                       "val_loss": fit_info["val_loss"], "threshold": threshold,
                       "train_seconds": round(time.perf_counter() - t0, 1),
                       **{k: metrics[k] for k in ("roc_auc", "roc_auc_greedy", "precision", "recall", "ece")}}
+        models[kind] = model
+    return models
+
+
+def train_models(folders, out, *, val_fraction: float = 0.15, seed: int = 0, epochs: int = 60, patience: int = 5,
+                 layers: dict | None = None, exclude_kinds=(), progress: bool = False) -> dict:
+    """Train every model kind on ``folders`` and write them plus ``card.json`` into ``out``.
+
+    ``exclude_kinds``: prompt kinds (``prompts.PROMPT_KINDS``) whose prompts are left out entirely, so that the
+    models can be tested on a kind they never saw. Returns the card. Raises DataError for unusable data and
+    ValueError for bad settings.
+    """
+    meta, t, owners = load_data(folders)
+    kind_of = meta["prompt_kinds"]
+    usable = [o for o in owners if kind_of.get(o) not in set(exclude_kinds)]
+    train_prompts, val_prompts = split_by_prompt(usable, val_fraction, seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = fit_models(t, owners, train_prompts, val_prompts, epochs=epochs, patience=patience, seed=seed,
+                        layers=layers, progress=progress)
+    for model in models.values():
         model.save(out)
-        models[kind] = model.info
+    n_train = sum(o in set(train_prompts) for o in owners)
+    n_val = sum(o in set(val_prompts) for o in owners)
+    soft = t["soft"]
     card = {
         "format": CARD_FORMAT,
         "pair": {k: meta["pair"][k] for k in ("name", "draft_id", "target_id")},
         "label": "soft label min(1, p(x)/q(x)), p and q at temperature 1; BCE",
         "threshold_rule": "Youden's J (TPR - FPR) on the validation prompts, soft labels",
-        "data": {"folders": [str(f) for f in folders], "records": len(owners), "prompts": len(set(owners)),
-                 "train_records": len(train_idx), "val_records": len(val_idx),
+        "data": {"folders": [str(f) for f in folders], "records": n_train + n_val,
+                 "prompts": len(train_prompts) + len(val_prompts),
+                 "train_records": n_train, "val_records": n_val,
                  "collected_with": meta["method"], "max_new_tokens": meta["max_new_tokens"],
-                 "mean_soft_label": float(soft.mean()), "train_prompts": train_prompts, "val_prompts": val_prompts},
+                 "mean_soft_label": float(soft.mean()), "train_prompts": train_prompts, "val_prompts": val_prompts,
+                 "prompt_kinds": sorted({kind_of.get(o, "other") for o in train_prompts + val_prompts}),
+                 "excluded_kinds": sorted(exclude_kinds)},
         "training": {"optimizer": "Adam lr 1e-3, batch 512", "val_fraction": val_fraction, "seed": seed,
                      "max_epochs": epochs, "patience": patience, "torch": torch.__version__},
-        "models": models,
+        "models": {kind: model.info for kind, model in models.items()},
     }
     (out / "card.json").write_text(json.dumps(card, indent=1), encoding="utf-8")
     return card

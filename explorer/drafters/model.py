@@ -40,7 +40,7 @@ class ModelDrafter(Drafter):
         q_top: dict[int, list] = {}  # row -> top tokens of q there, for the trace
         features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
         policy = engine.stop_policy
-        want_features = policy.needs_features or engine.capture_features
+        want_features = policy.needs_features or engine.capture_features or engine.adapter is not None
         want_hidden = policy.needs_hidden or engine.capture_features  # an extra output of each forward
         signals = []
         if config.is_lossy:

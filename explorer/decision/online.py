@@ -1,0 +1,189 @@
+"""Online adaptation of a stop policy: every verified step labels its drafted tokens for free.
+
+After verification the target's logits at every drafted token's parent row are known, so each drafted token x gets
+its soft label ``min(1, p(x)/q(x))`` (p, q at temperature 1; the same label the decision models were trained on,
+``collect.py``) whether or not the verifier reached it. An adapter keeps a window of the latest labelled tokens and
+moves the stop policy towards this session's behaviour:
+
+* ``threshold``: refit the policy's threshold from the window's ROC curve (Hugging Face assisted generation does
+  this for its confidence threshold, ``AssistedCandidateGenerator.update_candidate_strategy``: the threshold that
+  minimises ``fpr + c * fnr``; transformers uses c = 3 with hard labels, here soft labels are weighted as in
+  ``evaluate.py`` and c defaults to 1, Youden's J, the rule the shipped card's threshold comes from). Works for the
+  ``confidence``, ``decision`` and ``prune`` policies, whose scores are per-token acceptance estimates.
+* ``last-layer``: refit the decision model's last linear layer on the window (the earlier layers stay frozen, so a
+  token's penultimate activations are computed once), in the spirit of online speculative decoding (Liu et al.
+  2023, OSD, arXiv 2310.07177), which keeps adapting the draft side to the queries it serves. The fit is a MAP
+  logistic regression: binary cross-entropy on the soft labels plus a Gaussian prior centred on the shipped
+  layer (``prior`` records' worth), solved by a few Newton steps, deterministic and cheap (33 parameters for
+  ``dist``). The threshold stays tau; what moves is the predicted acceptance it is compared with. Works for every
+  learned policy (``decision``, ``prune``, ``specdec++``).
+
+Either way only *how much* is drafted changes: verification never reads the policy, so the output law is the
+target's (the audit checks it with adaptation on). The adapter outlives ``Engine.rewind`` like a session would.
+Each step's ``update`` returns plain data for the trace (``StepTrace.adaptation``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+
+import numpy as np
+import torch
+
+from ..stopping import ADAPT_MODES, adapt_problem
+
+WINDOW = 512  # labelled tokens kept (the latest)
+MIN_RECORDS = 16  # no refit before this many labels (and, for the threshold, both outcomes seen)
+
+
+class AdaptError(ValueError):
+    """An adaptation mode that cannot work with the chosen stop policy."""
+
+
+class OnlineAdapter:
+    """Moves a stop policy with labels from verified steps.
+
+    Args:
+        mode: ``"threshold"`` or ``"last-layer"`` (``ADAPT_MODES`` minus ``off``).
+        policy: the engine's ``stopping.StopPolicy``; a ``last-layer`` adapter gives it its own copy of the
+            decision model (the shipped one stays untouched).
+        window: labelled tokens kept; fnr_cost: c in ``fpr + c * fnr`` (threshold mode);
+        prior: weight of the shipped layer in records (last-layer mode); newton_steps: per refit.
+    Raises:
+        AdaptError: ``threshold`` with ``specdec++`` (its score is a path product, not a token's acceptance), or
+            ``last-layer`` with a policy that reads no decision model.
+    """
+
+    def __init__(self, mode: str, policy, *, window: int = WINDOW, fnr_cost: float = 1.0, prior: float = 32.0,
+                 newton_steps: int = 3):
+        if mode == "off":
+            raise AdaptError("adaptation off needs no adapter (make_adapter returns None)")
+        problem = adapt_problem(mode, policy.name)
+        if problem:
+            raise AdaptError(problem)
+        self.mode, self.policy = mode, policy
+        self.fnr_cost, self.prior, self.newton_steps = float(fnr_cost), float(prior), int(newton_steps)
+        self.scores: deque = deque(maxlen=window)  # threshold mode: the policy's score of each labelled token
+        self.acts: deque = deque(maxlen=window)  # last-layer mode: penultimate activations (float64 rows)
+        self.labels: deque = deque(maxlen=window)
+        self.start_threshold = float(policy.threshold)
+        if mode == "last-layer":
+            self.frozen = policy.model
+            policy.model = copy.deepcopy(policy.model)
+            last = policy.model.net.layers[-1]
+            self.theta0 = _theta(last)  # the shipped layer: the prior's centre
+
+    @property
+    def needs(self) -> str:
+        """What ``update`` needs per token besides its label: ``"score"`` or ``"inputs"`` (model inputs)."""
+        return "score" if self.mode == "threshold" else "inputs"
+
+    def update(self, soft: torch.Tensor, scores: torch.Tensor | None = None,
+               inputs: dict | None = None) -> dict:
+        """Learn from one verified step.
+
+        Args:
+            soft: float32 ``(n,)`` soft labels of the step's drafted tokens.
+            scores: float32 ``(n,)`` the policy's score of each (threshold mode).
+            inputs: ``{"hidden"|"dist"|"path": (n, F)}`` the decision model's inputs (last-layer mode).
+        Returns:
+            plain data for the trace: ``mode``, ``records`` (window size), ``threshold`` (the policy's setting now),
+            ``label_mean`` (mean soft label of this step), and in last-layer mode ``pred_frozen`` / ``pred_before``
+            / ``pred_after`` (mean predicted acceptance of this step's tokens by the shipped model, by the adapted
+            one that drafted them, and after this refit) plus ``bias`` and ``weight_shift`` (L2 distance of the
+            layer from the shipped one).
+        """
+        soft = soft.detach().float().cpu()
+        out = {"mode": self.mode, "tokens": int(soft.numel()),
+               "label_mean": float(soft.mean()) if soft.numel() else None}
+        self.labels.extend(soft.tolist())
+        if self.mode == "threshold":
+            self.scores.extend(scores.detach().float().cpu().tolist())
+            if len(self.labels) >= MIN_RECORDS:
+                t = roc_threshold(np.array(self.scores), np.array(self.labels), self.fnr_cost)
+                if t is not None:
+                    self.policy.threshold = t
+        else:
+            model = self.policy.model
+            with torch.inference_mode():
+                acts = _penultimate(model, inputs)
+                out["pred_frozen"] = _mean(self.frozen.predict(**inputs))
+                out["pred_before"] = _mean(model.predict(**inputs))
+            self.acts.extend(acts.double().numpy())
+            if len(self.labels) >= MIN_RECORDS:
+                self._refit(model)
+            with torch.inference_mode():
+                out["pred_after"] = _mean(model.predict(**inputs))
+            theta = _theta(model.net.layers[-1])
+            out["bias"] = float(theta[-1])
+            out["weight_shift"] = float(np.linalg.norm(theta - self.theta0))
+        out["records"] = len(self.labels)
+        out["threshold"] = float(self.policy.threshold)
+        return out
+
+    def summary(self) -> dict:
+        """Where the adapter stands: ``mode``, ``records``, ``threshold``, ``label_mean`` over the window, and for
+        ``last-layer`` the layer's ``weight_shift`` from the shipped one."""
+        out = {"mode": self.mode, "records": len(self.labels), "threshold": float(self.policy.threshold),
+               "label_mean": float(np.mean(self.labels)) if self.labels else None}
+        if self.mode == "last-layer":
+            out["weight_shift"] = float(np.linalg.norm(_theta(self.policy.model.net.layers[-1]) - self.theta0))
+        return out
+
+    def _refit(self, model) -> None:
+        """MAP logistic regression of the last layer on the window, prior N(theta0, (1 / prior) * diag(scale))."""
+        a = np.asarray(self.acts)
+        x = np.hstack([a, np.ones((len(a), 1))])
+        y = np.asarray(self.labels)
+        scale = np.append(np.mean(a * a, axis=0) + 1e-3, 1.0)  # the prior in each input's own units
+        lam = self.prior * scale
+        theta = _theta(model.net.layers[-1])
+        for _ in range(self.newton_steps):
+            p = 1.0 / (1.0 + np.exp(-np.clip(x @ theta, -30, 30)))
+            grad = x.T @ (p - y) + lam * (theta - self.theta0)
+            hess = (x * (p * (1 - p))[:, None]).T @ x + np.diag(lam)
+            theta = theta - np.linalg.solve(hess, grad)
+        last = model.net.layers[-1]
+        with torch.no_grad():
+            last.weight.copy_(torch.from_numpy(theta[:-1]).reshape_as(last.weight))
+            last.bias.copy_(torch.from_numpy(theta[-1:]).reshape_as(last.bias))
+
+
+def roc_threshold(scores: np.ndarray, soft: np.ndarray, fnr_cost: float = 1.0) -> float | None:
+    """The score threshold minimising ``fpr + fnr_cost * fnr`` on soft labels (each token counts as accepted with
+    weight ``soft``, rejected with ``1 - soft``); None while the window holds no evidence of both outcomes.
+    Returned in [0, 1]."""
+    from sklearn.metrics import roc_curve
+
+    pos, neg = float(soft.sum()), float((1 - soft).sum())
+    if pos < 1e-6 or neg < 1e-6:
+        return None
+    y = np.concatenate([np.ones_like(soft), np.zeros_like(soft)])
+    fpr, tpr, thr = roc_curve(y, np.concatenate([scores, scores]), sample_weight=np.concatenate([soft, 1 - soft]))
+    best = int(np.argmin(fpr + fnr_cost * (1 - tpr)))
+    return float(np.clip(thr[best], 0.0, 1.0))
+
+
+def _theta(layer) -> np.ndarray:
+    return np.concatenate([layer.weight.detach().double().numpy().ravel(), layer.bias.detach().double().numpy()])
+
+
+def _penultimate(model, inputs: dict) -> torch.Tensor:
+    """The decision MLP's activations before its last linear layer, float32 ``(n, width)``."""
+    x = model.inputs(**{k: inputs.get(k) for k in ("hidden", "dist", "path")})
+    return model.net.layers[:-1](x)
+
+
+def _mean(t: torch.Tensor) -> float | None:
+    return float(t.float().mean()) if t.numel() else None
+
+
+def make_adapter(mode: str, policy) -> OnlineAdapter | None:
+    """None for ``off``, else an OnlineAdapter for ``policy``. Raises AdaptError as OnlineAdapter does."""
+    if mode == "off":
+        return None
+    return OnlineAdapter(mode, policy)
+
+
+__all__ = ["ADAPT_MODES", "AdaptError", "OnlineAdapter", "make_adapter", "roc_threshold"]
