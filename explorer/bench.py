@@ -26,6 +26,7 @@ import torch
 from .config import DEFAULTS, MethodConfig
 from .metrics import run_metrics
 from .sampling import SamplingConfig
+from .stopping import LEARNED_POLICIES
 
 HF_ASSISTED = "hf-assisted"
 HF_ASSISTED_BF16 = "hf-assisted-bf16"  # the unquantized draft, as users run it (same as hf-assisted without quant)
@@ -160,7 +161,7 @@ def aggregate(rows: list[dict]) -> dict:
 
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
           temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
-          kv_cache: str = "dynamic", graphs: bool = False, progress=lambda msg: None) -> dict:
+          kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, progress=lambda msg: None) -> dict:
     """Run ``methods`` over ``prompts_ids`` at each temperature.
 
     Args:
@@ -168,6 +169,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             ``"mcsd-improved/prune"``, as long as its config says which method it is.
         kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``kv_cache.py``); ``graphs``: our forwards
             through CUDA graphs (``graphs.py``; needs ``static``).
+        decision_dir: a decision-model folder (``decision train``) the learned stop policies read instead of the
+            one shipped for the pair (e.g. a model trained without the prompt kind being benched).
     Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
     run (a session's matrix keeps learning); each temperature starts with an empty one.
 
@@ -184,6 +187,16 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             configs[m] = method_for_label(m)
 
     matrices: dict = {}  # method -> Token Recycling matrix carried to its next prompt
+    decision_models: dict = {}  # model kind -> the model read from decision_dir
+
+    def decision_model(config):
+        if decision_dir is None or config.stop_policy_name() not in LEARNED_POLICIES:
+            return None  # the engine loads the shipped one
+        if config.decision_model not in decision_models:
+            from .decision.model import load_decision_model
+
+            decision_models[config.decision_model] = load_decision_model(decision_dir, config.decision_model)
+        return decision_models[config.decision_model]
 
     def one(method, ids, sampling, n):
         if method == HF_ASSISTED:
@@ -193,7 +206,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if method == HF_PROMPT_LOOKUP:
             return run_hf_assisted(pair, ids, n, sampling, lookup=True)
         row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
-                         recycling_state=matrices.get(method))
+                         recycling_state=matrices.get(method), decision_model=decision_model(configs[method]))
         matrices[method] = row.pop("recycling_state")
         return row
 

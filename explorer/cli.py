@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .config import DEFAULTS, METHODS, VERIFIERS, MethodConfig
 from .prompts import Prompt, PromptError, load_prompt_set
-from .stopping import ADAPT_MODES, STOP_POLICY_NAMES
+from .stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
 from .tree import TreeShapeError, parse_k_config, parse_tree_template
 
 
@@ -50,7 +50,7 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
                                                             "specdec++ read a learned decision model)")
     g.add_argument("--threshold", type=float, help="stop threshold tau (specdec++: h); default per policy")
-    g.add_argument("--decision-model", choices=["dist", "path", "hidden"],
+    g.add_argument("--decision-model", choices=DECISION_MODELS,
                    help="decision model the learned stop policies read (default dist)")
     g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
     g.add_argument("--adapt", choices=ADAPT_MODES, help="online adaptation of the stop policy during the run: "
@@ -296,13 +296,14 @@ def cmd_bench(args) -> int:
 
     result = bench(pair, ids, methods=methods, temperatures=temps, max_new_tokens=args.max_new_tokens,
                    seed=args.seed, warmup=args.warmup, top_p=args.top_p,
-                   kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs, progress=progress)
+                   kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs,
+                   decision_dir=args.decision_dir, progress=progress)
     bar.close()
     result["meta"] = {
         "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
         "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "warmup": args.warmup,
         "kv_cache": "static" if args.graphs else args.kv_cache, "graphs": args.graphs,
-        **run_facts(pair)}
+        "decision_dir": args.decision_dir or "shipped", **run_facts(pair)}
     paths = write_reports(result, args.out)
     print(Path(paths["md"]).read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
@@ -355,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn = sub.add_parser("bench", help="tokens/s of each method against ar and hf-assisted, same run; reports")
     bn.add_argument("--prompt-file", required=True, help="humaneval, mt-bench or a JSONL file")
     bn.add_argument("--range", default="0:4", metavar="START:STOP", help="slice of the prompt file")
-    bn.add_argument("--methods", default=",".join(BENCH_METHODS))
+    bn.add_argument("--methods", default=",".join(BENCH_METHODS),
+                    help="comma-separated; a method may carry settings, e.g. mcsd-improved+adapt=last-layer")
     bn.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")
     bn.add_argument("--top-p", type=float, default=1.0)
     bn.add_argument("--max-new-tokens", type=int, default=128)
@@ -365,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--out", default="reports/bench", help="folder for bench.json / .csv / .md / .html")
     bn.add_argument("--kv-cache", default="dynamic", choices=["dynamic", "static"],
                     help="our engine's KV cache: dynamic (grows) or static (preallocated, fixed shapes)")
+    bn.add_argument("--decision-dir", help="decision-model folder for the learned stop policies (default: shipped)")
     bn.add_argument("--graphs", action="store_true",
                     help="our forwards through CUDA graphs per query-size bucket (implies --kv-cache static)")
     _add_model_args(bn)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
-from .stopping import DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
+from .stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
 from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
 
 MAX_TREE_NODES = 512
@@ -110,8 +110,8 @@ class MethodConfig:
             problem = adapt_problem(self.adapt, self.stop)
             if problem:
                 raise ValueError(problem)
-        if self.decision_model not in ("hidden", "dist", "path"):
-            raise ValueError(f"unknown decision model {self.decision_model!r}; use dist, path or hidden")
+        if self.decision_model not in DECISION_MODELS:
+            raise ValueError(f"unknown decision model {self.decision_model!r}; use {', '.join(DECISION_MODELS)}")
         if self.threshold is None:
             object.__setattr__(self, "threshold", DEFAULT_THRESHOLDS[self.stop])
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):

@@ -377,23 +377,17 @@ class Engine:
     def _adapt(self, d: Drafted, v: "_Verified") -> dict:
         """Label the step's model-drafted tokens (soft labels from the target's logits) and let the adapter learn.
         Returns its record for the trace."""
-        from .decision.features import path_features, token_labels
+        from .decision.features import model_inputs, token_labels
 
         tree = d.tree
         nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features]
         if not nodes:
             return {"mode": self.adapter.mode, "tokens": 0, "threshold": float(self.stop_policy.threshold)}
-        q1 = [d.features[i][2] for i in nodes]
-        _, soft, _ = token_labels(tree, nodes, q1, v.p_rows)
+        _, soft, _ = token_labels(tree, nodes, [d.features[i].q for i in nodes], v.p_rows)
         if self.adapter.needs == "score":
             scores = [d.predicted[i] if i in d.predicted else d.q_show.get(i, 0.0) for i in nodes]
             return self.adapter.update(soft, scores=torch.tensor(scores, dtype=torch.float32))
-        dist = torch.stack([d.features[i][1] for i in nodes]).float().cpu()
-        inputs = {"dist": dist,
-                  "path": path_features(dist, torch.tensor(q1), torch.tensor([tree.depth[i] for i in nodes]),
-                                        torch.tensor([d.features[i][3] for i in nodes]))}
-        if self.stop_policy.needs_hidden:
-            inputs["hidden"] = torch.stack([d.features[i][0] for i in nodes]).float().cpu()
+        inputs = model_inputs(d.features, nodes, [tree.depth[i] for i in nodes], hidden=self.stop_policy.needs_hidden)
         return self.adapter.update(soft, inputs=inputs)
 
     def _truncate(self, tokens: list[int]) -> list[int]:

@@ -322,6 +322,45 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
     return fig
 
 
+def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
+    """Online adaptation of the stop policy over a run (``StepTrace.adaptation``): the threshold in force at each
+    step; the mean soft label of the step's drafted tokens (what the target accepted); for ``last-layer`` the mean
+    predicted acceptance of the same tokens by the shipped model and by the adapting one that drafted them; for
+    ``threshold`` the mean score. ``current``: the step shown in the explorer (0-based), marked."""
+    fig = go.Figure()
+    steps = [s for s in run.steps if s.adaptation]
+    if not steps:
+        fig.add_annotation(text="online adaptation is off in this run", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+        fig.update_layout(height=300, title="Stop-policy adaptation")
+        return fig
+    mode = steps[0].adaptation["mode"]
+    xs = [s.index + 1 for s in steps]
+
+    def line(key, name, **style):
+        ys = [s.adaptation.get(key) for s in steps]
+        if any(y is not None for y in ys):
+            fig.add_trace(go.Scatter(x=xs, y=ys, name=name, **style))
+
+    # the threshold a step was drafted with is the one in force after the previous step's refit
+    start = run.settings.get("method", {}).get("threshold")
+    used = [start] + [s.adaptation.get("threshold") for s in steps[:-1]]
+    fig.add_trace(go.Scatter(x=xs, y=used, mode="lines", line=dict(color="#000", dash="dash", shape="hv"),
+                             name="threshold τ (adapting)" if mode == "threshold" else "threshold τ"))
+    line("label_mean", "accepted (mean soft label)", mode="markers", marker=dict(color=STATUS_COLORS[ACCEPTED]))
+    if mode == "last-layer":
+        line("pred_frozen", "predicted, shipped model", mode="lines", line=dict(color="#7f7f7f"))
+        line("pred_before", "predicted, adapting model", mode="lines+markers", line=dict(color="#1f77b4"))
+    else:
+        line("score_mean", "mean score", mode="lines+markers", line=dict(color="#1f77b4"))
+    if current is not None:
+        fig.add_vline(x=current + 1, line=dict(color="#9467bd", width=1, dash="dot"))
+    fig.update_layout(title=f"Stop-policy adaptation over the run ({mode})", height=300,
+                      margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title="step", rangemode="tozero"),
+                      yaxis=dict(title="probability / score", range=[0, 1.05]), legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
 def run_figure(run: RunTrace) -> go.Figure:
     """Tokens committed per step: accepted draft tokens, target roots and the bonus token, stacked."""
     xs = [s.index + 1 for s in run.steps]

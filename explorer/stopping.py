@@ -36,6 +36,8 @@ LEARNED_POLICIES = ("decision", "prune", "specdec++")
 # SpecDec++ at h 0.5 beat h 0.7 on MT-bench (1.15x vs 1.00x) and matched it on HumanEval; in a small HumanEval
 # sweep h 0.3 (the paper's) / 0.5 / 0.7 were within noise of each other.
 DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.75, "prune": 0.75, "specdec++": 0.5}
+# The learned models a policy can read (decision/model.py; docs/decision.md), the default first.
+DECISION_MODELS = ("dist", "path", "context", "hidden")
 # Online adaptation (``decision/online.py``): which policies each mode can move. A threshold refit needs per-token
 # acceptance scores (not SpecDec++'s path products); a last-layer refit needs a decision model.
 ADAPT_MODES = ("off", "threshold", "last-layer")
@@ -58,11 +60,9 @@ class LevelView:
         tree: the step's DraftTree (``explorer.tree``).
         level: 1-based level just drafted.
         q: node index -> the draft's probability of that node's token (as displayed).
-        hidden: float32 ``(n_level_nodes, hidden_size)``, the draft's last hidden state at each new node's parent
-            row, in level order (None unless the policy asked for features).
-        dist: float32 ``(n_level_nodes, 11)``, entropy and top-10 probabilities of the draft distribution at each new
-            node's parent row (None unless asked for).
-        path: float32 ``(n_level_nodes, 14)``, ``dist`` plus log q(x), depth and log cumulative path probability.
+        inputs: the decision models' inputs for the new nodes, in level order (``decision.features.model_inputs``:
+            ``dist`` ``(n, 11)``, ``path`` ``(n, 14)``, ``context`` ``(n, 18)`` float32, and ``hidden`` ``(n, H)``
+            when the policy needs hidden states); empty unless the policy asked for features.
         active: branches (as str) still drafting; the engine only drafts below these.
         accept: node index -> predicted acceptance of earlier levels of this step (filled by learned policies).
     """
@@ -70,9 +70,7 @@ class LevelView:
     tree: object
     level: int
     q: dict
-    hidden: object = None
-    dist: object = None
-    path: object = None
+    inputs: dict = field(default_factory=dict)
     active: set = field(default_factory=set)
     accept: dict = field(default_factory=dict)
 
@@ -186,7 +184,7 @@ class DecisionStop(StopPolicy):
 
     def node_scores(self, view: LevelView) -> dict[int, float]:
         nodes = list(view.tree.level(view.level))
-        pred = self.model.predict(hidden=view.hidden, dist=view.dist, path=view.path).tolist()
+        pred = self.model.predict(**view.inputs).tolist()
         scores = dict(zip(nodes, pred))
         view.accept.update(scores)
         return scores

@@ -251,6 +251,14 @@ class DraftTree:
         """Children of node ``i`` (``-1`` = the anchor) in breadth-first order."""
         return [j for j, p in enumerate(self.parent) if p == i]
 
+    def path_tokens(self, i: int) -> list[int]:
+        """Tokens from the first level down to node ``i`` (empty for ``-1``, the anchor)."""
+        out: list[int] = []
+        while i >= 0:
+            out.append(self.token[i])
+            i = self.parent[i]
+        return out[::-1]
+
     def branch_of(self, i: int) -> int:
         """Index (0-based, among the anchor's children) of the first-level node above ``i``."""
         while self.parent[i] >= 0:

@@ -17,7 +17,7 @@ from explorer.decision.collect import (
     open_data_dir,
 )
 from explorer.decision.evaluate import evaluate_on, score_metrics
-from explorer.decision.features import dist_features
+from explorer.decision.features import CopyIndex, TargetMemory, dist_features
 from explorer.decision.model import (
     DecisionModelError,
     find_shipped,
@@ -90,6 +90,35 @@ def test_collected_features_and_labels_match_plain_forwards(tiny, tiny_data):
         assert int(rec["greedy"][j]) == int(int(p.argmax()) == x)
         assert torch.allclose(rec["hidden"][j].float(), d.hidden_states[-1][0, -1].half().float(), atol=1e-2)
         assert torch.allclose(rec["dist"][j], dist_features(d.logits[0, -1:])[0], atol=1e-5)
+        index = CopyIndex()
+        index.sync(ids)
+        # step 0: the context's n-grams are known, the target has scored nothing yet
+        assert tuple(rec["session"][j].tolist()) == (*index.features([x]), 0.0, 0.0)
+    later = torch.nonzero(rec["step"] > 0).flatten()
+    assert rec["session"][later, 3].min() >= 0 and rec["session"][later, 3].max() == 1.0  # rows remembered
+
+
+def test_target_memory_ranks():
+    m = TargetMemory(k=3)
+    assert m.features(5, 7) == (0.0, 0.0)
+    m.update([5, 6], [[7, 8, 9, 10], [1]])
+    assert m.rows[5] == [7, 8, 9] and m.features(5, 8) == (0.5, 1.0) and m.features(5, 10) == (0.0, 1.0)
+    m.update([5], [[9]])  # a later verdict replaces the row
+    assert m.features(5, 9) == (1.0, 1.0) and m.features(5, 7) == (0.0, 1.0)
+
+
+def test_copy_index_match_lengths():
+    index = CopyIndex()
+    index.sync([1, 2, 3, 4, 5, 1, 2, 3])
+    assert index.features([4]) == (4, 3)  # "1 2 3 4" occurs; "1 2 3" occurs followed (by 4)
+    assert index.features([9]) == (0, 3)  # the context suggests 4, the draft says 9
+    assert index.features([4, 5]) == (5, 4) and index.features([4, 6]) == (0, 4)
+    index.sync([1, 2, 3, 4, 5, 1, 2, 3, 4, 5])  # grows in place
+    assert index.features([1]) == (6, 5)
+    index.sync([7, 8])  # not an extension (a new run): rebuilt
+    assert index.tokens == [7, 8] and index.features([8]) == (0, 0) and index.features([7]) == (1, 0)
+    index.sync([7, 8, 7])
+    assert index.features([8]) == (2, 1)
 
 
 def test_collect_refuses_a_folder_of_other_settings(tiny, tiny_data):
@@ -105,7 +134,7 @@ def test_collect_refuses_a_folder_of_other_settings(tiny, tiny_data):
         open_data_dir(out, meta)
 
 
-def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn"):
+def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn", kinds=("chat",)):
     """A data folder whose soft label is a known function of the features: a model must learn it."""
     gen = torch.Generator().manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,9 +152,10 @@ def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn"):
         rows = {"hidden": list(hidden.half()), "dist": list(dist), "depth": [1] * per_prompt,
                 "cum_q": [0.5] * per_prompt, "q": [0.5] * per_prompt, "p": (soft * 0.5).tolist(),
                 "soft": soft.tolist(), "greedy": (soft > 0.5).int().tolist(), "step": [0] * per_prompt,
-                "token": [1] * per_prompt}
+                "token": [1] * per_prompt, "session": (z[:, None] > 0).float().repeat(1, 4).tolist()}
         save_file(_to_tensors(rows, 16), str(folder / f"shard-{source}-{k}.safetensors"),
-                  metadata={"prompt_id": str(k), "source": source, "temperature": "0"})
+                  metadata={"prompt_id": str(k), "source": source, "temperature": "0",
+                            "kind": kinds[k % len(kinds)]})
 
 
 def test_training_learns_a_known_signal_and_writes_a_card(tmp_path):
@@ -149,6 +179,27 @@ def test_training_learns_a_known_signal_and_writes_a_card(tmp_path):
     report = evaluate_on(tmp_path / "model", [tmp_path / "fresh"])
     assert report["prompts"] == 3 and report["models"]["hidden"]["roc_auc"] > oracle["roc_auc"] - 0.03
     assert report["models"]["hidden"]["ece"] < 0.2
+
+
+def test_leaving_a_kind_out_scores_it_with_models_that_never_saw_it(tmp_path):
+    from explorer.decision.generalise import leave_one_kind_out, markdown_table
+
+    _synthetic(tmp_path / "data", n_prompts=9, per_prompt=150, kinds=("code", "math", "chat"))
+    report = leave_one_kind_out([tmp_path / "data"], models=("dist", "context"), epochs=30, patience=4)
+    assert report["kinds"] == {"chat": 3, "code": 3, "math": 3}
+    assert {(r["held_out"], r["model"]) for r in report["rows"]} == {(k, m) for k in ("chat", "code", "math")
+                                                                     for m in ("dist", "context")}
+    for r in report["rows"]:  # the signal is the same in every kind: a model trained on the others finds it
+        assert r["records"] == 450 and r["train_prompts"] == 6 and r["roc_auc"] > 0.85, r
+    assert report["worst"]["dist"] == min(r["roc_auc"] for r in report["rows"] if r["model"] == "dist")
+    table = markdown_table(report)
+    assert "| math | 3 | 450 |" in table and "**worst**" in table
+    with pytest.raises(ValueError, match="no prompts of kind"):
+        leave_one_kind_out([tmp_path / "data"], held_out=["poetry"], models=("dist",))
+    # train can leave kinds out too; its card says which
+    card = train_models([tmp_path / "data"], tmp_path / "model", epochs=5, exclude_kinds=["math"])
+    assert card["data"]["excluded_kinds"] == ["math"] and card["data"]["prompt_kinds"] == ["chat", "code"]
+    assert card["data"]["prompts"] == 6
 
 
 def test_split_is_by_prompt_and_reproducible():

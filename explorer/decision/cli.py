@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from ..cli import _add_model_args, _load_pair
+from ..stopping import DECISION_MODELS
+from .model import KINDS
 
 
 def cmd_collect(args) -> int:
@@ -153,7 +155,7 @@ def add_decision_parser(sub) -> None:
     ge = dsub.add_parser("generalise", help="leave one prompt kind out: train without it, ROC-AUC on it, per model")
     ge.add_argument("--data", action="append", required=True, help="data folder from collect (repeatable)")
     ge.add_argument("--held-out", help="kinds to hold out, comma-separated (default: every kind in the data)")
-    ge.add_argument("--models", default="hidden,dist,path", help="model kinds to train")
+    ge.add_argument("--models", default=",".join(KINDS), help="model kinds to train")
     ge.add_argument("--seed", type=int, default=0)
     ge.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     ge.set_defaults(func=cmd_generalise)
@@ -164,7 +166,7 @@ def add_decision_parser(sub) -> None:
     ab.add_argument("--policies", default="none,confidence,decision,prune,specdec++")
     ab.add_argument("--thresholds", default="", help="per-policy thresholds, e.g. decision=0.4,specdec++=0.5")
     ab.add_argument("--decision-dir", help="decision-model folder (default: the shipped one)")
-    ab.add_argument("--decision-model", choices=["dist", "path", "hidden"], help="model the learned policies read")
+    ab.add_argument("--decision-model", choices=DECISION_MODELS, help="model the learned policies read")
     ab.add_argument("--temperatures", default="0,0.7")
     ab.add_argument("--max-new-tokens", type=int, default=64)
     ab.add_argument("--seed", type=int, default=0)

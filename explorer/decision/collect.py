@@ -9,7 +9,9 @@ The data set is a folder (format documented in ``docs/decision.md``):
   collection resumes where it stopped (prompts with a shard are skipped). Tensors, one row per drafted token:
   ``hidden`` float16 ``(n, H)``, ``dist`` float32 ``(n, 11)``, ``depth`` int32, ``cum_q`` float32 (product of q
   along the path), ``q`` and ``p`` float32 (the token's probability under draft and target at temperature 1),
-  ``soft`` float32 ``min(1, p/q)``, ``greedy`` uint8 (token == argmax p), ``step`` int32, ``token`` int64. The
+  ``soft`` float32 ``min(1, p/q)``, ``greedy`` uint8 (token == argmax p), ``step`` int32, ``token`` int64,
+  ``session`` float32 ``(n, 4)`` (``features.SESSION_FEATURE_NAMES``: n-gram matches in the context, the target's
+  earlier verdicts after the parent token). The
   shard's metadata holds the prompt id, its source and the sampling temperature of its run.
 
 Prompts alternate between greedy decoding (even positions) and temperature 1 (odd), so that both the contexts a
@@ -28,12 +30,12 @@ import torch
 from ..config import MethodConfig
 from ..prompts import Prompt
 from ..sampling import SamplingConfig
-from .features import DIST_FEATURE_NAMES, token_labels
+from .features import DIST_FEATURE_NAMES, SESSION_FEATURE_NAMES, token_labels
 
 DATA_FORMAT = 1
 COLLECT_CONFIG = MethodConfig(method="mcsd-improved", k_config=(2, 2, 2), max_depth=6, stop="none")
 _HOST = torch.device("cpu")  # shards are host data, whatever device the models run on
-SHARD_TENSORS = ("hidden", "dist", "depth", "cum_q", "q", "p", "soft", "greedy", "step", "token")
+SHARD_TENSORS = ("hidden", "dist", "depth", "cum_q", "q", "p", "soft", "greedy", "step", "token", "session")
 
 
 class DataError(ValueError):
@@ -49,9 +51,9 @@ def step_records(engine) -> dict[str, list]:
     d, v = engine.last_step
     tree, rows = d.tree, {k: [] for k in SHARD_TENSORS}
     nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features]
-    p, soft, greedy = token_labels(tree, nodes, [d.features[i][2] for i in nodes], v.p_rows)
+    p, soft, greedy = token_labels(tree, nodes, [d.features[i].q for i in nodes], v.p_rows)
     for n, i in enumerate(nodes):
-        hidden, dist, q1, cum = d.features[i]
+        hidden, dist, q1, cum, session = d.features[i]
         rows["hidden"].append(hidden.to(_HOST, torch.float16))
         rows["dist"].append(dist.cpu())
         rows["depth"].append(tree.depth[i])
@@ -62,6 +64,7 @@ def step_records(engine) -> dict[str, list]:
         rows["greedy"].append(int(greedy[n]))
         rows["step"].append(len(engine.trace.steps) - 1)
         rows["token"].append(tree.token[i])
+        rows["session"].append(list(session))
     return rows
 
 
@@ -78,6 +81,7 @@ def _to_tensors(rows: dict[str, list], hidden_size: int) -> dict[str, torch.Tens
         "greedy": torch.tensor(rows["greedy"], dtype=torch.uint8, device=_HOST),
         "step": torch.tensor(rows["step"], dtype=torch.int32, device=_HOST),
         "token": torch.tensor(rows["token"], dtype=torch.int64, device=_HOST),
+        "session": torch.tensor(rows["session"], dtype=torch.float32, device=_HOST).reshape(n, len(SESSION_FEATURE_NAMES)),
     }
 
 
@@ -202,8 +206,10 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
                 with safe_open(str(shard), framework="pt") as f:
                     got = {k: f.get_tensor(k) for k in SHARD_TENSORS}
                     info = f.metadata() or {}
-            except (OSError, SafetensorError, KeyError) as exc:
+            except (OSError, SafetensorError) as exc:
                 raise DataError(f"cannot read {shard}: {exc}") from None
+            except KeyError as exc:
+                raise DataError(f"{shard} has no tensor {exc}: collected by an older version, collect again") from None
             n = int(got["depth"].shape[0])
             for k in SHARD_TENSORS:
                 parts[k].append(got[k])

@@ -9,6 +9,15 @@ For a token ``x`` drafted from the draft's distribution ``q`` at its parent row:
 * ``path``: ``dist`` plus ``log q(x)``, ``depth`` and ``log prod q`` (14 numbers). The seed's two models read
   ``hidden`` and ``dist``, which are the same for all children of one node, so siblings get one score; ``path``
   (beyond the seed) tells a tree's siblings apart.
+* ``session`` (4 numbers), what the run so far says about x beyond the draft's own distribution:
+  two n-gram match lengths against the committed context (``CopyIndex``): ``copy_len``, the longest n <= 8 such
+  that the last n tokens of context + path *including* x occur in the context, and ``ctx_len``, the longest n such
+  that the n tokens *before* x occur in the context followed by some token (``copy_len = ctx_len + 1``: x continues
+  the longest earlier occurrence of what precedes it, what prompt lookup would propose); and two from the target's
+  own earlier verdicts (``TargetMemory``, Token Recycling's adjacency matrix used as evidence): ``target_rank``,
+  1 / rank of x among the target's top candidates the last time it scored x's parent token (0 when absent), and
+  ``target_known``, whether it has scored that token yet.
+* ``context``: ``path`` plus ``session`` (18 numbers).
 
 ``q`` here is the plain softmax of the draft's logits (temperature 1), whatever the sampling settings, so the same
 model serves greedy and sampled decoding. Labels (``collect.py``): the soft label ``min(1, p(x)/q(x))`` with
@@ -17,12 +26,71 @@ both distributions at temperature 1, and the greedy label ``x == argmax p``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 N_TOP = 10
 N_DIST_FEATURES = 1 + N_TOP
 DIST_FEATURE_NAMES = ["entropy"] + [f"top{i + 1}" for i in range(N_TOP)]
 PATH_FEATURE_NAMES = DIST_FEATURE_NAMES + ["log_q", "depth", "log_cum_q"]
+SESSION_FEATURE_NAMES = ["copy_len", "ctx_len", "target_rank", "target_known"]
+CONTEXT_FEATURE_NAMES = PATH_FEATURE_NAMES + SESSION_FEATURE_NAMES
+MAX_COPY_NGRAM = 8
+MEMORY_K = 8  # target candidates remembered per token
+
+
+class NodeFeatures(NamedTuple):
+    """What the drafter records for one drafted node (temperature-1 quantities, host or device tensors).
+
+    hidden: ``(H,)`` the draft's last hidden state at the parent row, or None when not asked for;
+    dist: ``(11,)``; q: q(x) at temperature 1; cum_q: prod q over the drafted path; session: the 4 ``session``
+    features (``SESSION_FEATURE_NAMES``).
+    """
+
+    hidden: object
+    dist: torch.Tensor
+    q: float
+    cum_q: float
+    session: tuple
+
+
+class CopyIndex:
+    """The n-grams (n <= ``MAX_COPY_NGRAM``) of a token sequence that are followed by another token, kept in
+    step with the committed context as it grows (``sync``), to compute the ``copy`` features of drafted tokens.
+    Only followed n-grams count, for both lengths: the context's own last n-gram is where the draft starts, not an
+    earlier occurrence.
+    """
+
+    def __init__(self, n_max: int = MAX_COPY_NGRAM):
+        self.n_max = n_max
+        self.tokens: list[int] = []
+        self.follow: set[tuple] = set()  # n-grams ending before the last token
+
+    def sync(self, context: list[int]) -> None:
+        """Catch up with ``context`` (the committed tokens); rebuilds when it is not an extension of the last
+        one (a rewind, a new run)."""
+        L = len(self.tokens)
+        if len(context) < L or context[max(0, L - self.n_max):L] != self.tokens[max(0, L - self.n_max):]:
+            self.tokens, self.follow, L = [], set(), 0
+        self.tokens = list(context)
+        for end in range(max(0, L - 1), len(context) - 1):  # n-grams ending at `end` are followed by end + 1
+            for n in range(1, min(self.n_max, end + 1) + 1):
+                self.follow.add(tuple(context[end - n + 1:end + 1]))
+
+    def features(self, path: list[int]) -> tuple[int, int]:
+        """``(copy_len, ctx_len)`` of the last token of ``path`` (drafted tokens after the context, x last)."""
+        s = self.tokens[-self.n_max:] + list(path)
+
+        def longest(seq: list[int]) -> int:
+            best = 0
+            for n in range(1, min(self.n_max, len(seq)) + 1):
+                if tuple(seq[-n:]) not in self.follow:
+                    break  # a longer n-gram cannot occur (followed) where its own suffix does not
+                best = n
+            return best
+
+        return longest(s), longest(s[:-1])
 
 
 def dist_features(logits: torch.Tensor, lse: torch.Tensor | None = None,
@@ -54,6 +122,42 @@ def path_features(dist: torch.Tensor, q: torch.Tensor, depth: torch.Tensor, cum_
     Probabilities are floored at 1e-12 before the log."""
     cols = [q.float().clamp_min(1e-12).log(), depth.float(), cum_q.float().clamp_min(1e-12).log()]
     return torch.cat([dist.float(), torch.stack(cols, dim=-1)], dim=-1)
+
+
+class TargetMemory:
+    """The target's top ``k`` next tokens after each token id, from the latest verification that scored it (the
+    adjacency matrix of Token Recycling, Luo et al. 2024, read here as evidence for the stop policy)."""
+
+    def __init__(self, k: int = MEMORY_K):
+        self.k = k
+        self.rows: dict[int, list[int]] = {}
+
+    def update(self, tokens: list[int], candidates: list[list[int]]) -> None:
+        """Overwrite the rows of ``tokens`` with their candidates (best first; later entries win)."""
+        for t, c in zip(tokens, candidates):
+            self.rows[int(t)] = [int(x) for x in c[: self.k]]
+
+    def features(self, parent_token: int, token: int) -> tuple[float, float]:
+        """``(target_rank, target_known)``: 1 / rank of ``token`` in the row of ``parent_token`` (0 if absent)."""
+        row = self.rows.get(int(parent_token))
+        if row is None:
+            return 0.0, 0.0
+        return (1.0 / (row.index(token) + 1) if token in row else 0.0), 1.0
+
+
+def model_inputs(features: dict, nodes: list[int], depth: list[int], hidden: bool = False) -> dict:
+    """Every decision model's inputs for ``nodes`` from the drafter's ``NodeFeatures`` (``features[node]``):
+    ``{"dist": (n, 11), "path": (n, 14), "context": (n, 18)}`` float32 on the features' device, plus
+    ``"hidden"`` ``(n, H)`` when asked for. ``depth``: each node's depth."""
+    dist = torch.stack([features[i].dist for i in nodes]).float()
+    at = dist.device
+    path = path_features(dist, torch.tensor([features[i].q for i in nodes], device=at),
+                         torch.tensor(depth, device=at), torch.tensor([features[i].cum_q for i in nodes], device=at))
+    session = torch.tensor([features[i].session for i in nodes], device=at, dtype=torch.float32)
+    out = {"dist": dist, "path": path, "context": torch.cat([path, session.reshape(len(nodes), -1)], dim=-1)}
+    if hidden:
+        out["hidden"] = torch.stack([features[i].hidden for i in nodes]).float()
+    return out
 
 
 def token_labels(tree, nodes: list[int], q1: list[float], p_rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,7 +7,10 @@ model knows when it drafts a token, how likely the target is to accept it:
   0.5B draft), layers ``hidden_size -> 512 -> 256 -> 1`` by default;
 * ``dist``: input the 11 distribution features (entropy and top-10 probabilities of q), ``11 -> 64 -> 32 -> 1``;
 * ``path`` (beyond the seed): ``dist`` plus the token's own ``log q(x)``, its depth and ``log`` of the cumulative
-  path probability, ``14 -> 64 -> 32 -> 1``; unlike the other two it scores a node's children differently.
+  path probability, ``14 -> 64 -> 32 -> 1``; unlike the other two it scores a node's children differently;
+* ``context`` (beyond the seed): ``path`` plus four session features (``features.py``: does x continue an earlier
+  occurrence of what precedes it in the context; did the target rank x after the same parent token before),
+  ``18 -> 64 -> 32 -> 1``.
 
 Inputs are standardised with the training set's mean and std (stored with the weights); the output is a
 probability (sigmoid). Files: ``<dir>/<kind>.safetensors`` (weights ``layers.<i>.weight|bias``, ``mean``, ``std``)
@@ -25,8 +28,8 @@ from torch import nn
 from ..jsonfile import parse_json, read_file
 from .features import N_DIST_FEATURES
 
-KINDS = ("hidden", "dist", "path")
-DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32), "path": (64, 32)}
+KINDS = ("hidden", "dist", "path", "context")  # training order; stopping.DECISION_MODELS lists them default first
+DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32), "path": (64, 32), "context": (64, 32)}
 CARD_FORMAT = 1
 ASSETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "decision"
 
@@ -79,9 +82,9 @@ class DecisionModel:
         t = self.info.get("threshold")
         return None if t is None else float(t)
 
-    def inputs(self, hidden: torch.Tensor | None, dist: torch.Tensor | None, path: torch.Tensor | None = None
-               ) -> torch.Tensor:
-        x = {"hidden": hidden, "dist": dist, "path": path}[self.kind]
+    def inputs(self, hidden: torch.Tensor | None = None, dist: torch.Tensor | None = None,
+               path: torch.Tensor | None = None, context: torch.Tensor | None = None) -> torch.Tensor:
+        x = {"hidden": hidden, "dist": dist, "path": path, "context": context}[self.kind]
         if x is None:
             raise DecisionModelError(f"the {self.kind} decision model needs {self.kind} features")
         x = x.float().cpu()
@@ -91,12 +94,13 @@ class DecisionModel:
         return (x - self.mean) / self.std
 
     def predict(self, hidden: torch.Tensor | None = None, dist: torch.Tensor | None = None,
-                path: torch.Tensor | None = None) -> torch.Tensor:
+                path: torch.Tensor | None = None, context: torch.Tensor | None = None) -> torch.Tensor:
         """Predicted acceptance in [0, 1], float32 ``(n,)``, from the features of this model's kind:
-        ``hidden`` ``(n, H)``, ``dist`` ``(n, 11)`` or ``path`` ``(n, 14)`` (``features.py``).
+        ``hidden`` ``(n, H)``, ``dist`` ``(n, 11)``, ``path`` ``(n, 14)`` or ``context`` ``(n, 18)``
+        (``features.py``; other kinds' features may be passed and are ignored).
         Raises DecisionModelError when they are missing or have the wrong width."""
         with torch.inference_mode():
-            return torch.sigmoid(self.net(self.inputs(hidden, dist, path)))
+            return torch.sigmoid(self.net(self.inputs(hidden, dist, path, context)))
 
     def save(self, directory: str | Path) -> Path:
         """Write ``<directory>/<kind>.safetensors`` (weights + standardisation); the card is written separately."""

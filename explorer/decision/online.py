@@ -89,7 +89,7 @@ class OnlineAdapter:
             inputs: ``{"hidden"|"dist"|"path": (n, F)}`` the decision model's inputs (last-layer mode).
         Returns:
             plain data for the trace: ``mode``, ``records`` (window size), ``threshold`` (the policy's setting now),
-            ``label_mean`` (mean soft label of this step), and in last-layer mode ``pred_frozen`` / ``pred_before``
+            ``label_mean`` (mean soft label of this step), in threshold mode ``score_mean``, in last-layer mode ``pred_frozen`` / ``pred_before``
             / ``pred_after`` (mean predicted acceptance of this step's tokens by the shipped model, by the adapted
             one that drafted them, and after this refit) plus ``bias`` and ``weight_shift`` (L2 distance of the
             layer from the shipped one).
@@ -99,7 +99,9 @@ class OnlineAdapter:
                "label_mean": float(soft.mean()) if soft.numel() else None}
         self.labels.extend(soft.tolist())
         if self.mode == "threshold":
-            self.scores.extend(scores.detach().float().cpu().tolist())
+            scores = scores.detach().float().cpu()
+            out["score_mean"] = _mean(scores)
+            self.scores.extend(scores.tolist())
             if len(self.labels) >= MIN_RECORDS:
                 t = roc_threshold(np.array(self.scores), np.array(self.labels), self.fnr_cost)
                 if t is not None:
@@ -171,7 +173,7 @@ def _theta(layer) -> np.ndarray:
 
 def _penultimate(model, inputs: dict) -> torch.Tensor:
     """The decision MLP's activations before its last linear layer, float32 ``(n, width)``."""
-    x = model.inputs(**{k: inputs.get(k) for k in ("hidden", "dist", "path")})
+    x = model.inputs(**inputs)
     return model.net.layers[:-1](x)
 
 

@@ -20,15 +20,18 @@ import torch
 
 from .collect import load_data
 from .evaluate import choose_threshold, score_metrics
-from .features import DIST_FEATURE_NAMES, PATH_FEATURE_NAMES, path_features
+from .features import CONTEXT_FEATURE_NAMES, DIST_FEATURE_NAMES, PATH_FEATURE_NAMES, path_features
 from .model import CARD_FORMAT, DEFAULT_LAYERS, KINDS, DecisionMLP, DecisionModel
 
 FEATURE_TEXT = {
     "hidden": "draft model's last hidden state at the drafted token's parent row",
     "dist": "entropy and top-10 probabilities of the draft distribution q (temperature 1) at the parent row",
     "path": "dist plus log q(x), depth and log cumulative path probability of the token",
+    "context": "path plus the session features: n-gram matches in the committed context and the target's earlier "
+               "top candidates after the parent token",
 }
-FEATURE_NAMES = {"hidden": None, "dist": DIST_FEATURE_NAMES, "path": PATH_FEATURE_NAMES}
+FEATURE_NAMES = {"hidden": None, "dist": DIST_FEATURE_NAMES, "path": PATH_FEATURE_NAMES,
+                 "context": CONTEXT_FEATURE_NAMES}
 
 
 def kind_inputs(kind: str, t: dict) -> torch.Tensor:
@@ -37,7 +40,10 @@ def kind_inputs(kind: str, t: dict) -> torch.Tensor:
         return t["hidden"]
     if kind == "dist":
         return t["dist"]
-    return path_features(t["dist"], t["q"], t["depth"], t["cum_q"])
+    path = path_features(t["dist"], t["q"], t["depth"], t["cum_q"])
+    if kind == "path":
+        return path
+    return torch.cat([path, t["session"].float()], dim=-1)
 
 
 def split_by_prompt(owners: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:

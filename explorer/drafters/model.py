@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import drafting
-from ..decision.features import dist_features, path_features
+from ..decision.features import MEMORY_K, CopyIndex, NodeFeatures, TargetMemory, dist_features, model_inputs
 from ..sampling import LazyRows, RowDists
 from ..stopping import LevelView
 from ..trace import TOP_K_SHOWN
@@ -27,6 +27,26 @@ class ModelDrafter(Drafter):
     name = "model"
     uses_draft_model = True
 
+    def __init__(self):
+        # the session features of drafted nodes (decision/features.py): n-grams of the committed context, and the
+        # target's top candidates after each token it scored
+        self.copy_index = CopyIndex()
+        self.memory = TargetMemory()
+
+    def learn(self, engine, drafted: Drafted, verified) -> None:
+        """Remember the target's top candidates at every row that had children this step (already ranked for the
+        trace), when the run records decision features."""
+        if not drafted.features:
+            return
+        tree = drafted.tree
+        rows = verified.parent_rows  # row 0 = the anchor, row i + 1 = node i
+        top = verified.p_rows.top(rows, MEMORY_K)
+        tokens = [verified.anchor_token if r == 0 else tree.token[r - 1] for r in rows]
+        self.memory.update(tokens, [[t for t, _ in top[r]] for r in rows])
+
+    def rewind(self) -> None:
+        self.memory = TargetMemory()
+
     def draft(self, engine) -> Drafted:
         """Grow the step's tree with ``engine``'s draft model (after the target-sampled roots, if lossy).
 
@@ -38,11 +58,13 @@ class ModelDrafter(Drafter):
         q_rows = LazyRows()  # row (node + 1; 0 = anchor) -> q its children were drafted from, computed if read
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
         q_top: dict[int, list] = {}  # row -> top tokens of q there, for the trace
-        features: dict[int, tuple] = {}  # node -> (hidden, dist, q(x), prod q over its drafted path), temperature 1
+        features: dict[int, NodeFeatures] = {}  # node -> decision features (temperature 1)
         policy = engine.stop_policy
         want_features = policy.needs_features or engine.capture_features or engine.adapter is not None
         want_hidden = policy.needs_hidden or engine.capture_features  # an extra output of each forward
         signals = []
+        if want_features:
+            self.copy_index.sync(engine.committed)
         if config.is_lossy:
             if sampling.greedy:
                 roots = drafting.greedy_candidates(engine.next_logits, config.width)
@@ -64,13 +86,8 @@ class ModelDrafter(Drafter):
                 view = LevelView(tree, level, q_show, active=active, accept=accept)
                 if policy.needs_features:
                     nodes = list(tree.level(level))
-                    if policy.needs_hidden:
-                        view.hidden = torch.stack([features[i][0] for i in nodes])
-                    view.dist = torch.stack([features[i][1] for i in nodes])
-                    at = view.dist.device  # the features live where the draft ran
-                    view.path = path_features(view.dist, torch.tensor([features[i][2] for i in nodes], device=at),
-                                              torch.tensor([tree.depth[i] for i in nodes], device=at),
-                                              torch.tensor([features[i][3] for i in nodes], device=at))
+                    view.inputs = model_inputs(features, nodes, [tree.depth[i] for i in nodes],
+                                               hidden=policy.needs_hidden)
                 sig = policy.signal(view)
                 signals.append(sig)
                 active -= set(sig.pruned)
@@ -111,8 +128,11 @@ class ModelDrafter(Drafter):
                     if row_feats is not None:
                         hidden, dist, lse = row_feats
                         q1 = float(torch.exp(qd.float_logits[r, t] - lse[r]))
-                        cum = q1 * (features[node][3] if node in features else 1.0)  # target roots: 1
-                        features[i] = (None if hidden is None else hidden[r], dist[r], q1, cum)
+                        cum = q1 * (features[node].cum_q if node in features else 1.0)  # target roots: 1
+                        parent_token = engine.committed[-1] if node < 0 else tree.token[node]
+                        session = (*self.copy_index.features(tree.path_tokens(node) + [t]),
+                                   *self.memory.features(parent_token, t))
+                        features[i] = NodeFeatures(None if hidden is None else hidden[r], dist[r], q1, cum, session)
                     parents.append(node)
                     tokens.append(t)
             if not tokens:

@@ -125,6 +125,34 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
     with c2:
         stop_panel(step, prefix)
     c3.plotly_chart(figures.run_figure(trace), width="stretch", key=f"{prefix}run_chart")
+    if step.adaptation:
+        adaptation_panel(trace, step, teach, prefix)
+
+
+TEACH_ADAPTATION = ("Every check by the big model tells us, for free, which drafted tokens it would accept. The stop "
+                    "rule learns from that as the text goes on: on easy text it learns to keep drafting, on hard "
+                    "text to stop sooner. It only changes how much is drafted; the big model still decides every "
+                    "token, so the text comes out exactly as likely as before.")
+
+
+def adaptation_panel(trace, step: StepTrace, teach: bool, prefix: str = "") -> None:
+    """The stop policy's online adaptation over the run, and what this step taught it."""
+    a = step.adaptation
+    st.plotly_chart(figures.adaptation_figure(trace, current=step.index), width="stretch",
+                    key=f"{prefix}adaptation_chart")
+    if a["mode"] == "threshold":
+        note = (f"This step labelled {a['tokens']} drafted tokens (mean acceptance {_num(a.get('label_mean'))}); "
+                f"refitted from the latest {a['records']}, the threshold for the next step is {a['threshold']:.3f}.")
+    else:
+        note = (f"This step labelled {a['tokens']} drafted tokens: accepted {_num(a.get('label_mean'))} on average, "
+                f"predicted {_num(a.get('pred_before'))} by the adapting model ({_num(a.get('pred_frozen'))} by the "
+                f"shipped one); after the refit on the latest {a['records']} it predicts {_num(a.get('pred_after'))} "
+                "for them.")
+    st.caption(note)
+    if teach:
+        from .instruments_panel import teach_caption
+
+        teach_caption(TEACH_ADAPTATION)
 
 
 def inspector(step: StepTrace, node_id: int) -> None:

@@ -7,11 +7,15 @@ import os
 import streamlit as st
 
 from ..config import DEFAULTS, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS, VERIFIERS
-from ..stopping import DEFAULT_THRESHOLDS, LEARNED_POLICIES, STOP_POLICY_LABELS, STOP_POLICY_NAMES
+from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES, STOP_POLICY_LABELS,
+                        STOP_POLICY_NAMES)
 from .common import PAIRS
 
+ADAPT_LABELS = {"off": "off (frozen)", "threshold": "threshold (ROC refit)",
+                "last-layer": "decision model's last layer"}
 DECISION_MODEL_LABELS = {"hidden": "MLP on the draft's hidden state", "dist": "MLP on entropy + top-10 of q",
-                         "path": "MLP on entropy + top-10 + q(x), depth, path prob"}
+                         "path": "MLP on entropy + top-10 + q(x), depth, path prob",
+                         "context": "MLP on path features + n-gram matches in the context"}
 
 
 def method_widgets(box, method: str, prefix: str = "") -> dict:
@@ -60,9 +64,15 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                 "Threshold h (stop when P(reject) > h)" if stop == "specdec++" else "Threshold τ", 0.0, 1.0,
                 DEFAULT_THRESHOLDS[stop], 0.05, key=f"{prefix}threshold_{stop}", disabled=stop == "none")
             if stop in LEARNED_POLICIES:
-                changes["decision_model"] = box.selectbox("Decision model", ["dist", "path", "hidden"],
+                changes["decision_model"] = box.selectbox("Decision model", DECISION_MODELS,
                                                           key=f"{prefix}decision_model",
                                                           format_func=DECISION_MODEL_LABELS.get)
+            modes = [m for m in ADAPT_MODES if stop in ADAPTABLE[m]]
+            changes["adapt"] = box.selectbox(
+                "Online adaptation", modes, index=modes.index(d.adapt) if d.adapt in modes else 0,
+                format_func=ADAPT_LABELS.get, key=f"{prefix}adapt_{stop}", disabled=len(modes) == 1,
+                help="learn from every verified step during the run: refit the threshold from the run's ROC curve, "
+                     "or the decision model's last layer; changes how much is drafted, never the output law")
     if "lookup" in spec.free:
         changes["lookup_tokens"] = box.slider("Lookup: longest copy", 1, 64, d.lookup_tokens, key=f"{prefix}lk_tokens",
                                               help="the copy length adapts (doubles after a whole accepted copy, "
