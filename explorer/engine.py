@@ -375,20 +375,25 @@ class Engine:
                          rng_state, mask)
 
     def _adapt(self, d: Drafted, v: "_Verified") -> dict:
-        """Label the step's model-drafted tokens (soft labels from the target's logits) and let the adapter learn.
-        Returns its record for the trace."""
-        from .decision.features import model_inputs, token_labels
+        """Label the step's model-drafted tokens and let the adapter learn; returns its record for the trace.
+
+        The label of a token is its acceptance probability under this run's own verification (``accept_prob`` of
+        ``expectation.py``, already computed for the trace: 0 or 1 when greedy, ``min(1, p'/q')`` with the
+        residuals of earlier-tested siblings when sampling), so the policy drifts towards what this run's verifier
+        really accepts, not the temperature-1 soft label it was trained on."""
+        from .decision.features import model_inputs
 
         tree = d.tree
-        nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features]
+        nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features and i in v.odds]
         if not nodes:
             return {"mode": self.adapter.mode, "tokens": 0, "threshold": float(self.stop_policy.threshold)}
-        _, soft, _ = token_labels(tree, nodes, [d.features[i].q for i in nodes], v.p_rows)
+        host = torch.device("cpu")  # the adapter learns on the host, wherever the models run
+        labels = torch.tensor([v.odds[i].accept_prob for i in nodes], dtype=torch.float32, device=host)
         if self.adapter.needs == "score":
             scores = [d.predicted[i] if i in d.predicted else d.q_show.get(i, 0.0) for i in nodes]
-            return self.adapter.update(soft, scores=torch.tensor(scores, dtype=torch.float32))
+            return self.adapter.update(labels, scores=torch.tensor(scores, dtype=torch.float32, device=host))
         inputs = model_inputs(d.features, nodes, [tree.depth[i] for i in nodes], hidden=self.stop_policy.needs_hidden)
-        return self.adapter.update(soft, inputs=inputs)
+        return self.adapter.update(labels, inputs=inputs)
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""

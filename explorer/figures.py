@@ -324,7 +324,8 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
 
 def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     """Online adaptation of the stop policy over a run (``StepTrace.adaptation``): the threshold in force at each
-    step; the mean soft label of the step's drafted tokens (what the target accepted); for ``last-layer`` the mean
+    step; the mean label of the step's drafted tokens (their acceptance probability under the run's verification:
+    what the target accepted); for ``last-layer`` the mean
     predicted acceptance of the same tokens by the shipped model and by the adapting one that drafted them; for
     ``threshold`` the mean score. ``current``: the step shown in the explorer (0-based), marked."""
     fig = go.Figure()
@@ -347,7 +348,7 @@ def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     used = [start] + [s.adaptation.get("threshold") for s in steps[:-1]]
     fig.add_trace(go.Scatter(x=xs, y=used, mode="lines", line=dict(color="#000", dash="dash", shape="hv"),
                              name="threshold τ (adapting)" if mode == "threshold" else "threshold τ"))
-    line("label_mean", "accepted (mean soft label)", mode="markers", marker=dict(color=STATUS_COLORS[ACCEPTED]))
+    line("label_mean", "accepted (mean P(accept))", mode="markers", marker=dict(color=STATUS_COLORS[ACCEPTED]))
     if mode == "last-layer":
         line("pred_frozen", "predicted, shipped model", mode="lines", line=dict(color="#7f7f7f"))
         line("pred_before", "predicted, adapting model", mode="lines+markers", line=dict(color="#1f77b4"))

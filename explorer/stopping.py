@@ -37,7 +37,7 @@ LEARNED_POLICIES = ("decision", "prune", "specdec++")
 # sweep h 0.3 (the paper's) / 0.5 / 0.7 were within noise of each other.
 DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.75, "prune": 0.75, "specdec++": 0.5}
 # The learned models a policy can read (decision/model.py; docs/decision.md), the default first.
-DECISION_MODELS = ("dist", "path", "context", "hidden")
+DECISION_MODELS = ("context", "path", "dist", "hidden")
 # Online adaptation (``decision/online.py``): which policies each mode can move. A threshold refit needs per-token
 # acceptance scores (not SpecDec++'s path products); a last-layer refit needs a decision model.
 ADAPT_MODES = ("off", "threshold", "last-layer")

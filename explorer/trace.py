@@ -110,7 +110,8 @@ class StepTrace:
         timeline: where the step's time went (``timeline.py``): ``[{"phase", "start_ms", "ms", "rows"?,
             "gpu_ms"?}]``, contiguous segments from the step's start to the end of its trace recording.
         adaptation: what online adaptation of the stop policy learned from this step (``decision/online.py``,
-            ``OnlineAdapter.update``: ``mode``, ``threshold`` in force for the next step, ``records``, ``label_mean``,
+            ``OnlineAdapter.update``: ``mode``, ``threshold`` in force for the next step, ``records``, ``label_mean``
+            (mean acceptance probability of the step's model-drafted tokens under the run's verification),
             and for ``last-layer`` the mean predictions ``pred_frozen`` / ``pred_before`` / ``pred_after``); empty
             when adaptation is off.
     """

@@ -475,6 +475,29 @@ def what_if_tour(url: str, out_dir: Path, steps: int = 3, prompt: str = "def fib
     return report
 
 
+def adaptation_tour(url: str, out_dir: Path, steps: int = 8, prompt: str = "def fibonacci(n):",
+                    mode: str = "decision model's last layer", load_timeout_s: float = 600) -> dict:
+    """Issue 17: switch online adaptation on (the default method, mcsd-improved), step, and screenshot the chart of
+    the adapting stop policy over the run; then switch it off. Returns what the page showed."""
+    report: dict = {}
+    with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
+        choose(page, "Online adaptation", mode)
+        for _ in range(steps):
+            _press(page, "Step")
+        chart = page.locator(".js-plotly-plot", has_text="Stop-policy adaptation")
+        report["charts"] = chart.count()
+        if chart.count():
+            chart.first.scroll_into_view_if_needed()
+            report["legend"] = chart.first.locator(".legendtext").all_text_contents()
+            report["title"] = chart.first.locator(".gtitle").all_text_contents()
+            chart.first.screenshot(path=str(out_dir / "adaptation_chart.png"))
+            page.screenshot(path=str(out_dir / "adaptation_view.png"))
+        report["captions"] = [t for t in page.locator("[data-testid='stCaptionContainer']").all_inner_texts()
+                              if "labelled" in t]
+        report["after_steps"] = _step_caption(page)
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
@@ -483,6 +506,7 @@ def main() -> int:
     ap.add_argument("--free", action="store_true", help="also: a Token Recycling tree with a node's provenance")
     ap.add_argument("--instruments", action="store_true", help="also: probe, acceptance and optimal tree panels")
     ap.add_argument("--what-if", action="store_true", help="also: a what-if edit, a new run from it, the timeline")
+    ap.add_argument("--adaptation", action="store_true", help="also: online adaptation switched on, its chart")
     args = ap.parse_args()
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))
@@ -497,6 +521,8 @@ def main() -> int:
             print(instruments_tour(url, Path(args.out) / "instruments"))
         if args.what_if:
             print(what_if_tour(url, Path(args.out) / "what_if"))
+        if args.adaptation:
+            print(adaptation_tour(url, Path(args.out) / "adaptation"))
     return 0 if report["plots"] >= 2 and not report["errors"] and not report["exceptions"] else 1
 
 

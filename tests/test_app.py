@@ -136,7 +136,7 @@ def test_learned_stop_policy_and_what_if_slider(app):
     note = next(c.value for c in app.caption if c.value.startswith("With τ = 1.00"))
     assert "2 draft tokens over 1 levels" in note  # nothing reaches 1: only the first level stays
     # the other decision model applies from the next run
-    assert app.session_state["engine"].decision_model.kind == "dist"
+    assert app.session_state["engine"].decision_model.kind == "context"
     app.sidebar.selectbox(key="decision_model").set_value("hidden").run()
     click(app, "reset_btn")
     click(app, "step_btn")

@@ -34,6 +34,11 @@ LOSSLESS = [
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="confidence", threshold=0.1), 0.7, 0.9),
     # a learned stop policy that prunes branches (the tiny pair's shipped decision model) is still lossless
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="prune", threshold=0.35), 1.0, 1.0),
+    # online adaptation moves the stop policy from sample to sample (the adapter outlives the audit's rewinds)
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="prune", threshold=0.35,
+                  adapt="last-layer"), 1.0, 1.0),
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="confidence", threshold=0.1,
+                  adapt="threshold"), 0.7, 0.9),
     # free drafters: deterministic proposals tested with the point-mass stage (alone and after model children)
     (MethodConfig(method="prompt-lookup"), 1.0, 1.0),
     (MethodConfig(method="prompt-lookup"), 0.7, 0.9),
@@ -45,7 +50,7 @@ LOSSLESS = [
 
 
 @pytest.mark.parametrize("case", range(len(LOSSLESS)),
-                         ids=[f"{c.method}-{c.verifier}-{c.k_config}-{c.stop}-T{t}-p{p}" for c, t, p in LOSSLESS])
+                         ids=[f"{c.method}-{c.verifier}-{c.k_config}-{c.stop}-{c.adapt}-T{t}-p{p}" for c, t, p in LOSSLESS])
 def test_lossless_rules_pass_the_audit(tiny, case):
     cfg, temperature, top_p = LOSSLESS[case]
     # sample s uses seed + s: disjoint seed ranges keep the cases' samples independent of each other
@@ -68,6 +73,9 @@ def test_lossless_rules_pass_the_audit(tiny, case):
     assert r.first.tv_distance < max(0.06, 1.5 * null_tv), (r.first.tv_distance, null_tv)
     real = [c for c, p in zip(r.first.categories, r.first.exact) if p * N >= MIN_EXPECTED]
     assert len(real) >= MIN_CATEGORIES and r.pairs.dof >= 3  # the test really spans several categories
+    if cfg.adapt != "off":  # the policy really changed during the audit
+        a = r.adaptation
+        assert a["records"] > 100 and (a.get("weight_shift", 0) > 0.01 or a["threshold"] != a["start_threshold"]), a
 
 
 def _null_tv(exact, n) -> float:

@@ -120,6 +120,19 @@ def test_instrument_panels_in_a_real_browser(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+def test_online_adaptation_in_a_real_browser(tmp_path):
+    """Switch online adaptation on, step, and see the adapting policy drawn over the run with its caption."""
+    from browser import adaptation_tour
+
+    with running_app("tiny") as url:
+        r = adaptation_tour(url, tmp_path, steps=5, load_timeout_s=120)
+    assert r["exceptions"] == 0 and r["errors"] == [], r
+    assert r["charts"] >= 1 and r["title"] == ["Stop-policy adaptation over the run (last-layer)"]
+    assert "predicted, adapting model" in r["legend"] and "accepted (mean P(accept))" in r["legend"]
+    assert r["captions"] and "labelled" in r["captions"][0] and r["after_steps"].startswith("Step 5")
+    assert (tmp_path / "adaptation_chart.png").stat().st_size > 10_000
+
+
 def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
     """Issue 16: re-verify a step as recorded (identical), replace a drafted token and see both trees, continue from
     the edit as a new run and switch back, the step's waterfall, and the stop-signal calibration view."""

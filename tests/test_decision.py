@@ -179,6 +179,8 @@ def test_training_learns_a_known_signal_and_writes_a_card(tmp_path):
     report = evaluate_on(tmp_path / "model", [tmp_path / "fresh"])
     assert report["prompts"] == 3 and report["models"]["hidden"]["roc_auc"] > oracle["roc_auc"] - 0.03
     assert report["models"]["hidden"]["ece"] < 0.2
+    assert report["by_kind"]["chat"]["records"] == 600
+    assert report["by_kind"]["chat"]["hidden"] == pytest.approx(report["models"]["hidden"]["roc_auc"])
 
 
 def test_leaving_a_kind_out_scores_it_with_models_that_never_saw_it(tmp_path):

@@ -46,7 +46,7 @@ def test_no_tensor_is_made_on_the_default_device(tiny, case, kv_cache):
 
 def test_the_guard_catches_a_factory_call_without_its_device(tiny):
     """The guard itself: a tensor built without ``device=`` inside the engine fails under the meta default."""
-    import explorer.drafters.model as engine_module
+    import explorer.decision.features as engine_module  # the model drafter builds its features through it
 
     original = engine_module.path_features
 
@@ -59,6 +59,14 @@ def test_the_guard_catches_a_factory_call_without_its_device(tiny):
             _exercise(tiny, MethodConfig(method="mcsd-improved", max_depth=4, stop="decision"), 0.0)
     finally:
         engine_module.path_features = original
+
+
+@pytest.mark.parametrize("adapt,stop", [("threshold", "decision"), ("last-layer", "prune")])
+def test_online_adaptation_under_the_guard(tiny, adapt, stop):
+    with torch.device("meta"):
+        eng = _exercise(tiny, MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop=stop,
+                                           threshold=0.3, adapt=adapt), 0.8)
+    assert eng.trace.steps[-1].adaptation["records"] > 0
 
 
 def test_audit_and_feature_capture_under_the_guard(tiny):

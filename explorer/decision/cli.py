@@ -48,9 +48,15 @@ def cmd_eval(args) -> int:
         print(json.dumps(report, indent=1))
     else:
         for kind, r in report["models"].items():
-            print(f"{kind:6s} ROC-AUC {r['roc_auc']:.3f} (greedy label {r['roc_auc_greedy']:.3f})  "
+            greedy = "-" if r["roc_auc_greedy"] is None else f"{r['roc_auc_greedy']:.3f}"
+            print(f"{kind:7s} ROC-AUC {r['roc_auc']:.3f} (greedy label {greedy})  "
                   f"threshold {r['threshold']:.2f}: precision {r['precision']:.3f} recall {r['recall']:.3f}  "
                   f"ECE {r['ece']:.3f}  ({r['records']} tokens, {report['prompts']} prompts)")
+        if len(report["by_kind"]) > 1:
+            print("ROC-AUC (soft labels) per prompt kind:")
+            for pk, row in report["by_kind"].items():
+                print(f"  {pk:14s} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "records")
+                      + f"  ({row['records']} tokens)")
     return 0
 
 

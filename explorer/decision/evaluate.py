@@ -80,8 +80,9 @@ def score_metrics(pred, soft, greedy, threshold: float) -> dict:
 
 
 def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
-    """Both models of ``model_dir`` on the data in ``folders``, leaving out prompts the models were trained or
-    validated on (listed in their card). Raises DataError / DecisionModelError for unusable inputs."""
+    """Every model of ``model_dir`` on the data in ``folders``, leaving out prompts the models were trained or
+    validated on (listed in their card): ``{"models": {kind: score_metrics}, "by_kind": {prompt kind: {"records",
+    model kind: roc_auc}}, ...}``. Raises DataError / DecisionModelError for unusable inputs."""
     from .collect import DataError, load_data
     from .model import load_decision_model, read_card
     from .train import kind_inputs
@@ -99,11 +100,20 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
     report = {"model": str(model_dir), "data": [str(f) for f in folders], "prompts": len(prompts),
               "excluded_prompts": len({o for o in owners if o in seen}), "models": {}}
     idx = np.flatnonzero(rows)
+    kind_of = meta["prompt_kinds"]
+    prompt_kinds = np.array([kind_of.get(owners[i], "other") for i in idx])
+    report["by_kind"] = {}
     for kind in card["models"]:
         model = load_decision_model(model_dir, kind)
         pred = model.predict(**{kind: kind_inputs(kind, t)[idx]}).numpy()
-        report["models"][kind] = score_metrics(pred, t["soft"][idx].numpy(), t["greedy"][idx].numpy(),
-                                               model.threshold if model.threshold is not None else 0.5)
+        soft, greedy = t["soft"][idx].numpy(), t["greedy"][idx].numpy()
+        threshold = model.threshold if model.threshold is not None else 0.5
+        report["models"][kind] = score_metrics(pred, soft, greedy, threshold)
+        for pk in sorted(set(prompt_kinds)):  # per prompt kind, where both outcomes occur
+            sel = prompt_kinds == pk
+            if 0 < soft[sel].sum() < sel.sum():
+                m = score_metrics(pred[sel], soft[sel], greedy[sel], threshold)
+                report["by_kind"].setdefault(pk, {"records": int(sel.sum())})[kind] = m["roc_auc"]
     return report
 
 

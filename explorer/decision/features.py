@@ -179,7 +179,8 @@ def token_labels(tree, nodes: list[int], q1: list[float], p_rows) -> tuple[torch
         row, x = logp_of[r], tree.token[i]
         p.append(float(torch.exp(row[x])))
         greedy.append(int(int(torch.argmax(row)) == x))
-    p_t = torch.tensor(p, dtype=torch.float32)
-    q_t = torch.tensor(q1, dtype=torch.float32)
+    host = torch.device("cpu")  # labels are host data, wherever the models run
+    p_t = torch.tensor(p, dtype=torch.float32, device=host)
+    q_t = torch.tensor(q1, dtype=torch.float32, device=host)
     soft = torch.where(q_t > 0, torch.clamp(p_t / q_t.clamp_min(1e-30), max=1.0), torch.zeros_like(p_t))
-    return p_t, soft, torch.tensor(greedy, dtype=torch.uint8)
+    return p_t, soft, torch.tensor(greedy, dtype=torch.uint8, device=host)

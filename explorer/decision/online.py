@@ -1,8 +1,10 @@
 """Online adaptation of a stop policy: every verified step labels its drafted tokens for free.
 
 After verification the target's logits at every drafted token's parent row are known, so each drafted token x gets
-its soft label ``min(1, p(x)/q(x))`` (p, q at temperature 1; the same label the decision models were trained on,
-``collect.py``) whether or not the verifier reached it. An adapter keeps a window of the latest labelled tokens and
+a label whether or not the verifier reached it: its acceptance probability under the run's own verification rule
+(``expectation.NodeOdds.accept_prob``: 0 or 1 for greedy decoding, ``min(1, p'(x)/q'(x))`` with the run's
+temperature and the residuals of earlier-tested siblings when sampling). The models were trained on the
+temperature-1 soft label; adapting to the run's own acceptance events is the point. An adapter keeps a window of the latest labelled tokens and
 moves the stop policy towards this session's behaviour:
 
 * ``threshold``: refit the policy's threshold from the window's ROC curve (Hugging Face assisted generation does
@@ -79,25 +81,26 @@ class OnlineAdapter:
         """What ``update`` needs per token besides its label: ``"score"`` or ``"inputs"`` (model inputs)."""
         return "score" if self.mode == "threshold" else "inputs"
 
-    def update(self, soft: torch.Tensor, scores: torch.Tensor | None = None,
+    def update(self, labels: torch.Tensor, scores: torch.Tensor | None = None,
                inputs: dict | None = None) -> dict:
         """Learn from one verified step.
 
         Args:
-            soft: float32 ``(n,)`` soft labels of the step's drafted tokens.
+            labels: float32 ``(n,)`` in [0, 1], the step's drafted tokens' acceptance probabilities.
             scores: float32 ``(n,)`` the policy's score of each (threshold mode).
-            inputs: ``{"hidden"|"dist"|"path": (n, F)}`` the decision model's inputs (last-layer mode).
+            inputs: the decision model's inputs (last-layer mode; ``features.model_inputs``: ``{"dist", "path",
+                "context"[, "hidden"]: (n, F)}``).
         Returns:
-            plain data for the trace: ``mode``, ``records`` (window size), ``threshold`` (the policy's setting now),
-            ``label_mean`` (mean soft label of this step), in threshold mode ``score_mean``, in last-layer mode ``pred_frozen`` / ``pred_before``
-            / ``pred_after`` (mean predicted acceptance of this step's tokens by the shipped model, by the adapted
-            one that drafted them, and after this refit) plus ``bias`` and ``weight_shift`` (L2 distance of the
-            layer from the shipped one).
+            plain data for the trace: ``mode``, ``records`` (window size), ``threshold`` (the policy's setting
+            now), ``label_mean`` (mean label of this step's tokens), in threshold mode ``score_mean``, in
+            last-layer mode ``pred_frozen`` / ``pred_before`` / ``pred_after`` (mean predicted acceptance of this
+            step's tokens by the shipped model, by the adapted one that drafted them, and after this refit) plus
+            ``bias`` and ``weight_shift`` (L2 distance of the layer from the shipped one).
         """
-        soft = soft.detach().float().cpu()
-        out = {"mode": self.mode, "tokens": int(soft.numel()),
-               "label_mean": float(soft.mean()) if soft.numel() else None}
-        self.labels.extend(soft.tolist())
+        labels = labels.detach().float().cpu()
+        out = {"mode": self.mode, "tokens": int(labels.numel()),
+               "label_mean": float(labels.mean()) if labels.numel() else None}
+        self.labels.extend(labels.tolist())
         if self.mode == "threshold":
             scores = scores.detach().float().cpu()
             out["score_mean"] = _mean(scores)
