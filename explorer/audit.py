@@ -2,7 +2,8 @@
 
 From one context, the first committed tokens are sampled ``N`` times (the engine rewinds to the prefill between
 samples, each with its own seed; an online-adapting stop policy keeps learning across samples, so the law is tested
-under a policy that changes from sample to sample). The empirical distribution of the first token, and of the first two tokens, is
+under a policy that changes from sample to sample). The empirical distribution of the first token, and of the first
+two tokens, is
 compared with the target's exact distribution, computed from the target's own probabilities (processed by the same
 temperature / top-k / top-p):
 

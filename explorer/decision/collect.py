@@ -81,7 +81,8 @@ def _to_tensors(rows: dict[str, list], hidden_size: int) -> dict[str, torch.Tens
         "greedy": torch.tensor(rows["greedy"], dtype=torch.uint8, device=_HOST),
         "step": torch.tensor(rows["step"], dtype=torch.int32, device=_HOST),
         "token": torch.tensor(rows["token"], dtype=torch.int64, device=_HOST),
-        "session": torch.tensor(rows["session"], dtype=torch.float32, device=_HOST).reshape(n, len(SESSION_FEATURE_NAMES)),
+        "session": torch.tensor(rows["session"], dtype=torch.float32,
+                                device=_HOST).reshape(n, len(SESSION_FEATURE_NAMES)),
     }
 
 

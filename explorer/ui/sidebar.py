@@ -7,15 +7,15 @@ import os
 import streamlit as st
 
 from ..config import DEFAULTS, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS, VERIFIERS
-from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES, STOP_POLICY_LABELS,
-                        STOP_POLICY_NAMES)
+from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES,
+                        STOP_POLICY_LABELS, STOP_POLICY_NAMES)
 from .common import PAIRS
 
 ADAPT_LABELS = {"off": "off (frozen)", "threshold": "threshold (ROC refit)",
                 "last-layer": "decision model's last layer"}
 DECISION_MODEL_LABELS = {"hidden": "MLP on the draft's hidden state", "dist": "MLP on entropy + top-10 of q",
                          "path": "MLP on entropy + top-10 + q(x), depth, path prob",
-                         "context": "MLP on path features + n-gram matches in the context"}
+                         "context": "MLP on path features + context matches + target's earlier picks"}
 
 
 def method_widgets(box, method: str, prefix: str = "") -> dict:
