@@ -23,14 +23,15 @@ def _doubled(pred: np.ndarray, soft: np.ndarray):
     return np.concatenate([pred, pred]), y, np.concatenate([soft, 1.0 - soft])
 
 
-def choose_threshold(pred: np.ndarray, soft: np.ndarray) -> float:
-    """The threshold with the largest Youden's J (TPR - FPR) on soft labels: the score that best separates tokens
-    the target accepts from those it rejects."""
+def choose_threshold(pred: np.ndarray, soft: np.ndarray, fnr_cost: float = 1.0) -> float:
+    """The threshold minimising ``fpr + fnr_cost * fnr`` on soft labels; with ``fnr_cost`` 1 (default) that is the
+    largest Youden's J (TPR - FPR): the score that best separates tokens the target accepts from those it rejects.
+    Returned in [0, 1]."""
     from sklearn.metrics import roc_curve
 
     s, y, w = _doubled(pred, soft)
     fpr, tpr, thr = roc_curve(y, s, sample_weight=w)
-    best = int(np.argmax(tpr - fpr))
+    best = int(np.argmin(fpr - fnr_cost * tpr))  # fpr + c * (1 - tpr) less its constant: exact Youden at c = 1
     return float(np.clip(thr[best], 0.0, 1.0))
 
 

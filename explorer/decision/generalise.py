@@ -36,10 +36,10 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
         DataError: unreadable folders; ValueError: fewer than two kinds, or a held-out kind not in the data.
     """
     meta, t, owners = load_data(folders)
-    kind_of = meta["prompt_kinds"]
+    kind_of = meta["prompt_kinds"]  # every prompt has one ("other" when its shard recorded none)
     prompts_of: dict[str, set] = {}
     for o in owners:
-        prompts_of.setdefault(kind_of.get(o, "other"), set()).add(o)
+        prompts_of.setdefault(kind_of[o], set()).add(o)
     if len(prompts_of) < 2:
         raise ValueError("leaving a kind out needs data of at least two prompt kinds (collect with kinds recorded)")
     held_out = list(held_out or sorted(prompts_of))
@@ -50,11 +50,11 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
     rows = []
     for k in held_out:
         progress(f"holding out {k} ({len(prompts_of[k])} prompts)")
-        rest = [o for o in owners if kind_of.get(o, "other") != k]
+        rest = [o for o in owners if kind_of[o] != k]
         train_prompts, val_prompts = split_by_prompt(rest, val_fraction, seed)
         fitted = fit_models(t, owners, train_prompts, val_prompts, kinds=models, epochs=epochs, patience=patience,
                             seed=seed)
-        idx = np.flatnonzero([kind_of.get(o, "other") == k for o in owners])
+        idx = np.flatnonzero([kind_of[o] == k for o in owners])
         for name, model in fitted.items():
             pred = model.predict(**{name: kind_inputs(name, t)[idx]}).numpy()
             m = score_metrics(pred, soft[idx], greedy[idx], model.threshold)

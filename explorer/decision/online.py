@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..stopping import ADAPT_MODES, adapt_problem
+from .evaluate import choose_threshold
 
 WINDOW = 512  # labelled tokens kept (the latest)
 MIN_RECORDS = 16  # no refit before this many labels (and, for the threshold, both outcomes seen)
@@ -122,9 +123,8 @@ class OnlineAdapter:
                 self._refit(model)
             with torch.inference_mode():
                 out["pred_after"] = _mean(model.predict(**inputs))
-            theta = _theta(model.net.layers[-1])
-            out["bias"] = float(theta[-1])
-            out["weight_shift"] = float(np.linalg.norm(theta - self.theta0))
+            out["bias"] = float(model.net.layers[-1].bias)
+            out["weight_shift"] = self._weight_shift()
         out["records"] = len(self.labels)
         out["threshold"] = float(self.policy.threshold)
         return out
@@ -135,8 +135,12 @@ class OnlineAdapter:
         out = {"mode": self.mode, "records": len(self.labels), "threshold": float(self.policy.threshold),
                "label_mean": float(np.mean(self.labels)) if self.labels else None}
         if self.mode == "last-layer":
-            out["weight_shift"] = float(np.linalg.norm(_theta(self.policy.model.net.layers[-1]) - self.theta0))
+            out["weight_shift"] = self._weight_shift()
         return out
+
+    def _weight_shift(self) -> float:
+        """L2 distance of the adapting last layer (weights and bias) from the shipped one."""
+        return float(np.linalg.norm(_theta(self.policy.model.net.layers[-1]) - self.theta0))
 
     def _refit(self, model) -> None:
         """MAP logistic regression of the last layer on the window, prior N(theta0, (1 / prior) * diag(scale))."""
@@ -158,18 +162,12 @@ class OnlineAdapter:
 
 
 def roc_threshold(scores: np.ndarray, soft: np.ndarray, fnr_cost: float = 1.0) -> float | None:
-    """The score threshold minimising ``fpr + fnr_cost * fnr`` on soft labels (each token counts as accepted with
-    weight ``soft``, rejected with ``1 - soft``); None while the window holds no evidence of both outcomes.
-    Returned in [0, 1]."""
-    from sklearn.metrics import roc_curve
-
-    pos, neg = float(soft.sum()), float((1 - soft).sum())
-    if pos < 1e-6 or neg < 1e-6:
+    """The score threshold minimising ``fpr + fnr_cost * fnr`` on soft labels (``evaluate.choose_threshold``: each
+    token counts as accepted with weight ``soft``, rejected with ``1 - soft``); None while the window holds no
+    evidence of both outcomes. Returned in [0, 1]."""
+    if float(soft.sum()) < 1e-6 or float((1 - soft).sum()) < 1e-6:
         return None
-    y = np.concatenate([np.ones_like(soft), np.zeros_like(soft)])
-    fpr, tpr, thr = roc_curve(y, np.concatenate([scores, scores]), sample_weight=np.concatenate([soft, 1 - soft]))
-    best = int(np.argmin(fpr + fnr_cost * (1 - tpr)))
-    return float(np.clip(thr[best], 0.0, 1.0))
+    return choose_threshold(scores, soft, fnr_cost)
 
 
 def _theta(layer) -> np.ndarray:

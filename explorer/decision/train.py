@@ -156,8 +156,9 @@ def train_models(folders, out, *, val_fraction: float = 0.15, seed: int = 0, epo
                         layers=layers, progress=progress)
     for model in models.values():
         model.save(out)
-    n_train = sum(o in set(train_prompts) for o in owners)
-    n_val = sum(o in set(val_prompts) for o in owners)
+    train_set, val_set = set(train_prompts), set(val_prompts)
+    n_train = sum(o in train_set for o in owners)
+    n_val = sum(o in val_set for o in owners)
     soft = t["soft"]
     card = {
         "format": CARD_FORMAT,
