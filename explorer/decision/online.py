@@ -123,7 +123,7 @@ class OnlineAdapter:
                 self._refit(model)
             with torch.inference_mode():
                 out["pred_after"] = _mean(model.predict(**inputs))
-            out["bias"] = float(model.net.layers[-1].bias)
+            out["bias"] = float(model.net.layers[-1].bias.detach()[0])
             out["weight_shift"] = self._weight_shift()
         out["records"] = len(self.labels)
         out["threshold"] = float(self.policy.threshold)
