@@ -37,7 +37,7 @@ BENCH_METHODS = ("ar", HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOOKUP, "sd", "m
                  "prompt-lookup", "token-recycling", "hybrid")
 
 
-VARIANT_KEYS = ("adapt", "stop", "decision_model", "threshold", "branch_threshold", "max_depth")
+VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth")
 
 
 def method_for_label(label: str) -> MethodConfig:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from .config import DEFAULTS, METHODS, VERIFIERS, MethodConfig
+from .fallback import FALLBACK_MODES
 from .prompts import Prompt, PromptError, load_prompt_set
 from .stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
 from .tree import TreeShapeError, parse_k_config, parse_tree_template
@@ -51,10 +52,13 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                                                             "specdec++ read a learned decision model)")
     g.add_argument("--threshold", type=float, help="stop threshold tau (specdec++: h); default per policy")
     g.add_argument("--decision-model", choices=DECISION_MODELS,
-                   help="decision model the learned stop policies read (default dist)")
+                   help="decision model the learned stop policies read (default context)")
     g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
     g.add_argument("--adapt", choices=ADAPT_MODES, help="online adaptation of the stop policy during the run: "
                                                         "threshold (ROC refit) or last-layer (decision model)")
+    g.add_argument("--fallback", choices=FALLBACK_MODES,
+                   help="plain decoding steps when speculation measures slower (SmartSpec's goodput rule): auto "
+                        "(default: on CUDA only), goodput or off")
     g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
                    help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
     g.add_argument("--lookup-tokens", type=int, help="prompt-lookup / hybrid: longest copy (the adaptive length's cap)")
@@ -89,7 +93,7 @@ def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
-                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt"):
+                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

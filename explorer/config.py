@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .fallback import FALLBACK_MODES
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
 from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
@@ -61,6 +62,9 @@ class MethodConfig:
         adapt: online adaptation of the stop policy (``decision/online.py``): ``off`` (default), ``threshold``
             (refit from the session's ROC curve) or ``last-layer`` (refit the decision model's last layer); methods
             with a stop policy only. Changes how much is drafted, never the output law.
+        fallback: falling back to plain decoding steps when speculation measures slower (``fallback.py``, SmartSpec's
+            goodput rule): ``auto`` (default: on CUDA only), ``goodput`` (everywhere) or ``off``. Lossless methods
+            only (the lossy mode always speculates).
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -84,6 +88,7 @@ class MethodConfig:
     recycling_k: int = 8
     tree: tuple[int, ...] | None = None
     adapt: str = "off"
+    fallback: str = "auto"
 
     @property
     def spec(self):
@@ -112,6 +117,8 @@ class MethodConfig:
             problem = adapt_problem(self.adapt, self.stop)
             if problem:
                 raise ValueError(problem)
+        if self.fallback not in FALLBACK_MODES:
+            raise ValueError(f"unknown fallback {self.fallback!r}; use one of {', '.join(FALLBACK_MODES)}")
         if self.decision_model not in DECISION_MODELS:
             raise ValueError(f"unknown decision model {self.decision_model!r}; use {', '.join(DECISION_MODELS)}")
         if self.threshold is None:

@@ -27,6 +27,8 @@ import torch
 from . import expectation, verify
 from .config import MethodConfig
 from .drafters import Drafted, make_drafter
+from .drafters.base import empty_draft
+from .fallback import GoodputFallback, fallback_active
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
 from .models import ModelPair
@@ -141,6 +143,10 @@ class Engine:
             self.adapter = make_adapter(config.adapt, self.stop_policy)
         self.capture_features = capture_features
         self.drafter = make_drafter(config, recycling_state)
+        # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
+        self.fallback = None
+        if config.max_draft_depth() and not config.is_lossy and fallback_active(config.fallback, pair.device.type):
+            self.fallback = GoodputFallback()
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
         self._forward_ms = 0.0  # time inside model forwards during the current step
@@ -300,7 +306,8 @@ class Engine:
         t_start = _now(device)
         self._forward_ms = 0.0
         L = len(self.committed)
-        d = self.drafter.draft(self)
+        speculate = self.fallback.decide(len(self.trace.steps)) if self.fallback is not None else True
+        d = self.drafter.draft(self) if speculate else empty_draft(self)
         if edit is not None:
             d = edit(self, d)
         t_drafted = _now(device)
@@ -339,7 +346,16 @@ class Engine:
         self.trace.steps.append(step)
         step.timeline = timeline.finish()
         self._timeline = None
+        if self.fallback is not None:
+            step.fallback = self.fallback.observe(speculate, len(new_tokens), sum(s["ms"] for s in step.timeline))
         return step
+
+    def follow_fallback(self, decisions: list[bool]) -> None:
+        """Replay: speculate (True) or take a plain decoding step (False) in each next step as recorded, whatever
+        this machine measures (``fallback.GoodputFallback.force``)."""
+        if self.fallback is None:
+            self.fallback = GoodputFallback()
+        self.fallback.force(decisions)
 
     def _verify(self, tree: DraftTree, q_rows: LazyRows) -> "_Verified":
         """One target forward over its chain (the anchor, when not cached) and the whole tree, then the verifier."""

@@ -114,6 +114,9 @@ class StepTrace:
             (mean acceptance probability of the step's model-drafted tokens under the run's verification),
             and for ``last-layer`` the mean predictions ``pred_frozen`` / ``pred_before`` / ``pred_after``); empty
             when adaptation is off.
+        fallback: the goodput rule's decision before this step (``fallback.py``): ``speculate`` (False: a plain
+            decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` / ``ar_tok_s``
+            (tokens/s; None before the first step of that kind); empty when the rule is off.
     """
 
     index: int
@@ -144,6 +147,7 @@ class StepTrace:
     expected_tokens: float | None = None  # None in traces saved before it was recorded
     timeline: list = field(default_factory=list)  # timeline.StepTimeline segments (empty in older traces)
     adaptation: dict = field(default_factory=dict)
+    fallback: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -102,4 +102,4 @@ def test_cuda_graphs_give_the_eager_traces(tiny_cuda, case):
     same_traces(session(tiny_cuda, cfg, temperature, "static"),
                 session(tiny_cuda, cfg, temperature, "static", graphs=True))
     assert runners() and all(r.capture for r in runners()) and sum(r.replays for r in runners()) > replays
-    assert all(r.captures <= 2 * len(BUCKETS) for r in runners)
+    assert all(r.captures <= 2 * len(BUCKETS) for r in runners())

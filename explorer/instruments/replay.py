@@ -38,6 +38,8 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
     engine = Engine(pair, config, sampling, decision_model=decision_model, recycling_state=state)
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
+    # The goodput fallback decides from timings; a replay takes the recorded decisions (all speculative without it).
+    engine.follow_fallback([s.fallback.get("speculate", True) for s in trace.steps])
     return engine
 
 

@@ -1,0 +1,115 @@
+"""Falling back to plain decoding when speculation does not pay on this hardware (issue 13).
+
+SmartSpec (Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large Language Models Using Goodput",
+seed 002) speculates only as far as it raises *goodput*: committed tokens per second of execution, measured, not
+assumed. At batch size 1 the choice that matters most is binary: speculate this step, or run a plain decoding step
+(an empty draft tree, one target row). On a GPU a small pair is bound by kernel launches (GUIDE.md 3b): a draft
+forward costs nearly what a target forward does, so on prompts where little is accepted (MT-bench) every
+speculative method ran at 0.5-0.95x of plain decoding in docs/bench.md.
+
+``GoodputFallback`` keeps, for each mode, exponential moving averages of the tokens a step committed and of the
+step's wall milliseconds (the step timeline's total, host work included), and runs the mode with the higher
+tokens per millisecond. The losing mode is probed now and then so that a change in the text (a code block inside a
+chat answer) is noticed: speculation after ``probe_every`` plain steps (doubling after each failed probe, up to
+``max_probe_every``), plain decoding every ``ar_probe_every`` speculative steps. The decision depends only on
+earlier steps, never on this step's draws, so the output law is unchanged (a stop rule that reads the past). It is
+timing-driven, hence not reproducible across runs; a replay follows the recorded decisions (``force``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FALLBACK_MODES = ("auto", "goodput", "off")  # auto: goodput on CUDA, off elsewhere
+
+
+def fallback_active(mode: str, device_type: str) -> bool:
+    """Whether ``mode`` (``FALLBACK_MODES``) falls back on a device of type ``device_type`` ("cuda", "cpu").
+    ``auto`` is on only on CUDA: on the CPU speculation paid in every measured cell (docs/bench.md), and a
+    timing-driven rule would make CPU runs, tests and classroom demos differ from run to run for nothing."""
+    if mode not in FALLBACK_MODES:
+        raise ValueError(f"unknown fallback mode {mode!r}; expected one of {', '.join(FALLBACK_MODES)}")
+    return mode == "goodput" or (mode == "auto" and device_type == "cuda")
+
+
+@dataclass
+class _Rate:
+    """Moving averages of tokens and milliseconds per step for one mode."""
+
+    tokens: float | None = None
+    ms: float | None = None
+    steps: int = 0
+
+    def add(self, tokens: int, ms: float, alpha: float) -> None:
+        if self.tokens is None:
+            self.tokens, self.ms = float(tokens), float(ms)
+        else:
+            self.tokens += alpha * (tokens - self.tokens)
+            self.ms += alpha * (ms - self.ms)
+        self.steps += 1
+
+    @property
+    def tok_s(self) -> float | None:
+        """Committed tokens per second (None before the first step)."""
+        return None if self.tokens is None else 1e3 * self.tokens / max(self.ms, 1e-6)
+
+
+class GoodputFallback:
+    """Chooses, before each step, between speculating and a plain decoding step, by measured goodput.
+
+    Args:
+        alpha: weight of the newest step in the moving averages.
+        probe_every: plain steps before speculation is tried again (doubles after each probe that loses, up to
+            ``max_probe_every``; back to ``probe_every`` once speculation wins).
+        ar_probe_every: speculative steps between plain-decoding probes (plain decoding's rate barely moves).
+    """
+
+    def __init__(self, alpha: float = 0.3, probe_every: int = 8, max_probe_every: int = 64,
+                 ar_probe_every: int = 32):
+        self.alpha, self.base_probe, self.max_probe, self.ar_probe_every = alpha, probe_every, max_probe_every, \
+            ar_probe_every
+        self.spec, self.ar = _Rate(), _Rate()
+        self.probe_every = probe_every
+        self.since_spec = 0  # plain steps since the last speculative one
+        self.since_ar = 0  # speculative steps since the last plain one
+        self._forced: list[bool] | None = None
+        self._last: dict = {}
+
+    def force(self, decisions: list[bool]) -> None:
+        """Replay: take these decisions (True = speculate) for the next steps instead of deciding."""
+        self._forced = list(decisions)
+
+    def decide(self, step_index: int) -> bool:
+        """True to speculate in step ``step_index`` (0-based), False for a plain decoding step."""
+        spec, ar = self.spec.tok_s, self.ar.tok_s
+        if self._forced is not None and step_index < len(self._forced):
+            speculate, reason = self._forced[step_index], "replayed"
+        elif spec is None:
+            speculate, reason = True, "measuring speculation"
+        elif ar is None:
+            speculate, reason = False, "measuring plain decoding"
+        elif spec >= ar:
+            speculate = self.since_ar < self.ar_probe_every
+            reason = "speculation pays" if speculate else "probing plain decoding"
+        else:
+            speculate = self.since_spec >= self.probe_every
+            reason = "probing speculation" if speculate else "speculation does not pay"
+        self._last = {"speculate": speculate, "reason": reason,
+                      "spec_tok_s": None if spec is None else round(spec, 2),
+                      "ar_tok_s": None if ar is None else round(ar, 2)}
+        return speculate
+
+    def observe(self, speculated: bool, tokens: int, ms: float) -> dict:
+        """Learn from the finished step (``tokens`` committed in ``ms`` wall milliseconds); returns the step's
+        record for the trace: the decision, its reason and the rates it compared (tokens/s)."""
+        if speculated:
+            was_probe = self._last.get("reason") == "probing speculation"
+            self.spec.add(tokens, ms, self.alpha)
+            self.since_spec, self.since_ar = 0, self.since_ar + 1
+            if was_probe:  # a probe that still loses waits twice as long before the next one
+                lost = self.spec.tok_s < (self.ar.tok_s or 0.0)
+                self.probe_every = min(2 * self.probe_every, self.max_probe) if lost else self.base_probe
+        else:
+            self.ar.add(tokens, ms, self.alpha)
+            self.since_spec, self.since_ar = self.since_spec + 1, 0
+        return dict(self._last)

@@ -1,0 +1,117 @@
+"""The goodput fallback (explorer/fallback.py): its decisions from measured rates, plain decoding steps inside a
+speculative run (same greedy tokens, same output law, recorded in the trace), and replays that follow the record."""
+
+import pytest
+import torch
+
+from method_grid import PROMPT
+
+from explorer.audit import audit
+from explorer.config import DEFAULTS, MethodConfig
+from explorer.engine import Engine
+from explorer.fallback import GoodputFallback, fallback_active
+from explorer.sampling import SamplingConfig
+
+LOSSLESS = ["sd", "mcsd", "mcsd-improved", "prompt-lookup", "token-recycling", "hybrid"]
+SCHEDULE = [True, False, False, True, False, True, True, False] * 8
+
+
+def _feed(fb: GoodputFallback, steps: int, spec: tuple[int, float], ar: tuple[int, float]) -> list[bool]:
+    """Run ``steps`` decisions, observing (tokens, ms) per mode; returns the decisions."""
+    out = []
+    for i in range(steps):
+        s = fb.decide(i)
+        fb.observe(s, *(spec if s else ar))
+        out.append(s)
+    return out
+
+
+def test_slow_speculation_falls_back_and_probes_less_often():
+    fb = GoodputFallback(probe_every=4, max_probe_every=16)
+    decisions = _feed(fb, 60, spec=(2, 30.0), ar=(1, 10.0))  # 67 tok/s speculating against 100 plain
+    assert decisions[:2] == [True, False]  # measure each mode once
+    probes = [i for i in range(2, 60) if decisions[i]]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] == 5 and gaps == [9, 17, 17]  # 4, then 8, then 16 (the cap) plain steps before a probe
+
+
+def test_fast_speculation_speculates_and_probes_plain_decoding_rarely():
+    fb = GoodputFallback(ar_probe_every=10)
+    decisions = _feed(fb, 60, spec=(4, 20.0), ar=(1, 10.0))  # 200 tok/s against 100
+    plain = [i for i, s in enumerate(decisions) if not s]
+    assert plain[0] == 1 and all(b - a == 11 for a, b in zip(plain, plain[1:]))
+    assert fb.spec.tok_s == pytest.approx(200.0) and fb.ar.tok_s == pytest.approx(100.0)
+
+
+def test_a_change_in_the_text_is_noticed():
+    fb = GoodputFallback(probe_every=4)
+    _feed(fb, 30, spec=(1, 30.0), ar=(1, 10.0))  # speculation loses...
+    later = _feed(fb, 40, spec=(8, 30.0), ar=(1, 10.0))  # ...then the text turns into copies
+    assert sum(later[-20:]) >= 19
+
+
+def test_auto_is_on_for_cuda_only():
+    assert fallback_active("auto", "cuda") and not fallback_active("auto", "cpu")
+    assert fallback_active("goodput", "cpu") and not fallback_active("off", "cuda")
+    with pytest.raises(ValueError, match="unknown fallback"):
+        MethodConfig(method="sd", fallback="sometimes")
+
+
+def test_ar_and_the_lossy_mode_never_fall_back(tiny):
+    for cfg in (DEFAULTS["ar"], MethodConfig(method="mcsd-improved", lossy=True, k_config=(1,), max_depth=3)):
+        assert Engine(tiny, cfg.with_(fallback="goodput"), SamplingConfig(temperature=0.0)).fallback is None
+    assert Engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig()).fallback is not None
+    assert Engine(tiny, DEFAULTS["sd"], SamplingConfig()).fallback is None  # auto, on the CPU
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_plain_steps_inside_a_run_keep_the_greedy_tokens(tiny, method):
+    ids = tiny.tokenizer.encode(PROMPT)
+    runs = {}
+    for fallback in ("off", "goodput"):
+        eng = Engine(tiny, DEFAULTS[method].with_(fallback=fallback), SamplingConfig(temperature=0.0))
+        eng.start(ids, 40)
+        if fallback == "goodput":
+            eng.follow_fallback(SCHEDULE)
+        eng.run()
+        runs[fallback] = eng
+    assert runs["goodput"].committed == runs["off"].committed
+    steps = runs["goodput"].trace.steps
+    assert [s.fallback["speculate"] for s in steps] == SCHEDULE[:len(steps)]
+    for s in steps:
+        if not s.fallback["speculate"]:  # a plain decoding step: no tree, one token, one target call
+            assert s.drafted == 0 and s.draft_calls == 0 and len(s.committed_ids) == 1 and s.target_calls == 1
+    assert any(s.drafted for s in steps if s.fallback["speculate"])
+    assert all(s.fallback == {} for s in runs["off"].trace.steps)
+
+
+def test_fallback_steps_keep_the_output_law(tiny, monkeypatch):
+    """A plain first step, then speculation (the draft model catching up a token it never saw): the first two
+    tokens still follow the target's law."""
+    monkeypatch.setattr(GoodputFallback, "decide", lambda self, i: i % 2 == 1)
+    cfg = MethodConfig(method="sd", gamma=3, fallback="goodput")
+    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=11), tiny.tokenizer.encode(PROMPT), 1500)
+    assert r.passed, r.summary()
+
+
+def test_a_replay_follows_the_recorded_decisions(tiny):
+    from explorer.instruments.replay import replay_steps
+
+    eng = Engine(tiny, DEFAULTS["hybrid"].with_(fallback="goodput"), SamplingConfig(temperature=0.8, seed=2))
+    eng.start(tiny.tokenizer.encode(PROMPT), 30)
+    eng.follow_fallback(SCHEDULE)
+    eng.run()
+    last = len(eng.trace.steps) - 1
+    for i, replayed in replay_steps(tiny, eng.trace, last):
+        assert replayed.trace.steps[i].fallback["speculate"] == eng.trace.steps[i].fallback["speculate"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_fallback_runs_on_cuda_by_default(tiny_cuda):
+    eng = Engine(tiny_cuda, DEFAULTS["sd"], SamplingConfig(temperature=0.0), kv_cache="static", graphs=True)
+    eng.start(tiny_cuda.tokenizer.encode(PROMPT), 40)
+    eng.run()
+    eng.release()
+    assert eng.fallback is not None
+    assert all(s.fallback["reason"] for s in eng.trace.steps) and eng.trace.steps[1].fallback["speculate"] is False
