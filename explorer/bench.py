@@ -12,6 +12,10 @@ draft our engine uses (int8 when the pair's draft is quantized). ``hf-assisted-b
 unquantized draft: what a user who loads the two models gets. ``hf-prompt-lookup`` is
 ``target.generate(prompt_lookup_num_tokens=10)``: transformers' prompt lookup decoding (no draft model).
 
+On CUDA each of our methods also gets one untimed run of the first prompt that counts host synchronisations per
+step (``Engine(count_syncs=True)``), and the share of plain decoding steps the goodput fallback took is reported
+for every run (``fallback.py``).
+
 A method label may carry settings after ``+``: ``mcsd-improved+adapt=last-layer`` runs the default
 ``mcsd-improved`` with online adaptation, ``mcsd-improved+decision_model=path+adapt=threshold`` changes two
 settings (``VARIANT_KEYS``), so variants of one method run side by side in one bench.
@@ -113,9 +117,10 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
 
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
-               recycling_state: dict | None = None) -> dict:
-    """One run of our engine; ``run_metrics`` plus ``token_ids`` and, for Token Recycling, ``recycling_state``
-    (the matrix after the run, for the next prompt).
+               recycling_state: dict | None = None, count_syncs: bool = False) -> dict:
+    """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
+    fallback's plain decoding steps) and, for Token Recycling, ``recycling_state`` (the matrix after the run, for
+    the next prompt). ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
     trace), as for ``hf-assisted``, not the sum of the trace's step timers.
@@ -123,14 +128,18 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     from .engine import Engine
 
     engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
-                    recycling_state=recycling_state)
+                    recycling_state=recycling_state, count_syncs=count_syncs)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
     seconds = time.perf_counter() - t0
     engine.release()  # graph runners (and their captured graphs) serve the next run
     metrics = run_metrics(trace)
-    metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None)
+    metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None,
+                   steps=len(trace.steps),
+                   plain_steps=sum(1 for s in trace.steps if s.fallback and not s.fallback["speculate"]))
+    if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
+        metrics["host_syncs_per_step"] = sum(s.host_syncs for s in trace.steps) / len(trace.steps)
     return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state()}
 
 
@@ -156,7 +165,8 @@ def aggregate(rows: list[dict]) -> dict:
             "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
             "drafted_tokens": drafted, "acceptance_rate": sum(seed_acc) / len(seed_acc) if seed_acc else None,
             "mcsd_acceptance_rate": accepted / drafted if drafted else None,
-            "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s, "overhead_share": overhead}
+            "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s, "overhead_share": overhead,
+            "plain_step_share": total("plain_steps") / total("steps") if total("steps") else None}
 
 
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
@@ -224,6 +234,14 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
                 runs.append(row)
                 progress(f"T={temperature} prompt {n + 1}/{len(prompts_ids)} {method}: "
                          f"{row['tokens_per_s']:.2f} tok/s")
+    syncs: dict = {}  # (temperature, method) -> host syncs per step, from an extra untimed run (CUDA)
+    if pair.device.type == "cuda" and prompts_ids:
+        for temperature in temperatures:
+            for method in (m for m in methods if m not in HF_METHODS):
+                row = run_engine(pair, configs[method], prompts_ids[0], max_new_tokens,
+                                 SamplingConfig(temperature=temperature, top_p=top_p, seed=seed), kv_cache=kv_cache,
+                                 graphs=graphs, decision_model=decision_model(configs[method]), count_syncs=True)
+                syncs[temperature, method] = row.get("host_syncs_per_step")
     summary = []
     for temperature in temperatures:
         base = {m: aggregate([r for r in runs if r["temperature"] == temperature and r["method"] == m])
@@ -241,5 +259,6 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
                             "config": cfg.to_dict() if cfg else hf_assisted_settings(pair.draft), **agg,
                             "speedup_vs_ar": ratio("ar"), "ratio_vs_hf": ratio(HF_ASSISTED),
                             "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16),
-                            "ratio_vs_hf_lookup": ratio(HF_PROMPT_LOOKUP)})
+                            "ratio_vs_hf_lookup": ratio(HF_PROMPT_LOOKUP),
+                            "host_syncs_per_step": syncs.get((temperature, method))})
     return {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_settings(pair.draft)}

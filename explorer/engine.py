@@ -34,7 +34,7 @@ from .kv_cache import KV_CACHES, new_kv_cache
 from .models import ModelPair
 from .methods import DRAFT_SOURCES
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
-from .timeline import StepTimeline
+from .timeline import StepTimeline, step_times
 from .stopping import LEARNED_POLICIES, make_stop_policy
 from .trace import (
     ACCEPTED,
@@ -108,6 +108,8 @@ class Engine:
             back with ``release()``.
         recycling_state: a Token Recycling matrix carried over from an earlier run (``recycling_state()`` of that
             run's engine); None starts with an empty matrix.
+        count_syncs: on CUDA, count each step's host synchronisations into ``StepTrace.host_syncs`` (torch's sync
+            debug mode; process-wide and a few microseconds each, so for measurements, not the app).
     Raises:
         EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``, graphs
             without a static cache; on ``start``, an empty prompt or one that leaves no room in the context window.
@@ -115,12 +117,13 @@ class Engine:
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 recycling_state: dict | None = None):
+                 recycling_state: dict | None = None, count_syncs: bool = False):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
             raise EngineError("CUDA graphs need fixed shapes: use kv_cache='static' with graphs")
         self.kv_cache, self.graphs = kv_cache, bool(graphs)
+        self.count_syncs = count_syncs  # CUDA: count each step's host synchronisations (timeline.py; opt-in)
         self._runners: dict = {}  # role -> GraphRunner (graphs only)
         self.pair = pair
         self.config = config
@@ -149,7 +152,6 @@ class Engine:
             self.fallback = GoodputFallback()
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
-        self._forward_ms = 0.0  # time inside model forwards during the current step
         self._timeline: StepTimeline | None = None  # the current step's segments (None outside a step)
         self._texts: dict[int, str] = {}  # token id -> decoded text (the trace shows thousands per run)
         self.last_step: tuple | None = None  # (Drafted, _Verified) of the latest step, for decision collect
@@ -276,12 +278,10 @@ class Engine:
         runner = self._runners.get(role)
         segment = self._timeline.forward(role, len(input_ids)) if self._timeline else contextlib.nullcontext()
         with torch.inference_mode(), self.pair.lock, segment:
-            t0 = _now(self.pair.device)
             if runner is not None:
                 logits, h = runner.forward(input_ids, position_ids, mask, keep, hidden)
             else:
                 logits, h = eager_forward(model, kv, input_ids, position_ids, mask, keep, hidden)
-            self._forward_ms += (_now(self.pair.device) - t0) * 1e3
         logits = logits[:, : self.pair.vocab_size]
         return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
 
@@ -301,16 +301,13 @@ class Engine:
         if self.graphs and not self._runners:
             raise EngineError("this run's graph runners were released: start a new run")
         device = self.pair.device
-        timeline = self._timeline = StepTimeline(device)
+        timeline = self._timeline = StepTimeline(device, count_syncs=self.count_syncs)
         timeline.enter("drafting")
-        t_start = _now(device)
-        self._forward_ms = 0.0
         L = len(self.committed)
         speculate = self.fallback.decide(len(self.trace.steps)) if self.fallback is not None else True
         d = self.drafter.draft(self) if speculate else empty_draft(self)
         if edit is not None:
             d = edit(self, d)
-        t_drafted = _now(device)
         v = self._verify(d.tree, d.q_rows)
         result = v.result
         self.last_step = (d, v)
@@ -337,15 +334,16 @@ class Engine:
             self.next_logits = v.p_rows.row_logits(result.next_row).clone()  # not a view of all rows
         new_tokens = self._truncate(new_tokens)
         self.committed.extend(new_tokens)
-        t_end = _now(device)
 
         timeline.enter("trace recording")
-        step = self._record(L, d, v, new_tokens, (t_drafted - t_start) * 1e3, (t_end - t_drafted) * 1e3,
-                            (t_end - t_start) * 1e3)
+        step = self._record(L, d, v, new_tokens)
         step.adaptation = adaptation
         self.trace.steps.append(step)
-        step.timeline = timeline.finish()
+        step.timeline = timeline.finish()  # CUDA: the step's one deliberate synchronisation
         self._timeline = None
+        for name, ms in step_times(step.timeline).items():
+            setattr(step, name, ms)
+        step.host_syncs = timeline.syncs
         if self.fallback is not None:
             step.fallback = self.fallback.observe(speculate, len(new_tokens), sum(s["ms"] for s in step.timeline))
         return step
@@ -441,8 +439,8 @@ class Engine:
 
     # ------------------------------------------------------------------ trace
 
-    def _record(self, L: int, d: Drafted, v: "_Verified", new_tokens: list[int], draft_ms: float,
-                verify_ms: float, step_ms: float) -> StepTrace:
+    def _record(self, L: int, d: Drafted, v: "_Verified", new_tokens: list[int]) -> StepTrace:
+        """The step's trace; its times are filled in from the timeline once the step is over."""
         tree, result, p_rows = d.tree, v.result, v.p_rows
         committed_nodes = set(result.path[: len(new_tokens)])
         branches = tree.children(-1)
@@ -490,8 +488,8 @@ class Engine:
             committed_ids=list(new_tokens), committed_text=self._pieces(new_tokens),
             bonus_token=result.bonus if (result.bonus is not None and len(new_tokens) > len(result.path)) else None,
             accepted_draft_len=accepted_draft, max_draft_len=self.config.max_draft_depth(), drafted=drafted,
-            draft_calls=d.calls, target_calls=v.calls, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
-            verifier=self.verifier_name, finished=self.finished, forward_ms=self._forward_ms,
+            draft_calls=d.calls, target_calls=v.calls, draft_ms=0.0, verify_ms=0.0, step_ms=0.0,
+            verifier=self.verifier_name, finished=self.finished,
             drafter=self._drafter_info(d.info), expected_tokens=v.expected_tokens)
 
     def _provenance(self, prov: dict | None) -> dict | None:

@@ -77,12 +77,29 @@ class _Bucket:
         self.graph = None
         self.logits = None  # output buffers: (1, size, vocab) and (1, size, hidden) or None
         self.hidden = None
+        # On CUDA the inputs go through pinned host buffers, copied asynchronously: a copy from pageable memory
+        # makes the host wait for the device (issue 13 counted two such waits per forward).
+        cuda = torch.device(device).type == "cuda"
+        self._staged = (torch.zeros((3, size), dtype=torch.long, device="cpu", pin_memory=True),
+                        torch.zeros((size, width), dtype=torch.bool, device="cpu", pin_memory=True)) if cuda else None
+        self._copied = None  # CUDA event: the last copy out of the pinned buffers is done
 
-    def host_to_device(self, ints: torch.Tensor, allowed: torch.Tensor) -> None:
-        """Fill the input buffers from host tensors: ids, position ids and cache positions ``(3, size)`` int64,
+    def host_to_device(self, ints: np.ndarray, allowed: np.ndarray) -> None:
+        """Fill the input buffers from host arrays: ids, position ids and cache positions ``(3, size)`` int64,
         and the allowed-attention pattern ``(size, width)`` bool."""
-        self.ints.copy_(ints)
-        self.allowed.copy_(allowed)
+        if self._staged is None:
+            self.ints.copy_(torch.from_numpy(ints))
+            self.allowed.copy_(torch.from_numpy(allowed))
+            return
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy has left the pinned buffers (nearly always already)
+        staged_ints, staged_allowed = self._staged
+        np.copyto(staged_ints.numpy(), ints)
+        np.copyto(staged_allowed.numpy(), allowed)
+        self.ints.copy_(staged_ints, non_blocking=True)
+        self.allowed.copy_(staged_allowed, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
 
 
 class GraphRunner:
@@ -124,8 +141,7 @@ class GraphRunner:
         host[0, :n] = input_ids
         host[1, :n], host[1, n:] = position_ids, position_ids[-1]
         host[2] = np.arange(length, length + size)
-        b.host_to_device(torch.from_numpy(host), torch.from_numpy(padded_mask(mask, length, n, size,
-                                                                              self.kv.key_width)))
+        b.host_to_device(host, padded_mask(mask, length, n, size, self.kv.key_width))
         b.mask.fill_(0.0).masked_fill_(~b.allowed[None, None], torch.finfo(self.dtype).min)
         self.kv.seek(size)  # the cache's write position: `length`
         if self.capture and b.graph is None:

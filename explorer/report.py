@@ -14,7 +14,7 @@ from .jsonfile import parse_json, read_file
 REPORT_NAME = "bench"
 CSV_FIELDS = ("temperature", "method", "prompt", "generated_tokens", "seconds", "tokens_per_s", "target_calls",
               "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_ms", "verify_ms",
-              "forward_ms", "step_ms")
+              "forward_ms", "step_ms", "steps", "plain_steps", "host_syncs_per_step")
 
 
 class ReportError(ValueError):
@@ -37,8 +37,8 @@ def markdown_table(report: dict) -> str:
              f"transformers {m['transformers']})", "",
              "| T | method | tokens/s | speed-up vs ar | ratio vs hf-assisted | ratio vs hf-assisted-bf16 | "
              "ratio vs hf-prompt-lookup | tokens / target call | acceptance (seed) | acceptance (MCSD) | draft s | "
-             "verify s | other s | engine overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "verify s | other s | engine overhead | plain steps | host syncs / step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
         lines.append(f"| {r['temperature']:g} | {r['method']} | {_f(r['tokens_per_s'])} | "
                      f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
@@ -46,7 +46,8 @@ def markdown_table(report: dict) -> str:
                      f"{_f(r.get('ratio_vs_hf_lookup'), suffix='x')} | "
                      f"{_f(r['tokens_per_target_call'])} | {_f(r['acceptance_rate'])} | "
                      f"{_f(r['mcsd_acceptance_rate'])} | {_f(r['draft_s'], 1)} | {_f(r['verify_s'], 1)} | "
-                     f"{_f(r['other_s'], 1)} | {_f(_pct(r.get('overhead_share')), 1, ' %')} |")
+                     f"{_f(r['other_s'], 1)} | {_f(_pct(r.get('overhead_share')), 1, ' %')} | "
+                     f"{_f(_pct(r.get('plain_step_share')), 0, ' %')} | {_f(r.get('host_syncs_per_step'), 1)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -106,6 +106,7 @@ class RowDists:
         self._top: tuple | None = None  # (ids (S, TOP_CACHED), raw logit values (S, TOP_CACHED)) of the block
         self._block_lse: torch.Tensor | None = None  # logsumexp(logits) of the block (S,)
         self._block_lse_t: torch.Tensor | None = None  # logsumexp(logits / T) of the block (S,)
+        self._host: dict[int, tuple] | None = None  # row -> the block's best tokens on the host (_host_top)
         for r, (p, lg) in (fixed or {}).items():
             self._probs[r], self._logits[r] = p, lg
 
@@ -142,6 +143,29 @@ class RowDists:
             self._block_lse_t = torch.logsumexp(self._rows_block() / self.cfg.temperature, -1)
         return self._block_lse_t
 
+    def _host_top(self, r: int) -> tuple | None:
+        """Row ``r``'s ``TOP_CACHED`` best token ids, their plain-softmax probabilities and, when sampling, their
+        probabilities under ``softmax(logits / T)``, as host lists; plus the row's ``logsumexp``. All batched rows
+        come to the host in one transfer the first time any is asked for: on a GPU each read of a device value
+        is a host synchronisation, and the trace reads these for every node. None for rows outside the block.
+        The probabilities are computed on the device exactly as the per-row reads computed them before."""
+        if r not in self._pos:
+            return None
+        if self._host is None:
+            ids, vals = self._top_block()
+            lse = self._lse_block()
+            parts = [ids.double(), torch.exp(vals - lse[:, None]).double(), lse[:, None].double()]
+            if not self.cfg.greedy:
+                parts.append(torch.exp(vals / self.cfg.temperature - self._lse_t_block()[:, None]).double())
+            packed = torch.cat(parts, 1).tolist()  # float64 holds every token id exactly
+            t = ids.shape[1]
+            self._host = {}
+            for row, i in self._pos.items():
+                line = packed[i]
+                self._host[row] = ([int(x) for x in line[:t]], line[t:2 * t], line[2 * t],
+                                   line[2 * t + 1:] if not self.cfg.greedy else None)
+        return self._host[r]
+
     def stats(self) -> tuple:
         """Plain-softmax statistics of the batched rows (all stored rows by default): log-normaliser ``(S,)``, the
         ``TOP_CACHED`` best token ids ``(S, t)`` and their probabilities ``(S, t)``. The decision features use
@@ -165,7 +189,7 @@ class RowDists:
     def top_ids(self, r: int, k: int) -> list[int]:
         """The ``k`` largest logits of row ``r``, best first (the greedy children)."""
         if r in self._pos and k <= TOP_CACHED and r not in self._probs:
-            return self._top_block()[0][self._pos[r], :k].tolist()
+            return self._host_top(r)[0][:k]
         return torch.topk(self.row_logits(r), k).indices.tolist()
 
     def __getitem__(self, r: int) -> torch.Tensor:
@@ -184,10 +208,8 @@ class RowDists:
         """The (up to) ``k`` most likely tokens of row ``r``'s processed distribution and their probabilities,
         best first, zero-probability tokens left out. Sampling only."""
         if self._temperature_only(r) and k <= TOP_CACHED:
-            ids, vals = self._top_block()
-            i = self._pos[r]
-            probs = torch.exp(vals[i, :k] / self.cfg.temperature - self._lse_t_block()[i])
-            pairs = zip(ids[i, :k].tolist(), probs.tolist())
+            ids, _, _, probs_t = self._host_top(r)
+            pairs = zip(ids[:k], probs_t[:k])
         else:
             probs, ids = torch.topk(self[r], min(k, self[r].shape[-1]))
             pairs = zip(ids.tolist(), probs.tolist())
@@ -200,10 +222,8 @@ class RowDists:
         out: dict[int, list[tuple[int, float]]] = {}
         for r in sorted(set(rows)):
             if self.cfg.greedy and r in self._pos and k <= TOP_CACHED:
-                ids, vals = self._top_block()
-                i = self._pos[r]
-                probs = torch.exp(vals[i, :k] - self._lse_block()[i])
-                out[r] = list(zip(ids[i, :k].tolist(), probs.tolist()))
+                ids, probs, _, _ = self._host_top(r)
+                out[r] = list(zip(ids[:k], probs[:k]))
             elif self.cfg.greedy:
                 lg = self.row_logits(r)
                 vals, ids = torch.topk(lg, min(k, lg.shape[-1]))
@@ -216,13 +236,16 @@ class RowDists:
         """``logsumexp`` of row ``r``'s raw logits (so its plain-softmax probability of t is exp(logit - it))."""
         if r not in self._lse:
             if r in self._pos:
-                self._lse[r] = float(self._lse_block()[self._pos[r]])
+                self._lse[r] = self._host_top(r)[2]
             else:
                 self._lse[r] = float(torch.logsumexp(self.row_logits(r), -1))
         return self._lse[r]
 
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
+        host = self._host_top(r) if (self.cfg.greedy or self._temperature_only(r)) else None
+        if host is not None and token in host[0]:  # among the row's best: already on the host
+            return (host[1] if self.cfg.greedy else host[3])[host[0].index(token)]
         if self._temperature_only(r):  # no need to process the whole row for one probability
             lse = self._lse_t_block()[self._pos[r]]
             return float(torch.exp(self.row_logits(r)[token] / self.cfg.temperature - lse))

@@ -1,70 +1,100 @@
-"""Where one step's time goes (issue 16, "the step's timeline"): contiguous segments measured with the host clock
-(synchronising the device at each boundary on CUDA) and, on CUDA, the device time of every forward from CUDA
-events.
+"""Where one step's time goes (issue 16, "the step's timeline"): contiguous segments from the step's start to the
+end of its trace recording, with each forward's query rows.
 
 The engine opens a segment at each phase boundary (``enter``); a forward opens its own segment and reopens the
-phase it interrupted, so the segments partition the step from its first to its last timestamp and their sum is the
-step's wall time less only the calls around it. Phases: ``drafting`` (the drafter's own work: tree, sampling,
-stop policy), ``draft forward`` / ``target forward`` (with their query rows), ``mask`` (mask and position ids),
-``verification`` (the node rules), ``odds`` (expected acceptance), ``drafter learn``, ``KV-cache commit`` and
-``trace recording``.
+phase it interrupted, so the segments partition the step and their sum is the step's wall time less only the calls
+around it. Phases: ``drafting`` (the drafter's own work: tree, sampling, stop policy), ``draft forward`` /
+``target forward`` (with their query rows), ``mask`` (mask and position ids), ``verification`` (the node rules),
+``odds`` (expected acceptance), ``drafter learn``, ``KV-cache commit`` and ``trace recording``.
+
+Clocks. On the CPU each boundary reads the host clock. On CUDA each boundary records a CUDA event instead and the
+step synchronises once, at its end (issue 13: a synchronisation per boundary stalled the host at every phase): an
+event fires when the device reaches it, which is when the work queued before it is done or, on an idle device,
+when the host queued it, so a segment is the time the phase held up the step (a forward's ``gpu_ms`` is its device
+time). ``count_syncs`` (CUDA) also counts the step's host synchronisations through torch's sync debug mode (each
+becomes a warning); it costs microseconds per synchronisation and is process-wide, so it is opt-in (bench, scripts).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
 PHASES = ("drafting", "draft forward", "mask", "target forward", "verification", "odds", "drafter learn",
-          "KV-cache commit", "trace recording")
+          "stop-policy adaptation", "KV-cache commit", "trace recording")
+DRAFT_PHASES = ("drafting", "draft forward")
+VERIFY_PHASES = ("mask", "target forward", "verification", "odds")
 
 
 class StepTimeline:
-    """Segments of one step. ``device``: where the models run (CUDA: each boundary synchronises it, and forwards
-    also get CUDA event pairs for their device time)."""
+    """Segments of one step. ``device``: where the models run (CUDA: event timing, one synchronisation at the
+    end). ``count_syncs``: on CUDA, count the step's host synchronisations (``syncs`` after ``finish``)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, count_syncs: bool = False):
         self.device = device
         self.cuda = device.type == "cuda"
         self.segments: list[dict] = []
-        self._events: list[tuple[int, object, object]] = []  # (segment index, start event, end event)
-        self._open: dict | None = None
-        self.syncs = 0
-        self.t0 = self._clock()
+        self._spans: list[tuple[dict, object, object]] = []  # (segment, start mark, end mark)
+        self._open: tuple[dict, object] | None = None
+        self.syncs: int | None = None
+        self._caught = None
+        if self.cuda and count_syncs:
+            self._catcher = warnings.catch_warnings(record=True)
+            self._caught = self._catcher.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        self.t0 = self._mark()
 
-    def _clock(self) -> float:
+    def _mark(self):
+        """Now: a recorded CUDA event, or the host clock (s)."""
         if self.cuda:
-            torch.cuda.synchronize(self.device)
-            self.syncs += 1
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         return time.perf_counter()
 
     @property
     def phase(self) -> str | None:
-        return self._open["phase"] if self._open else None
+        return self._open[0]["phase"] if self._open else None
 
     def enter(self, phase: str, **info) -> None:
         """Close the open segment now and open ``phase`` (``info``: e.g. ``rows``)."""
-        now = self._clock()
+        now = self._mark()
         self._close(now)
-        self._open = {"phase": phase, "start_ms": (now - self.t0) * 1e3, **info}
+        self._open = ({"phase": phase, "start_ms": 0.0, **info}, now)
 
-    def _close(self, now: float) -> None:
+    def _close(self, now) -> None:
         if self._open is not None:
-            self._open["ms"] = (now - self.t0) * 1e3 - self._open["start_ms"]
-            self.segments.append(self._open)
+            segment, start = self._open
+            self._spans.append((segment, start, now))
+            self.segments.append(segment)
             self._open = None
 
     def forward(self, role: str, rows: int):
-        """Context manager for one model forward: its own segment (with CUDA events on a GPU); the interrupted
-        phase reopens after it."""
+        """Context manager for one model forward: its own segment; the interrupted phase reopens after it."""
         return _ForwardSegment(self, role, rows)
 
     def finish(self) -> list[dict]:
-        """Close the last segment; fill in the forwards' device milliseconds (CUDA). Returns the segments."""
-        self._close(self._clock())
-        for index, start, end in self._events:
-            self.segments[index]["gpu_ms"] = float(start.elapsed_time(end))
+        """Close the last segment and fill in every segment's ``start_ms`` and ``ms`` (on CUDA after the step's
+        one synchronisation; forwards also get ``gpu_ms``). Returns the segments."""
+        self._close(self._mark())
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            if self._caught is not None:
+                torch.cuda.set_sync_debug_mode(0)
+                self._catcher.__exit__(None, None, None)
+                self.syncs = 1 + sum(1 for w in self._caught if "synchroniz" in str(w.message).lower())
+        for segment, start, end in self._spans:
+            if self.cuda:
+                segment["start_ms"] = float(self.t0.elapsed_time(start))
+                segment["ms"] = float(start.elapsed_time(end))
+                if segment["phase"].endswith("forward"):
+                    segment["gpu_ms"] = segment["ms"]
+            else:
+                segment["start_ms"] = (start - self.t0) * 1e3
+                segment["ms"] = (end - start) * 1e3
         return self.segments
 
 
@@ -75,18 +105,21 @@ class _ForwardSegment:
     def __enter__(self):
         self.resume = self.tl.phase
         self.tl.enter(f"{self.role} forward", rows=self.rows)
-        if self.tl.cuda:
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
         return self
 
     def __exit__(self, *exc):
-        if self.tl.cuda:
-            self.end.record()
-            self.tl._events.append((len(self.tl.segments), self.start, self.end))
         if self.resume is not None:
             self.tl.enter(self.resume)
         return False
+
+
+def step_times(segments: list[dict]) -> dict[str, float]:
+    """A step's ``draft_ms`` (drafting and draft forwards), ``verify_ms`` (mask, target forward, verification,
+    odds), ``forward_ms`` (all forwards) and ``step_ms`` (everything but the trace recording), from its segments."""
+    total = lambda phases: sum(s["ms"] for s in segments if s["phase"] in phases)  # noqa: E731
+    return {"draft_ms": total(DRAFT_PHASES), "verify_ms": total(VERIFY_PHASES),
+            "forward_ms": sum(s["ms"] for s in segments if s["phase"].endswith("forward")),
+            "step_ms": sum(s["ms"] for s in segments if s["phase"] != "trace recording")}
 
 
 def phase_totals(steps) -> dict[str, float]:

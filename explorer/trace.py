@@ -117,6 +117,8 @@ class StepTrace:
         fallback: the goodput rule's decision before this step (``fallback.py``): ``speculate`` (False: a plain
             decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` / ``ar_tok_s``
             (tokens/s; None before the first step of that kind); empty when the rule is off.
+        host_syncs: host synchronisations with the device during the step (CUDA, counted when the engine was asked
+            to: ``Engine(count_syncs=True)``; None otherwise).
     """
 
     index: int
@@ -148,6 +150,7 @@ class StepTrace:
     timeline: list = field(default_factory=list)  # timeline.StepTimeline segments (empty in older traces)
     adaptation: dict = field(default_factory=dict)
     fallback: dict = field(default_factory=dict)
+    host_syncs: int | None = None  # CUDA with count_syncs only
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -151,9 +151,11 @@ def model_inputs(features: dict, nodes: list[int], depth: list[int], hidden: boo
     ``"hidden"`` ``(n, H)`` when asked for. ``depth``: each node's depth."""
     dist = torch.stack([features[i].dist for i in nodes]).float()
     at = dist.device
-    path = path_features(dist, torch.tensor([features[i].q for i in nodes], device=at),
-                         torch.tensor(depth, device=at), torch.tensor([features[i].cum_q for i in nodes], device=at))
-    session = torch.tensor([features[i].session for i in nodes], device=at, dtype=torch.float32)
+    # The host scalars of every node in one copy (each copy to a GPU is a host synchronisation).
+    scalars = torch.tensor([[features[i].q, float(d), features[i].cum_q, *features[i].session]
+                            for i, d in zip(nodes, depth)], device=at, dtype=torch.float64)
+    path = path_features(dist, scalars[:, 0].float(), scalars[:, 1].long(), scalars[:, 2].float())
+    session = scalars[:, 3:].float()
     out = {"dist": dist, "path": path, "context": torch.cat([path, session.reshape(len(nodes), -1)], dim=-1)}
     if hidden:
         out["hidden"] = torch.stack([features[i].hidden for i in nodes]).float()
