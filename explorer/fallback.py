@@ -8,12 +8,19 @@ forward costs nearly what a target forward does, so on prompts where little is a
 speculative method ran at 0.5-0.95x of plain decoding in docs/bench.md.
 
 ``GoodputFallback`` keeps, for each mode, exponential moving averages of the tokens a step committed and of the
-step's wall milliseconds (the step timeline's total, host work included), and runs the mode with the higher
-tokens per millisecond. The losing mode is probed now and then so that a change in the text (a code block inside a
-chat answer) is noticed: speculation after ``probe_every`` plain steps (doubling after each failed probe, up to
-``max_probe_every``), plain decoding every ``ar_probe_every`` speculative steps. The decision depends only on
-earlier steps, never on this step's draws, so the output law is unchanged (a stop rule that reads the past). It is
-timing-driven, hence not reproducible across runs; a replay follows the recorded decisions (``force``).
+step's wall milliseconds (the step timeline's total, host work included). It speculates unless speculation's rate
+(tokens per millisecond) falls below ``margin`` times plain decoding's, and returns to speculation as soon as it
+measures at least plain decoding's rate again (hysteresis: one unlucky step in a good stretch does not switch).
+The losing mode is probed now and then so that a change in the text (a code block inside a chat answer) is noticed:
+speculation after ``probe_every`` plain steps (doubling after each failed probe, up to ``max_probe_every``), plain
+decoding every ``ar_probe_every`` speculative steps. A probe's measurement replaces that mode's stale average
+instead of blending into it: the first GPU measurement (docs/bench.md) blended it, and one slow first step kept
+``sd`` in plain decoding for 85 % of a HumanEval run because each later probe moved the average only 30 % of the way
+and the probes grew rarer.
+
+The decision depends only on earlier steps, never on this step's draws, so the output law is unchanged (a stop
+rule that reads the past). It is timing-driven, hence not reproducible across runs; a replay follows the recorded
+decisions (``force``).
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ class _Rate:
     ms: float | None = None
     steps: int = 0
 
-    def add(self, tokens: int, ms: float, alpha: float) -> None:
-        if self.tokens is None:
+    def add(self, tokens: int, ms: float, alpha: float, fresh: bool = False) -> None:
+        """Blend one step in; ``fresh``: the average is stale (a probe after a gap), replace it."""
+        if self.tokens is None or fresh:
             self.tokens, self.ms = float(tokens), float(ms)
         else:
             self.tokens += alpha * (tokens - self.tokens)
@@ -59,15 +67,16 @@ class GoodputFallback:
 
     Args:
         alpha: weight of the newest step in the moving averages.
+        margin: fall back only when speculation's rate is below ``margin`` x plain decoding's.
         probe_every: plain steps before speculation is tried again (doubles after each probe that loses, up to
             ``max_probe_every``; back to ``probe_every`` once speculation wins).
         ar_probe_every: speculative steps between plain-decoding probes (plain decoding's rate barely moves).
     """
 
-    def __init__(self, alpha: float = 0.3, probe_every: int = 8, max_probe_every: int = 64,
+    def __init__(self, alpha: float = 0.3, margin: float = 0.9, probe_every: int = 8, max_probe_every: int = 64,
                  ar_probe_every: int = 32):
-        self.alpha, self.base_probe, self.max_probe, self.ar_probe_every = alpha, probe_every, max_probe_every, \
-            ar_probe_every
+        self.alpha, self.margin = alpha, margin
+        self.base_probe, self.max_probe, self.ar_probe_every = probe_every, max_probe_every, ar_probe_every
         self.spec, self.ar = _Rate(), _Rate()
         self.probe_every = probe_every
         self.since_spec = 0  # plain steps since the last speculative one
@@ -88,7 +97,7 @@ class GoodputFallback:
             speculate, reason = True, "measuring speculation"
         elif ar is None:
             speculate, reason = False, "measuring plain decoding"
-        elif spec >= ar:
+        elif spec >= (1.0 if self.since_spec else self.margin) * ar:  # hysteresis: leave plain decoding at 1x
             speculate = self.since_ar < self.ar_probe_every
             reason = "speculation pays" if speculate else "probing plain decoding"
         else:
@@ -104,12 +113,12 @@ class GoodputFallback:
         record for the trace: the decision, its reason and the rates it compared (tokens/s)."""
         if speculated:
             was_probe = self._last.get("reason") == "probing speculation"
-            self.spec.add(tokens, ms, self.alpha)
+            self.spec.add(tokens, ms, self.alpha, fresh=self.since_spec > 0)
             self.since_spec, self.since_ar = 0, self.since_ar + 1
             if was_probe:  # a probe that still loses waits twice as long before the next one
                 lost = self.spec.tok_s < (self.ar.tok_s or 0.0)
                 self.probe_every = min(2 * self.probe_every, self.max_probe) if lost else self.base_probe
         else:
-            self.ar.add(tokens, ms, self.alpha)
+            self.ar.add(tokens, ms, self.alpha, fresh=self.since_ar > 0)
             self.since_spec, self.since_ar = self.since_spec + 1, 0
         return dict(self._last)

@@ -50,6 +50,21 @@ def test_a_change_in_the_text_is_noticed():
     assert sum(later[-20:]) >= 19
 
 
+def test_one_good_probe_brings_speculation_back():
+    """A slow first speculative step must not keep the run in plain decoding: the probe replaces the stale rate."""
+    fb = GoodputFallback(probe_every=4)
+    fb.observe(fb.decide(0), 1, 40.0)  # a slow first step (one-off costs): 25 tok/s
+    decisions = _feed(fb, 30, spec=(4, 20.0), ar=(1, 10.0))  # then speculation runs at 200 tok/s against 100
+    assert decisions[:5] == [False] * 4 + [True] and all(decisions[5:])
+
+
+def test_one_unlucky_step_in_a_good_stretch_does_not_switch():
+    fb = GoodputFallback()
+    _feed(fb, 10, spec=(2, 14.0), ar=(1, 8.0))  # 143 tok/s against 125
+    fb.observe(fb.decide(10), 1, 14.0)  # a step that accepted nothing: the average drops to 121 tok/s
+    assert fb.margin * fb.ar.tok_s < fb.spec.tok_s < fb.ar.tok_s and fb.decide(11)
+
+
 def test_auto_is_on_for_cuda_only():
     assert fallback_active("auto", "cuda") and not fallback_active("auto", "cpu")
     assert fallback_active("goodput", "cpu") and not fallback_active("off", "cuda")
