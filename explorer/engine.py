@@ -447,6 +447,7 @@ class Engine:
         branch_of = tree.branch_ids()
         anchor_token = self.committed[L - 1]
         p_top = p_rows.top(v.parent_rows, TOP_K_SHOWN)  # from the batched pass over the parent rows
+        p_rows.prefetch_shown([(tree.parent[i] + 1, tree.token[i]) for i in range(len(tree))])
         nodes = [NodeTrace(id=0, parent=None, token_id=anchor_token, text=self._text(anchor_token), depth=0,
                            position_id=L - 1, source=CONTEXT, status=CONTEXT, committed=True)]
         for i in range(len(tree)):

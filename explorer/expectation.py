@@ -95,14 +95,17 @@ def _spechub(tokens, p, q):
 
 
 def _point(tokens, p):
-    out = []
-    for j, x in enumerate(tokens):
-        out.append((j, float(p[x]), float(p[x])))
-        rest = without(p, x)  # as verify.point_stage after a rejection
-        if rest is None:
+    """Deterministic children tested in turn: child j passes with its probability under ``p`` with the earlier
+    children removed and the rest renormalised (as ``verify.point_stage`` after each rejection), i.e.
+    ``p(x_j) / (sum(p) - p(x_0) - ... - p(x_{j-1}))``, read from one transfer of ``p(x_j)`` and ``sum(p)``."""
+    *px, total = torch.stack([p[x] for x in tokens] + [p.sum()]).double().tolist()
+    out, left = [], total
+    for j, mass in enumerate(px):
+        if not left > 0:  # nothing else had mass: the walk stops here
             break
-        p = rest
-    return out, p
+        out.append((j, mass / left, mass / left))
+        left -= mass
+    return out, None
 
 
 ODDS_RULES = {"rrs": _rrs, "rrs-replacement": _rrs_replacement, "mcns": _mcns, "spechub": _spechub}

@@ -107,6 +107,8 @@ class RowDists:
         self._block_lse: torch.Tensor | None = None  # logsumexp(logits) of the block (S,)
         self._block_lse_t: torch.Tensor | None = None  # logsumexp(logits / T) of the block (S,)
         self._host: dict[int, tuple] | None = None  # row -> the block's best tokens on the host (_host_top)
+        self._top_proc: dict[tuple[int, int], tuple] = {}  # (row, k) -> processed top (ids, probs), prefetched
+        self._shown: dict[tuple[int, int], float] = {}  # (row, token) -> processed probability, prefetched
         for r, (p, lg) in (fixed or {}).items():
             self._probs[r], self._logits[r] = p, lg
 
@@ -210,6 +212,8 @@ class RowDists:
         if self._temperature_only(r) and k <= TOP_CACHED:
             ids, _, _, probs_t = self._host_top(r)
             pairs = zip(ids[:k], probs_t[:k])
+        elif (r, k) in self._top_proc:
+            pairs = zip(*self._top_proc[r, k])
         else:
             probs, ids = torch.topk(self[r], min(k, self[r].shape[-1]))
             pairs = zip(ids.tolist(), probs.tolist())
@@ -220,6 +224,16 @@ class RowDists:
         """The ``k`` most likely tokens of each row as ``(token_id, probability)``, with the probabilities of
         ``shown``: processed when sampling, plain softmax when greedy."""
         out: dict[int, list[tuple[int, float]]] = {}
+        if not self.cfg.greedy:  # rows processed one by one: their top-k in one batched pass and one transfer
+            slow = [r for r in sorted(set(rows)) if not (self._temperature_only(r) and k <= TOP_CACHED)
+                    and (r, k) not in self._top_proc]
+            if slow:
+                stacked = torch.stack([self[r] for r in slow])
+                probs, ids = torch.topk(stacked, min(k, stacked.shape[-1]), dim=-1)
+                packed = torch.cat([ids.double(), probs.double()], 1).tolist()
+                width = ids.shape[1]
+                for r, line in zip(slow, packed):
+                    self._top_proc[r, k] = ([int(t) for t in line[:width]], line[width:])
         for r in sorted(set(rows)):
             if self.cfg.greedy and r in self._pos and k <= TOP_CACHED:
                 ids, probs, _, _ = self._host_top(r)
@@ -241,8 +255,20 @@ class RowDists:
                 self._lse[r] = float(torch.logsumexp(self.row_logits(r), -1))
         return self._lse[r]
 
+    def prefetch_shown(self, pairs) -> None:
+        """Read ``shown(r, token)`` of many ``(r, token)`` pairs whose rows are processed one by one (sampling
+        with top-k / top-p, or rows already processed) in one transfer; ``shown`` then answers from the host."""
+        if self.cfg.greedy:
+            return
+        need = sorted({(r, t) for r, t in pairs if (r, t) not in self._shown and not self._temperature_only(r)})
+        if need:
+            for key, value in zip(need, torch.stack([self[r][t] for r, t in need]).tolist()):
+                self._shown[key] = value
+
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
+        if (r, token) in self._shown:
+            return self._shown[r, token]
         host = self._host_top(r) if (self.cfg.greedy or self._temperature_only(r)) else None
         if host is not None and token in host[0]:  # among the row's best: already on the host
             return (host[1] if self.cfg.greedy else host[3])[host[0].index(token)]

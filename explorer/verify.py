@@ -242,9 +242,10 @@ def point_stage(tokens, p, generator, greedy: bool = False):
     draft-model children left). Greedy: accept the child equal to ``argmax p``. Sampling: accept x when
     ``u < p(x)`` (u ~ U[0, 1)), else set ``p(x) = 0`` and renormalise. Same return as the node rules."""
     decisions = {}
+    best = int(p.argmax()) if greedy else None  # greedy never changes p: one read for all children
     for j, x in enumerate(tokens):
         if greedy:
-            ok = x == int(p.argmax())
+            ok = x == best
             decisions[j] = NodeDecision(accepted=ok, ratio=1.0 if ok else 0.0)
         else:
             px = float(p[x])

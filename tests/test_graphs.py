@@ -15,7 +15,8 @@ from explorer.tree import DraftTree, step_mask, step_position_ids
 
 
 def test_buckets_and_padded_masks():
-    assert [bucket_for(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64] and bucket_for(65) is None
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 33, 64, 65, 256)] == [1, 2, 4, 8, 64, 64, 128, 256]
+    assert bucket_for(257) is None
     tree_rows = np.array([[True, True, False], [True, True, True]])  # 2 rows after 1 cached column
     m = padded_mask(tree_rows, 1, 2, 4, 8)
     assert m.shape == (4, 8) and (m[:2, :3] == tree_rows).all() and not m[:2, 3:].any()
