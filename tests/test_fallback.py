@@ -130,3 +130,15 @@ def test_the_fallback_runs_on_cuda_by_default(tiny_cuda):
     eng.release()
     assert eng.fallback is not None
     assert all(s.fallback["reason"] for s in eng.trace.steps) and eng.trace.steps[1].fallback["speculate"] is False
+
+
+def test_teach_mode_explains_a_plain_step(tiny):
+    from explorer.teach import explain_step
+
+    eng = Engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0))
+    eng.start(tiny.tokenizer.encode(PROMPT), 8)
+    eng.follow_fallback([True, False])
+    first, plain = eng.step(), eng.step()
+    text = " ".join(explain_step(plain))
+    assert "Plain decoding step" in text and "goodput" in text
+    assert "Plain decoding step" not in " ".join(explain_step(first))

@@ -56,6 +56,15 @@ def step_caption(step: StepTrace, total: int) -> None:
         f"{code(committed)} · accepted draft tokens {step.accepted_draft_len}/{step.max_draft_len}"
         f" · draft {step.draft_ms:.0f} ms ({step.draft_calls} calls) · verify {step.verify_ms:.0f} ms · "
         f"verifier `{step.verifier}`")
+    fb = step.fallback
+    if fb and not fb.get("speculate", True):
+        st.caption(f"Plain decoding step (goodput fallback: {fb.get('reason')}): speculation measured "
+                   f"{_rate(fb.get('spec_tok_s'))} against plain decoding's {_rate(fb.get('ar_tok_s'))} on this "
+                   "machine, so this step drafted nothing and the target wrote one token.")
+
+
+def _rate(tok_s) -> str:
+    return "–" if tok_s is None else f"{tok_s:.0f} tok/s"
 
 
 def teach_box(step: StepTrace, method: dict | None = None) -> None:
