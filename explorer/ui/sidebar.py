@@ -7,10 +7,12 @@ import os
 import streamlit as st
 
 from ..config import DEFAULTS, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS, VERIFIERS
+from ..fallback import FALLBACK_MODES
 from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES,
                         STOP_POLICY_LABELS, STOP_POLICY_NAMES)
 from .common import PAIRS
 
+FALLBACK_LABELS = {"auto": "auto (on a GPU only)", "goodput": "when speculation measures slower", "off": "never"}
 ADAPT_LABELS = {"off": "off (frozen)", "threshold": "threshold (ROC refit)",
                 "last-layer": "decision model's last layer"}
 DECISION_MODEL_LABELS = {"hidden": "MLP on the draft's hidden state", "dist": "MLP on entropy + top-10 of q",
@@ -91,6 +93,10 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                                key=f"{prefix}rc_carry",
                                                help="Token Recycling keeps learning across the session's runs")
     if spec.name != "ar" and not changes.get("lossy"):
+        changes["fallback"] = box.selectbox(
+            "Fall back to plain decoding", FALLBACK_MODES, format_func=FALLBACK_LABELS.get, key=f"{prefix}fallback",
+            help="SmartSpec's goodput rule: take plain decoding steps while speculation measures slower than plain "
+                 "decoding on this machine (probing speculation now and then); never changes the output law")
         changes["verifier"] = box.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
                                             key=f"{prefix}verifier",
                                             help="at temperature 0 every rule is greedy matching; free drafts "
