@@ -44,12 +44,12 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
         out.append(f"Autoregressive step: the target model reads the last token {_tok(anchor.text)} and picks the "
                    f"next one itself. No draft, so one target call gives exactly one token.")
     elif not fallback.get("speculate", True):
-        rates = [("unmeasured" if r is None else f"{r:.0f} tokens/s")
+        rates = [("not yet measured" if r is None else f"{r:.1f} tokens/s")
                  for r in (fallback.get("spec_tok_s"), fallback.get("ar_tok_s"))]
-        out.append(f"Plain decoding step: on this machine speculation was measured slower than plain decoding "
-                   f"({rates[0]} against {rates[1]}; {fallback.get('reason')}), so the engine drafted nothing and "
-                   f"the target picked the token after "
-                   f"{_tok(anchor.text)} itself (SmartSpec's goodput rule). It tries speculating again now and then.")
+        out.append(f"Plain decoding step ({fallback.get('reason')}): the engine drafted nothing and the target "
+                   f"picked the token after {_tok(anchor.text)} itself. SmartSpec's goodput rule runs plain steps "
+                   f"while speculation measures slower than plain decoding on this machine, and measures each mode "
+                   f"now and then; so far speculation {rates[0]}, plain decoding {rates[1]}.")
     else:
         target_roots = any(n.source == "target" for n in roots)
         model = [n for n in drafted if n.source == "draft"]

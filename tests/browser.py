@@ -498,6 +498,22 @@ def adaptation_tour(url: str, out_dir: Path, steps: int = 8, prompt: str = "def 
     return report
 
 
+def fallback_tour(url: str, out_dir: Path, steps: int = 2, prompt: str = "def fibonacci(n):",
+                  load_timeout_s: float = 600) -> dict:
+    """Issue 13: switch the goodput fallback on (the default method), step twice and screenshot the second step,
+    the rule's first plain decoding step (it measures each mode once), with its caption. Returns what it showed."""
+    report: dict = {}
+    with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
+        choose(page, "Fall back to plain decoding", "when speculation measures slower")
+        for _ in range(steps):
+            _press(page, "Step")
+        report["captions"] = [t for t in page.locator("[data-testid='stCaptionContainer']").all_inner_texts()
+                              if t.startswith("Plain decoding step")]
+        report["after_steps"] = _step_caption(page)
+        page.screenshot(path=str(out_dir / "fallback_step.png"))
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
@@ -507,6 +523,7 @@ def main() -> int:
     ap.add_argument("--instruments", action="store_true", help="also: probe, acceptance and optimal tree panels")
     ap.add_argument("--what-if", action="store_true", help="also: a what-if edit, a new run from it, the timeline")
     ap.add_argument("--adaptation", action="store_true", help="also: online adaptation switched on, its chart")
+    ap.add_argument("--fallback", action="store_true", help="also: the goodput fallback's plain decoding step")
     args = ap.parse_args()
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))
@@ -523,6 +540,8 @@ def main() -> int:
             print(what_if_tour(url, Path(args.out) / "what_if"))
         if args.adaptation:
             print(adaptation_tour(url, Path(args.out) / "adaptation"))
+        if args.fallback:
+            print(fallback_tour(url, Path(args.out) / "fallback"))
     return 0 if report["plots"] >= 2 and not report["errors"] and not report["exceptions"] else 1
 
 

@@ -133,6 +133,18 @@ def test_online_adaptation_in_a_real_browser(tmp_path):
     assert (tmp_path / "adaptation_chart.png").stat().st_size > 10_000
 
 
+def test_the_goodput_fallback_in_a_real_browser(tmp_path):
+    """Issue 13: with the fallback switched on, the rule's first plain decoding step says so under the step."""
+    from browser import fallback_tour
+
+    with running_app("tiny") as url:
+        r = fallback_tour(url, tmp_path, load_timeout_s=120)
+    assert r["exceptions"] == 0 and r["errors"] == [], r
+    assert r["after_steps"].startswith("Step 2") and r["captions"], r
+    assert "measuring plain decoding" in r["captions"][0] and "drafted nothing" in r["captions"][0]
+    assert (tmp_path / "fallback_step.png").stat().st_size > 10_000
+
+
 def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
     """Issue 16: re-verify a step as recorded (identical), replace a drafted token and see both trees, continue from
     the edit as a new run and switch back, the step's waterfall, and the stop-signal calibration view."""

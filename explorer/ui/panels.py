@@ -58,13 +58,13 @@ def step_caption(step: StepTrace, total: int) -> None:
         f"verifier `{step.verifier}`")
     fb = step.fallback
     if fb and not fb.get("speculate", True):
-        st.caption(f"Plain decoding step (goodput fallback: {fb.get('reason')}): speculation measured "
-                   f"{_rate(fb.get('spec_tok_s'))} against plain decoding's {_rate(fb.get('ar_tok_s'))} on this "
-                   "machine, so this step drafted nothing and the target wrote one token.")
+        st.caption(f"Plain decoding step (goodput fallback: {fb.get('reason')}): this step drafted nothing and the "
+                   f"target wrote one token. Measured so far on this machine: speculation "
+                   f"{_rate(fb.get('spec_tok_s'))}, plain decoding {_rate(fb.get('ar_tok_s'))}.")
 
 
 def _rate(tok_s) -> str:
-    return "–" if tok_s is None else f"{tok_s:.0f} tok/s"
+    return "not yet" if tok_s is None else f"{tok_s:.1f} tok/s"
 
 
 def teach_box(step: StepTrace, method: dict | None = None) -> None:
