@@ -300,8 +300,15 @@ class Engine:
             raise EngineError("this run has finished: reset to start again")
         if self.graphs and not self._runners:
             raise EngineError("this run's graph runners were released: start a new run")
-        device = self.pair.device
-        timeline = self._timeline = StepTimeline(device, count_syncs=self.count_syncs)
+        self._timeline = StepTimeline(self.pair.device, count_syncs=self.count_syncs)
+        try:
+            return self._step(edit, self._timeline)
+        finally:
+            if self._timeline is not None:  # the step raised: stop counting syncs, drop its segments
+                self._timeline.abort()
+                self._timeline = None
+
+    def _step(self, edit, timeline: StepTimeline) -> StepTrace:
         timeline.enter("drafting")
         L = len(self.committed)
         speculate = self.fallback.decide(len(self.trace.steps)) if self.fallback is not None else True
@@ -350,9 +357,9 @@ class Engine:
 
     def follow_fallback(self, decisions: list[bool]) -> None:
         """Replay: speculate (True) or take a plain decoding step (False) in each next step as recorded, whatever
-        this machine measures (``fallback.GoodputFallback.force``)."""
+        this machine measures (``fallback.GoodputFallback.force``); after them the engine's own setting rules."""
         if self.fallback is None:
-            self.fallback = GoodputFallback()
+            self.fallback = GoodputFallback(replay_only=True)
         self.fallback.force(decisions)
 
     def _verify(self, tree: DraftTree, q_rows: LazyRows) -> "_Verified":

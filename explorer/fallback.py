@@ -71,10 +71,13 @@ class GoodputFallback:
         probe_every: plain steps before speculation is tried again (doubles after each probe that loses, up to
             ``max_probe_every``; back to ``probe_every`` once speculation wins).
         ar_probe_every: speculative steps between plain-decoding probes (plain decoding's rate barely moves).
+        replay_only: follow forced decisions only and speculate after them, as an engine without the rule does
+            (a replay of a run on a device where the rule is off, continued past the recorded steps).
     """
 
     def __init__(self, alpha: float = 0.3, margin: float = 0.9, probe_every: int = 8, max_probe_every: int = 64,
-                 ar_probe_every: int = 32):
+                 ar_probe_every: int = 32, replay_only: bool = False):
+        self.replay_only = replay_only
         self.alpha, self.margin = alpha, margin
         self.base_probe, self.max_probe, self.ar_probe_every = probe_every, max_probe_every, ar_probe_every
         self.spec, self.ar = _Rate(), _Rate()
@@ -93,6 +96,9 @@ class GoodputFallback:
         spec, ar = self.spec.tok_s, self.ar.tok_s
         if self._forced is not None and step_index < len(self._forced):
             speculate, reason = self._forced[step_index], "replayed"
+        elif self.replay_only:
+            self._last = {}
+            return True
         elif spec is None:
             speculate, reason = True, "measuring speculation"
         elif ar is None:

@@ -76,6 +76,16 @@ class StepTimeline:
         """Context manager for one model forward: its own segment; the interrupted phase reopens after it."""
         return _ForwardSegment(self, role, rows)
 
+    def _stop_counting(self) -> None:
+        if self._caught is not None:
+            torch.cuda.set_sync_debug_mode(0)
+            self._catcher.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        """The step failed: stop counting synchronisations (the debug mode is process-wide); no segments."""
+        self._stop_counting()
+        self._caught = None
+
     def finish(self) -> list[dict]:
         """Close the last segment and fill in every segment's ``start_ms`` and ``ms`` (on CUDA after the step's
         one synchronisation; forwards also get ``gpu_ms``). Returns the segments."""
@@ -83,8 +93,7 @@ class StepTimeline:
         if self.cuda:
             torch.cuda.synchronize(self.device)
             if self._caught is not None:
-                torch.cuda.set_sync_debug_mode(0)
-                self._catcher.__exit__(None, None, None)
+                self._stop_counting()
                 self.syncs = 1 + sum(1 for w in self._caught if "synchroniz" in str(w.message).lower())
         for segment, start, end in self._spans:
             if self.cuda:

@@ -142,3 +142,13 @@ def test_teach_mode_explains_a_plain_step(tiny):
     text = " ".join(explain_step(plain))
     assert "Plain decoding step" in text and "goodput" in text
     assert "Plain decoding step" not in " ".join(explain_step(first))
+
+
+def test_a_replay_continued_past_the_record_follows_the_engines_own_setting(tiny):
+    """A CPU run (fallback auto: off) replayed and continued: the steps after the record speculate, no record."""
+    eng = Engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0))
+    eng.start(tiny.tokenizer.encode(PROMPT), 30)
+    eng.follow_fallback([True, False])
+    steps = [eng.step() for _ in range(5)]
+    assert [s.fallback.get("speculate") for s in steps] == [True, False, None, None, None]
+    assert all(s.drafted for s in steps[2:])

@@ -76,3 +76,18 @@ def test_timeline_command(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == len(out["per_step"]) > 0 and 0 < out["worst_ratio"] <= 1.0
     assert 0.95 * out["wall_ms"] <= out["sum_of_parts_ms"] <= out["wall_ms"]
+
+
+def test_a_step_that_raises_leaves_no_open_timeline(tiny):
+    """An edit hook that fails mid-step: the error reaches the caller and the engine holds no half-open timeline
+    (on CUDA with count_syncs, the process-wide sync debug mode is switched off again)."""
+    eng = Engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0), count_syncs=True)
+    eng.start(tiny.tokenizer.encode("def add(a, b):"), 8)
+
+    def broken(engine, drafted):
+        raise RuntimeError("edit failed")
+
+    with pytest.raises(RuntimeError, match="edit failed"):
+        eng.step(edit=broken)
+    assert eng._timeline is None and eng.trace.steps == []
+    assert eng.step().committed_ids
