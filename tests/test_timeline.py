@@ -90,4 +90,3 @@ def test_a_step_that_raises_leaves_no_open_timeline(tiny):
     with pytest.raises(RuntimeError, match="edit failed"):
         eng.step(edit=broken)
     assert eng._timeline is None and eng.trace.steps == []
-    assert eng.step().committed_ids
