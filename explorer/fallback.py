@@ -14,7 +14,7 @@ measures at least plain decoding's rate again (hysteresis: one unlucky step in a
 The losing mode is probed now and then so that a change in the text (a code block inside a chat answer) is noticed:
 speculation after ``probe_every`` plain steps (doubling after each failed probe, up to ``max_probe_every``), plain
 decoding every ``ar_probe_every`` speculative steps. A probe's measurement replaces that mode's stale average
-instead of blending into it: the first GPU measurement (docs/bench.md) blended it, and one slow first step kept
+(after at least ``probe_every`` / ``ar_probe_every`` steps of the other mode) instead of blending into it: the first GPU measurement (docs/bench.md) blended it, and one slow first step kept
 ``sd`` in plain decoding for 85 % of a HumanEval run because each later probe moved the average only 30 % of the way
 and the probes grew rarer.
 
@@ -119,12 +119,13 @@ class GoodputFallback:
         record for the trace: the decision, its reason and the rates it compared (tokens/s)."""
         if speculated:
             was_probe = self._last.get("reason") == "probing speculation"
-            self.spec.add(tokens, ms, self.alpha, fresh=self.since_spec > 0)
+            # stale after a stretch of plain steps (a probe), not after one plain-decoding probe
+            self.spec.add(tokens, ms, self.alpha, fresh=self.since_spec >= self.base_probe)
             self.since_spec, self.since_ar = 0, self.since_ar + 1
             if was_probe:  # a probe that still loses waits twice as long before the next one
                 lost = self.spec.tok_s < (self.ar.tok_s or 0.0)
                 self.probe_every = min(2 * self.probe_every, self.max_probe) if lost else self.base_probe
         else:
-            self.ar.add(tokens, ms, self.alpha, fresh=self.since_ar > 0)
+            self.ar.add(tokens, ms, self.alpha, fresh=self.since_ar >= self.ar_probe_every)
             self.since_spec, self.since_ar = self.since_spec + 1, 0
         return dict(self._last)

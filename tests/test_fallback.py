@@ -65,6 +65,15 @@ def test_one_unlucky_step_in_a_good_stretch_does_not_switch():
     assert fb.margin * fb.ar.tok_s < fb.spec.tok_s < fb.ar.tok_s and fb.decide(11)
 
 
+def test_a_plain_decoding_probe_does_not_reset_speculations_average():
+    fb = GoodputFallback(ar_probe_every=4)
+    decisions = _feed(fb, 6, spec=(3, 15.0), ar=(1, 8.0))  # 200 tok/s against 125; step 1 and 6 plain
+    assert decisions == [True, False, True, True, True, True] and not fb.decide(6)
+    fb.observe(False, 1, 8.0)
+    fb.observe(fb.decide(7), 1, 15.0)  # right after the probe, an unlucky step: blended, not the new average
+    assert fb.spec.tok_s > fb.margin * fb.ar.tok_s and fb.decide(8)
+
+
 def test_auto_is_on_for_cuda_only():
     assert fallback_active("auto", "cuda") and not fallback_active("auto", "cpu")
     assert fallback_active("goodput", "cpu") and not fallback_active("off", "cuda")
