@@ -190,7 +190,7 @@ class RowDists:
 
     def top_ids(self, r: int, k: int) -> list[int]:
         """The ``k`` largest logits of row ``r``, best first (the greedy children)."""
-        if r in self._pos and k <= TOP_CACHED and r not in self._probs:
+        if r in self._pos and k <= TOP_CACHED:  # raw logits either way: the block's pass, already on the host
             return self._host_top(r)[0][:k]
         return torch.topk(self.row_logits(r), k).indices.tolist()
 
