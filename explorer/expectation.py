@@ -103,7 +103,8 @@ def _point(tokens, p):
     for j, mass in enumerate(px):
         if not left > 0:  # nothing else had mass: the walk stops here
             break
-        out.append((j, mass / left, mass / left))
+        odds = min(1.0, mass / left)  # rounding in the running remainder must not make it a probability above 1
+        out.append((j, odds, odds))
         left -= mass
     return out, None
 
