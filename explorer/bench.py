@@ -11,6 +11,7 @@ same run's ``ar`` and ``hf-assisted``.
 draft our engine uses (int8 when the pair's draft is quantized). ``hf-assisted-bf16`` is the same call with the
 unquantized draft: what a user who loads the two models gets. ``hf-prompt-lookup`` is
 ``target.generate(prompt_lookup_num_tokens=10)``: transformers' prompt lookup decoding (no draft model).
+``hf-generate`` is a plain ``target.generate``: transformers' own plain decoding, beside our ``ar``.
 
 On CUDA each of our methods also gets one untimed run of the first prompt that counts host synchronisations per
 step (``Engine(count_syncs=True)``), and the share of plain decoding steps the goodput fallback took is reported
@@ -35,9 +36,10 @@ from .stopping import LEARNED_POLICIES
 HF_ASSISTED = "hf-assisted"
 HF_ASSISTED_BF16 = "hf-assisted-bf16"  # the unquantized draft, as users run it (same as hf-assisted without quant)
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+HF_GENERATE = "hf-generate"  # plain decoding as transformers does it: the baseline our `ar` is measured against
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
-HF_METHODS = (HF_ASSISTED, HF_ASSISTED_BF16, HF_PROMPT_LOOKUP)
-BENCH_METHODS = ("ar", HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOOKUP, "sd", "mcsd", "mcsd-improved",
+HF_METHODS = (HF_GENERATE, HF_ASSISTED, HF_ASSISTED_BF16, HF_PROMPT_LOOKUP)
+BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOOKUP, "sd", "mcsd", "mcsd-improved",
                  "prompt-lookup", "token-recycling", "hybrid")
 
 
@@ -85,10 +87,10 @@ def hf_assisted_settings(draft) -> dict:
 
 
 def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
-                    draft=None, lookup: bool = False) -> dict:
-    """One ``generate(assistant_model=draft)`` call (``draft``: default ``pair.draft``), or with ``lookup``
-    ``generate(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)``; returns the same keys as ``metrics.run_metrics``
-    where known."""
+                    draft=None, lookup: bool = False, plain: bool = False) -> dict:
+    """One ``generate(assistant_model=draft)`` call (``draft``: default ``pair.draft``), with ``lookup``
+    ``generate(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)``, with ``plain`` a plain ``generate`` (no helper);
+    returns the same keys as ``metrics.run_metrics`` where known."""
     draft = pair.draft if draft is None else draft
     ids = torch.tensor([prompt_ids], device=pair.device)
     kwargs = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
@@ -100,7 +102,8 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
     t0 = time.perf_counter()
     with torch.inference_mode(), pair.lock:
         try:
-            helper = {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS} if lookup else {"assistant_model": draft}
+            helper = ({} if plain else {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS} if lookup
+                      else {"assistant_model": draft})
             out = pair.target.generate(ids, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
                                        **helper, **kwargs)
         finally:
@@ -215,6 +218,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling, draft=unquantized)
         if method == HF_PROMPT_LOOKUP:
             return run_hf_assisted(pair, ids, n, sampling, lookup=True)
+        if method == HF_GENERATE:
+            return run_hf_assisted(pair, ids, n, sampling, plain=True)
         row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
                          recycling_state=matrices.get(method), decision_model=decision_model(configs[method]))
         matrices[method] = row.pop("recycling_state")

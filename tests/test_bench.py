@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from explorer.bench import HF_ASSISTED, HF_ASSISTED_BF16, aggregate, bench, hf_assisted_settings
+from explorer.bench import HF_ASSISTED, HF_ASSISTED_BF16, HF_GENERATE, aggregate, bench, hf_assisted_settings
 from explorer.cli import main
 from explorer.models import quantize_draft
 from explorer.report import ReportError, load_report, loads_report, write_reports
@@ -30,7 +30,7 @@ def settings_before(quantized):
 def result(quantized, settings_before):
     tiny = quantized
     ids = [tiny.tokenizer.encode("def add(a, b):"), tiny.tokenizer.encode("The quick brown fox")]
-    out = bench(tiny, ids, methods=("ar", HF_ASSISTED_BF16, HF_ASSISTED, "sd", "mcsd-improved"),
+    out = bench(tiny, ids, methods=("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, "sd", "mcsd-improved"),
                 temperatures=(0.0,), max_new_tokens=12, warmup=0)
     out["meta"] = {"prompt_set": "unit", "max_new_tokens": 12, "pair": tiny.name, "dtype": "float32",
                    "device": "cpu", "machine": "test", "torch": "x", "transformers": "y"}
@@ -42,6 +42,7 @@ def test_greedy_outputs_agree_across_methods_and_with_hf_assisted(result):
         runs = {r["method"]: r["token_ids"] for r in result["runs"] if r["prompt"] == prompt}
         assert len(runs["ar"]) == 12
         assert runs[HF_ASSISTED] == runs[HF_ASSISTED_BF16] == runs["ar"] == runs["sd"] == runs["mcsd-improved"]
+        assert runs[HF_GENERATE] == runs["ar"]  # transformers' plain decoding writes what ours does
 
 
 def test_the_quantized_draft_is_int8_and_proposes_close_to_the_float_one(tiny, quantized):
