@@ -28,6 +28,12 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.0f} %"
 
 
+def fallback_rates(fallback: dict) -> str:
+    """The rates a goodput-fallback decision compared (``StepTrace.fallback``), in words."""
+    rate = lambda r: "not yet measured" if r is None else f"{r:.1f} tokens/s"  # noqa: E731
+    return f"speculation {rate(fallback.get('spec_tok_s'))}, plain decoding {rate(fallback.get('ar_tok_s'))}"
+
+
 def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
     """Sentences describing ``step``, in order: drafting, stopping, verification, the bonus token, the outcome.
 
@@ -44,12 +50,10 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
         out.append(f"Autoregressive step: the target model reads the last token {_tok(anchor.text)} and picks the "
                    f"next one itself. No draft, so one target call gives exactly one token.")
     elif not fallback.get("speculate", True):
-        rates = [("not yet measured" if r is None else f"{r:.1f} tokens/s")
-                 for r in (fallback.get("spec_tok_s"), fallback.get("ar_tok_s"))]
         out.append(f"Plain decoding step ({fallback.get('reason')}): the engine drafted nothing and the target "
                    f"picked the token after {_tok(anchor.text)} itself. SmartSpec's goodput rule runs plain steps "
                    f"while speculation measures slower than plain decoding on this machine, and measures each mode "
-                   f"now and then; so far speculation {rates[0]}, plain decoding {rates[1]}.")
+                   f"now and then; so far {fallback_rates(fallback)}.")
     else:
         target_roots = any(n.source == "target" for n in roots)
         model = [n for n in drafted if n.source == "draft"]

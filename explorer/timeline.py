@@ -35,7 +35,6 @@ class StepTimeline:
     def __init__(self, device: torch.device, count_syncs: bool = False):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.segments: list[dict] = []
         self._spans: list[tuple[dict, object, object]] = []  # (segment, start mark, end mark)
         self._open: tuple[dict, object] | None = None
         self.syncs: int | None = None
@@ -69,7 +68,6 @@ class StepTimeline:
         if self._open is not None:
             segment, start = self._open
             self._spans.append((segment, start, now))
-            self.segments.append(segment)
             self._open = None
 
     def forward(self, role: str, rows: int):
@@ -104,7 +102,7 @@ class StepTimeline:
             else:
                 segment["start_ms"] = (start - self.t0) * 1e3
                 segment["ms"] = (end - start) * 1e3
-        return self.segments
+        return [segment for segment, _, _ in self._spans]
 
 
 class _ForwardSegment:

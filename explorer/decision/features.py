@@ -156,7 +156,7 @@ def model_inputs(features: dict, nodes: list[int], depth: list[int], hidden: boo
                             for i, d in zip(nodes, depth)], device=at, dtype=torch.float64)
     path = path_features(dist, scalars[:, 0].float(), scalars[:, 1].long(), scalars[:, 2].float())
     session = scalars[:, 3:].float()
-    out = {"dist": dist, "path": path, "context": torch.cat([path, session.reshape(len(nodes), -1)], dim=-1)}
+    out = {"dist": dist, "path": path, "context": torch.cat([path, session], dim=-1)}
     if hidden:
         out["hidden"] = torch.stack([features[i].hidden for i in nodes]).float()
     return out

@@ -10,7 +10,7 @@ import streamlit as st
 from .. import figures
 from ..methods import FREE_SOURCES, SOURCE_LABELS
 from ..metrics import run_metrics
-from ..teach import explain_step
+from ..teach import explain_step, fallback_rates
 from ..trace import RunTrace, StepTrace
 
 TEACH_CSS = """<style>
@@ -59,12 +59,7 @@ def step_caption(step: StepTrace, total: int) -> None:
     fb = step.fallback
     if fb and not fb.get("speculate", True):
         st.caption(f"Plain decoding step (goodput fallback: {fb.get('reason')}): this step drafted nothing and the "
-                   f"target wrote one token. Measured so far on this machine: speculation "
-                   f"{_rate(fb.get('spec_tok_s'))}, plain decoding {_rate(fb.get('ar_tok_s'))}.")
-
-
-def _rate(tok_s) -> str:
-    return "not yet" if tok_s is None else f"{tok_s:.1f} tok/s"
+                   f"target wrote one token. Measured so far on this machine: {fallback_rates(fb)}.")
 
 
 def teach_box(step: StepTrace, method: dict | None = None) -> None:
