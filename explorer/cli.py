@@ -67,6 +67,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recycling-widths", help="token-recycling / hybrid: tree template widths per level, e.g. "
                                                "8,3,2,1,1,1,1,1 (a node of sibling rank r gets floor(w / (r + 1)))")
     g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
+    g.add_argument("--free-rows", type=int, help="prompt-lookup / token-recycling / hybrid: most target rows (the "
+                                                 "anchor included) free branches fill a step's tree to; 0 = auto "
+                                                 "(32 on the CPU, no limit on CUDA)")
     g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
                                   "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")
 
@@ -93,7 +96,8 @@ def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
-                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback"):
+                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback",
+                 "free_rows"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

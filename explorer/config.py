@@ -14,6 +14,11 @@ from .stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, ad
 from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
 
 MAX_TREE_NODES = 512
+FREE_ROWS_CPU = 32
+"""Free branches fill a step's tree to at most this many target rows on the CPU. Measured here (bf16 target, 2
+cores, oneDNN; docs/bench.md): a forward of 1 / 16 / 32 / 33 / 40 / 64 rows takes 201 / 215 / 234 / 283 / 302 / 336
+ms, the matrix multiplies being done in blocks of 32 rows; the 33rd row costs as much as the 2nd to the 32nd
+together. A free token is worth a row only below that edge."""
 VERIFIERS = ("rrs", "rrs-replacement", "mcns", "spechub")
 VERIFIER_LABELS = {
     "auto": "auto (greedy at T=0, else RRS)",
@@ -65,6 +70,9 @@ class MethodConfig:
         fallback: falling back to plain decoding steps when speculation measures slower (``fallback.py``, SmartSpec's
             goodput rule): ``auto`` (default: on CUDA only), ``goodput`` (everywhere) or ``off``. Lossless methods
             only (the lossy mode always speculates).
+        free_rows: most target rows (the anchor included) a step's tree may reach when the free drafters'
+            branches join it (``drafters.base.merge_free``; branches are added best first and the rest left out).
+            0 = auto (``free_row_budget``): ``FREE_ROWS_CPU`` on the CPU, no limit on CUDA.
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -89,6 +97,7 @@ class MethodConfig:
     tree: tuple[int, ...] | None = None
     adapt: str = "off"
     fallback: str = "auto"
+    free_rows: int = 0
 
     @property
     def spec(self):
@@ -105,7 +114,8 @@ class MethodConfig:
                 raise ValueError(f"a tree template belongs to mcsd, not {self.method}")
             object.__setattr__(self, "tree", parse_tree_template(self.tree))
         for name, lo, hi in (("gamma", 1, 64), ("width", 1, 64), ("max_depth", 1, 64), ("lookup_tokens", 1, 64),
-                             ("lookup_ngram", 1, 8), ("lookup_branches", 1, 16), ("recycling_k", 1, 64)):
+                             ("lookup_ngram", 1, 8), ("lookup_branches", 1, 16), ("recycling_k", 1, 64),
+                             ("free_rows", 0, MAX_TREE_NODES + 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
@@ -220,6 +230,15 @@ class MethodConfig:
         if "stop" in changes and "threshold" not in changes and changes["stop"] != self.stop:
             changes["threshold"] = None
         return replace(self, **changes)
+
+
+def free_row_budget(free_rows: int, device_type: str) -> int | None:
+    """Most target rows free branches may fill a tree to (``MethodConfig.free_rows``), None for no limit; 0 (auto)
+    is ``FREE_ROWS_CPU`` on the CPU and no limit elsewhere (on CUDA the graph buckets go up to 256 rows and a
+    64-row graphed target forward costs 1.05x a 16-row one on an H100: 5.84 against 5.58 ms)."""
+    if free_rows:
+        return int(free_rows)
+    return FREE_ROWS_CPU if device_type == "cpu" else None
 
 
 DEFAULTS = {

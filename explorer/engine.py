@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import expectation, verify
-from .config import MethodConfig
+from .config import MethodConfig, free_row_budget
 from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
 from .fallback import GoodputFallback, fallback_active
@@ -146,6 +146,7 @@ class Engine:
             self.adapter = make_adapter(config.adapt, self.stop_policy)
         self.capture_features = capture_features
         self.drafter = make_drafter(config, recycling_state)
+        self.free_rows = free_row_budget(config.free_rows, pair.device.type)  # the tree's row limit for free branches
         # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
         self.fallback = None
         if config.max_draft_depth() and not config.is_lossy and fallback_active(config.fallback, pair.device.type):

@@ -5,8 +5,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from explorer.config import DEFAULTS, MethodConfig
+from explorer.config import DEFAULTS, FREE_ROWS_CPU, MAX_TREE_NODES, MethodConfig
 from explorer.drafters import Drafted, FreeNode, LookupDrafter, RecyclingDrafter, lookup_continuations, merge_free
+from explorer.drafters.lookup import START_TOKENS
 from explorer.engine import Engine
 from explorer.sampling import LazyRows, SamplingConfig
 from explorer.tree import DraftTree, TreeShapeError, rank_decay_parents
@@ -51,8 +52,8 @@ def test_lookup_copy_length_doubles_after_a_whole_branch_and_shrinks_after_a_mis
         if any(hit == len(c) for c in lookup.proposed):
             assert lookup.length == min(32, 2 * before)
         elif lookup.proposed:
-            assert lookup.length == max(8, hit + 1, before // 2)
-    assert all(8 <= n <= 32 for n in lengths)
+            assert lookup.length == max(START_TOKENS, hit + 1, before // 2)
+    assert all(START_TOKENS <= n <= 32 for n in lengths)
 
 
 # ------------------------------------------------------------------------------------------------ trees
@@ -89,6 +90,39 @@ def test_free_branches_merge_into_the_tree_as_a_trie_keeping_model_rows():
     assert out.q_top == {0: "anchor", 1: "row1", 4: "row3"}  # rows are node + 1: old node 2 is new node 3
     assert out.provenance == {2: {"i": 3}, 5: {"i": 1}, 6: {"i": 2}}  # the merged free node keeps the model's node
     assert t.branch_ids() == [0, 1, 2, 0, 1, 0, 0]
+
+
+def test_free_branches_stop_at_the_row_budget_and_take_their_subtrees_with_them():
+    tree = DraftTree()
+    tree.add_level([-1], [10])
+    d = Drafted(tree, draft_rows={0: 0})
+    free = [FreeNode(-1, 10, "lookup", {}), FreeNode(0, 11, "lookup", {}), FreeNode(1, 12, "lookup", {}),
+            FreeNode(-1, 20, "lookup", {}), FreeNode(3, 21, "lookup", {})]
+    # 5 rows: the anchor, the model's 10 (the free 10 merges into it, costing no row), 11, 12, 20; 21 has no room
+    out = merge_free(d, free, max_rows=5)
+    assert sorted(out.tree.token) == [10, 11, 12, 20]
+    # 3 rows: 11 fits, 12 does not; 20 does not either, and 21 goes with its parent although a row would be free
+    out = merge_free(d, free, max_rows=3)
+    assert sorted(out.tree.token) == [10, 11]
+    assert sorted(merge_free(d, free, max_rows=None).tree.token) == [10, 11, 12, 20, 21]
+    # a budget below the model's own tree adds nothing and removes nothing
+    assert merge_free(d, free, max_rows=1).tree.token == [10]
+
+
+def test_the_free_row_budget_caps_every_step_and_keeps_greedy_output(tiny):
+    ids = tiny.tokenizer.encode(REPEATING)
+    want = None
+    for rows in (MAX_TREE_NODES + 1, 6):
+        engine = Engine(tiny, DEFAULTS["prompt-lookup"].with_(free_rows=rows, lookup_tokens=16), SamplingConfig())
+        engine.start(ids, 40)
+        trace = engine.run()
+        assert max(len(s.nodes) for s in trace.steps) <= rows  # nodes include the anchor: one per target row
+        if rows == 6:
+            assert trace.generated_ids == want
+        else:
+            assert max(len(s.nodes) for s in trace.steps) > 6  # without the budget the copies run longer
+            want = trace.generated_ids
+    assert Engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig()).free_rows == FREE_ROWS_CPU  # auto, on the CPU
 
 
 # ------------------------------------------------------------------------------------------------ recycling

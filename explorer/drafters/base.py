@@ -77,7 +77,7 @@ class Drafter:
     uses_draft_model = False
 
     def draft(self, engine) -> Drafted:
-        d = merge_free(empty_draft(engine), self.free_nodes(engine))
+        d = merge_free(empty_draft(engine), self.free_nodes(engine), engine.free_rows)
         d.info.update(self.info(engine))
         return d
 
@@ -102,13 +102,17 @@ class Drafter:
         return {}
 
 
-def merge_free(drafted: Drafted, free: list[FreeNode]) -> Drafted:
+def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = None) -> Drafted:
     """Add free nodes to a drafted tree as a trie: a free node whose token already hangs under the same parent is
     merged into that node (its subtree continues there), otherwise it becomes a new node. The result is again
     breadth-first, with each level's existing nodes first in their old order (so branch indices, stop signals and
     the draft cache rows of the existing nodes keep their meaning) and the new free nodes after them.
 
     Verification order follows tree order: at a node, draft-model children are tested before free ones.
+
+    ``max_rows`` (``MethodConfig.free_rows``; None = no limit): free nodes that would take the tree past this many
+    target rows (nodes + the anchor) are left out, with their subtrees; ``free`` is in priority order (each drafter
+    lists its best branch first), so the best proposals fill the budget. Merging into an existing node costs no row.
     """
     old = drafted.tree
     if not free:
@@ -118,10 +122,13 @@ def merge_free(drafted: Drafted, free: list[FreeNode]) -> Drafted:
     children: dict[int, dict[int, int]] = {}  # record parent (-1 anchor) -> token -> record index
     for r, (p, t, *_rest) in enumerate(records):
         children.setdefault(p, {}).setdefault(t, r)
-    where: list[int] = []  # free index -> record index
+    where: list[int | None] = []  # free index -> record index (None: left out for the row budget)
     for node in free:
         parent = -1 if node.parent < 0 else where[node.parent]
-        hit = children.setdefault(parent, {}).get(node.token)
+        hit = None if parent is None else children.setdefault(parent, {}).get(node.token)
+        if hit is None and (parent is None or (max_rows is not None and len(records) + 1 >= max_rows)):
+            where.append(None)  # its subtree goes too
+            continue
         if hit is None:
             hit = len(records)
             records.append((parent, node.token, node.source, None, node.provenance))

@@ -39,7 +39,7 @@ class HybridDrafter(Drafter):
         d = empty_draft(engine) if trusted else self.model.draft(engine)
         d.info["lookup_trusted"] = trusted
         for f, nodes in free:
-            d = merge_free(d, nodes)
+            d = merge_free(d, nodes, engine.free_rows)
             d.info.update(f.info(engine))
         return d
 

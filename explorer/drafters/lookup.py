@@ -11,7 +11,8 @@ measured on the embedded pair (docs/bench.md):
   ``START_TOKENS``, doubles (up to ``lookup_tokens``) after a step that
   accepted a whole branch, and otherwise halves, or falls back to what the last step accepted plus one when that
   is longer (at least ``START_TOKENS``). Long copies are
-  where lookup shines (a docstring copied whole), and a long failed branch costs target rows on every step.
+  where lookup shines (a docstring copied whole), and a long failed branch costs target rows on every step; on the
+  CPU the tree's rows are capped where the next row gets dear (``MethodConfig.free_rows``, ``base.merge_free``).
 
 The length depends only on earlier steps' outcomes, so the proposals stay a function of the history: lossless.
 """
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 from .base import Drafted, Drafter, FreeNode
 
-START_TOKENS = 8
-"""Copy length of the first step and the floor after a miss (``lookup_tokens`` caps the doubling)."""
+START_TOKENS = 16
+"""Copy length of the first step and the floor after a miss (``lookup_tokens`` caps the doubling). 16, not 8: on
+the CPU a target row below the 32-row edge costs about 1 ms of a 200 ms forward (``config.FREE_ROWS_CPU``), and on
+HumanEval 0-2 (greedy) starting at 16 gave 7.08 tokens per target call against 6.43 (28.9 against 26.5 tok/s, same
+machine), MT-bench 0-2 6.05 against 6.20 tok/s (lookup rarely matches there; docs/bench.md, session 10)."""
 
 
 def lookup_continuations(context: list[int], max_ngram: int, n_tokens: int, branches: int) -> list[tuple]:
