@@ -6,7 +6,8 @@ import os
 
 import streamlit as st
 
-from ..config import DEFAULTS, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS, VERIFIERS
+from ..config import (DEFAULTS, FREE_ROWS_CPU, MAX_TREE_NODES, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS,
+                      VERIFIERS)
 from ..fallback import FALLBACK_MODES
 from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES,
                         STOP_POLICY_LABELS, STOP_POLICY_NAMES)
@@ -78,7 +79,7 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
     if "lookup" in spec.free:
         changes["lookup_tokens"] = box.slider("Lookup: longest copy", 1, 64, d.lookup_tokens, key=f"{prefix}lk_tokens",
                                               help="the copy length adapts (doubles after a whole accepted copy, "
-                                                   "halves after a miss) up to this")
+                                                   "halves after a miss; starts at 16) up to this")
         changes["lookup_branches"] = box.slider("Lookup: matches as branches", 1, 8, d.lookup_branches,
                                                 key=f"{prefix}lk_branches")
         changes["lookup_ngram"] = box.slider("Lookup: longest n-gram matched", 1, 6, d.lookup_ngram,
@@ -92,6 +93,11 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
         changes["carry_matrix"] = box.checkbox("Carry the matrix over to the next run", value=True,
                                                key=f"{prefix}rc_carry",
                                                help="Token Recycling keeps learning across the session's runs")
+    if spec.free:
+        changes["free_rows"] = box.number_input(
+            "Free branches: most target rows (0 = auto)", 0, MAX_TREE_NODES + 1, d.free_rows, key=f"{prefix}free_rows",
+            help=f"free branches fill the tree up to this many verification rows, best first; auto: {FREE_ROWS_CPU} "
+                 "on the CPU, where a forward's 33rd row costs as much as rows 2-32 together, no limit on CUDA")
     if spec.name != "ar" and not changes.get("lossy"):
         changes["fallback"] = box.selectbox(
             "Fall back to plain decoding", FALLBACK_MODES, format_func=FALLBACK_LABELS.get, key=f"{prefix}fallback",
