@@ -101,7 +101,7 @@ def test_free_branches_stop_at_the_row_budget_and_take_their_subtrees_with_them(
     # 5 rows: the anchor, the model's 10 (the free 10 merges into it, costing no row), 11, 12, 20; 21 has no room
     out = merge_free(d, free, max_rows=5)
     assert sorted(out.tree.token) == [10, 11, 12, 20]
-    # 3 rows: 11 fits, 12 does not; 20 does not either, and 21 goes with its parent although a row would be free
+    # 3 rows: 11 fits, 12 does not, nor 20; 21 goes with its parent 20
     out = merge_free(d, free, max_rows=3)
     assert sorted(out.tree.token) == [10, 11]
     assert sorted(merge_free(d, free, max_rows=None).tree.token) == [10, 11, 12, 20, 21]
