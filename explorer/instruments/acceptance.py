@@ -24,7 +24,9 @@ from ..trace import ACCEPTED, REJECTED, RunTrace, StepTrace
 from . import optimal_tree as ot
 
 MIN_TESTS = 5  # tested nodes a (depth, rank) cell needs before its rate is used for the optimal tree
-COST_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+COST_WIDTHS = (1, 2, 4, 8, 16, 32, 33, 64)
+# 32 and 33 both: on the CPU the bf16 GEMMs work in 32-row blocks and the 33rd row costs about as much as rows 2-32
+# together (config.FREE_ROWS_CPU); the cost curve interpolates linearly, so without 33 it would not see the edge.
 
 
 @dataclass
