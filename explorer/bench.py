@@ -88,11 +88,17 @@ def hf_assisted_settings(draft) -> dict:
 
 
 def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
-                    draft=None, lookup: bool = False, plain: bool = False) -> dict:
-    """One ``generate(assistant_model=draft)`` call (``draft``: default ``pair.draft``), with ``lookup``
-    ``generate(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)``, with ``plain`` a plain ``generate`` (no helper);
-    returns the same keys as ``metrics.run_metrics`` where known."""
+                    draft=None, helper: str = "assistant") -> dict:
+    """One transformers ``generate`` call; ``helper``: ``assistant`` (``generate(assistant_model=draft)``,
+    ``draft``: default ``pair.draft``), ``lookup`` (``generate(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)``) or
+    ``plain`` (no helper). Returns the same keys as ``metrics.run_metrics`` where known.
+
+    Raises ValueError for another ``helper``."""
     draft = pair.draft if draft is None else draft
+    helpers = {"assistant": {"assistant_model": draft}, "lookup": {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS},
+               "plain": {}}
+    if helper not in helpers:
+        raise ValueError(f"unknown generate helper {helper!r}; use one of {', '.join(helpers)}")
     ids = torch.tensor([prompt_ids], device=pair.device)
     kwargs = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     if not sampling.greedy:
@@ -103,10 +109,8 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
     t0 = time.perf_counter()
     with torch.inference_mode(), pair.lock:
         try:
-            helper = ({} if plain else {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS} if lookup
-                      else {"assistant_model": draft})
             out = pair.target.generate(ids, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
-                                       **helper, **kwargs)
+                                       **helpers[helper], **kwargs)
         finally:
             for name, value in settings.items():
                 setattr(draft.generation_config, name, value)
@@ -218,9 +222,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if method == HF_ASSISTED_BF16:
             return run_hf_assisted(pair, ids, n, sampling, draft=unquantized)
         if method == HF_PROMPT_LOOKUP:
-            return run_hf_assisted(pair, ids, n, sampling, lookup=True)
+            return run_hf_assisted(pair, ids, n, sampling, helper="lookup")
         if method == HF_GENERATE:
-            return run_hf_assisted(pair, ids, n, sampling, plain=True)
+            return run_hf_assisted(pair, ids, n, sampling, helper="plain")
         row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
                          recycling_state=matrices.get(method), decision_model=decision_model(configs[method]))
         matrices[method] = row.pop("recycling_state")

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import DEFAULTS, METHODS, VERIFIERS, MethodConfig
+from .config import DEFAULTS, FREE_ROWS_CPU, METHODS, VERIFIERS, MethodConfig
 from .fallback import FALLBACK_MODES
 from .prompts import Prompt, PromptError, load_prompt_set
 from .stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
@@ -69,7 +69,7 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
     g.add_argument("--free-rows", type=int, help="prompt-lookup / token-recycling / hybrid: most target rows (the "
                                                  "anchor included) free branches fill a step's tree to; 0 = auto "
-                                                 "(32 on the CPU, no limit on CUDA)")
+                                                 f"({FREE_ROWS_CPU} on the CPU, no limit on CUDA)")
     g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
                                   "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")
 

@@ -13,10 +13,10 @@ step's wall milliseconds (the step timeline's total, host work included). It spe
 measures at least plain decoding's rate again (hysteresis: one unlucky step in a good stretch does not switch).
 The losing mode is probed now and then so that a change in the text (a code block inside a chat answer) is noticed:
 speculation after ``probe_every`` plain steps (doubling after each failed probe, up to ``max_probe_every``), plain
-decoding every ``ar_probe_every`` speculative steps. A probe's measurement replaces that mode's stale average
-(after at least ``probe_every`` / ``ar_probe_every`` steps of the other mode) instead of blending into it: the first GPU measurement (docs/bench.md) blended it, and one slow first step kept
-``sd`` in plain decoding for 85 % of a HumanEval run because each later probe moved the average only 30 % of the way
-and the probes grew rarer.
+decoding every ``ar_probe_every`` speculative steps. A probe's measurement replaces that mode's stale average (after
+at least ``probe_every`` / ``ar_probe_every`` steps of the other mode) instead of blending into it: the first GPU
+measurement (docs/bench.md) blended it, and one slow first step kept ``sd`` in plain decoding for 85 % of a
+HumanEval run because each later probe moved the average only 30 % of the way and the probes grew rarer.
 
 The decision depends only on earlier steps, never on this step's draws, so the output law is unchanged (a stop
 rule that reads the past). It is timing-driven, hence not reproducible across runs; a replay follows the recorded

@@ -125,9 +125,12 @@ def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = No
     where: list[int | None] = []  # free index -> record index (None: left out for the row budget)
     for node in free:
         parent = -1 if node.parent < 0 else where[node.parent]
-        hit = None if parent is None else children.setdefault(parent, {}).get(node.token)
-        if hit is None and (parent is None or (max_rows is not None and len(records) + 1 >= max_rows)):
-            where.append(None)  # its subtree goes too
+        if parent is None:  # its parent was left out: so is its subtree
+            where.append(None)
+            continue
+        hit = children.setdefault(parent, {}).get(node.token)
+        if hit is None and max_rows is not None and len(records) + 1 >= max_rows:  # a new row would pass the budget
+            where.append(None)
             continue
         if hit is None:
             hit = len(records)

@@ -3,9 +3,10 @@ in one target pass. Lookup's branches win where the output copies the prompt, th
 recycled ones where the target repeats its own habits; a free branch costs target rows, never a forward.
 
 While lookup is on a run (the last step committed at least ``TRUST_LOOKUP`` tokens of its best branch) and has a
-branch again, or when its best branch continues a match of the longest n-gram it looks for, the step proposes lookup's branches alone: the draft model's forwards and the other free branches'
-target rows would cost more than the tokens they add. The draft model catches up on the skipped tokens in its next
-forward (its chain). The choice is a function of past outcomes, so the output law is unchanged: lossless."""
+branch again, or when its best branch continues a match of the longest n-gram it looks for, the step proposes
+lookup's branches alone: the draft model's forwards and the other free branches' target rows would cost more than
+the tokens they add. The draft model catches up on the skipped tokens in its next forward (its chain). The choice is
+a function of past outcomes, so the output law is unchanged: lossless."""
 
 from __future__ import annotations
 
