@@ -44,7 +44,7 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
-                "free_rows")
+                "free_rows", "lookup_tokens")
 
 
 def method_for_label(label: str) -> MethodConfig:
@@ -59,7 +59,7 @@ def method_for_label(label: str) -> MethodConfig:
         if not eq or key not in VARIANT_KEYS:
             raise ValueError(f"bench label {label!r}: write +key=value with key one of {', '.join(VARIANT_KEYS)}")
         changes[key] = (float(value) if key in ("threshold", "branch_threshold")
-                        else int(value) if key in ("max_depth", "free_rows") else value)
+                        else int(value) if key in ("max_depth", "free_rows", "lookup_tokens") else value)
     return DEFAULTS[name].with_(**changes)
 
 

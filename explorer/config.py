@@ -19,6 +19,10 @@ FREE_ROWS_CPU = 32
 cores, oneDNN; docs/bench.md): a forward of 1 / 16 / 32 / 33 / 40 / 64 rows takes 201 / 215 / 234 / 283 / 302 / 336
 ms, the matrix multiplies being done in blocks of 32 rows; the 33rd row costs as much as the 2nd to the 32nd
 together. A free token is worth a row only below that edge."""
+FREE_ROWS_CPU_RUN = 64
+"""The CPU row budget of a step that continues a copy run (prompt lookup committed its whole best branch last step):
+that branch alone may fill the next 32-row block. 64 rows cost 1.44x 32 rows (336 against 234 ms) and copy up to
+twice as much, and a branch that was committed whole is usually committed almost whole again (docs/bench.md)."""
 VERIFIERS = ("rrs", "rrs-replacement", "mcns", "spechub")
 VERIFIER_LABELS = {
     "auto": "auto (greedy at T=0, else RRS)",
@@ -89,7 +93,7 @@ class MethodConfig:
     verifier: str = "auto"
     decision_model: str = "context"
     branch_threshold: float = 1.0
-    lookup_tokens: int = 32
+    lookup_tokens: int = 64  # 32-token copies double to 64 on a copy run (drafters/lookup.py)
     lookup_ngram: int = 3
     lookup_branches: int = 2
     recycling_widths: tuple[int, ...] = (8, 3, 2, 1, 1, 1, 1, 1)
@@ -232,13 +236,16 @@ class MethodConfig:
         return replace(self, **changes)
 
 
-def free_row_budget(free_rows: int, device_type: str) -> int | None:
+def free_row_budget(free_rows: int, device_type: str, copy_run: bool = False) -> int | None:
     """Most target rows free branches may fill a tree to (``MethodConfig.free_rows``), None for no limit; 0 (auto)
-    is ``FREE_ROWS_CPU`` on the CPU and no limit elsewhere (on CUDA the graph buckets go up to 256 rows and a
-    64-row graphed target forward costs 1.05x a 16-row one on an H100: 5.84 against 5.58 ms)."""
+    is ``FREE_ROWS_CPU`` on the CPU (``FREE_ROWS_CPU_RUN`` for a step that continues a copy run) and no limit
+    elsewhere (on CUDA the graph buckets go up to 256 rows and a 64-row graphed target forward costs 1.05x a 16-row
+    one on an H100: 5.84 against 5.58 ms). A budget set by hand holds for every step."""
     if free_rows:
         return int(free_rows)
-    return FREE_ROWS_CPU if device_type == "cpu" else None
+    if device_type != "cpu":
+        return None
+    return FREE_ROWS_CPU_RUN if copy_run else FREE_ROWS_CPU
 
 
 DEFAULTS = {

@@ -147,6 +147,7 @@ class Engine:
         self.capture_features = capture_features
         self.drafter = make_drafter(config, recycling_state)
         self.free_rows = free_row_budget(config.free_rows, pair.device.type)  # the tree's row limit for free branches
+        self.free_rows_run = free_row_budget(config.free_rows, pair.device.type, copy_run=True)  # ... on a copy run
         # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
         self.fallback = None
         if config.max_draft_depth() and not config.is_lossy and fallback_active(config.fallback, pair.device.type):

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from explorer.config import DEFAULTS, FREE_ROWS_CPU, MAX_TREE_NODES, MethodConfig
+from explorer.config import DEFAULTS, FREE_ROWS_CPU, FREE_ROWS_CPU_RUN, MAX_TREE_NODES, MethodConfig, free_row_budget
 from explorer.drafters import Drafted, FreeNode, LookupDrafter, RecyclingDrafter, lookup_continuations, merge_free
 from explorer.drafters.lookup import START_TOKENS
 from explorer.engine import Engine
@@ -123,6 +123,32 @@ def test_the_free_row_budget_caps_every_step_and_keeps_greedy_output(tiny):
             assert max(len(s.nodes) for s in trace.steps) > 6  # without the budget the copies run longer
             want = trace.generated_ids
     assert Engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig()).free_rows == FREE_ROWS_CPU  # auto, on the CPU
+
+
+def test_a_copy_run_takes_its_best_branch_alone_past_the_row_edge():
+    class Ctx:  # what a free drafter reads of the engine
+        committed = [1, 2, 3, 60, 61] + [1, 2, 3] + list(range(10, 40)) + [1, 2, 3]
+        n_prompt = 10
+        free_rows, free_rows_run = 8, 16
+
+    lookup = LookupDrafter(max_ngram=3, max_tokens=32, branches=2)
+    lookup.length = 12
+    nodes = lookup.free_nodes(Ctx)
+    assert not lookup.long_copy and lookup.row_budget(Ctx) == 8  # no copy run yet: the usual budget
+    assert len(lookup.proposed) == 2 and lookup.proposed[0][:2] == [10, 11]  # the most recent match first
+    assert len(merge_free(Drafted(DraftTree()), nodes, lookup.row_budget(Ctx)).tree) == 7
+    lookup.copy_run = True  # the last step committed its whole best branch
+    nodes = lookup.free_nodes(Ctx)
+    assert lookup.long_copy and lookup.row_budget(Ctx) == 16
+    assert len(lookup.proposed) == 1  # the runner-ups would sit past the edge: left out
+    assert len(merge_free(Drafted(DraftTree()), nodes, lookup.row_budget(Ctx)).tree) == 12
+    lookup.length = 8  # a best branch that fits the usual budget: nothing passes the edge
+    lookup.free_nodes(Ctx)
+    assert not lookup.long_copy and lookup.row_budget(Ctx) == 8
+    # auto budgets: the CPU's two row blocks; none on CUDA; a budget set by hand holds on a copy run too
+    assert free_row_budget(0, "cpu", copy_run=True) == FREE_ROWS_CPU_RUN
+    assert free_row_budget(0, "cuda", copy_run=True) is None
+    assert free_row_budget(20, "cpu", copy_run=True) == 20
 
 
 # ------------------------------------------------------------------------------------------------ recycling

@@ -77,7 +77,7 @@ class Drafter:
     uses_draft_model = False
 
     def draft(self, engine) -> Drafted:
-        d = merge_free(empty_draft(engine), self.free_nodes(engine), engine.free_rows)
+        d = merge_free(empty_draft(engine), self.free_nodes(engine), self.row_budget(engine))
         d.info.update(self.info(engine))
         return d
 
@@ -87,6 +87,10 @@ class Drafter:
     def free_nodes(self, engine) -> list["FreeNode"]:
         """Deterministic proposals for this step (free drafters only), as a trie-able list of FreeNodes."""
         return []
+
+    def row_budget(self, engine) -> int | None:
+        """Most target rows this step's free nodes may fill the tree to (None: no limit): ``engine.free_rows``."""
+        return engine.free_rows
 
     def info(self, engine) -> dict:
         """Plain data for the step trace (what the drafter read to propose this step's tree)."""

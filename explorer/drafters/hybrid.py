@@ -40,7 +40,7 @@ class HybridDrafter(Drafter):
         d = empty_draft(engine) if trusted else self.model.draft(engine)
         d.info["lookup_trusted"] = trusted
         for f, nodes in free:
-            d = merge_free(d, nodes, engine.free_rows)
+            d = merge_free(d, nodes, f.row_budget(engine) if trusted else engine.free_rows)
             d.info.update(f.info(engine))
         return d
 

@@ -74,6 +74,8 @@ class LookupDrafter(Drafter):
         self.proposed: list[list[int]] = []  # this step's continuations, for learn()
         self.last_hit = 0  # tokens of the best continuation the last step committed
         self.best_ngram = 0  # n-gram length of this step's best match (0: none)
+        self.copy_run = False  # the last step committed the whole best branch
+        self.long_copy = False  # this step's best branch may pass the row edge (``row_budget``)
 
     def free_nodes(self, engine) -> list[FreeNode]:
         """The step's lookup chains as FreeNodes (each chain's nodes in order, hanging from the anchor)."""
@@ -81,6 +83,11 @@ class LookupDrafter(Drafter):
         found = lookup_continuations(engine.committed, self.max_ngram, self.length, self.branches)
         # only the best match gets the long copy: every row costs target time, and runner-up matches rarely run long
         found = [(tokens if j == 0 else tokens[:START_TOKENS], start, n) for j, (tokens, start, n) in enumerate(found)]
+        # a copy run whose best branch is longer than the usual budget holds may take it past the row edge, alone
+        self.long_copy = (self.copy_run and bool(found) and engine.free_rows is not None
+                          and len(found[0][0]) > engine.free_rows)
+        if self.long_copy:
+            found = found[:1]
         self.proposed = [tokens for tokens, _, _ in found]
         self.best_ngram = found[0][2] if found else 0
         for tokens, start, n in found:
@@ -92,8 +99,14 @@ class LookupDrafter(Drafter):
                 parent = len(nodes) - 1
         return nodes
 
+    def row_budget(self, engine) -> int | None:
+        """``engine.free_rows_run`` when this step's ``free_nodes`` made a long copy (a copy run, the last step
+        having committed its whole best branch, with a best branch longer than ``engine.free_rows``), else
+        ``engine.free_rows``."""
+        return engine.free_rows_run if self.long_copy else engine.free_rows
+
     def info(self, engine) -> dict:
-        return {"lookup_length": self.length, "lookup_branches": len(self.proposed)}
+        return {"lookup_length": self.length, "lookup_branches": len(self.proposed), "long_copy": self.long_copy}
 
     def learn(self, engine, drafted: Drafted, verified) -> None:
         """Adapt the copy length to how much of the best continuation the step committed."""
@@ -102,6 +115,7 @@ class LookupDrafter(Drafter):
         hits = [next((j for j, (a, b) in enumerate(zip(c, new)) if a != b), min(len(c), len(new)))
                 for c in self.proposed]
         self.last_hit = max(hits, default=0)
+        self.copy_run = bool(hits) and hits[0] == len(self.proposed[0])
         if not self.proposed:
             return
         whole = any(h == len(c) for h, c in zip(hits, self.proposed))
