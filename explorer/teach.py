@@ -100,13 +100,16 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
     lookup = [n for n in step.nodes if n.source == "lookup"]
     recycled = [n for n in step.nodes if n.source == "recycled"]
     if step.drafter.get("lookup_trusted"):
-        out.append("The draft model sat this step out: prompt lookup's last copy was accepted, so its forwards "
-                   "would cost more than they add.")
+        out.append("The draft model sat this step out: prompt lookup found something to copy, and where it does, "
+                   "the draft model's forwards cost more than the tokens they add.")
     if lookup:
         prov = lookup[0].provenance or {}
         out.append(f"Prompt lookup copied {len(lookup)} token(s) for free: the last {prov.get('ngram', '?')} "
                    f"token(s) also appear earlier in the {'prompt' if prov.get('in_prompt') else 'text'}, and it "
                    "proposes what followed them there. Outputs often repeat their prompt (code, quotes, names).")
+        if step.drafter.get("long_copy"):
+            out.append("This copy is on a run (the last step accepted its whole copy), so it may go past the row "
+                       "budget alone: on the CPU a second block of 32 target rows costs less than a second step.")
     if recycled:
         out.append(f"Token Recycling proposed {len(recycled)} token(s) for free from its matrix: for each token, the "
                    "target's top candidates the last time it scored that token. Why it works: every verification "

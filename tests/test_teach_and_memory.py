@@ -102,3 +102,13 @@ def test_adaptive_width_percentages_never_read_as_equal_to_the_threshold():
     from explorer.teach import _pct_against
 
     assert _pct_against(0.746, 0.75) == "74.6 %" and _pct_against(0.62, 0.75) == "62 %"
+
+
+def test_a_long_lookup_copy_is_explained_only_when_it_passed_the_row_budget(tiny):
+    engine = Engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig())
+    engine.start(tiny.tokenizer.encode("def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return a +"), 8)
+    step = next(s for s in engine.run().steps if any(n.source == "lookup" for n in s.nodes))
+    assert step.drafter["long_copy"] is False  # no copy run on a random pair's first matches
+    assert "past the row budget" not in " ".join(explain_step(step))
+    step.drafter["long_copy"] = True  # as a trace of a copy run records it
+    assert "past the row budget alone" in " ".join(explain_step(step))

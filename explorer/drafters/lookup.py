@@ -12,7 +12,9 @@ measured on the embedded pair (docs/bench.md):
   accepted a whole branch, and otherwise halves, or falls back to what the last step accepted plus one when that
   is longer (at least ``START_TOKENS``). Long copies are
   where lookup shines (a docstring copied whole), and a long failed branch costs target rows on every step; on the
-  CPU the tree's rows are capped where the next row gets dear (``MethodConfig.free_rows``, ``base.merge_free``).
+  CPU the tree's rows are capped where the next row gets dear (``MethodConfig.free_rows``, ``base.merge_free``),
+  except on a copy run: after a step that committed its whole best branch, a best branch longer than the cap goes
+  alone into the next block of rows (``row_budget``, ``config.FREE_ROWS_CPU_RUN``).
 
 The length depends only on earlier steps' outcomes, so the proposals stay a function of the history: lossless.
 """
@@ -73,7 +75,6 @@ class LookupDrafter(Drafter):
         self.length = min(START_TOKENS, self.max_tokens)
         self.proposed: list[list[int]] = []  # this step's continuations, for learn()
         self.last_hit = 0  # tokens of the best continuation the last step committed
-        self.best_ngram = 0  # n-gram length of this step's best match (0: none)
         self.copy_run = False  # the last step committed the whole best branch
         self.long_copy = False  # this step's best branch may pass the row edge (``row_budget``)
 
@@ -89,7 +90,6 @@ class LookupDrafter(Drafter):
         if self.long_copy:
             found = found[:1]
         self.proposed = [tokens for tokens, _, _ in found]
-        self.best_ngram = found[0][2] if found else 0
         for tokens, start, n in found:
             parent = -1
             for j, t in enumerate(tokens):
