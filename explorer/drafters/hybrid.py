@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .base import Drafted, Drafter, empty_draft, merge_free
 
+
 class HybridDrafter(Drafter):
     """Compose a model drafter with free drafters (each with ``free_nodes``); free nodes join the model's tree as
     a trie, the model's children first at every node (``base.merge_free``)."""
@@ -37,7 +38,7 @@ class HybridDrafter(Drafter):
         d = empty_draft(engine) if trusted else self.model.draft(engine)
         d.info["lookup_trusted"] = trusted
         for f, nodes in free:
-            d = merge_free(d, nodes, f.row_budget(engine) if trusted else engine.free_rows)
+            d = merge_free(d, nodes, f.row_budget(engine))
             d.info.update(f.info(engine))
         return d
 
