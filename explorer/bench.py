@@ -179,7 +179,8 @@ def aggregate(rows: list[dict]) -> dict:
 
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
           temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
-          kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, progress=lambda msg: None) -> dict:
+          kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, samples: int = 1,
+          progress=lambda msg: None) -> dict:
     """Run ``methods`` over ``prompts_ids`` at each temperature.
 
     Args:
@@ -189,12 +190,18 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             through CUDA graphs (``graphs.py``; needs ``static``).
         decision_dir: a decision-model folder (``decision train``) the learned stop policies read instead of the
             one shipped for the pair (e.g. a model trained without the prompt kind being benched).
+        samples: runs of every prompt at each temperature above 0, each with its own seed (``seed + prompt +
+            1000 * sample``); greedy runs once. Two methods sample different texts from one seed (drafting decides
+            how the random stream is used, never the law), so one sample per prompt also compares texts of
+            different lengths; more samples average that out. Raises ValueError below 1.
     Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
     run (a session's matrix keeps learning); each temperature starts with an empty one.
 
     Returns:
         ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
     """
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
     configs = dict(configs or {})
     unquantized = pair.unquantized_draft if pair.draft_quant != "none" else pair.draft
     if HF_ASSISTED_BF16 in methods and unquantized is None:
@@ -237,13 +244,14 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
     for temperature in temperatures:
         matrices.clear()
         for n, ids in enumerate(prompts_ids):
-            sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n)
-            for method in methods:
-                row = one(method, ids, sampling, max_new_tokens)
-                row.update(temperature=temperature, method=method, prompt=n)
-                runs.append(row)
-                progress(f"T={temperature} prompt {n + 1}/{len(prompts_ids)} {method}: "
-                         f"{row['tokens_per_s']:.2f} tok/s")
+            for sample in range(samples if temperature > 0 else 1):
+                sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n + 1000 * sample)
+                for method in methods:
+                    row = one(method, ids, sampling, max_new_tokens)
+                    row.update(temperature=temperature, method=method, prompt=n, sample=sample)
+                    runs.append(row)
+                    progress(f"T={temperature} prompt {n + 1}/{len(prompts_ids)} sample {sample + 1} {method}: "
+                             f"{row['tokens_per_s']:.2f} tok/s")
     syncs: dict = {}  # (temperature, method) -> host syncs per step, from an extra untimed run (CUDA)
     if pair.device.type == "cuda" and prompts_ids:
         for temperature in temperatures:

@@ -296,7 +296,8 @@ def cmd_bench(args) -> int:
     temps = [float(t) for t in args.temperatures.split(",")]
     pair = _load_pair(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
-    bar = tqdm(total=len(ids) * len(methods) * len(temps), desc="bench", unit="run")
+    runs_per_method = sum(len(ids) * (args.samples if t > 0 else 1) for t in temps)
+    bar = tqdm(total=runs_per_method * len(methods), desc="bench", unit="run")
 
     def progress(msg):
         bar.update(1)
@@ -305,11 +306,12 @@ def cmd_bench(args) -> int:
     result = bench(pair, ids, methods=methods, temperatures=temps, max_new_tokens=args.max_new_tokens,
                    seed=args.seed, warmup=args.warmup, top_p=args.top_p,
                    kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs,
-                   decision_dir=args.decision_dir, progress=progress)
+                   decision_dir=args.decision_dir, samples=args.samples, progress=progress)
     bar.close()
     result["meta"] = {
         "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
-        "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "warmup": args.warmup,
+        "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "samples": args.samples,
+        "warmup": args.warmup,
         "kv_cache": "static" if args.graphs else args.kv_cache, "graphs": args.graphs,
         "decision_dir": args.decision_dir or "shipped", **run_facts(pair)}
     paths = write_reports(result, args.out)
@@ -371,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--max-new-tokens", type=int, default=128)
     bn.add_argument("--warmup", type=int, default=1, help="short warm-up runs of every method before timing")
     bn.add_argument("--seed", type=int, default=0)
+    bn.add_argument("--samples", type=int, default=1,
+                    help="runs of every prompt at each temperature above 0, each with its own seed (greedy: one)")
     bn.add_argument("--no-chat-template", action="store_true")
     bn.add_argument("--out", default="reports/bench", help="folder for bench.json / .csv / .md / .html")
     bn.add_argument("--kv-cache", default="dynamic", choices=["dynamic", "static"],

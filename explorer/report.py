@@ -32,7 +32,9 @@ def _pct(x):
 def markdown_table(report: dict) -> str:
     """The summary as a Markdown table, with the run's facts on top."""
     m = report["meta"]
-    lines = [f"**{m['prompt_set']}**, {m['max_new_tokens']} new tokens, {m['pair']}, {m['dtype']} on "
+    samples = m.get("samples", 1)
+    per_prompt = f", {samples} samples per prompt at T > 0" if samples > 1 else ""
+    lines = [f"**{m['prompt_set']}**, {m['max_new_tokens']} new tokens{per_prompt}, {m['pair']}, {m['dtype']} on "
              f"{m['device']}, draft {m.get('draft_quant', 'none')} ({m['machine']}; torch {m['torch']}, "
              f"transformers {m['transformers']})", "",
              "| T | method | tokens/s | speed-up vs ar | ratio vs hf-assisted | ratio vs hf-assisted-bf16 | "

@@ -125,6 +125,28 @@ def test_bench_cli_on_the_tiny_pair(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 2
 
 
+def test_sampled_runs_repeat_each_prompt_with_its_own_seeds_and_greedy_runs_once(tiny, tmp_path, capsys):
+    ids = [tiny.tokenizer.encode("def add(a, b):"), tiny.tokenizer.encode("The quick brown fox")]
+    out = bench(tiny, ids, methods=("ar", "sd"), temperatures=(0.0, 1.0), max_new_tokens=8, warmup=0, samples=3)
+    runs = {(r["temperature"], r["method"]): [] for r in out["runs"]}
+    for r in out["runs"]:
+        runs[r["temperature"], r["method"]].append((r["prompt"], r["sample"]))
+    assert runs[0.0, "ar"] == [(0, 0), (1, 0)]  # greedy: one run a prompt
+    assert runs[1.0, "sd"] == [(p, s) for p in (0, 1) for s in range(3)]
+    texts = [tuple(r["token_ids"]) for r in out["runs"]
+             if r["temperature"] == 1.0 and r["method"] == "ar" and r["prompt"] == 0]
+    assert len(set(texts)) > 1  # each sample draws with its own seed
+    summary = next(s for s in out["summary"] if s["temperature"] == 1.0 and s["method"] == "ar")
+    assert summary["generated_tokens"] == sum(r["generated_tokens"] for r in out["runs"]
+                                              if r["temperature"] == 1.0 and r["method"] == "ar")
+    with pytest.raises(ValueError, match="samples must be at least 1"):
+        bench(tiny, ids, methods=("ar",), max_new_tokens=2, warmup=0, samples=0)
+    rc = main(["bench", "--models", "tiny", "--prompt-file", "mt-bench", "--range", "0:1", "--methods", "ar",
+               "--temperatures", "0.7", "--samples", "2", "--max-new-tokens", "4", "--warmup", "0",
+               "--out", str(tmp_path)])
+    assert rc == 0 and "2 samples per prompt at T > 0" in capsys.readouterr().out
+
+
 def test_benchmarks_page(result, tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_EXPLORER_PAIR", "tiny")
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "nothing.json"))
