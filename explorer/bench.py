@@ -168,7 +168,7 @@ def aggregate(rows: list[dict]) -> dict:
     forward, prefill = total("forward_ms"), total("prefill_ms")
     busy = seconds - prefill / 1e3 if forward is not None and prefill is not None else None
     overhead = (busy - forward / 1e3) / busy if busy else None
-    return {"prompts": len(rows), "generated_tokens": tokens, "seconds": seconds,
+    return {"runs": len(rows), "generated_tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
             "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
             "drafted_tokens": drafted, "acceptance_rate": sum(seed_acc) / len(seed_acc) if seed_acc else None,
