@@ -177,6 +177,11 @@ def aggregate(rows: list[dict]) -> dict:
             "plain_step_share": total("plain_steps") / total("steps") if total("steps") else None}
 
 
+def samples_at(temperature: float, samples: int) -> int:
+    """Runs of every prompt at ``temperature``: ``samples`` when sampling, one when greedy (same text each time)."""
+    return samples if temperature > 0 else 1
+
+
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
           temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
           kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, samples: int = 1,
@@ -244,7 +249,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
     for temperature in temperatures:
         matrices.clear()
         for n, ids in enumerate(prompts_ids):
-            for sample in range(samples if temperature > 0 else 1):
+            for sample in range(samples_at(temperature, samples)):
                 sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n + 1000 * sample)
                 for method in methods:
                     row = one(method, ids, sampling, max_new_tokens)

@@ -286,7 +286,7 @@ def cmd_bench(args) -> int:
     """Benchmark methods against ar and hf-assisted on one prompt set; write JSON, CSV, Markdown and HTML."""
     from tqdm import tqdm
 
-    from .bench import HF_ASSISTED_BF16, bench, run_facts
+    from .bench import HF_ASSISTED_BF16, bench, run_facts, samples_at
     from .prompts import encode_prompt, range_spec, select_prompts
     from .report import write_reports
 
@@ -296,7 +296,7 @@ def cmd_bench(args) -> int:
     temps = [float(t) for t in args.temperatures.split(",")]
     pair = _load_pair(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
-    runs_per_method = sum(len(ids) * (args.samples if t > 0 else 1) for t in temps)
+    runs_per_method = sum(len(ids) * samples_at(t, args.samples) for t in temps)
     bar = tqdm(total=runs_per_method * len(methods), desc="bench", unit="run")
 
     def progress(msg):

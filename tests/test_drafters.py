@@ -145,6 +145,10 @@ def test_a_copy_run_takes_its_best_branch_alone_past_the_row_edge():
     lookup.length = 8  # a best branch that fits the usual budget: nothing passes the edge
     lookup.free_nodes(Ctx)
     assert not lookup.long_copy and lookup.row_budget(Ctx) == 8
+    lookup.length = 12
+    Ctx.free_rows_run = 8  # a budget set by hand holds on a copy run too: no long copy, runner-ups stay
+    lookup.free_nodes(Ctx)
+    assert not lookup.long_copy and len(lookup.proposed) == 2
     # auto budgets: the CPU's two row blocks; none on CUDA; a budget set by hand holds on a copy run too
     assert free_row_budget(0, "cpu", copy_run=True) == FREE_ROWS_CPU_RUN
     assert free_row_budget(0, "cuda", copy_run=True) is None

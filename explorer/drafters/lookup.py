@@ -85,7 +85,8 @@ class LookupDrafter(Drafter):
         # only the best match gets the long copy: every row costs target time, and runner-up matches rarely run long
         found = [(tokens if j == 0 else tokens[:START_TOKENS], start, n) for j, (tokens, start, n) in enumerate(found)]
         # a copy run whose best branch is longer than the usual budget holds may take it past the row edge, alone
-        self.long_copy = (self.copy_run and bool(found) and engine.free_rows is not None
+        # (only where the run's budget is larger: the CPU's auto budget; a hand-set or absent one is the same)
+        self.long_copy = (self.copy_run and bool(found) and engine.free_rows_run != engine.free_rows
                           and len(found[0][0]) > engine.free_rows)
         if self.long_copy:
             found = found[:1]
