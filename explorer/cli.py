@@ -29,7 +29,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "custom: --draft and --target")
     g.add_argument("--draft", help="draft model: local HF folder, hub id or .gguf file (implies --models custom)")
     g.add_argument("--target", help="target model: local HF folder, hub id or .gguf file")
-    g.add_argument("--dtype", default=None, help="bf16 (default), fp16 or fp32")
+    g.add_argument("--dtype", default=None, help="auto (default: bf16 on CUDA and on CPUs with native bf16, else fp32), "
+                                                          "bf16, fp16 or fp32")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--draft-quant", default="auto", choices=["auto", "none", "int8"],
                    help="int8: the draft's linear layers dynamically quantized (lossless; faster drafting on CPU). "

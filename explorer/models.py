@@ -116,22 +116,48 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
-    """``"bf16"|"bfloat16"|"fp16"|"float16"|"fp32"|"float32"`` -> torch dtype; ``None`` -> bfloat16.
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware: x86 AVX-512-BF16 or AMX-BF16, or ARM's BF16
+    extension, read from ``cpuinfo`` (default: ``/proc/cpuinfo``). Where that file does not exist (macOS,
+    Windows) True: bf16 stays the default there, as before this check."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return True
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
-    bf16 is the default on CPU too: on this class of machine fp32 is 2-3x slower and its matrix-vector kernels make
-    verifying k tokens cost several single steps (GUIDE.md section 3).
+
+def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """bf16 on CUDA and on CPUs with native bf16 (``cpu_has_native_bf16``), fp32 on other CPUs.
+
+    Measured (docs/bench.md, "CPUs without bf16"): on an AVX-512-BF16 CPU fp32 is 2-3x slower and its
+    matrix-vector kernels make verifying k tokens cost several single steps (GUIDE.md section 3); on a 2-core AVX2
+    CPU bf16 has no matrix kernels and a 16-row target forward took 2563 ms in bf16 against 1318 ms in fp32 (one
+    row: 230 against 399 ms), so tree verification, the point of this tool, is twice as fast in fp32 there.
     """
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cpu" and not cpu_has_native_bf16():
+        return torch.float32
+    return torch.bfloat16
+
+
+def parse_dtype(name: str | torch.dtype | None, device: torch.device | str | None = None) -> torch.dtype:
+    """``"bf16"|"bfloat16"|"fp16"|"float16"|"fp32"|"float32"`` -> torch dtype; ``None`` or ``"auto"`` ->
+    ``default_dtype(device)`` (``device`` None: the default device). Raises ModelPairError for another name."""
     if isinstance(name, torch.dtype):
         return name
-    if name is None:
-        return torch.bfloat16
+    if name is None or name == "auto":
+        return default_dtype(device)
     table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
              "fp32": torch.float32, "float32": torch.float32}
     try:
         return table[name.lower()]
     except KeyError:
-        raise ModelPairError(f"unknown dtype {name!r}; use one of {sorted(table)}") from None
+        raise ModelPairError(f"unknown dtype {name!r}; use auto or one of {sorted(table)}") from None
 
 
 def _dtype_tag(dtype: torch.dtype) -> str:
@@ -336,8 +362,8 @@ def load_pair(draft: str, target: str, *, dtype=None, device=None, progress: Pro
     Raises:
         ModelPairError: a model cannot be loaded, or the two tokenizers differ.
     """
-    dtype = parse_dtype(dtype)
     device = torch.device(device) if device else default_device()
+    dtype = parse_dtype(dtype, device)
     progress(f"loading draft {draft}", 0.0)
     d_lm, d_tok = _load_lm(draft, dtype, device)
     progress(f"loading target {target}", 0.5)
@@ -360,7 +386,7 @@ def load_default_pair(*, dtype=None, device=None, progress: ProgressFn = _noop_p
 
     First start: assemble + verify + convert both (about 1.6 GB read, 1-2 minutes on 2 cores). Later: seconds.
     """
-    dtype = parse_dtype(dtype)
+    dtype = parse_dtype(dtype, device)
     dirs = prepare_default_pair(dtype, progress)
     pair = load_pair(str(dirs[0]), str(dirs[1]), dtype=dtype, device=device, progress=progress)
     pair.name = "Qwen2.5-Coder 0.5B -> 1.5B (embedded)"

@@ -8,6 +8,7 @@ from explorer.models import (
     EmbeddedModel,
     ModelPairError,
     check_same_tokenizer,
+    cpu_has_native_bf16,
     parse_dtype,
 )
 from explorer.tiny import tiny_tokenizer
@@ -50,7 +51,13 @@ def test_custom_pair_from_saved_folders_round_trips(tiny, tmp_path):
 
 
 def test_parse_dtype():
-    assert parse_dtype(None) == torch.bfloat16 and parse_dtype("fp32") == torch.float32
+    assert parse_dtype("fp32") == torch.float32 and parse_dtype(None, "cuda") == torch.bfloat16
+    native = cpu_has_native_bf16()
+    assert parse_dtype(None, "cpu") == parse_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    assert not cpu_has_native_bf16(avx2)
+    assert cpu_has_native_bf16(avx2.replace("avx2", "avx2 avx512f avx512_bf16"))
+    assert cpu_has_native_bf16("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n")  # ARMv8.6
     with pytest.raises(ModelPairError):
         parse_dtype("int3")
 

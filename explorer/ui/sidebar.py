@@ -9,6 +9,7 @@ import streamlit as st
 from ..config import (DEFAULTS, FREE_ROWS_CPU, MAX_TREE_NODES, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS,
                       VERIFIERS)
 from ..fallback import FALLBACK_MODES
+from ..models import default_dtype
 from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES,
                         STOP_POLICY_LABELS, STOP_POLICY_NAMES)
 from .common import PAIRS
@@ -60,11 +61,13 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
             stop = box.selectbox("Stop policy", STOP_POLICY_NAMES, index=STOP_POLICY_NAMES.index(d.stop),
                                  format_func=STOP_POLICY_LABELS.get, key=f"{prefix}stop",
                                  help="when drafting stops early: the draft's own confidence, or a learned decision "
-                                      "model's predicted acceptance (the seed's rule, per-branch pruning, or "
-                                      "SpecDec++'s cumulative rule)")
+                                      "model's predicted acceptance (the seed's rule, per-branch pruning, "
+                                      "SpecDec++'s cumulative rule, or the expected gain of one more level "
+                                      "against its cost)")
             changes["stop"] = stop
             changes["threshold"] = box.slider(
-                "Threshold h (stop when P(reject) > h)" if stop == "specdec++" else "Threshold τ", 0.0, 1.0,
+                {"specdec++": "Threshold h (stop when P(reject) > h)",
+                 "goodput": "Cost ratio r (a draft forward ÷ a target forward)"}.get(stop, "Threshold τ"), 0.0, 1.0,
                 DEFAULT_THRESHOLDS[stop], 0.05, key=f"{prefix}threshold_{stop}", disabled=stop == "none")
             if stop in LEARNED_POLICIES:
                 changes["decision_model"] = box.selectbox("Decision model", DECISION_MODELS,
@@ -122,8 +125,11 @@ def sidebar() -> dict:
     if spec == "custom":
         draft = sb.text_input("Draft model", key="draft_path", placeholder="path, hub id or file.gguf")
         target = sb.text_input("Target model", key="target_path", placeholder="path, hub id or file.gguf")
-    dtype = sb.selectbox("dtype", ["bf16", "fp32"], key="dtype", disabled=spec == "tiny",
-                         help="bf16 is fast on CPUs with AVX-512-BF16; fp32 makes tree verification expensive")
+    auto = str(default_dtype()).removeprefix("torch.")
+    dtype = sb.selectbox("dtype", ["auto", "bf16", "fp32"], key="dtype", disabled=spec == "tiny",
+                         format_func=lambda d: f"auto ({auto} here)" if d == "auto" else d,
+                         help="auto: bf16 on a GPU and on CPUs with native bf16 (AVX-512-BF16, AMX), fp32 on "
+                              "other CPUs, where bf16 has no matrix kernels and a tree costs twice as much")
 
     sb.header("Method")
     method = sb.selectbox("Method", METHODS, index=METHODS.index("mcsd-improved"), format_func=METHOD_LABELS.get,
