@@ -298,7 +298,7 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
                                      hoverinfo="text"))
     if sigs:
         policy = sigs[0].policy
-        label = "1 − h" if policy == "specdec++" else "τ"
+        label = {"specdec++": "1 − h", "goodput": "r(1+E)/(1+Dr)"}.get(policy, "τ")
         fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.threshold for s in sigs], mode="lines",
                                  name=f"threshold {label} ({policy})", line=dict(color="#000", dash="dash")))
         wordy = len(sigs) <= STOP_WORDS_UP_TO  # beyond it the "continue" labels overlap: only stops are named
@@ -307,7 +307,9 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
                 fig.add_annotation(x=s.level, y=1.08, text="continue" if s.keep_drafting else "<b>stop</b>",
                                    showarrow=False, font=dict(color="#2ca02c" if s.keep_drafting else "#d62728"))
         if what_if is not None:
-            fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[what_if["threshold"]] * len(sigs), mode="lines",
+            rows = what_if["rows"]  # each level's threshold (goodput's rises with the step)
+            fig.add_trace(go.Scatter(x=[r["level"] for r in rows], y=[r.get("threshold", what_if["threshold"])
+                                                                    for r in rows], mode="lines",
                                      name=f"what-if {label}", line=dict(color="#9467bd", dash="dot", width=3)))
             for row in what_if["rows"]:
                 if wordy or not row["keep_drafting"]:

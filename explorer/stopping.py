@@ -18,6 +18,14 @@ the score reaches the threshold", so one chart and one slider serve them all:
   probability that at least one token of the path is rejected, ``1 - prod(predicted acceptance)``, exceeds ``h``.
   Shown on the same scale: score = ``prod(predicted acceptance)`` of the best path in a branch, threshold
   ``1 - h``.
+* ``goodput``: draft one more level only while it is expected to raise the step's tokens per millisecond (the
+  goodput of SmartSpec, Liu et al. 2024, seed 002, applied per level). The setting is ``r``, the cost of a draft
+  forward over the rest of a step (target forward and host work). Score of a node = ``reach(x) * a(x)``, the
+  expected tokens its next level adds (``reach``: the predicted chance the whole path to x is accepted, ``a``:
+  x's own predicted acceptance, standing in for its child's); after ``D`` draft forwards with ``E`` tokens
+  expected accepted so far, one more forward pays when that gain exceeds ``r (1 + E) / (1 + D r)``, the
+  threshold recorded for the level (it rises as the step grows). Calibrated predictions make the rule right,
+  which is what online adaptation provides (``decision/online.py``).
 
 A branch's score is the best score among its newest nodes. The rules themselves (``decide``) are pure functions of
 the branch scores, so the app can re-run them on a recorded step with another threshold (``replay``).
@@ -29,13 +37,15 @@ from dataclasses import dataclass, field
 
 from .trace import StopSignal
 
-STOP_POLICY_NAMES = ("none", "confidence", "decision", "prune", "specdec++")
-LEARNED_POLICIES = ("decision", "prune", "specdec++")
+STOP_POLICY_NAMES = ("none", "confidence", "decision", "prune", "specdec++", "goodput")
+LEARNED_POLICIES = ("decision", "prune", "specdec++", "goodput")
 # Measured on the embedded pair (docs/decision.md): decision / prune at tau 0.75 (near the card's Youden
 # threshold, 0.80) beat 0.5 on MT-bench (1.19-1.23x vs 1.00-1.02x over ar, greedy) and matched it on HumanEval;
 # SpecDec++ at h 0.5 beat h 0.7 on MT-bench (1.15x vs 1.00x) and matched it on HumanEval; in a small HumanEval
 # sweep h 0.3 (the paper's) / 0.5 / 0.7 were within noise of each other.
-DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.75, "prune": 0.75, "specdec++": 0.5}
+# goodput's r: a draft forward of the embedded pair over a target forward on the CPU, 45 / 200 ms (docs/bench.md).
+DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.75, "prune": 0.75, "specdec++": 0.5,
+                      "goodput": 0.22}
 # The learned models a policy can read (decision/model.py; docs/decision.md), the default first.
 DECISION_MODELS = ("context", "path", "dist", "hidden")
 # Online adaptation (``decision/online.py``): which policies each mode can move. A threshold refit needs per-token
@@ -43,12 +53,15 @@ DECISION_MODELS = ("context", "path", "dist", "hidden")
 ADAPT_MODES = ("off", "threshold", "last-layer")
 ADAPTABLE = {"off": STOP_POLICY_NAMES, "threshold": ("confidence", "decision", "prune"),
              "last-layer": LEARNED_POLICIES}
+# The name of each policy's setting where it is not tau (SpecDec++'s h, goodput's cost ratio r).
+SETTING_NAMES = {"specdec++": "h", "goodput": "r"}
 STOP_POLICY_LABELS = {
     "none": "none (static depth)",
     "confidence": "draft confidence",
     "decision": "decision model (seed)",
     "prune": "decision model, per branch",
     "specdec++": "SpecDec++ cumulative",
+    "goodput": "goodput (expected gain vs. cost)",
 }
 
 
@@ -81,7 +94,8 @@ def decide(policy: str, scores: dict, threshold: float) -> tuple[bool, list[str]
     Args:
         policy: a name in ``STOP_POLICY_NAMES``.
         scores: branch (str) -> score of the branches scored at this level.
-        threshold: the score a branch must reach to keep drafting (for ``specdec++`` this is ``1 - h``).
+        threshold: the score a branch must reach to keep drafting (for ``specdec++`` this is ``1 - h``, for
+            ``goodput`` the level's threshold from ``goodput_threshold``).
     Returns:
         ``(keep_drafting, pruned)``: whether any drafting goes on, and the branches that stop here.
     """
@@ -95,10 +109,11 @@ def decide(policy: str, scores: dict, threshold: float) -> tuple[bool, list[str]
 
 
 def replay(signals: list[StopSignal], threshold: float) -> list[dict]:
-    """Re-run recorded stop decisions with another threshold (the scores are what the policy computed).
+    """Re-run recorded stop decisions with another threshold on the score scale (``score_threshold``; the scores
+    are what the policy computed; ``goodput`` derives each level's threshold from it and the level's record).
 
     Returns one row per recorded level, until the new rule stops everything: ``{"level", "keep_drafting",
-    "pruned", "active"}``. Pruning with a lower threshold can only keep branches the recording already dropped,
+    "pruned", "active", "threshold"}`` (the level's threshold on the score scale). Pruning with a lower threshold can only keep branches the recording already dropped,
     whose later scores were never computed; those rows say so with ``"unknown": [...]``.
     """
     out: list[dict] = []
@@ -109,10 +124,11 @@ def replay(signals: list[StopSignal], threshold: float) -> list[dict]:
     for s in signals:
         scores = {b: v for b, v in s.scores.items() if active is None or b in active}
         unknown = sorted(active - set(s.scores), key=int) if active is not None else []
-        keep, pruned = decide(policy, scores, threshold)
+        keep, pruned = decide(policy, scores, level_threshold(policy, threshold, s))
         active = set(scores) - set(pruned) | set(unknown)
         out.append({"level": s.level, "keep_drafting": keep or bool(unknown), "pruned": pruned,
-                    "active": sorted(active, key=int), "unknown": unknown})
+                    "active": sorted(active, key=int), "unknown": unknown,
+                    "threshold": level_threshold(policy, threshold, s)})
         if not keep and not unknown:
             break
     return out
@@ -151,9 +167,16 @@ class StopPolicy:
             b = str(branch_of[i])
             if b in view.active:
                 per_branch[b] = max(per_branch.get(b, 0.0), float(node_scores.get(i, 0.0)))
-        keep, pruned = decide(self.name, per_branch, self.score_threshold)
+        cost = self.step_cost(view)
+        threshold = level_threshold(self.name, self.score_threshold, **cost)
+        keep, pruned = decide(self.name, per_branch, threshold)
         return StopSignal(level=view.level, scores=per_branch, score=max(per_branch.values(), default=0.0),
-                          threshold=self.score_threshold, keep_drafting=keep, policy=self.name, pruned=pruned)
+                          threshold=threshold, keep_drafting=keep, policy=self.name, pruned=pruned, **cost)
+
+    def step_cost(self, view: LevelView) -> dict:
+        """What a threshold that depends on the step so far reads (``goodput``: ``expected`` tokens and draft
+        ``forwards``, recorded in the StopSignal); empty for the fixed-threshold policies."""
+        return {}
 
 
 class ConfidenceStop(StopPolicy):
@@ -202,19 +225,65 @@ class SpecDecPPStop(DecisionStop):
     def node_scores(self, view: LevelView) -> dict[int, float]:
         accept = super().node_scores(view)
         tree = view.tree
-        out = {}
-        for i, a in accept.items():
-            prod, j = a, tree.parent[i]
-            while j >= 0:
-                if tree.source[j] == "draft":
-                    prod *= view.accept.get(j, 1.0)
-                j = tree.parent[j]
-            out[i] = prod
-        return out
+        return {i: path_reach(view, i) for i in accept}
+
+
+class GoodputStop(DecisionStop):
+    """Score = ``reach(x) * a(x)``, the expected tokens a node's next level adds; keep drafting while the best
+    branch's gain exceeds ``r (1 + E) / (1 + D r)`` (``goodput_threshold``). Module docstring: the derivation."""
+
+    name = "goodput"
+
+    def node_scores(self, view: LevelView) -> dict[int, float]:
+        accept = super().node_scores(view)
+        return {i: path_reach(view, i) * a for i, a in accept.items()}
+
+    def step_cost(self, view: LevelView) -> dict:
+        """``forwards``: drafted levels so far (a draft forward each); ``expected`` (E): per drafted level, the
+        best node's reach, summed (exact for a chain, a lower bound for a tree)."""
+        tree = view.tree
+        levels = [lv for lv in range(1, view.level + 1) if tree.source[tree.level_starts[lv - 1]] == "draft"]
+        expected = sum(max((path_reach(view, i) for i in tree.level(lv)), default=0.0) for lv in levels)
+        return {"expected": expected, "forwards": len(levels)}
+
+
+def path_reach(view: LevelView, i: int) -> float:
+    """The predicted chance that node ``i`` and every drafted node above it are accepted (``view.accept``;
+    target-initialized roots count as 1)."""
+    tree = view.tree
+    prod, j = 1.0, i
+    while j >= 0:
+        if tree.source[j] == "draft":
+            prod *= view.accept.get(j, 1.0)
+        j = tree.parent[j]
+    return prod
+
+
+def goodput_threshold(r: float, forwards: int, expected: float) -> float:
+    """The expected gain (tokens) one more draft forward must bring to raise tokens per millisecond.
+
+    With a step costing ``1 + forwards * r`` target-forward units and ``1 + expected`` tokens (the bonus token
+    included), another forward (cost ``r``) that adds ``g`` tokens pays when
+    ``(1 + expected + g) / (1 + (forwards + 1) r) > (1 + expected) / (1 + forwards r)``, i.e.
+    ``g > r (1 + expected) / (1 + forwards r)``. Args: ``r`` in [0, 1], ``forwards`` >= 0, ``expected`` >= 0.
+    """
+    return r * (1.0 + expected) / (1.0 + forwards * r)
+
+
+def level_threshold(policy: str, threshold: float, signal: StopSignal | None = None, *, forwards: int = 0,
+                    expected: float = 0.0) -> float:
+    """The threshold on the score scale at one level: ``threshold`` itself, except for ``goodput`` (whose setting
+    ``threshold`` is r): ``goodput_threshold`` with the level's draft ``forwards`` and ``expected`` tokens, read
+    from ``signal`` when given (a recorded level)."""
+    if policy != "goodput":
+        return threshold
+    if signal is not None:
+        forwards, expected = signal.forwards or 0, signal.expected or 0.0
+    return goodput_threshold(threshold, forwards, expected)
 
 
 _POLICIES = {"none": NoStop, "confidence": ConfidenceStop, "decision": DecisionStop, "prune": PruneStop,
-             "specdec++": SpecDecPPStop}
+             "specdec++": SpecDecPPStop, "goodput": GoodputStop}
 
 
 def make_stop_policy(name: str, threshold: float, model=None) -> StopPolicy:
@@ -242,8 +311,18 @@ def adapt_problem(mode: str, policy: str) -> str | None:
             f"{', '.join(ADAPTABLE[mode])}")
 
 
+def recorded_setting(signal: StopSignal) -> float:
+    """The policy setting (tau, h or r) a recorded level was decided under, back from its score-scale threshold
+    (``goodput``: r from ``t = r (1 + E) / (1 + D r)``, so ``r = t / (1 + E - t D)``)."""
+    t = signal.threshold
+    if signal.policy == "goodput":
+        return t / max(1.0 + (signal.expected or 0.0) - t * (signal.forwards or 0), 1e-9)
+    return score_threshold(signal.policy, t)
+
+
 def score_threshold(policy: str, threshold: float) -> float:
-    """A policy's threshold setting on its score scale (``specdec++`` takes h and keeps paths with prod >= 1 - h)."""
+    """A policy's threshold setting on its score scale (``specdec++`` takes h and keeps paths with prod >= 1 - h;
+    ``goodput``'s r is turned into each level's threshold by ``level_threshold``)."""
     return 1.0 - threshold if policy == "specdec++" else threshold
 
 

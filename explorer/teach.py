@@ -15,6 +15,7 @@ POLICY_WORDS = {
     "decision": "the decision model's predicted chance that the target accepts",
     "prune": "the decision model's predicted chance that the target accepts",
     "specdec++": "the predicted chance that the whole path so far is accepted",
+    "goodput": "the tokens one more level was expected to add",
 }
 
 
@@ -124,6 +125,17 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
     return out
 
 
+def _goodput_words(last, levels: int) -> str:
+    """The goodput rule's last decision: expected tokens against what one more draft forward costs."""
+    gain = (f"one more level was expected to add {last.score:.2f} token(s) (the best branch's chance of being "
+            f"accepted all the way, times its next token's), and after {last.forwards} draft forward(s) with "
+            f"{last.expected:.2f} token(s) expected so far it had to add {last.threshold:.2f} to pay for its "
+            "draft forward")
+    if not last.keep_drafting:
+        return f"Drafting stopped after level {last.level}: {gain}, so it would have lowered tokens per second."
+    return f"Drafting went on to the maximum depth ({levels} level(s)): at the last check {gain}, and it did."
+
+
 def _stopping(step: StepTrace, levels: int) -> list[str]:
     sigs = step.stop_signals
     if not sigs or sigs[0].policy == "none":
@@ -132,6 +144,8 @@ def _stopping(step: StepTrace, levels: int) -> list[str]:
                 f"Drafting ended after {levels} level(s) (the tree shape or the token limit)."]
     pol = sigs[0].policy
     what = POLICY_WORDS.get(pol, pol)
+    if pol == "goodput":  # one decision for the whole tree, in tokens rather than chances
+        return [_goodput_words(sigs[-1], levels)]
     out = []
     for s in sigs:
         for b in s.pruned:

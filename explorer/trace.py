@@ -85,6 +85,8 @@ class StopSignal:
     keep_drafting: bool
     policy: str
     pruned: list = field(default_factory=list)  # branches (str) that stop drafting at this level
+    expected: float | None = None  # goodput policy: tokens the step expected to accept so far (stopping.py)
+    forwards: int | None = None  # goodput policy: draft forwards so far
 
 
 @dataclass

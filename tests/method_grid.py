@@ -6,6 +6,7 @@ import math
 from explorer.config import DEFAULTS, MethodConfig
 from explorer.engine import Engine
 from explorer.sampling import SamplingConfig
+from explorer.stopping import LEARNED_POLICIES
 
 PROMPT = "def f(x):\n    return"
 
@@ -27,6 +28,7 @@ GRID = [
     (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="confidence"), 0.8),
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="prune"), 0.8),
     (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="specdec++"), 0.8),
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="goodput", threshold=0.1), 0.8),
     (MethodConfig(method="mcsd-improved", max_depth=4, stop="decision", decision_model="path"), 0.8),
     (MethodConfig(method="mcsd-improved", max_depth=4, stop="decision", decision_model="hidden"), 0.0),
     (MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3), 0.0),
@@ -47,7 +49,7 @@ GRID = [(config.with_(fallback="off"), temperature) for config, temperature in G
 def _case_id(c: MethodConfig, t: float) -> str:
     parts = [c.method] + ([c.verifier] if c.verifier != "auto" else [])
     if c.spec.has_stop_policy:
-        parts += [c.stop] + ([c.decision_model] if c.stop in ("decision", "prune", "specdec++") else [])
+        parts += [c.stop] + ([c.decision_model] if c.stop in LEARNED_POLICIES else [])
         parts += ["lossy"] if c.is_lossy else []
     if c.branch_threshold < 1.0:
         parts.append(f"adaptive{c.branch_threshold}")

@@ -28,7 +28,8 @@ from explorer.decision.train import split_by_prompt, train_models
 from explorer.engine import Engine, EngineError
 from explorer.prompts import Prompt, select_prompts
 from explorer.sampling import SamplingConfig
-from explorer.stopping import decide, make_stop_policy, replay, what_if
+from explorer.stopping import decide, goodput_threshold, make_stop_policy, recorded_setting, replay, what_if
+from explorer.teach import explain_step
 from explorer.trace import StopSignal
 
 PROMPTS = [Prompt(str(i), t, "unit") for i, t in enumerate(
@@ -312,6 +313,42 @@ def test_prune_and_specdecpp_in_the_engine(tiny):
     assert [s.scores["0"] for s in step.stop_signals] == pytest.approx(
         [float(np.prod(acc[: s.level])) for s in step.stop_signals], rel=1e-5)
     assert step.stop_signals[0].threshold == 0.0  # h = 1: the score threshold is 1 - h
+
+
+def test_goodput_threshold_is_where_one_more_draft_forward_stops_paying():
+    for r in (0.05, 0.22, 0.9):
+        for forwards in (0, 1, 4, 9):
+            for expected in (0.0, 0.7, 3.5):
+                g = goodput_threshold(r, forwards, expected)
+                rate = (1 + expected) / (1 + forwards * r)  # tokens per target-forward unit now
+                for gain, pays in ((g * 1.01, True), (g * 0.99, False)):
+                    assert ((1 + expected + gain) / (1 + (forwards + 1) * r) > rate) == pays
+    assert goodput_threshold(0.22, 3, 2.0) > goodput_threshold(0.22, 1, 0.5)  # a grown step asks for more
+
+
+def test_goodput_policy_scores_expected_gain_against_its_cost(tiny):
+    ids = tiny.tokenizer.encode("def add(a, b):")
+    cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=6, stop="goodput", threshold=0.05,
+                       decision_model="hidden")
+    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
+    eng.start(ids, 8)
+    step = eng.step()
+    d, _ = eng.last_step
+    acc = [float(eng.decision_model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
+    for s in step.stop_signals:  # a chain: the node at level l has reach prod(acc[:l])
+        reach = [float(np.prod(acc[:lv])) for lv in range(1, s.level + 1)]
+        assert s.scores["0"] == pytest.approx(reach[-1] * acc[s.level - 1], rel=1e-5)
+        assert s.forwards == s.level and s.expected == pytest.approx(sum(reach), rel=1e-5)
+        assert s.threshold == pytest.approx(goodput_threshold(0.05, s.level, s.expected))
+        assert s.keep_drafting == (s.scores["0"] >= s.threshold)
+    # replaying with the recorded r reproduces the decisions; r = 0 (free drafts) never stops
+    assert [r["keep_drafting"] for r in replay(step.stop_signals, 0.05)] == [
+        s.keep_drafting for s in step.stop_signals]
+    assert all(r["keep_drafting"] for r in replay(step.stop_signals, 0.0))
+    assert make_stop_policy("goodput", 0.3, model=eng.decision_model).score_threshold == 0.3
+    assert recorded_setting(step.stop_signals[-1]) == pytest.approx(0.05)  # r back from a level's threshold
+    words = " ".join(explain_step(step))
+    assert "expected to add" in words and f"{step.stop_signals[-1].threshold:.2f}" in words
 
 
 def test_what_if_on_a_recorded_step(tiny):

@@ -98,7 +98,8 @@ def _run(tiny, cfg, temperature=0.0, n=48):
 
 
 @pytest.mark.parametrize("adapt,stop", [("threshold", "decision"), ("threshold", "confidence"),
-                                        ("last-layer", "prune"), ("last-layer", "specdec++")])
+                                        ("last-layer", "prune"), ("last-layer", "specdec++"),
+                                        ("last-layer", "goodput")])
 def test_adaptation_changes_drafting_not_the_greedy_output(tiny, adapt, stop):
     base = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop=stop, threshold=0.3)
     _, frozen = _run(tiny, base)

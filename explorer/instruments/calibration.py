@@ -129,5 +129,6 @@ def calibration_report(runs, bins: int = 10) -> dict:
             "accepted": sum(p[1] for p in pts),
             "brier": sum((p[0] - p[1]) ** 2 for p in pts) / len(pts) if pts else None,
             "reliability": reliability(pts, bins), "roc": roc(pts),
-            "operating_point": operating_point(pts, at) if at is not None else None,
+            # goodput's threshold differs per level: no single operating point
+            "operating_point": operating_point(pts, at) if at is not None and policy != "goodput" else None,
             "threshold_costs": threshold_costs(runs)}

@@ -228,22 +228,23 @@ def _num(x) -> str:
 
 def stop_panel(step: StepTrace, prefix: str = "") -> None:
     """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
-    from ..stopping import score_threshold, what_if
+    from ..stopping import SETTING_NAMES, recorded_setting, score_threshold, what_if
 
     sigs = step.stop_signals
     policy = sigs[0].policy if sigs else "none"
     if not sigs or policy == "none":
         st.plotly_chart(figures.stop_figure(step), width="stretch", key=f"{prefix}stop_chart")
         return
-    recorded = score_threshold(policy, sigs[0].threshold)  # back from the score scale (1 - (1 - h) = h)
-    tau = st.slider("What if the threshold were… (" + ("h" if policy == "specdec++" else "τ") + ")", 0.0, 1.0,
+    recorded = recorded_setting(sigs[0])  # back from the score scale (1 - (1 - h) = h)
+    name = SETTING_NAMES.get(policy, "τ")
+    tau = st.slider(f"What if the {'cost ratio' if policy == 'goodput' else 'threshold'} were… ({name})", 0.0, 1.0,
                     float(round(recorded, 2)), 0.05, key=f"{prefix}whatif_{policy}",
                     help="re-runs this step's stop decisions on the recorded scores; nothing is recomputed")
     result = what_if(step, tau)
     st.plotly_chart(figures.stop_figure(step, {"threshold": score_threshold(policy, tau), "rows": result["rows"]}),
                     width="stretch", key=f"{prefix}stop_chart")
     pruned = [f"branch {b} at level {r['level']}" for r in result["rows"] for b in r["pruned"]]
-    note = (f"With {'h' if policy == 'specdec++' else 'τ'} = {tau:.2f}: {result['drafted']} draft tokens over "
+    note = (f"With {name} = {tau:.2f}: {result['drafted']} draft tokens over "
             f"{result['draft_levels']} levels (recorded {step.drafted}), {result['tokens']} token(s) committed "
             f"(recorded {len(step.committed_ids)}).")
     if pruned:
