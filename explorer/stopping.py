@@ -113,8 +113,9 @@ def replay(signals: list[StopSignal], threshold: float) -> list[dict]:
     are what the policy computed; ``goodput`` derives each level's threshold from it and the level's record).
 
     Returns one row per recorded level, until the new rule stops everything: ``{"level", "keep_drafting",
-    "pruned", "active", "threshold"}`` (the level's threshold on the score scale). Pruning with a lower threshold can only keep branches the recording already dropped,
-    whose later scores were never computed; those rows say so with ``"unknown": [...]``.
+    "pruned", "active", "threshold"}`` (the level's threshold on the score scale). Pruning with a lower threshold
+    can only keep branches the recording already dropped, whose later scores were never computed; those rows say so
+    with ``"unknown": [...]``.
     """
     out: list[dict] = []
     if not signals:
@@ -124,11 +125,11 @@ def replay(signals: list[StopSignal], threshold: float) -> list[dict]:
     for s in signals:
         scores = {b: v for b, v in s.scores.items() if active is None or b in active}
         unknown = sorted(active - set(s.scores), key=int) if active is not None else []
-        keep, pruned = decide(policy, scores, level_threshold(policy, threshold, s))
+        at = level_threshold(policy, threshold, s)
+        keep, pruned = decide(policy, scores, at)
         active = set(scores) - set(pruned) | set(unknown)
         out.append({"level": s.level, "keep_drafting": keep or bool(unknown), "pruned": pruned,
-                    "active": sorted(active, key=int), "unknown": unknown,
-                    "threshold": level_threshold(policy, threshold, s)})
+                    "active": sorted(active, key=int), "unknown": unknown, "threshold": at})
         if not keep and not unknown:
             break
     return out

@@ -39,6 +39,9 @@ LOSSLESS = [
                   adapt="last-layer"), 1.0, 1.0),
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="confidence", threshold=0.1,
                   adapt="threshold"), 0.7, 0.9),
+    # the goodput rule (expected tokens against cost) under an adapting model
+    (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="goodput", threshold=0.1,
+                  adapt="last-layer"), 0.7, 1.0),
     # free drafters: deterministic proposals tested with the point-mass stage (alone and after model children)
     (MethodConfig(method="prompt-lookup"), 1.0, 1.0),
     (MethodConfig(method="prompt-lookup"), 0.7, 0.9),
