@@ -121,6 +121,23 @@ def test_audit_panel_runs_and_explains_greedy(app):
     assert any("temperature above 0" in e.value for e in app.error)
 
 
+def test_goodput_stop_policy_shows_its_cost_ratio_and_level_thresholds(app):
+    app.sidebar.selectbox(key="stop").set_value("goodput").run()
+    assert app.sidebar.slider(key="threshold_goodput").value == pytest.approx(0.22)
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    assert not app.error
+    sigs = app.session_state["engine"].trace.steps[-1].stop_signals
+    assert sigs and all(s.policy == "goodput" and s.forwards == s.level for s in sigs)
+    slider = app.slider(key="whatif_goodput")
+    assert slider.value == pytest.approx(0.22)  # r recovered from the first level's recorded threshold
+    slider.set_value(0.0).run()  # free draft forwards: nothing stops before the recorded depth
+    assert not app.exception
+    note = next(c.value for c in app.caption if c.value.startswith("With r = 0.00"))
+    assert f"over {len(sigs)} levels" in note
+    assert ("deeper than this step did" in note) == (not sigs[-1].keep_drafting)
+
+
 def test_learned_stop_policy_and_what_if_slider(app):
     app.sidebar.selectbox(key="stop").set_value("prune").run()
     app.sidebar.slider(key="threshold_prune").set_value(0.4).run()
