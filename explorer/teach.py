@@ -15,7 +15,6 @@ POLICY_WORDS = {
     "decision": "the decision model's predicted chance that the target accepts",
     "prune": "the decision model's predicted chance that the target accepts",
     "specdec++": "the predicted chance that the whole path so far is accepted",
-    "goodput": "the tokens one more level was expected to add",
 }
 
 

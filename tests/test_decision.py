@@ -335,6 +335,7 @@ def test_goodput_policy_scores_expected_gain_against_its_cost(tiny):
     step = eng.step()
     d, _ = eng.last_step
     acc = [float(eng.decision_model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
+    assert len(step.stop_signals) >= 2  # E and D grow over levels
     for s in step.stop_signals:  # a chain: the node at level l has reach prod(acc[:l])
         reach = [float(np.prod(acc[:lv])) for lv in range(1, s.level + 1)]
         assert s.scores["0"] == pytest.approx(reach[-1] * acc[s.level - 1], rel=1e-5)
