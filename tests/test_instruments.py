@@ -133,6 +133,12 @@ def test_acceptance_report_counts_slots_and_matches_expectation(tiny):
     # the optimal tree is at least as good as the trees the run used, under the same rates
     assert report["optimal_tree"]["expected_tokens"] >= report["used_tree"]["modelled_tokens_per_call"] - 1e-9 or \
         report["used_tree"]["mean_nodes"] > 8
+    assert "goodput_r" not in report  # no costs measured
+    # with forward costs: the goodput stop policy's r is a one-row draft over the mean tree's verification
+    costs = {"draft": {1: 50.0, 16: 80.0}, "target": {1: 400.0, 16: 1300.0}}
+    g = acc_mod.run_report(runs, budget=8, max_depth=3, costs=costs)["goodput_r"]
+    rows = round(report["used_tree"]["mean_nodes"]) + 1
+    assert g["rows"] == rows and g["r"] == pytest.approx(50.0 / (400.0 + (rows - 1) * 900.0 / 15))
 
 
 def test_acceptance_vector_falls_back_and_refuses_too_little_data():
@@ -189,6 +195,9 @@ def test_probe_and_acceptance_commands_print_their_json(tiny, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["expected_tokens_per_call"] > 1 and out["realised_tokens_per_call"] > 1
     assert len(out["optimal_tree"]["parents"]) <= 6
+    # measured forward costs (the tiny pair, here): the text report names the goodput policy's r for this machine
+    assert main(["acceptance", "--models", "tiny", "--trace", str(path), "--budget", "6", "--costs"]) == 0
+    assert "goodput stop policy, r for this machine" in capsys.readouterr().out
     assert main(["probe", "--models", "tiny", "--trace", str(path), "--step", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["runs"][0]["steps_probed"] == 1 and out["flips"] == 0

@@ -149,7 +149,9 @@ def run_report(runs, budget: int = 32, max_depth: int = 8, costs: dict | None = 
         use: which rates feed the tree search (``acceptance_vector``).
     Returns a dict with ``expected_tokens_per_call``, ``realised_tokens_per_call``, ``acceptance_length``,
     ``position_acceptance``, ``slots`` (cells), ``acceptance_vector``, ``used_tree`` (the model's expectation of the
-    trees the run used), ``optimal_tree`` and, with costs, ``fastest_tree`` and ``forward_costs_ms``.
+    trees the run used), ``optimal_tree`` and, with costs, ``fastest_tree``, ``forward_costs_ms`` and ``goodput_r``
+    (``{"rows", "r"}``: a one-row draft forward over a target forward of the run's mean tree, the ``goodput`` stop
+    policy's setting for this machine).
     """
     steps = _steps(runs)
     cells = slot_table(steps)
@@ -184,6 +186,10 @@ def run_report(runs, budget: int = 32, max_depth: int = 8, costs: dict | None = 
             cost = sum(ot.step_cost_ms(p, draft, target) for p in used) / len(used)
             out["used_tree"]["cost_ms"] = cost
             out["used_tree"]["modelled_tokens_per_s"] = 1e3 * out["used_tree"]["modelled_tokens_per_call"] / cost
+            # the goodput stop policy's setting for this machine: a one-row draft forward over a verification of
+            # the run's mean tree (its nodes plus the anchor row)
+            rows = max(1, round(out["used_tree"]["mean_nodes"]) + 1)
+            out["goodput_r"] = {"rows": rows, "r": draft(1) / target(rows)}
         out["forward_costs_ms"] = costs
     return out
 

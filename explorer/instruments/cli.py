@@ -205,6 +205,10 @@ def _print_report(r: dict) -> None:
             f = r["fastest_tree"]
             print(f"fastest tree under the measured costs: {f['summary']}")
             print(f"  parents: {','.join(map(str, f['parents']))}")
+        if r.get("goodput_r"):
+            g = r["goodput_r"]
+            print(f"goodput stop policy, r for this machine: {g['r']:.3f} (a one-row draft forward over a "
+                  f"{g['rows']}-row verification; --stop goodput --threshold {g['r']:.2f})")
     else:
         print(r.get("optimal_tree_error", ""))
     for row in r.get("bench", []):
