@@ -187,9 +187,9 @@ def run_report(runs, budget: int = 32, max_depth: int = 8, costs: dict | None = 
             out["used_tree"]["cost_ms"] = cost
             out["used_tree"]["modelled_tokens_per_s"] = 1e3 * out["used_tree"]["modelled_tokens_per_call"] / cost
             # the goodput stop policy's setting for this machine: a one-row draft forward over a verification of
-            # the run's mean tree (its nodes plus the anchor row)
+            # the run's mean tree (its nodes plus the anchor row), within the setting's range [0, 1]
             rows = max(1, round(out["used_tree"]["mean_nodes"]) + 1)
-            out["goodput_r"] = {"rows": rows, "r": draft(1) / target(rows)}
+            out["goodput_r"] = {"rows": rows, "r": min(1.0, draft(1) / max(target(rows), 1e-9))}
         out["forward_costs_ms"] = costs
     return out
 
