@@ -281,8 +281,8 @@ STOP_WORDS_UP_TO = 8  # levels up to which the stop chart names every decision
 
 def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
     """Stop-policy score per level and branch against its threshold, the decision after each level, and the
-    branches pruned there (crosses). ``what_if``: ``{"threshold": score-scale value, "rows": stopping.replay(...)}``
-    draws a second threshold and the decisions it would have made."""
+    branches pruned there (crosses). ``what_if``: ``{"rows": stopping.replay(...)}`` draws a second threshold
+    (each row's, on the score scale) and the decisions it would have made."""
     fig = go.Figure()
     sigs = step.stop_signals
     branches = sorted({b for s in sigs for b in s.scores}, key=int)
@@ -308,8 +308,7 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
                                    showarrow=False, font=dict(color="#2ca02c" if s.keep_drafting else "#d62728"))
         if what_if is not None:
             rows = what_if["rows"]  # each level's threshold (goodput's rises with the step)
-            fig.add_trace(go.Scatter(x=[r["level"] for r in rows], y=[r.get("threshold", what_if["threshold"])
-                                                                    for r in rows], mode="lines",
+            fig.add_trace(go.Scatter(x=[r["level"] for r in rows], y=[r["threshold"] for r in rows], mode="lines",
                                      name=f"what-if {label}", line=dict(color="#9467bd", dash="dot", width=3)))
             for row in what_if["rows"]:
                 if wordy or not row["keep_drafting"]:

@@ -11,6 +11,7 @@ safetensors once with transformers, and load the converted folder on later start
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -116,13 +117,21 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@functools.cache
+def _proc_cpuinfo() -> str | None:
+    """``/proc/cpuinfo`` once per process (the app asks on every rerun), None where it does not exist."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware: x86 AVX-512-BF16 or AMX-BF16, or ARM's BF16
     extension, read from ``cpuinfo`` (default: ``/proc/cpuinfo``). Where that file does not exist (macOS,
     Windows) True: bf16 stays the default there, as before this check."""
-    try:
-        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    except OSError:
+    text = _proc_cpuinfo() if cpuinfo is None else cpuinfo
+    if text is None:
         return True
     flags: set[str] = set()
     for line in text.splitlines():

@@ -285,6 +285,17 @@ def test_replay_with_another_threshold():
     assert loose[0]["pruned"] == [] and loose[1]["unknown"] == ["1"]
 
 
+def _chain_step(tiny, cfg, ids):
+    """One greedy step of a chain config with a learned policy: the engine, the StepTrace and the engine's decision
+    model's prediction for every node of the step's tree (node i at level i + 1)."""
+    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
+    eng.start(ids, 8)
+    step = eng.step()
+    d, _ = eng.last_step
+    acc = [float(eng.decision_model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
+    return eng, step, acc
+
+
 def test_prune_and_specdecpp_in_the_engine(tiny):
     ids = tiny.tokenizer.encode("def add(a, b):")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="prune", threshold=0.4,
@@ -302,14 +313,9 @@ def test_prune_and_specdecpp_in_the_engine(tiny):
                 assert all(b not in later.scores for later in step.stop_signals if later.level > sig.level)
     assert pruned_somewhere
     # SpecDec++: a node's score is the product of the model's predictions along its path
-    model = eng.decision_model
     cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=4, stop="specdec++", threshold=1.0,
                        decision_model="hidden")
-    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
-    eng.start(ids, 8)
-    step = eng.step()
-    d, _ = eng.last_step
-    acc = [float(model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
+    _, step, acc = _chain_step(tiny, cfg, ids)
     assert [s.scores["0"] for s in step.stop_signals] == pytest.approx(
         [float(np.prod(acc[: s.level])) for s in step.stop_signals], rel=1e-5)
     assert step.stop_signals[0].threshold == 0.0  # h = 1: the score threshold is 1 - h
@@ -330,11 +336,7 @@ def test_goodput_policy_scores_expected_gain_against_its_cost(tiny):
     ids = tiny.tokenizer.encode("def add(a, b):")
     cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=6, stop="goodput", threshold=0.05,
                        decision_model="hidden")
-    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
-    eng.start(ids, 8)
-    step = eng.step()
-    d, _ = eng.last_step
-    acc = [float(eng.decision_model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
+    eng, step, acc = _chain_step(tiny, cfg, ids)
     assert len(step.stop_signals) >= 2  # E and D grow over levels
     for s in step.stop_signals:  # a chain: the node at level l has reach prod(acc[:l])
         reach = [float(np.prod(acc[:lv])) for lv in range(1, s.level + 1)]

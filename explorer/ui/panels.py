@@ -228,7 +228,7 @@ def _num(x) -> str:
 
 def stop_panel(step: StepTrace, prefix: str = "") -> None:
     """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
-    from ..stopping import SETTING_NAMES, recorded_setting, score_threshold, what_if
+    from ..stopping import SETTING_NAMES, recorded_setting, what_if
 
     sigs = step.stop_signals
     policy = sigs[0].policy if sigs else "none"
@@ -241,8 +241,7 @@ def stop_panel(step: StepTrace, prefix: str = "") -> None:
                     float(round(recorded, 2)), 0.05, key=f"{prefix}whatif_{policy}",
                     help="re-runs this step's stop decisions on the recorded scores; nothing is recomputed")
     result = what_if(step, tau)
-    st.plotly_chart(figures.stop_figure(step, {"threshold": score_threshold(policy, tau), "rows": result["rows"]}),
-                    width="stretch", key=f"{prefix}stop_chart")
+    st.plotly_chart(figures.stop_figure(step, {"rows": result["rows"]}), width="stretch", key=f"{prefix}stop_chart")
     pruned = [f"branch {b} at level {r['level']}" for r in result["rows"] for b in r["pruned"]]
     note = (f"With {name} = {tau:.2f}: {result['drafted']} draft tokens over "
             f"{result['draft_levels']} levels (recorded {step.drafted}), {result['tokens']} token(s) committed "
