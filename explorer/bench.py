@@ -44,7 +44,7 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
-                "free_rows", "lookup_tokens")
+                "free_rows", "lookup_tokens", "cost_ratio")
 
 
 def method_for_label(label: str) -> MethodConfig:
@@ -127,7 +127,7 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
                recycling_state: dict | None = None, count_syncs: bool = False) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
-    fallback's plain decoding steps) and, for Token Recycling, ``recycling_state`` (the matrix after the run, for
+    fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured) and, for Token Recycling, ``recycling_state`` (the matrix after the run, for
     the next prompt). ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
@@ -146,6 +146,8 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None,
                    steps=len(trace.steps),
                    plain_steps=sum(1 for s in trace.steps if s.fallback and not s.fallback["speculate"]))
+    if trace.steps and trace.steps[-1].cost:  # the goodput policy's measured r at the end of the run
+        metrics["cost_ratio"] = trace.steps[-1].cost["next"]
     if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
         metrics["host_syncs_per_step"] = sum(s.host_syncs for s in trace.steps) / len(trace.steps)
     return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state()}
@@ -174,7 +176,12 @@ def aggregate(rows: list[dict]) -> dict:
             "drafted_tokens": drafted, "acceptance_rate": sum(seed_acc) / len(seed_acc) if seed_acc else None,
             "mcsd_acceptance_rate": accepted / drafted if drafted else None,
             "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s, "overhead_share": overhead,
-            "plain_step_share": total("plain_steps") / total("steps") if total("steps") else None}
+            "plain_step_share": total("plain_steps") / total("steps") if total("steps") else None,
+            "cost_ratio": _mean([r["cost_ratio"] for r in rows if r.get("cost_ratio") is not None])}
+
+
+def _mean(values: list) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def samples_at(temperature: float, samples: int) -> int:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from .config import DEFAULTS, FREE_ROWS_CPU, METHODS, VERIFIERS, MethodConfig
+from .cost_ratio import COST_RATIO_MODES
 from .fallback import FALLBACK_MODES
 from .prompts import Prompt, PromptError, load_prompt_set
 from .stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
@@ -51,7 +52,10 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
     g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
                                                             "specdec++ read a learned decision model)")
-    g.add_argument("--threshold", type=float, help="stop threshold tau (specdec++: h); default per policy")
+    g.add_argument("--threshold", type=float,
+                   help="stop threshold tau (specdec++: h, goodput: cost ratio r); default per policy")
+    g.add_argument("--cost-ratio", choices=COST_RATIO_MODES,
+                   help="goodput's r: fixed (--threshold) or measured from the run's own step times, starting there")
     g.add_argument("--decision-model", choices=DECISION_MODELS,
                    help="decision model the learned stop policies read (default context)")
     g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
@@ -98,7 +102,7 @@ def method_config_from_args(args) -> MethodConfig:
     changes = {}
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
                  "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback",
-                 "free_rows"):
+                 "free_rows", "cost_ratio"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .cost_ratio import COST_RATIO_MODES
 from .fallback import FALLBACK_MODES
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
@@ -77,6 +78,8 @@ class MethodConfig:
         free_rows: most target rows (the anchor included) a step's tree may reach when the free drafters'
             branches join it (``drafters.base.merge_free``; branches are added best first and the rest left out).
             0 = auto (``free_row_budget``): ``FREE_ROWS_CPU`` on the CPU, no limit on CUDA.
+        cost_ratio: the ``goodput`` stop policy's r: ``fixed`` (the ``threshold`` setting) or ``measured`` (from
+            the run's own step times, starting at ``threshold``; ``cost_ratio.py``).
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -102,6 +105,7 @@ class MethodConfig:
     adapt: str = "off"
     fallback: str = "auto"
     free_rows: int = 0
+    cost_ratio: str = "fixed"
 
     @property
     def spec(self):
@@ -131,6 +135,10 @@ class MethodConfig:
             problem = adapt_problem(self.adapt, self.stop)
             if problem:
                 raise ValueError(problem)
+        if self.cost_ratio not in COST_RATIO_MODES:
+            raise ValueError(f"unknown cost ratio {self.cost_ratio!r}; use one of {', '.join(COST_RATIO_MODES)}")
+        if self.cost_ratio == "measured" and self.stop_policy_name() != "goodput":
+            raise ValueError("a measured cost ratio is the goodput stop policy's r; choose stop goodput")
         if self.fallback not in FALLBACK_MODES:
             raise ValueError(f"unknown fallback {self.fallback!r}; use one of {', '.join(FALLBACK_MODES)}")
         if self.decision_model not in DECISION_MODELS:
@@ -230,9 +238,12 @@ class MethodConfig:
         return d
 
     def with_(self, **changes) -> "MethodConfig":
-        """A copy with ``changes``; a new stop policy without a threshold gets that policy's default."""
+        """A copy with ``changes``; a new stop policy without a threshold gets that policy's default (and a fixed
+        cost ratio unless it is ``goodput``)."""
         if "stop" in changes and "threshold" not in changes and changes["stop"] != self.stop:
             changes["threshold"] = None
+        if changes.get("stop", "goodput") != "goodput" and "cost_ratio" not in changes:
+            changes["cost_ratio"] = "fixed"  # only goodput measures its setting
         return replace(self, **changes)
 
 

@@ -28,6 +28,7 @@ from . import expectation, verify
 from .config import MethodConfig, free_row_budget
 from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
+from .cost_ratio import CostRatioMeter
 from .fallback import GoodputFallback, fallback_active
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
@@ -152,6 +153,8 @@ class Engine:
         self.fallback = None
         if config.max_draft_depth() and not config.is_lossy and fallback_active(config.fallback, pair.device.type):
             self.fallback = GoodputFallback()
+        # The goodput stop policy's r measured from the steps' timelines (cost_ratio.py); outlives rewind() too.
+        self.cost_meter = CostRatioMeter(config.threshold) if config.cost_ratio == "measured" else None
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
         self._timeline: StepTimeline | None = None  # the current step's segments (None outside a step)
@@ -355,6 +358,9 @@ class Engine:
         step.host_syncs = timeline.syncs
         if self.fallback is not None:
             step.fallback = self.fallback.observe(speculate, len(new_tokens), sum(s["ms"] for s in step.timeline))
+        if self.cost_meter is not None:
+            step.cost = self.cost_meter.observe(step.draft_ms, step.draft_calls, step.step_ms)
+            self.stop_policy.threshold = step.cost["next"]
         return step
 
     def follow_fallback(self, decisions: list[bool]) -> None:
@@ -363,6 +369,12 @@ class Engine:
         if self.fallback is None:
             self.fallback = GoodputFallback(replay_only=True)
         self.fallback.force(decisions)
+
+    def follow_cost_ratio(self, values: list) -> None:
+        """Replay: the goodput policy's measured r after each next step as recorded (``StepTrace.cost["next"]``),
+        whatever this machine measures; no effect unless the config measures it."""
+        if self.cost_meter is not None:
+            self.cost_meter.force(values)
 
     def _verify(self, tree: DraftTree, q_rows: LazyRows) -> "_Verified":
         """One target forward over its chain (the anchor, when not cached) and the whole tree, then the verifier."""

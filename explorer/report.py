@@ -14,7 +14,7 @@ from .jsonfile import parse_json, read_file
 REPORT_NAME = "bench"
 CSV_FIELDS = ("temperature", "method", "prompt", "generated_tokens", "seconds", "tokens_per_s", "target_calls",
               "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_ms", "verify_ms",
-              "forward_ms", "step_ms", "steps", "plain_steps", "host_syncs_per_step")
+              "forward_ms", "step_ms", "steps", "plain_steps", "host_syncs_per_step", "cost_ratio")
 
 
 class ReportError(ValueError):

@@ -144,7 +144,11 @@ def _stopping(step: StepTrace, levels: int) -> list[str]:
     pol = sigs[0].policy
     what = POLICY_WORDS.get(pol, pol)
     if pol == "goodput":  # one decision for the whole tree, in tokens rather than chances
-        return [_goodput_words(sigs[-1], levels)]
+        out = [_goodput_words(sigs[-1], levels)]
+        if step.cost:
+            out.append(f"The cost of a draft forward was measured, not set: on this machine a draft level has cost "
+                       f"{step.cost['r']:.3f} of the rest of a step so far (r), averaged over the run's steps.")
+        return out
     out = []
     for s in sigs:
         for b in s.pruned:

@@ -119,6 +119,9 @@ class StepTrace:
         fallback: the goodput rule's decision before this step (``fallback.py``): ``speculate`` (False: a plain
             decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` / ``ar_tok_s``
             (tokens/s; None before the first step of that kind); empty when the rule is off.
+        cost: the goodput policy's measured cost ratio (``cost_ratio.py``, ``CostRatioMeter.observe``): ``r`` in
+            force during the step, this step's ``level_ms`` (a draft level) and ``rest_ms`` (the rest of the step),
+            and ``next``, r for the next step; empty unless ``cost_ratio`` is ``measured``.
         host_syncs: host synchronisations with the device during the step (CUDA, counted when the engine was asked
             to: ``Engine(count_syncs=True)``; None otherwise).
     """
@@ -153,6 +156,7 @@ class StepTrace:
     adaptation: dict = field(default_factory=dict)
     fallback: dict = field(default_factory=dict)
     host_syncs: int | None = None  # CUDA with count_syncs only
+    cost: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -259,8 +263,11 @@ def _step_problem(step: "StepTrace") -> str | None:
             or any(not _is_list_of(row, int) or len(row) != n for row in step.mask)
             or not _is_list_of(step.position_ids, int) or len(step.position_ids) != n):
         return "the mask does not match its node ids and position ids"
-    if not isinstance(step.drafter, dict):
-        return "the drafter's record must be an object"
+    for name in ("drafter", "adaptation", "fallback", "cost"):
+        if not isinstance(getattr(step, name), dict):
+            return f"the step's {name} record must be an object"
+    if not isinstance(step.cost.get("next", 0.0), (int, float)) or isinstance(step.cost.get("next"), bool):
+        return "the measured cost ratio must be a number"
     if not isinstance(step.timeline, list) or not all(
             isinstance(seg, dict) and isinstance(seg.get("phase"), str) and isinstance(seg.get("ms"), (int, float))
             and isinstance(seg.get("start_ms"), (int, float)) for seg in step.timeline):

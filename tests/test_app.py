@@ -138,6 +138,21 @@ def test_goodput_stop_policy_shows_its_cost_ratio_and_level_thresholds(app):
     assert ("deeper than this step did" in note) == (not sigs[-1].keep_drafting)
 
 
+def test_goodput_can_measure_its_cost_ratio_on_this_machine(app):
+    app.sidebar.selectbox(key="stop").set_value("goodput").run()
+    app.sidebar.checkbox(key="cost_ratio").check().run()
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    click(app, "step_btn")
+    assert not app.error and not app.exception
+    engine = app.session_state["engine"]
+    assert engine.config.cost_ratio == "measured"
+    steps = engine.trace.steps
+    assert steps[0].cost["r"] == pytest.approx(0.22) and steps[1].cost["r"] == steps[0].cost["next"]
+    words = next(c.value for c in app.caption if c.value.startswith("r measured on this machine"))
+    assert f"{steps[-1].cost['next']:.3f}" in words
+
+
 def test_learned_stop_policy_and_what_if_slider(app):
     app.sidebar.selectbox(key="stop").set_value("prune").run()
     app.sidebar.slider(key="threshold_prune").set_value(0.4).run()

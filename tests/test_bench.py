@@ -84,6 +84,9 @@ def test_aggregate_sums_then_divides():
     a = aggregate(rows)
     assert a["tokens_per_s"] == pytest.approx(8.0) and a["tokens_per_target_call"] == pytest.approx(40 / 15)
     assert a["mcsd_acceptance_rate"] == pytest.approx(0.5) and a["other_s"] == pytest.approx(5.0 - 1.3 - 2.5)
+    assert a["cost_ratio"] is None  # no goodput policy measured its r
+    rows[0]["cost_ratio"], rows[1]["cost_ratio"] = 0.04, 0.08
+    assert aggregate(rows)["cost_ratio"] == pytest.approx(0.06)
 
 
 def test_hf_assisted_leaves_the_shared_draft_settings_alone(quantized, settings_before, result):

@@ -40,6 +40,7 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
     # The goodput fallback decides from timings; a replay takes the recorded decisions (all speculative without it).
     engine.follow_fallback([s.fallback.get("speculate", True) for s in trace.steps])
+    engine.follow_cost_ratio([s.cost.get("next") for s in trace.steps])  # timing-driven too
     return engine
 
 

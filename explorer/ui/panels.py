@@ -226,6 +226,15 @@ def _num(x) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
+def cost_ratio_words(cost: dict) -> str:
+    """The goodput policy's measured r for one step (``StepTrace.cost``), in words."""
+    text = f"r measured on this machine: {cost['r']:.3f} during this step"
+    if cost.get("level_ms") is not None:
+        text += (f"; this step, a draft level took {cost['level_ms']:.1f} ms and the rest of the step "
+                 f"{cost['rest_ms']:.1f} ms")
+    return text + f"; r for the next step: {cost['next']:.3f} (moving averages over the run)."
+
+
 def stop_panel(step: StepTrace, prefix: str = "") -> None:
     """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
     from ..stopping import SETTING_NAMES, recorded_setting, what_if
@@ -236,6 +245,8 @@ def stop_panel(step: StepTrace, prefix: str = "") -> None:
         st.plotly_chart(figures.stop_figure(step), width="stretch", key=f"{prefix}stop_chart")
         return
     recorded = recorded_setting(sigs[0])  # back from the score scale (1 - (1 - h) = h)
+    if step.cost:
+        st.caption(cost_ratio_words(step.cost))
     name = SETTING_NAMES.get(policy, "τ")
     tau = st.slider(f"What if the {'cost ratio' if policy == 'goodput' else 'threshold'} were… ({name})", 0.0, 1.0,
                     float(round(recorded, 2)), 0.05, key=f"{prefix}whatif_{policy}",

@@ -69,6 +69,14 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                 {"specdec++": "Threshold h (stop when P(reject) > h)",
                  "goodput": "Cost ratio r (a draft forward ÷ a target forward)"}.get(stop, "Threshold τ"), 0.0, 1.0,
                 DEFAULT_THRESHOLDS[stop], 0.05, key=f"{prefix}threshold_{stop}", disabled=stop == "none")
+            if stop == "goodput":
+                measured = box.checkbox("Measure r on this machine", value=d.cost_ratio == "measured",
+                                        key=f"{prefix}cost_ratio",
+                                        help="r from each step's own timeline: a draft level's milliseconds over the "
+                                             "rest of the step's, averaged over the run; the slider is where it "
+                                             "starts. Timing-driven, so two runs may draft differently; the output "
+                                             "law never changes")
+                changes["cost_ratio"] = "measured" if measured else "fixed"
             if stop in LEARNED_POLICIES:
                 changes["decision_model"] = box.selectbox("Decision model", DECISION_MODELS,
                                                           key=f"{prefix}decision_model",
