@@ -26,9 +26,9 @@ import torch
 
 from . import expectation, verify
 from .config import MethodConfig, free_row_budget
+from .cost_ratio import CostRatioMeter
 from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
-from .cost_ratio import CostRatioMeter
 from .fallback import GoodputFallback, fallback_active
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache

@@ -363,6 +363,25 @@ def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     return fig
 
 
+def cost_ratio_figure(run: RunTrace, current: int | None = None) -> go.Figure:
+    """The goodput stop policy's measured cost ratio over a run (``StepTrace.cost``): the r each step drafted
+    with, and each step's own measurement (a draft level's ms over the rest of the step's) that the moving average
+    took in. ``current``: the step shown in the explorer (0-based), marked."""
+    steps = [s for s in run.steps if s.cost]
+    xs = [s.index + 1 for s in steps]
+    own = [s.cost["level_ms"] / s.cost["rest_ms"] if s.cost.get("level_ms") else None for s in steps]
+    fig = go.Figure([go.Scatter(x=xs, y=[s.cost["r"] for s in steps], mode="lines", name="r in force",
+                                line=dict(color="#000", dash="dash", shape="hv")),
+                     go.Scatter(x=xs, y=own, mode="markers", name="this step: draft level ÷ rest of the step",
+                                marker=dict(color="#ff7f0e"))])
+    if current is not None:
+        fig.add_vline(x=current + 1, line=dict(color="#9467bd", width=1, dash="dot"))
+    fig.update_layout(title="Goodput cost ratio r, measured on this machine", height=280,
+                      margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title="step", rangemode="tozero"),
+                      yaxis=dict(title="r", rangemode="tozero"), legend=dict(orientation="h", y=-0.35))
+    return fig
+
+
 def run_figure(run: RunTrace) -> go.Figure:
     """Tokens committed per step: accepted draft tokens, target roots and the bonus token, stacked."""
     xs = [s.index + 1 for s in run.steps]

@@ -79,7 +79,12 @@ def test_a_measured_run_moves_r_and_keeps_the_greedy_tokens(tiny):
     drafted = [s for s in steps if s.draft_calls]
     assert drafted and all(s.cost["level_ms"] > 0 and s.cost["rest_ms"] > 0 for s in drafted)
     assert measured.stop_policy.threshold == steps[-1].cost["next"]
+    from explorer.figures import cost_ratio_figure
     from explorer.teach import explain_step
+
+    fig = cost_ratio_figure(measured.trace, current=1)
+    assert list(fig.data[0].y) == [s.cost["r"] for s in steps]
+    assert [y is not None for y in fig.data[1].y] == [s.cost["level_ms"] is not None for s in steps]
 
     assert "measured, not set" in " ".join(explain_step(steps[-1]))
 

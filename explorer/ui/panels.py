@@ -131,6 +131,9 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
     c3.plotly_chart(figures.run_figure(trace), width="stretch", key=f"{prefix}run_chart")
     if step.adaptation:
         adaptation_panel(trace, step, teach, prefix)
+    if step.cost:
+        st.plotly_chart(figures.cost_ratio_figure(trace, current=step.index), width="stretch",
+                        key=f"{prefix}cost_ratio_chart")
 
 
 TEACH_ADAPTATION = ("Every check by the big model tells us, for free, which drafted tokens it would accept. The stop "
