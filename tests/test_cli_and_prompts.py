@@ -77,6 +77,8 @@ def test_generate_greedy_methods_agree_through_the_cli(capsys):
     (["--prompt", "x", "--models", "custom", "--draft", "/no/such/draft", "--target", "/no/such/target"],
      "cannot load model"),
     (["--prompt-file", "/no/such/file.jsonl", "--models", "tiny"], "cannot read prompt file"),
+    (["--prompt", "x", "--models", "tiny", "--method", "mcsd-improved", "--cost-ratio", "measured"],
+     "goodput stop policy's r"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, args, message):
     assert main(["generate", *args]) == 2
