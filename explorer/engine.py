@@ -361,6 +361,8 @@ class Engine:
         if self.cost_meter is not None:
             step.cost = self.cost_meter.observe(step.draft_ms, step.draft_calls, step.step_ms)
             self.stop_policy.threshold = step.cost["next"]
+            if step.adaptation:  # its record names the threshold in force next
+                step.adaptation["threshold"] = step.cost["next"]
         return step
 
     def follow_fallback(self, decisions: list[bool]) -> None:

@@ -107,3 +107,13 @@ def test_measured_ratios_survive_a_saved_trace_and_steer_its_replay(tiny):
     bad["steps"][0]["cost"] = [0.1]
     with pytest.raises(TraceError, match="cost record"):
         RunTrace.from_dict(bad)
+
+
+def test_an_adapting_run_records_the_measured_r_as_its_next_threshold(tiny):
+    from explorer.figures import adaptation_figure
+
+    eng = _run(tiny, GOODPUT.with_(cost_ratio="measured", adapt="last-layer"), n=30)
+    steps = eng.trace.steps
+    assert all(s.adaptation["threshold"] == s.cost["next"] for s in steps)
+    fig = adaptation_figure(eng.trace)
+    assert fig.data[0].name == "cost ratio r" and list(fig.data[0].y) == [s.cost["r"] for s in steps]
