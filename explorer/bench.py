@@ -128,7 +128,8 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
                recycling_state: dict | None = None, count_syncs: bool = False) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
-    and, for Token Recycling, ``recycling_state`` (the matrix after the run, for the next prompt). ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
+    and, for Token Recycling, ``recycling_state`` (the matrix after the run, for the next prompt).
+    ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
     trace), as for ``hf-assisted``, not the sum of the trace's step timers.

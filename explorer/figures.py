@@ -347,9 +347,10 @@ def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     # the threshold a step was drafted with is the one in force after the previous step's refit
     start = run.settings.get("method", {}).get("threshold")
     used = [start] + [s.adaptation.get("threshold") for s in steps[:-1]]
+    goodput = run.settings.get("method", {}).get("stop") == "goodput"  # its threshold setting is r
     fig.add_trace(go.Scatter(x=xs, y=used, mode="lines", line=dict(color="#000", dash="dash", shape="hv"),
                              name="threshold τ (adapting)" if mode == "threshold" else
-                             "cost ratio r" if run.settings.get("method", {}).get("stop") == "goodput" else "threshold τ"))
+                             "cost ratio r" if goodput else "threshold τ"))
     line("label_mean", "accepted (mean P(accept))", mode="markers", marker=dict(color=STATUS_COLORS[ACCEPTED]))
     if mode == "last-layer":
         line("pred_frozen", "predicted, shipped model", mode="lines", line=dict(color="#7f7f7f"))
