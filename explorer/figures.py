@@ -379,7 +379,7 @@ def cost_ratio_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     if current is not None:
         fig.add_vline(x=current + 1, line=dict(color="#9467bd", width=1, dash="dot"))
     fig.update_layout(title="Goodput cost ratio r, measured on this machine", height=280,
-                      margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title="step", rangemode="tozero"),
+                      margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title="step", rangemode="tozero", dtick=1),
                       yaxis=dict(title="r", rangemode="tozero"), legend=dict(orientation="h", y=-0.35))
     return fig
 

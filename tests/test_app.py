@@ -151,6 +151,9 @@ def test_goodput_can_measure_its_cost_ratio_on_this_machine(app):
     assert steps[0].cost["r"] == pytest.approx(0.22) and steps[1].cost["r"] == steps[0].cost["next"]
     words = next(c.value for c in app.caption if c.value.startswith("r measured on this machine"))
     assert f"{steps[-1].cost['next']:.3f}" in words
+    # the what-if slider starts from the r this step ran on, not from the first step's
+    slider = next(s for s in app.slider if str(s.key).startswith("whatif_goodput_"))
+    assert slider.value == pytest.approx(steps[-1].cost["r"], abs=0.0051)
 
 
 def test_learned_stop_policy_and_what_if_slider(app):

@@ -251,8 +251,10 @@ def stop_panel(step: StepTrace, prefix: str = "") -> None:
     if step.cost:
         st.caption(cost_ratio_words(step.cost))
     name = SETTING_NAMES.get(policy, "τ")
+    # a measured r differs per step: a slider per recorded value starts from the step's own r
+    key = f"{prefix}whatif_{policy}" + (f"_{recorded:.2f}" if step.cost else "")
     tau = st.slider(f"What if the {'cost ratio' if policy == 'goodput' else 'threshold'} were… ({name})", 0.0, 1.0,
-                    float(round(recorded, 2)), 0.05, key=f"{prefix}whatif_{policy}",
+                    float(round(recorded, 2)), 0.05, key=key,
                     help="re-runs this step's stop decisions on the recorded scores; nothing is recomputed")
     result = what_if(step, tau)
     st.plotly_chart(figures.stop_figure(step, {"rows": result["rows"]}), width="stretch", key=f"{prefix}stop_chart")
