@@ -117,3 +117,21 @@ def test_an_adapting_run_records_the_measured_r_as_its_next_threshold(tiny):
     assert all(s.adaptation["threshold"] == s.cost["next"] for s in steps)
     fig = adaptation_figure(eng.trace)
     assert fig.data[0].name == "cost ratio r" and list(fig.data[0].y) == [s.cost["r"] for s in steps]
+
+
+def test_an_r_that_moves_between_samples_keeps_the_output_law(tiny, monkeypatch):
+    """The audit's samples share one engine (its meter outlives the rewinds); here r swings deterministically
+    between free draft forwards and costly ones, so the samples are drafted to very different depths."""
+    from explorer.audit import audit
+
+    swing = iter([0.0, 0.9] * 10_000)
+
+    def observe(self, draft_ms, draft_calls, step_ms):
+        used, self.r = self.r, next(swing)
+        return {"r": used, "level_ms": None, "rest_ms": None, "next": self.r}
+
+    monkeypatch.setattr(CostRatioMeter, "observe", observe)
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="goodput", threshold=0.1,
+                       cost_ratio="measured", adapt="last-layer")
+    r = audit(tiny, cfg, SamplingConfig(temperature=0.7, seed=31), tiny.tokenizer.encode(PROMPT), 1500)
+    assert r.passed, r.summary()
