@@ -372,7 +372,7 @@ def cost_ratio_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     steps = [s for s in run.steps if s.cost]
     xs = [s.index + 1 for s in steps]
     own = [s.cost["level_ms"] / s.cost["rest_ms"] if s.cost.get("level_ms") else None for s in steps]
-    fig = go.Figure([go.Scatter(x=xs, y=[s.cost["r"] for s in steps], mode="lines", name="r in force",
+    fig = go.Figure([go.Scatter(x=xs, y=[s.cost["r"] for s in steps], mode="lines+markers", name="r in force",
                                 line=dict(color="#000", dash="dash", shape="hv")),
                      go.Scatter(x=xs, y=own, mode="markers", name="this step: draft level ÷ rest of the step",
                                 marker=dict(color="#ff7f0e"))])
