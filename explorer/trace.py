@@ -228,6 +228,10 @@ class RunTrace:
         return json.dumps(self.to_dict(), ensure_ascii=False)
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _is_list_of(value, kind) -> bool:
     return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
 
@@ -266,8 +270,9 @@ def _step_problem(step: "StepTrace") -> str | None:
     for name in ("drafter", "adaptation", "fallback", "cost"):
         if not isinstance(getattr(step, name), dict):
             return f"the step's {name} record must be an object"
-    if not isinstance(step.cost.get("next", 0.0), (int, float)) or isinstance(step.cost.get("next"), bool):
-        return "the measured cost ratio must be a number"
+    if step.cost and not (all(_is_number(step.cost.get(k)) for k in ("r", "next"))
+                          and all(step.cost.get(k) is None or _is_number(step.cost[k]) for k in ("level_ms", "rest_ms"))):
+        return "the measured cost ratio record needs numbers r and next (level_ms and rest_ms: numbers or null)"
     if not isinstance(step.timeline, list) or not all(
             isinstance(seg, dict) and isinstance(seg.get("phase"), str) and isinstance(seg.get("ms"), (int, float))
             and isinstance(seg.get("start_ms"), (int, float)) for seg in step.timeline):

@@ -101,9 +101,10 @@ def test_measured_ratios_survive_a_saved_trace_and_steer_its_replay(tiny):
         assert [s.threshold for s in replayed.trace.steps[i].stop_signals] == pytest.approx(
             [s.threshold for s in loaded.steps[i].stop_signals])
     bad = eng.trace.to_dict()
-    bad["steps"][0]["cost"] = {"next": "fast"}
-    with pytest.raises(TraceError, match="cost ratio"):
-        RunTrace.from_dict(bad)
+    for cost in ({"r": 0.1, "next": "fast"}, {"next": 0.1}, {"r": 0.1, "next": 0.1, "level_ms": "slow"}):
+        bad["steps"][0]["cost"] = cost
+        with pytest.raises(TraceError, match="cost ratio"):
+            RunTrace.from_dict(bad)
     bad["steps"][0]["cost"] = [0.1]
     with pytest.raises(TraceError, match="cost record"):
         RunTrace.from_dict(bad)
