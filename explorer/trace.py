@@ -270,8 +270,9 @@ def _step_problem(step: "StepTrace") -> str | None:
     for name in ("drafter", "adaptation", "fallback", "cost"):
         if not isinstance(getattr(step, name), dict):
             return f"the step's {name} record must be an object"
+    times = ("level_ms", "rest_ms")
     if step.cost and not (all(_is_number(step.cost.get(k)) for k in ("r", "next"))
-                          and all(step.cost.get(k) is None or _is_number(step.cost[k]) for k in ("level_ms", "rest_ms"))):
+                          and all(step.cost.get(k) is None or _is_number(step.cost[k]) for k in times)):
         return "the measured cost ratio record needs numbers r and next (level_ms and rest_ms: numbers or null)"
     if not isinstance(step.timeline, list) or not all(
             isinstance(seg, dict) and isinstance(seg.get("phase"), str) and isinstance(seg.get("ms"), (int, float))
