@@ -174,7 +174,7 @@ def aggregate(rows: list[dict]) -> dict:
     return {"runs": len(rows), "generated_tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
             "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
-            "drafted_tokens": drafted, "acceptance_rate": sum(seed_acc) / len(seed_acc) if seed_acc else None,
+            "drafted_tokens": drafted, "acceptance_rate": _mean(seed_acc),
             "mcsd_acceptance_rate": accepted / drafted if drafted else None,
             "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s, "overhead_share": overhead,
             "plain_step_share": total("plain_steps") / total("steps") if total("steps") else None,

@@ -54,9 +54,11 @@ class CostRatioMeter:
         level = rest = None
         if draft_calls > 0 and step_ms > draft_ms > 0:
             level, rest = draft_ms / draft_calls, step_ms - draft_ms
-            a = self.alpha if self.level_ms is not None else 1.0
-            self.level_ms = level if self.level_ms is None else (1 - a) * self.level_ms + a * level
-            self.rest_ms = rest if self.rest_ms is None else (1 - a) * self.rest_ms + a * rest
+            if self.level_ms is None:  # the first measurement starts both averages
+                self.level_ms, self.rest_ms = level, rest
+            else:
+                self.level_ms += self.alpha * (level - self.level_ms)
+                self.rest_ms += self.alpha * (rest - self.rest_ms)
             self.r = round(min(1.0, self.level_ms / max(self.rest_ms, 1e-9)), 5)  # as recorded: replays match
         if self._forced is not None and self._observed < len(self._forced):
             forced = self._forced[self._observed]
