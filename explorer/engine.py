@@ -30,6 +30,7 @@ from .cost_ratio import CostRatioMeter
 from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
 from .fallback import GoodputFallback, fallback_active
+from .forward_costs import row_ms, rows_are_dear
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
 from .models import ModelPair
@@ -151,10 +152,12 @@ class Engine:
         self.free_rows_run = free_row_budget(config.free_rows, pair.device.type, copy_run=True)  # ... on a copy run
         # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
         self.fallback = None
-        if config.max_draft_depth() and not config.is_lossy and fallback_active(config.fallback, pair.device.type):
+        if config.max_draft_depth() and not config.is_lossy and fallback_active(
+                config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
             self.fallback = GoodputFallback()
         # The goodput stop policy's r measured from the steps' timelines (cost_ratio.py); outlives rewind() too.
-        self.cost_meter = CostRatioMeter(config.threshold) if config.cost_ratio == "measured" else None
+        self.cost_meter = (CostRatioMeter(config.threshold, row_ms=row_ms(pair)) if config.cost_ratio == "measured"
+                           else None)
         self.verifier_name = config.verifier_for(sampling.greedy)
         self.trace: RunTrace | None = None
         self._timeline: StepTimeline | None = None  # the current step's segments (None outside a step)
@@ -216,7 +219,9 @@ class Engine:
                       **self.drafter.state_for_trace()},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
-                   "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache, "graphs": self.graphs},
+                   "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache, "graphs": self.graphs,
+                   **({"verification_cost": self.pair.measured["verification_cost"]}
+                      if "verification_cost" in self.pair.measured else {})},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 
@@ -359,7 +364,7 @@ class Engine:
         if self.fallback is not None:
             step.fallback = self.fallback.observe(speculate, len(new_tokens), sum(s["ms"] for s in step.timeline))
         if self.cost_meter is not None:
-            step.cost = self.cost_meter.observe(step.draft_ms, step.draft_calls, step.step_ms)
+            step.cost = self.cost_meter.observe(step.draft_ms, step.draft_calls, step.step_ms, len(d.tree))
             self.stop_policy.threshold = step.cost["next"]
             if step.adaptation:  # its record names the threshold in force next
                 step.adaptation["threshold"] = step.cost["next"]

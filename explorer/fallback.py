@@ -27,16 +27,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FALLBACK_MODES = ("auto", "goodput", "off")  # auto: goodput on CUDA, off elsewhere
+FALLBACK_MODES = ("auto", "goodput", "off")  # auto: goodput on CUDA and on CPUs where rows are dear
 
 
-def fallback_active(mode: str, device_type: str) -> bool:
+def fallback_active(mode: str, device_type: str, rows_are_dear=None) -> bool:
     """Whether ``mode`` (``FALLBACK_MODES``) falls back on a device of type ``device_type`` ("cuda", "cpu").
-    ``auto`` is on only on CUDA: on the CPU speculation paid in every measured cell (docs/bench.md), and a
-    timing-driven rule would make CPU runs, tests and classroom demos differ from run to run for nothing."""
+
+    ``auto`` is on on CUDA, and on a CPU only where ``rows_are_dear()`` (a callable, asked only then:
+    ``forward_costs.rows_are_dear`` measures once per pair) says a verification's extra rows cost several plain
+    steps. On the AVX-512-BF16 CPU a 16-row verification costs 1.07x a plain step and speculation paid in every
+    measured cell (docs/bench.md), so there a timing-driven rule would only make runs, tests and classroom demos
+    differ from run to run; on a 2-core AVX2 CPU in fp32 it costs 2.8x and the default ``mcsd-improved`` ran
+    MT-bench at 0.77x plain decoding, 0.96x with the rule (docs/bench.md, session 14)."""
     if mode not in FALLBACK_MODES:
         raise ValueError(f"unknown fallback mode {mode!r}; expected one of {', '.join(FALLBACK_MODES)}")
-    return mode == "goodput" or (mode == "auto" and device_type == "cuda")
+    if mode != "auto":
+        return mode == "goodput"
+    return device_type == "cuda" or (rows_are_dear is not None and bool(rows_are_dear()))
 
 
 @dataclass

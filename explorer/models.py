@@ -102,6 +102,7 @@ class ModelPair:
     draft_quant: str = "none"
     unquantized_draft: torch.nn.Module | None = field(default=None, repr=False)
     graph_runners: dict = field(default_factory=dict, repr=False)  # idle CUDA-graph runners (graphs.acquire_runner)
+    measured: dict = field(default_factory=dict, repr=False)  # this machine's costs, once (forward_costs.py)
 
 
 def cache_dir() -> Path:

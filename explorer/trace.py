@@ -120,8 +120,9 @@ class StepTrace:
             decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` / ``ar_tok_s``
             (tokens/s; None before the first step of that kind); empty when the rule is off.
         cost: the goodput policy's measured cost ratio (``cost_ratio.py``, ``CostRatioMeter.observe``): ``r`` in
-            force during the step, this step's ``level_ms`` (a draft level) and ``rest_ms`` (the rest of the step),
-            and ``next``, r for the next step; empty unless ``cost_ratio`` is ``measured``.
+            force during the step, this step's ``level_ms`` (a draft level, its verification rows included) and
+            ``rest_ms`` (the rest of the step), ``row_ms`` (what a verification row was charged; absent in older
+            traces) and ``next``, r for the next step; empty unless ``cost_ratio`` is ``measured``.
         host_syncs: host synchronisations with the device during the step (CUDA, counted when the engine was asked
             to: ``Engine(count_syncs=True)``; None otherwise).
     """
@@ -270,10 +271,10 @@ def _step_problem(step: "StepTrace") -> str | None:
     for name in ("drafter", "adaptation", "fallback", "cost"):
         if not isinstance(getattr(step, name), dict):
             return f"the step's {name} record must be an object"
-    times = ("level_ms", "rest_ms")
+    times = ("level_ms", "rest_ms", "row_ms")
     if step.cost and not (all(_is_number(step.cost.get(k)) for k in ("r", "next"))
                           and all(step.cost.get(k) is None or _is_number(step.cost[k]) for k in times)):
-        return "the measured cost ratio record needs numbers r and next (level_ms and rest_ms: numbers or null)"
+        return "the measured cost ratio record needs numbers r and next (level_ms, rest_ms, row_ms: numbers or null)"
     if not isinstance(step.timeline, list) or not all(
             isinstance(seg, dict) and isinstance(seg.get("phase"), str) and isinstance(seg.get("ms"), (int, float))
             and isinstance(seg.get("start_ms"), (int, float)) for seg in step.timeline):

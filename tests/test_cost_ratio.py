@@ -22,16 +22,24 @@ def test_the_meter_divides_a_draft_level_by_the_rest_of_a_step():
     m = CostRatioMeter(0.22, alpha=0.5)
     assert m.r == 0.22  # the setting until a step is measured
     rec = m.observe(draft_ms=100.0, draft_calls=2, step_ms=1100.0)  # 50 ms a level, 1000 ms the rest
-    assert rec == {"r": 0.22, "level_ms": 50.0, "rest_ms": 1000.0, "next": 0.05}
+    assert rec == {"r": 0.22, "level_ms": 50.0, "rest_ms": 1000.0, "row_ms": 0.0, "next": 0.05}
     rec = m.observe(draft_ms=300.0, draft_calls=2, step_ms=800.0)  # 150 / 500: averages 100 / 750
     assert rec["r"] == 0.05 and rec["next"] == pytest.approx(100 / 750, abs=1e-5)
     before = m.r
     rec = m.observe(draft_ms=0.0, draft_calls=0, step_ms=400.0)  # a plain step says nothing about drafting
     assert rec["level_ms"] is None and m.r == before
     assert CostRatioMeter(0.1).observe(900.0, 1, 1000.0)["next"] == 1.0  # clamped to the setting's range
-    for bad in ((-0.1, 0.3), (1.5, 0.3), (0.2, 0.0)):
+    for bad in ((-0.1, 0.3), (1.5, 0.3), (0.2, 0.0), (0.2, 0.3, -1.0)):
         with pytest.raises(ValueError):
             CostRatioMeter(*bad)
+
+
+def test_where_rows_are_dear_a_level_is_charged_its_verification_rows():
+    """A step of 2 draft levels and 6 tree nodes at 50 ms a row: 300 ms of its verification belong to the levels
+    (150 ms each, on top of 50 ms of drafting), not to the rest of the step."""
+    rec = CostRatioMeter(0.22, row_ms=50.0).observe(draft_ms=100.0, draft_calls=2, step_ms=1100.0, nodes=6)
+    assert rec == {"r": 0.22, "level_ms": 200.0, "rest_ms": 700.0, "row_ms": 50.0, "next": round(200 / 700, 5)}
+    assert CostRatioMeter(0.22).observe(100.0, 2, 1100.0, nodes=6)["next"] == 0.05  # rows free: as before
 
 
 def test_a_replay_takes_the_recorded_ratios():
@@ -127,7 +135,7 @@ def test_an_r_that_moves_between_samples_keeps_the_output_law(tiny, monkeypatch)
 
     swing = iter([0.0, 0.9] * 10_000)
 
-    def observe(self, draft_ms, draft_calls, step_ms):
+    def observe(self, draft_ms, draft_calls, step_ms, nodes=0):
         used, self.r = self.r, next(swing)
         return {"r": used, "level_ms": None, "rest_ms": None, "next": self.r}
 

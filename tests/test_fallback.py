@@ -10,6 +10,7 @@ from explorer.audit import audit
 from explorer.config import DEFAULTS, MethodConfig
 from explorer.engine import Engine
 from explorer.fallback import GoodputFallback, fallback_active
+from explorer.forward_costs import DEAR_ROWS, verification_cost
 from explorer.sampling import SamplingConfig
 
 LOSSLESS = ["sd", "mcsd", "mcsd-improved", "prompt-lookup", "token-recycling", "hybrid"]
@@ -74,9 +75,17 @@ def test_a_plain_decoding_probe_does_not_reset_speculations_average():
     assert fb.spec.tok_s > fb.margin * fb.ar.tok_s and fb.decide(8)
 
 
-def test_auto_is_on_for_cuda_only():
-    assert fallback_active("auto", "cuda") and not fallback_active("auto", "cpu")
-    assert fallback_active("goodput", "cpu") and not fallback_active("off", "cuda")
+def test_auto_is_on_for_cuda_and_for_cpus_where_rows_are_dear():
+    asked = []
+
+    def dear(answer):
+        return lambda: asked.append(answer) or answer
+
+    assert fallback_active("auto", "cuda", dear(False)) and not fallback_active("auto", "cpu")
+    assert fallback_active("auto", "cpu", dear(True)) and not fallback_active("auto", "cpu", dear(False))
+    assert asked == [True, False]  # only auto on the CPU measures
+    assert fallback_active("goodput", "cpu", dear(False)) and not fallback_active("off", "cuda", dear(True))
+    assert asked == [True, False]
     with pytest.raises(ValueError, match="unknown fallback"):
         MethodConfig(method="sd", fallback="sometimes")
 
@@ -85,7 +94,25 @@ def test_ar_and_the_lossy_mode_never_fall_back(tiny):
     for cfg in (DEFAULTS["ar"], MethodConfig(method="mcsd-improved", lossy=True, k_config=(1,), max_depth=3)):
         assert Engine(tiny, cfg.with_(fallback="goodput"), SamplingConfig(temperature=0.0)).fallback is None
     assert Engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig()).fallback is not None
-    assert Engine(tiny, DEFAULTS["sd"], SamplingConfig()).fallback is None  # auto, on the CPU
+    assert Engine(tiny, DEFAULTS["sd"], SamplingConfig()).fallback is None, tiny.measured  # auto, on the CPU
+
+
+def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, monkeypatch):
+    """The tiny pair's 16-row forward costs about what a one-row one does: auto stays off and the measurement is
+    cached on the pair; a pair measured dear gets the fallback, and the trace says what was measured."""
+    monkeypatch.setattr(tiny, "measured", {})
+    cost = verification_cost(tiny)
+    assert cost["rows"] == DEAR_ROWS and cost["one_row_ms"] > 0 and not cost["dear"]
+    assert verification_cost(tiny) is cost  # measured once per pair
+    engine = Engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.0))
+    assert engine.fallback is None and engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"] == cost
+    dear = {**cost, "one_row_ms": 300.0, "rows_ms": 900.0, "ratio": 3.0, "dear": True}
+    monkeypatch.setitem(tiny.measured, "verification_cost", dear)
+    for name in LOSSLESS:
+        engine = Engine(tiny, DEFAULTS[name], SamplingConfig(temperature=0.0))
+        assert engine.fallback is not None, name
+    assert Engine(tiny, DEFAULTS["ar"], SamplingConfig()).fallback is None
+    assert engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"]["dear"]
 
 
 @pytest.mark.parametrize("method", LOSSLESS)

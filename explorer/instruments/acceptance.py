@@ -9,24 +9,21 @@ From step traces alone (``expectation.py`` recorded every node's odds during the
 * ``acceptance_vector``: the table as Sequoia's acceptance probabilities ``acc[depth - 1][rank]``, which
   ``optimal_tree.optimal_tree`` / ``fastest_tree`` turn into the best tree for a node budget.
 
-``measure_forward_costs`` times one draft and one target forward at several query widths on this machine (the
-cost model of ``optimal_tree.step_cost_ms``).
+``forward_costs.measure_forward_costs`` (re-exported here) times one draft and one target forward at several query
+widths on this machine (the cost model of ``optimal_tree.step_cost_ms``).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
+from ..forward_costs import COST_WIDTHS, measure_forward_costs  # noqa: F401  (re-exported)
 from ..methods import DRAFT_SOURCES
 from ..metrics import acceptance_length, position_acceptance
 from ..trace import ACCEPTED, REJECTED, RunTrace, StepTrace
 from . import optimal_tree as ot
 
 MIN_TESTS = 5  # tested nodes a (depth, rank) cell needs before its rate is used for the optimal tree
-COST_WIDTHS = (1, 2, 4, 8, 16, 32, 33, 64)
-# 32 and 33 both: on the CPU the bf16 GEMMs work in 32-row blocks and the 33rd row costs about as much as rows 2-32
-# together (config.FREE_ROWS_CPU); the cost curve interpolates linearly, so without 33 it would not see the edge.
 
 
 @dataclass
@@ -191,46 +188,4 @@ def run_report(runs, budget: int = 32, max_depth: int = 8, costs: dict | None = 
             rows = max(1, round(out["used_tree"]["mean_nodes"]) + 1)
             out["goodput_r"] = {"rows": rows, "r": min(1.0, draft(1) / max(target(rows), 1e-9))}
         out["forward_costs_ms"] = costs
-    return out
-
-
-def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats: int = 5,
-                          roles=("draft", "target")) -> dict:
-    """Median wall milliseconds of one forward of ``w`` query rows (a chain under the causal mask) after
-    ``context`` tokens, per role and width: ``{"draft": {w: ms}, "target": {w: ms}}``. The caches are this
-    function's own; the pair's lock is held around each forward. Raises ValueError for an empty context."""
-    import statistics
-
-    import torch
-
-    from ..graphs import eager_forward
-    from ..kv_cache import DynamicKVCache
-
-    if not context:
-        raise ValueError("measuring forward costs needs a non-empty context")
-    out: dict = {}
-    device = pair.device
-    for role in roles:
-        model = pair.target if role == "target" else pair.draft
-        kv = DynamicKVCache()
-        with torch.inference_mode(), pair.lock:
-            eager_forward(model, kv, list(context), list(range(len(context))), None, keep=1)
-            eager_forward(model, kv, [int(context[-1])], [kv.length], None, keep=1)  # warm the one-row kernels
-        kv.rewind(len(context))
-        base = kv.length
-        out[role] = {}
-        for w in widths:
-            ids = [int(context[i % len(context)]) for i in range(w)]
-            times = []
-            for _ in range(repeats + 1):  # the first call of a width warms its kernels up
-                with torch.inference_mode(), pair.lock:
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    t0 = time.perf_counter()
-                    eager_forward(model, kv, ids, list(range(base, base + w)), None, keep=w)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    times.append((time.perf_counter() - t0) * 1e3)
-                kv.rewind(base)
-            out[role][w] = statistics.median(times[1:])
     return out

@@ -233,7 +233,8 @@ def cost_ratio_words(cost: dict) -> str:
     """The goodput policy's measured r for one step (``StepTrace.cost``), in words."""
     text = f"r measured on this machine: {cost['r']:.3f} during this step"
     if cost.get("level_ms") is not None:
-        text += (f"; this step, a draft level took {cost['level_ms']:.1f} ms and the rest of the step "
+        rows = f" (its rows in the verification at {cost['row_ms']:.1f} ms each)" if cost.get("row_ms") else ""
+        text += (f"; this step, a draft level took {cost['level_ms']:.1f} ms{rows} and the rest of the step "
                  f"{cost['rest_ms']:.1f} ms")
     return text + f"; r for the next step: {cost['next']:.3f} (moving averages over the run)."
 

@@ -14,7 +14,8 @@ from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHO
                         STOP_POLICY_LABELS, STOP_POLICY_NAMES)
 from .common import PAIRS
 
-FALLBACK_LABELS = {"auto": "auto (on a GPU only)", "goodput": "when speculation measures slower", "off": "never"}
+FALLBACK_LABELS = {"auto": "auto (GPU, or a CPU where verifying costs many plain steps)",
+                   "goodput": "when speculation measures slower", "off": "never"}
 ADAPT_LABELS = {"off": "off (frozen)", "threshold": "threshold (ROC refit)",
                 "last-layer": "decision model's last layer"}
 DECISION_MODEL_LABELS = {"hidden": "MLP on the draft's hidden state", "dist": "MLP on entropy + top-10 of q",
