@@ -80,11 +80,15 @@ class GoodputFallback:
         ar_probe_every: speculative steps between plain-decoding probes (plain decoding's rate barely moves).
         replay_only: follow forced decisions only and speculate after them, as an engine without the rule does
             (a replay of a run on a device where the rule is off, continued past the recorded steps).
+        warmup: speculative steps measured before plain decoding is first tried. A run's first step is rarely
+            typical: on HumanEval it committed 2 tokens in 735 ms and the next ones 17 in 1.7 s (2-core AVX2 CPU,
+            fp32), and judged on it alone the rule ran the next 8 steps plain (docs/bench.md, session 14).
     """
 
     def __init__(self, alpha: float = 0.3, margin: float = 0.9, probe_every: int = 8, max_probe_every: int = 64,
-                 ar_probe_every: int = 32, replay_only: bool = False):
+                 ar_probe_every: int = 32, replay_only: bool = False, warmup: int = 3):
         self.replay_only = replay_only
+        self.warmup = max(1, int(warmup))
         self.alpha, self.margin = alpha, margin
         self.base_probe, self.max_probe, self.ar_probe_every = probe_every, max_probe_every, ar_probe_every
         self.spec, self.ar = _Rate(), _Rate()
@@ -106,7 +110,7 @@ class GoodputFallback:
         elif self.replay_only:
             self._last = {}
             return True
-        elif spec is None:
+        elif spec is None or self.spec.steps < self.warmup:
             speculate, reason = True, "measuring speculation"
         elif ar is None:
             speculate, reason = False, "measuring plain decoding"
