@@ -120,6 +120,12 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     sampling = SamplingConfig(**settings["sampling"])
     ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
     carried = st.session_state.get("recycling_state") if changes.get("carry_matrix") else None
+    needs_costs = config.cost_ratio == "measured" or (config.fallback == "auto" and pair.device.type == "cpu")
+    if needs_costs and "verification_cost" not in pair.measured:  # the engine would measure it, silently
+        from ..forward_costs import DEAR_ROWS, verification_cost
+
+        with st.spinner(f"Timing a {DEAR_ROWS}-row verification on this machine (once per model pair)…"):
+            verification_cost(pair)
     engine = Engine(pair, config, sampling, recycling_state=carried)
     engine.start(ids, settings["max_new"], prompt_text=prompt_text)
     return engine
