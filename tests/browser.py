@@ -498,10 +498,11 @@ def adaptation_tour(url: str, out_dir: Path, steps: int = 8, prompt: str = "def 
     return report
 
 
-def fallback_tour(url: str, out_dir: Path, steps: int = 2, prompt: str = "def fibonacci(n):",
+def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fibonacci(n):",
                   load_timeout_s: float = 600) -> dict:
-    """Issue 13: switch the goodput fallback on (the default method), step twice and screenshot the second step,
-    the rule's first plain decoding step (it measures each mode once), with its caption. Returns what it showed."""
+    """Issue 13: switch the goodput fallback on (the default method), step four times and screenshot the fourth
+    step, the rule's first plain decoding step (it measures speculation over 3 steps, then plain decoding once),
+    with its caption. Returns what it showed."""
     report: dict = {}
     with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
         choose(page, "Fall back to plain decoding", "when speculation measures slower")

@@ -140,7 +140,7 @@ def test_the_goodput_fallback_in_a_real_browser(tmp_path):
     with running_app("tiny") as url:
         r = fallback_tour(url, tmp_path, load_timeout_s=120)
     assert r["exceptions"] == 0 and r["errors"] == [], r
-    assert r["after_steps"].startswith("Step 2") and r["captions"], r
+    assert r["after_steps"].startswith("Step 4") and r["captions"], r
     assert "measuring plain decoding" in r["captions"][0] and "drafted nothing" in r["captions"][0]
     assert (tmp_path / "fallback_step.png").stat().st_size > 10_000
 
