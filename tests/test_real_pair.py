@@ -49,8 +49,11 @@ def test_greedy_outputs_match_ar_and_transformers_generate(real_pair, prompts):
 @pytest.mark.parametrize("method", ["sd", "mcsd", "mcsd-improved"])
 def test_sampling_runs_are_reproducible(real_pair, prompts, method):
     s = SamplingConfig(temperature=0.7, top_p=0.95, seed=11)
-    a = _run(real_pair, DEFAULTS[method], prompts[1], s, n=16)
-    b = _run(real_pair, DEFAULTS[method], prompts[1], s, n=16)
+    # the seed's promise; the goodput fallback's timing-driven plain steps (on by default where rows are dear,
+    # forward_costs.py) draw differently, so they are held off here, as on machines where rows are cheap
+    cfg = DEFAULTS[method].with_(fallback="off")
+    a = _run(real_pair, cfg, prompts[1], s, n=16)
+    b = _run(real_pair, cfg, prompts[1], s, n=16)
     assert a.generated_ids == b.generated_ids and len(a.generated_ids) == 16
     assert all(st.nodes[0].status == "context" for st in a.steps)
 
