@@ -29,7 +29,7 @@ from .config import MethodConfig, free_row_budget
 from .cost_ratio import CostRatioMeter
 from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
-from .fallback import GoodputFallback, fallback_active
+from .fallback import GoodputFallback, asks_row_costs, fallback_active
 from .forward_costs import row_ms, rows_are_dear
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
@@ -50,6 +50,19 @@ from .trace import (
 )
 from .tree import DraftTree, step_mask, step_position_ids
 
+
+
+def _can_fall_back(config: MethodConfig) -> bool:
+    """Whether a step of ``config`` could be a plain decoding step instead (a lossless method that drafts)."""
+    return bool(config.max_draft_depth()) and not config.is_lossy
+
+
+def times_verification(config: MethodConfig, device_type: str) -> bool:
+    """Whether an engine of ``config`` on a ``device_type`` device times the target's verification when built
+    (``forward_costs.verification_cost``, once per pair: about 5 s on a 2-core AVX2 CPU): for the measured cost
+    ratio's row charge, and for ``--fallback auto`` off CUDA in a method that can fall back. The app asks first,
+    to say so while it waits."""
+    return config.cost_ratio == "measured" or (_can_fall_back(config) and asks_row_costs(config.fallback, device_type))
 
 class EngineError(ValueError):
     """Bad input to the engine (empty or too long prompt, impossible settings): the message says what is wrong."""
@@ -152,8 +165,7 @@ class Engine:
         self.free_rows_run = free_row_budget(config.free_rows, pair.device.type, copy_run=True)  # ... on a copy run
         # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
         self.fallback = None
-        if config.max_draft_depth() and not config.is_lossy and fallback_active(
-                config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
+        if _can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
             self.fallback = GoodputFallback()
         # The goodput stop policy's r measured from the steps' timelines (cost_ratio.py); outlives rewind() too.
         self.cost_meter = (CostRatioMeter(config.threshold, row_ms=row_ms(pair)) if config.cost_ratio == "measured"

@@ -41,9 +41,14 @@ def fallback_active(mode: str, device_type: str, rows_are_dear=None) -> bool:
     MT-bench at 0.77x plain decoding, 0.96x with the rule (docs/bench.md, session 14)."""
     if mode not in FALLBACK_MODES:
         raise ValueError(f"unknown fallback mode {mode!r}; expected one of {', '.join(FALLBACK_MODES)}")
-    if mode != "auto":
-        return mode == "goodput"
-    return device_type == "cuda" or (rows_are_dear is not None and bool(rows_are_dear()))
+    if asks_row_costs(mode, device_type):
+        return rows_are_dear is not None and bool(rows_are_dear())
+    return mode != "off"
+
+
+def asks_row_costs(mode: str, device_type: str) -> bool:
+    """Whether ``fallback_active(mode, device_type, ...)`` asks ``rows_are_dear``: ``auto`` off CUDA."""
+    return mode == "auto" and device_type != "cuda"
 
 
 @dataclass

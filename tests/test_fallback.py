@@ -8,7 +8,7 @@ from method_grid import PROMPT
 
 from explorer.audit import audit
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine
+from explorer.engine import Engine, times_verification
 from explorer.fallback import GoodputFallback, fallback_active
 from explorer.forward_costs import DEAR_ROWS, verification_cost
 from explorer.sampling import SamplingConfig
@@ -124,6 +124,11 @@ def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, mon
         assert engine.fallback is not None, name
     assert Engine(tiny, DEFAULTS["ar"], SamplingConfig()).fallback is None
     assert engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"]["dear"]
+    # what the app asks before it builds an engine, to show a spinner while the machine is timed
+    assert times_verification(DEFAULTS["mcsd-improved"], "cpu") and not times_verification(DEFAULTS["ar"], "cpu")
+    assert not times_verification(DEFAULTS["sd"], "cuda") and not times_verification(
+        DEFAULTS["sd"].with_(fallback="goodput"), "cpu")
+    assert times_verification(DEFAULTS["mcsd-improved"].with_(stop="goodput", cost_ratio="measured"), "cuda")
 
 
 @pytest.mark.parametrize("method", LOSSLESS)

@@ -111,7 +111,7 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     """A started engine for the prompt (the prefill runs here). With Token Recycling and ``carry_matrix`` on, it
     starts from the matrix the session's last recycling run left (``st.session_state["recycling_state"]``; the
     caller stores it there). Raises PromptError / EngineError / ValueError."""
-    from ..engine import Engine
+    from ..engine import Engine, times_verification
     from ..prompts import encode_prompt
     from ..sampling import SamplingConfig
 
@@ -120,9 +120,8 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     sampling = SamplingConfig(**settings["sampling"])
     ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
     carried = st.session_state.get("recycling_state") if changes.get("carry_matrix") else None
-    needs_costs = config.cost_ratio == "measured" or (config.fallback == "auto" and pair.device.type == "cpu")
-    if needs_costs and "verification_cost" not in pair.measured:  # the engine would measure it, silently
-        from ..forward_costs import DEAR_ROWS, verification_cost
+    if times_verification(config, pair.device.type) and "verification_cost" not in pair.measured:
+        from ..forward_costs import DEAR_ROWS, verification_cost  # the engine would time it, silently
 
         with st.spinner(f"Timing a {DEAR_ROWS}-row verification on this machine (once per model pair)…"):
             verification_cost(pair)
