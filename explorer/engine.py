@@ -29,8 +29,9 @@ from .config import MethodConfig, free_row_budget
 from .cost_ratio import CostRatioMeter
 from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
+from .drafters.row_pricing import RowPricing
 from .fallback import GoodputFallback, asks_row_costs, fallback_active
-from .forward_costs import row_ms, rows_are_dear
+from .forward_costs import row_ms, rows_are_dear, verification_cost
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
 from .models import ModelPair
@@ -57,12 +58,22 @@ def _can_fall_back(config: MethodConfig) -> bool:
     return bool(config.max_draft_depth()) and not config.is_lossy
 
 
+def _prices_rows(config: MethodConfig, device_type: str) -> bool:
+    """Whether this method's tree is a free drafter's alone with an automatic row budget on a CPU: then, where
+    rows are dear (``forward_costs.rows_are_dear``), its slots are priced (``drafters/row_pricing.py``). The hybrid
+    is not: its model-drafted rows are sized by its stop policy."""
+    spec = config.spec
+    return device_type == "cpu" and not config.free_rows and bool(spec.free) and not spec.uses_draft_model
+
+
 def times_verification(config: MethodConfig, device_type: str) -> bool:
     """Whether an engine of ``config`` on a ``device_type`` device times the target's verification when built
     (``forward_costs.verification_cost``, once per pair: about 5 s on a 2-core AVX2 CPU): for the measured cost
-    ratio's row charge, and for ``--fallback auto`` off CUDA in a method that can fall back. The app asks first,
-    to say so while it waits."""
-    return config.cost_ratio == "measured" or (_can_fall_back(config) and asks_row_costs(config.fallback, device_type))
+    ratio's row charge, for ``--fallback auto`` off CUDA in a method that can fall back, and for a free drafter's
+    row pricing on a CPU (``_prices_rows``). The app asks first, to say so while it waits."""
+    return (config.cost_ratio == "measured" or _prices_rows(config, device_type)
+            or (_can_fall_back(config) and asks_row_costs(config.fallback, device_type)))
+
 
 class EngineError(ValueError):
     """Bad input to the engine (empty or too long prompt, impossible settings): the message says what is wrong."""
@@ -167,6 +178,10 @@ class Engine:
         self.fallback = None
         if _can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
             self.fallback = GoodputFallback()
+        # Where rows are dear, a free drafter's tree keeps only the slots worth their rows (drafters/row_pricing.py).
+        self.row_pricing = None
+        if _prices_rows(config, pair.device.type) and rows_are_dear(pair):
+            self.follow_row_pricing(verification_cost(pair))
         # The goodput stop policy's r measured from the steps' timelines (cost_ratio.py); outlives rewind() too.
         self.cost_meter = (CostRatioMeter(config.threshold, row_ms=row_ms(pair)) if config.cost_ratio == "measured"
                            else None)
@@ -233,7 +248,9 @@ class Engine:
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
                    "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache, "graphs": self.graphs,
                    **({"verification_cost": self.pair.measured["verification_cost"]}
-                      if "verification_cost" in self.pair.measured else {})},
+                      if "verification_cost" in self.pair.measured else {}),
+                   **({"row_pricing": {"one_row_ms": self.row_pricing.one_row_ms, "row_ms": self.row_pricing.row_ms}}
+                      if self.row_pricing is not None else {})},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 
@@ -248,6 +265,8 @@ class Engine:
             self.draft_kv.rewind(draft_len)
         del self.committed[self.n_prompt:]
         self.drafter.rewind()
+        if self.row_pricing is not None:
+            self.row_pricing.reset()
         self.finished = False
         self._text_so_far = ""
         if seed is not None:
@@ -363,6 +382,8 @@ class Engine:
             self.next_logits = v.p_rows.row_logits(result.next_row).clone()  # not a view of all rows
         new_tokens = self._truncate(new_tokens)
         self.committed.extend(new_tokens)
+        if self.row_pricing is not None:
+            self.row_pricing.observe(self.committed)
 
         timeline.enter("trace recording")
         step = self._record(L, d, v, new_tokens)
@@ -388,6 +409,18 @@ class Engine:
         if self.fallback is None:
             self.fallback = GoodputFallback(replay_only=True)
         self.fallback.force(decisions)
+
+    def follow_row_pricing(self, cost: dict | None) -> None:
+        """Price free rows with ``cost`` (``{"one_row_ms", "rows_ms", "rows"}`` as ``forward_costs.verification_cost``
+        gives it, or a trace's ``model["row_pricing"]``), or not at all (None); replays take the recorded costs,
+        whatever this machine measures."""
+        if not cost:
+            self.row_pricing = None
+            return
+        one = float(cost["one_row_ms"])
+        per_row = (float(cost["row_ms"]) if "row_ms" in cost
+                   else max(0.0, (float(cost["rows_ms"]) - one) / (int(cost["rows"]) - 1)))
+        self.row_pricing = RowPricing(one, per_row)
 
     def follow_cost_ratio(self, values: list) -> None:
         """Replay: the goodput policy's measured r after each next step as recorded (``StepTrace.cost["next"]``),

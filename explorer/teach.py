@@ -119,6 +119,12 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
     elif "recycling_row" in step.drafter and not step.drafter["recycling_row"]["candidates"]:
         out.append(f"Token Recycling had no row for {_tok(anchor.text)} yet, so it proposed nothing; this step's "
                    "verification writes one.")
+    priced = step.drafter.get("row_pricing")
+    if priced and priced["kept"] < priced["offered"]:
+        out.append(f"Of the {priced['offered']} free proposals, {priced['kept']} made the tree: on this machine a "
+                   f"verification row costs {priced['row_ms']:.0f} ms against {priced['one_row_ms']:.0f} ms for a "
+                   "plain step, so a slot keeps its row only while its measured acceptance pays for it (the rest "
+                   "are still checked against the committed text, and come back when they start to match).")
     if (lookup or recycled) and not model:
         out.append("Free drafts cost no draft-model forward: only extra rows in the target's one verification pass.")
     return out

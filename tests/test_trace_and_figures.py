@@ -70,6 +70,7 @@ def _spoil(d, path, value):
     (("steps", 0, "position_ids"), [], "the mask does not match"),
     (("steps", 0, "committed_text"), [None], "committed tokens"),
     (("steps", 0, "step_ms"), "slow", "step_ms"),
+    (("steps", 0, "drafter", "row_pricing"), {"offered": 40, "kept": "most"}, "row pricing record"),
 ])
 def test_traces_that_parse_but_cannot_be_drawn_are_refused(run_trace, path, value, message):
     """A hand-edited or hostile file: each broken field gets a TraceError naming it, never a crash later."""

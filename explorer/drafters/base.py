@@ -21,12 +21,15 @@ from ..tree import DraftTree
 
 @dataclass
 class FreeNode:
-    """One deterministic proposal: ``parent`` indexes an earlier FreeNode of the same list (-1 = the anchor)."""
+    """One deterministic proposal: ``parent`` indexes an earlier FreeNode of the same list (-1 = the anchor).
+    ``slot``: which of the drafter's recurring positions it fills (hashable; ``row_pricing.RowPricing`` measures
+    each slot's acceptance), or None."""
 
     parent: int
     token: int
     source: str  # lookup | recycled
     provenance: dict
+    slot: object = None
 
 
 @dataclass
@@ -77,8 +80,17 @@ class Drafter:
     uses_draft_model = False
 
     def draft(self, engine) -> Drafted:
-        d = merge_free(empty_draft(engine), self.free_nodes(engine), self.row_budget(engine))
+        """The free nodes as the tree, within the row budget; where the engine prices rows
+        (``engine.row_pricing``), only the nodes worth theirs (``row_pricing.py``)."""
+        nodes = self.free_nodes(engine)
+        pricing = getattr(engine, "row_pricing", None)
+        priced = None
+        if pricing is not None:
+            nodes, priced = pricing.choose(nodes, at=len(engine.committed))
+        d = merge_free(empty_draft(engine), nodes, self.row_budget(engine))
         d.info.update(self.info(engine))
+        if priced is not None:
+            d.info["row_pricing"] = priced
         return d
 
     def start(self, engine) -> None:

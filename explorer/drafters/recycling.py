@@ -85,7 +85,7 @@ class RecyclingDrafter(Drafter):
             step, node = self.origin[row_token]
             nodes.append(FreeNode(where[p], row[rank], "recycled",
                                   {"source": "recycled", "row_token": row_token, "rank": rank, "step": step,
-                                   "node": node}))
+                                   "node": node}, slot=("recycled", i)))
             where[i] = len(nodes) - 1
             token_of[i] = row[rank]
         return nodes

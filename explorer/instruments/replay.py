@@ -41,6 +41,10 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     # The goodput fallback decides from timings; a replay takes the recorded decisions (all speculative without it).
     engine.follow_fallback([s.fallback.get("speculate", True) for s in trace.steps])
     engine.follow_cost_ratio([s.cost.get("next") for s in trace.steps])  # timing-driven too
+    try:
+        engine.follow_row_pricing(trace.model.get("row_pricing"))  # and the free rows' prices
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReplayError(f"the trace's row pricing cannot be replayed: {exc!r}") from None
     return engine
 
 

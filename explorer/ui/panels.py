@@ -116,6 +116,11 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
         st.plotly_chart(figures.mask_figure(step, highlight=chosen), width="stretch", key=f"{prefix}mask_chart")
     if chosen is not None:
         inspector(step, chosen)
+    priced = step.drafter.get("row_pricing")
+    if priced:
+        st.caption(f"Row pricing: {priced['kept']} of {priced['offered']} free proposals kept, expected "
+                   f"{priced['expected_tokens']:.2f} tokens (bonus included); a verification row costs "
+                   f"{priced['row_ms']:.0f} ms here, a plain step {priced['one_row_ms']:.0f} ms.")
     if "recycling_row" in step.drafter:
         matrix_row_panel(step)
     with st.expander("Why each node was accepted or rejected"):
