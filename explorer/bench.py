@@ -74,7 +74,7 @@ def run_facts(pair) -> dict:
     gpu = f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""
     return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
             "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
-            "draft_quant": pair.draft_quant,
+            "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights,
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{gpu}", "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}

@@ -246,7 +246,8 @@ class Engine:
                       **self.drafter.state_for_trace()},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
-                   "draft_quant": self.pair.draft_quant, "kv_cache": self.kv_cache, "graphs": self.graphs,
+                   "draft_quant": self.pair.draft_quant, "packed_weights": self.pair.packed_weights,
+                   "kv_cache": self.kv_cache, "graphs": self.graphs,
                    **({"verification_cost": self.pair.measured["verification_cost"]}
                       if "verification_cost" in self.pair.measured else {}),
                    **({"row_pricing": {"one_row_ms": self.row_pricing.one_row_ms, "row_ms": self.row_pricing.row_ms}}

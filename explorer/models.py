@@ -82,6 +82,7 @@ class ModelPair:
         vocab_size: logits columns used by the engine, ``min`` of the two models' output sizes (padding rows of an
             embedding matrix are never real tokens).
         name, draft_id, target_id: labels for traces and reports.
+        packed_weights: the float32 models' linear layers hold their weights packed for oneDNN (``pack_weights``).
         draft_quant: ``none`` or ``int8`` (the draft's linear layers dynamically quantized; see ``quantize_draft``).
         unquantized_draft: the draft before quantization, kept only when asked (``bench`` runs transformers'
             assisted generation with it as the users' baseline); None otherwise.
@@ -103,6 +104,7 @@ class ModelPair:
     unquantized_draft: torch.nn.Module | None = field(default=None, repr=False)
     graph_runners: dict = field(default_factory=dict, repr=False)  # idle CUDA-graph runners (graphs.acquire_runner)
     measured: dict = field(default_factory=dict, repr=False)  # this machine's costs, once (forward_costs.py)
+    packed_weights: bool = False  # float32 linears packed once for oneDNN (packed_weights.py)
 
 
 def cache_dir() -> Path:
@@ -405,12 +407,13 @@ def load_default_pair(*, dtype=None, device=None, progress: ProgressFn = _noop_p
 
 
 def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = None, target: str | None = None,
-                    draft_quant: str | None = None, keep_unquantized: bool = False,
+                    draft_quant: str | None = None, keep_unquantized: bool = False, packed: str | None = None,
                     progress: ProgressFn = _noop_progress) -> ModelPair:
     """``spec``: ``"default"``, ``"tiny"`` or ``"custom"`` (then ``draft`` and ``target`` name the models).
 
     ``draft_quant``: ``none``, ``int8`` or None / ``auto`` (int8 on CPU for real pairs, none on CUDA and for the
-    tiny pair); see ``quantize_draft``.
+    tiny pair); see ``quantize_draft``. ``packed``: ``on``, ``off`` or None / ``auto`` (on where ``pack_weights``
+    can, for real pairs; off for the tiny pair).
     """
     if spec == "default":
         pair = load_default_pair(dtype=dtype, device=device, progress=progress)
@@ -419,6 +422,7 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
 
         pair = tiny_pair(device=device)
         draft_quant = "none" if draft_quant in (None, "auto") else draft_quant
+        packed = "off" if packed in (None, "auto") else packed
     elif spec == "custom":
         if not draft or not target:
             raise ModelPairError("a custom pair needs both a draft and a target (folder, hub id or .gguf file)")
@@ -429,6 +433,32 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
     if how != "none":
         progress("quantizing the draft to int8", 0.0)
         pair = quantize_draft(pair, how, keep_unquantized=keep_unquantized)
+    return pack_weights(pair, packed or "auto", progress)
+
+
+def pack_weights(pair: ModelPair, mode: str = "auto", progress: ProgressFn = _noop_progress) -> ModelPair:
+    """Pack the float32 linear layers of the pair's models once for oneDNN (``packed_weights.py``): the target,
+    the draft unless it is int8, and the unquantized draft kept for the bench. In place; returns ``pair``.
+
+    ``mode``: ``auto`` (pack where ``packed_weights.can_pack``: float32 on a CPU with oneDNN), ``on`` (the same,
+    but an error where it cannot) or ``off``. Raises ModelPairError for another mode, or for ``on`` where the
+    target cannot be packed."""
+    from .packed_weights import PACK_MODES, can_pack, pack_linear_weights
+
+    if mode not in PACK_MODES:
+        raise ModelPairError(f"unknown packed-weights mode {mode!r}; use {', '.join(PACK_MODES)}")
+    if mode == "off" or pair.packed_weights:
+        return pair
+    if not can_pack(pair.target):
+        if mode == "on":
+            raise ModelPairError("packed weights need a float32 target on the CPU and a PyTorch with oneDNN; "
+                                 "use --packed-weights off or auto")
+        return pair
+    progress("packing the float32 weights for oneDNN", 0.0)
+    for model in (pair.target, pair.draft, pair.unquantized_draft):
+        if model is not None and can_pack(model):
+            pack_linear_weights(model)
+    pair.packed_weights = True
     return pair
 
 

@@ -22,7 +22,8 @@ def get_pair(spec: str, draft: str, target: str, dtype: str):
     from ..models import load_named_pair
 
     return load_named_pair(spec, dtype=dtype, draft=draft or None, target=target or None,
-                           draft_quant=os.environ.get("SPEC_EXPLORER_DRAFT_QUANT") or None)
+                           draft_quant=os.environ.get("SPEC_EXPLORER_DRAFT_QUANT") or None,
+                           packed=os.environ.get("SPEC_EXPLORER_PACKED_WEIGHTS") or None)
 
 
 # What the prompt boxes hold on a fresh start, so that the first press of Step drafts a tree.

@@ -1,0 +1,66 @@
+"""Linear weights packed once for the CPU's matrix multiplies, instead of on every call.
+
+A float32 ``nn.Linear`` on the CPU hands its weight to the BLAS on each call, and for a query of two or more rows
+the BLAS copies the whole weight into its blocked layout first (packing), then multiplies. For a 1.5B target that
+copy is another pass over 6 GB per forward: measured on a 2-core AVX2 EPYC (docs/bench.md, session 15), the
+target's forward after a 200-token context takes 373 ms for one row and 733 ms for two, so a verified tree cost
+twice a plain step before its first extra row. oneDNN (PyTorch's ``mkldnn`` ops, the kernels ``torch.compile``'s
+CPU freezing uses) can keep a weight in its blocked layout: ``_reorder_linear_weight`` once at load time,
+``_linear_pointwise`` per call. Same machine and context, packed: 1 / 2 / 16 / 32 rows in 273 / 310 / 569 / 872 ms
+against 373 / 733 / 1052 / 1363 ms stock.
+
+It changes the order of the float additions, not the model: logits move by about 1e-4 (0.00012 measured, out of
+logits of magnitude ~10), the same for every method and baseline on the pair (transformers' ``generate`` runs the
+same module objects). ``auto`` packs float32 models on a CPU whose PyTorch has oneDNN; bf16 / fp16 and CUDA keep
+their stock kernels (bf16 linears already go through oneDNN there). An int8 draft (``quantize_draft``) has no
+``nn.Linear`` left to pack.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PACK_MODES = ("auto", "on", "off")
+BATCH_HINT = 16
+"""Rows oneDNN is told to expect when it lays a weight out (a typical verification); any row count works."""
+
+
+class PackedLinear(torch.nn.Module):
+    """An ``nn.Linear`` whose weight lives in oneDNN's blocked layout (``torch.ops.mkldnn``).
+
+    Input ``(..., in_features)`` float32, output ``(..., out_features)`` float32, as the linear it replaces; the
+    packed weight is an opaque oneDNN tensor (not a parameter: not saved, not moved by ``.to``)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
+        self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed (oneDNN)"
+
+
+def can_pack(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s linears can be packed here: float32 weights on the CPU and a PyTorch with oneDNN."""
+    param = next(model.parameters(), None)
+    return (param is not None and param.device.type == "cpu" and param.dtype == torch.float32
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def pack_linear_weights(model: torch.nn.Module) -> int:
+    """Replace every float32 ``nn.Linear`` of ``model`` (in place) by a ``PackedLinear``; returns how many.
+
+    Raises ValueError when ``can_pack(model)`` is false."""
+    if not can_pack(model):
+        raise ValueError("packed weights need float32 weights on the CPU and a PyTorch built with oneDNN (mkldnn)")
+    n = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear:  # exactly nn.Linear: not quantized or other subclasses
+                setattr(module, name, PackedLinear(child))
+                n += 1
+    return n
