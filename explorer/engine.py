@@ -31,7 +31,7 @@ from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
 from .drafters.row_pricing import RowPricing
 from .fallback import GoodputFallback, asks_row_costs, fallback_active
-from .forward_costs import row_ms, rows_are_dear, verification_cost
+from .forward_costs import row_ms, row_prices, rows_are_dear
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
 from .models import ModelPair
@@ -59,11 +59,12 @@ def _can_fall_back(config: MethodConfig) -> bool:
 
 
 def _prices_rows(config: MethodConfig, device_type: str) -> bool:
-    """Whether this method's tree is a free drafter's alone with an automatic row budget on a CPU: then, where
-    rows are dear (``forward_costs.rows_are_dear``), its slots are priced (``drafters/row_pricing.py``). The hybrid
-    is not: its model-drafted rows are sized by its stop policy."""
+    """Whether this method's tree is Token Recycling's alone with an automatic row budget on a CPU: then, where
+    rows cost time (``forward_costs.row_prices``), its template's slots are priced (``drafters/row_pricing.py``).
+    Not prompt lookup (pricing its copies fought its own adaptive copy length: 5.05 against 14.77 tokens per
+    target call on HumanEval, docs/bench.md session 15), nor the hybrid (its model rows follow its stop policy)."""
     spec = config.spec
-    return device_type == "cpu" and not config.free_rows and bool(spec.free) and not spec.uses_draft_model
+    return device_type == "cpu" and not config.free_rows and spec.free == ("recycling",) and not spec.uses_draft_model
 
 
 def times_verification(config: MethodConfig, device_type: str) -> bool:
@@ -178,10 +179,10 @@ class Engine:
         self.fallback = None
         if _can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
             self.fallback = GoodputFallback()
-        # Where rows are dear, a free drafter's tree keeps only the slots worth their rows (drafters/row_pricing.py).
+        # Where rows cost time, Token Recycling's tree keeps only the slots worth their rows (drafters/row_pricing.py).
         self.row_pricing = None
-        if _prices_rows(config, pair.device.type) and rows_are_dear(pair):
-            self.follow_row_pricing(verification_cost(pair))
+        if _prices_rows(config, pair.device.type):
+            self.follow_row_pricing(row_prices(pair))
         # The goodput stop policy's r measured from the steps' timelines (cost_ratio.py); outlives rewind() too.
         self.cost_meter = (CostRatioMeter(config.threshold, row_ms=row_ms(pair)) if config.cost_ratio == "measured"
                            else None)
@@ -250,8 +251,8 @@ class Engine:
                    "kv_cache": self.kv_cache, "graphs": self.graphs,
                    **({"verification_cost": self.pair.measured["verification_cost"]}
                       if "verification_cost" in self.pair.measured else {}),
-                   **({"row_pricing": {"one_row_ms": self.row_pricing.one_row_ms, "row_ms": self.row_pricing.row_ms}}
-                      if self.row_pricing is not None else {})},
+                   **({"row_pricing": {"one_row_ms": self.row_pricing.one_row_ms, "jump_ms": self.row_pricing.jump_ms,
+                                       "row_ms": self.row_pricing.row_ms}} if self.row_pricing is not None else {})},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 
@@ -411,17 +412,12 @@ class Engine:
             self.fallback = GoodputFallback(replay_only=True)
         self.fallback.force(decisions)
 
-    def follow_row_pricing(self, cost: dict | None) -> None:
-        """Price free rows with ``cost`` (``{"one_row_ms", "rows_ms", "rows"}`` as ``forward_costs.verification_cost``
-        gives it, or a trace's ``model["row_pricing"]``), or not at all (None); replays take the recorded costs,
-        whatever this machine measures."""
-        if not cost:
-            self.row_pricing = None
-            return
-        one = float(cost["one_row_ms"])
-        per_row = (float(cost["row_ms"]) if "row_ms" in cost
-                   else max(0.0, (float(cost["rows_ms"]) - one) / (int(cost["rows"]) - 1)))
-        self.row_pricing = RowPricing(one, per_row)
+    def follow_row_pricing(self, prices: dict | None) -> None:
+        """Price free rows at ``prices`` (``{"one_row_ms", "jump_ms", "row_ms"}``: ``forward_costs.row_prices``,
+        or a trace's ``model["row_pricing"]``), or not at all (None); replays take the recorded prices, whatever
+        this machine measures. Raises KeyError, TypeError or ValueError for a malformed record."""
+        self.row_pricing = None if not prices else RowPricing(
+            float(prices["one_row_ms"]), float(prices["row_ms"]), float(prices.get("jump_ms", 0.0)))
 
     def follow_cost_ratio(self, values: list) -> None:
         """Replay: the goodput policy's measured r after each next step as recorded (``StepTrace.cost["next"]``),

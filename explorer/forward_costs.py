@@ -73,22 +73,42 @@ def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats:
     return out
 
 
+PRICED_ROW_MS = 5.0
+"""Rows are priced (``row_prices``) when each extra one costs at least this many ms; below, a row is within timing
+noise (tiny test pairs: 0.02 ms; an AVX-512-BF16 CPU: about 1 ms) and a tree keeps its whole template."""
+
+
 def verification_cost(pair) -> dict:
-    """The target's ``DEAR_ROWS``-row forward against its one-row forward on this machine, measured once per
-    pair (after a short synthetic context; about 5 s for the embedded pair on a 2-core AVX2 CPU in fp32, well
-    under 1 s on an AVX-512-BF16 one) and cached in ``pair.measured``: ``{"rows", "one_row_ms", "rows_ms",
-    "ratio", "dear"}`` (ms; ``dear`` per ``DEAR_RATIO`` and ``DEAR_EXTRA_MS``)."""
+    """The target's ``DEAR_ROWS``-row and two-row forwards against its one-row forward on this machine, measured
+    once per pair (after a short synthetic context; about 6 s for the embedded pair on a 2-core AVX2 CPU in fp32,
+    well under 1 s on an AVX-512-BF16 one) and cached in ``pair.measured``: ``{"rows", "one_row_ms",
+    "two_rows_ms", "rows_ms", "ratio", "dear"}`` (ms; ``dear`` per ``DEAR_RATIO`` and ``DEAR_EXTRA_MS``)."""
     if "verification_cost" not in pair.measured:
         context = [(100 + i) % pair.vocab_size for i in range(8)]
         # the least of three: another process's work only ever adds time, and the decision is made once
-        ms = measure_forward_costs(pair, context, widths=(1, DEAR_ROWS), repeats=3, roles=("target",),
+        ms = measure_forward_costs(pair, context, widths=(1, 2, DEAR_ROWS), repeats=3, roles=("target",),
                                    fastest=True)["target"]
         one, rows = ms[1], ms[DEAR_ROWS]
         ratio = rows / max(one, 1e-9)
         pair.measured["verification_cost"] = {
-            "rows": DEAR_ROWS, "one_row_ms": round(one, 3), "rows_ms": round(rows, 3), "ratio": round(ratio, 3),
-            "dear": bool(ratio >= DEAR_RATIO and rows - one >= DEAR_EXTRA_MS)}
+            "rows": DEAR_ROWS, "one_row_ms": round(one, 3), "two_rows_ms": round(ms[2], 3), "rows_ms": round(rows, 3),
+            "ratio": round(ratio, 3), "dear": bool(ratio >= DEAR_RATIO and rows - one >= DEAR_EXTRA_MS)}
     return pair.measured["verification_cost"]
+
+
+def row_prices(pair) -> dict | None:
+    """What a verification's rows cost on this machine, for pricing free rows (``drafters/row_pricing.py``):
+    ``{"one_row_ms", "jump_ms", "row_ms"}``, a tree of n >= 1 nodes costing ``one_row_ms + jump_ms + n * row_ms``
+    (``verification_cost``: ``row_ms`` from the two- and ``DEAR_ROWS``-row forwards; ``jump_ms`` what a second
+    row costs beyond that, where the BLAS switches kernels: 0.9 plain steps with stock float32 weights on a 2-core
+    AVX2 CPU, 0.05 with packed ones). None where a row costs less than ``PRICED_ROW_MS``."""
+    cost = verification_cost(pair)
+    one = cost["one_row_ms"]
+    two = cost.get("two_rows_ms", one + (cost["rows_ms"] - one) / (cost["rows"] - 1))
+    per_row = max(0.0, (cost["rows_ms"] - two) / (cost["rows"] - 2))
+    if per_row < PRICED_ROW_MS:
+        return None
+    return {"one_row_ms": one, "jump_ms": round(max(0.0, two - one - per_row), 3), "row_ms": round(per_row, 3)}
 
 
 def row_ms(pair) -> float:

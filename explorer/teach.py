@@ -121,10 +121,14 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
                    "verification writes one.")
     priced = step.drafter.get("row_pricing")
     if priced and priced["kept"] < priced["offered"]:
-        out.append(f"Of the {priced['offered']} free proposals, {priced['kept']} made the tree: on this machine a "
-                   f"verification row costs {priced['row_ms']:.0f} ms against {priced['one_row_ms']:.0f} ms for a "
-                   "plain step, so a slot keeps its row only while its measured acceptance pays for it (the rest "
-                   "are still checked against the committed text, and come back when they start to match).")
+        cost = (f"on this machine a verification row costs {priced['row_ms']:.0f} ms "
+                + (f"(the first one {priced['row_ms'] + priced.get('jump_ms', 0):.0f} ms) " if priced.get("jump_ms")
+                   else "") + f"against {priced['one_row_ms']:.0f} ms for a plain step")
+        kept = (f"{priced['kept']} made the tree" if priced["kept"] else
+                "none was worth its row, so this step verified no tree: a plain decoding step")
+        out.append(f"Of the {priced['offered']} free proposals, {kept}: {cost}, and a template slot keeps its row "
+                   "only while its measured acceptance pays for it. The others are still checked against the text "
+                   "as it is committed, and come back when they start to match.")
     if (lookup or recycled) and not model:
         out.append("Free drafts cost no draft-model forward: only extra rows in the target's one verification pass.")
     return out

@@ -277,7 +277,8 @@ def _step_problem(step: "StepTrace") -> str | None:
         return "the measured cost ratio record needs numbers r and next (level_ms, rest_ms, row_ms: numbers or null)"
     priced = step.drafter.get("row_pricing")
     if priced is not None and not (isinstance(priced, dict) and all(
-            _is_number(priced.get(k)) for k in ("offered", "kept", "expected_tokens", "row_ms", "one_row_ms"))):
+            _is_number(priced.get(k)) for k in ("offered", "kept", "expected_tokens", "row_ms", "one_row_ms"))
+            and _is_number(priced.get("jump_ms", 0))):
         return "the drafter's row pricing record needs numbers offered, kept, expected_tokens, row_ms, one_row_ms"
     if not isinstance(step.timeline, list) or not all(
             isinstance(seg, dict) and isinstance(seg.get("phase"), str) and isinstance(seg.get("ms"), (int, float))

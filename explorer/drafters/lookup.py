@@ -91,13 +91,12 @@ class LookupDrafter(Drafter):
         if self.long_copy:
             found = found[:1]
         self.proposed = [tokens for tokens, _, _ in found]
-        for branch, (tokens, start, n) in enumerate(found):
+        for tokens, start, n in found:
             parent = -1
             for j, t in enumerate(tokens):
                 nodes.append(FreeNode(parent, t, "lookup", {"source": "lookup", "copied_from": start + j, "ngram": n,
                                                             "match_at": start - n,
-                                                            "in_prompt": start + j < engine.n_prompt},
-                                      slot=("lookup", branch, j)))
+                                                            "in_prompt": start + j < engine.n_prompt}))
                 parent = len(nodes) - 1
         return nodes
 

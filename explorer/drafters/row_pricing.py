@@ -1,14 +1,14 @@
 """Free drafts are free to draft, not to verify: each one is a target row. Where rows are dear, keep the ones that
 pay for theirs.
 
-A free drafter fills the same slots step after step (Token Recycling: the static tree template's nodes; prompt
-lookup: depth ``d`` of its ``j``-th best continuation). ``RowPricing`` measures, per slot, how often its token
+A free drafter fills the same slots step after step (Token Recycling: its static tree template's nodes). ``RowPricing`` measures, per slot, how often its token
 continues the committed text given that its parent's did (the slot's *conditional acceptance*), and keeps the
 prefix of the slots, best first, that maximises the step's expected tokens per millisecond:
 
     (1 + sum of kept slots' path acceptance) / (one_row_ms + kept * row_ms)
 
-(one committed token per step is certain: the bonus token). A slot's path acceptance is the product of the
+(one committed token per step is certain: the bonus token; ``one_row_ms`` is a plain step, and a tree's first
+extra row may cost more than the others: ``jump_ms``). Keeping no slot at all makes the step a plain one. A slot's path acceptance is the product of the
 conditional acceptances along its path, so a child never ranks above its parent and every prefix is a tree. This
 is SmartSpec's goodput rule (seed 002) applied to the rows of one tree instead of to the number of draft steps;
 Sequoia sizes its trees from the same ratio of accepted tokens to verification cost.
@@ -38,21 +38,33 @@ MAX_PENDING = 64
 class RowPricing:
     """Per-slot acceptance of a free drafter's nodes, and the subset of a step's nodes worth their rows.
 
+    Costs are those of ``forward_costs.row_prices``: a step of n >= 1 free nodes costs ``one_row_ms + jump_ms +
+    n * row_ms``, a step of none ``one_row_ms`` (a plain step). They are used as prices in plain steps rounded to
+    1 % (``row_price``, ``jump_price``), so that the few percent of timing noise between two runs' measurements
+    rarely changes a tree.
+
     Args:
-        one_row_ms: the target's one-row forward on this machine (ms; ``forward_costs.verification_cost``).
-        row_ms: its marginal cost per extra query row (ms; ``forward_costs.row_ms``).
+        one_row_ms: the target's one-row forward on this machine (ms).
+        row_ms: its marginal cost per extra query row (ms).
+        jump_ms: what the first extra row costs beyond ``row_ms`` (ms; a change of BLAS kernel).
         decay: weight of past observations per new one (0..1); 0.9 forgets over about ten steps.
         prior: (hits, misses) every slot starts from; (1, 1) is an even chance.
 
-    Raises ValueError for a non-positive ``one_row_ms``, a negative ``row_ms`` or a ``decay`` outside [0, 1).
+    Raises ValueError for a non-positive ``one_row_ms``, a negative ``row_ms`` or ``jump_ms``, or a ``decay``
+    outside [0, 1).
     """
 
-    def __init__(self, one_row_ms: float, row_ms: float, decay: float = 0.9, prior=(1.0, 1.0)):
-        if not one_row_ms > 0 or not row_ms >= 0:
-            raise ValueError(f"row pricing needs one_row_ms > 0 and row_ms >= 0 (got {one_row_ms}, {row_ms})")
+    def __init__(self, one_row_ms: float, row_ms: float, jump_ms: float = 0.0, decay: float = 0.9,
+                 prior=(1.0, 1.0)):
+        if not one_row_ms > 0 or not row_ms >= 0 or not jump_ms >= 0:
+            raise ValueError("row pricing needs one_row_ms > 0, row_ms >= 0 and jump_ms >= 0 "
+                             f"(got {one_row_ms}, {row_ms}, {jump_ms})")
         if not 0 <= decay < 1:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
-        self.one_row_ms, self.row_ms, self.decay = float(one_row_ms), float(row_ms), float(decay)
+        self.one_row_ms, self.row_ms, self.jump_ms = float(one_row_ms), float(row_ms), float(jump_ms)
+        self.row_price = round(self.row_ms / self.one_row_ms, 2)
+        self.jump_price = round(self.jump_ms / self.one_row_ms, 2)
+        self.decay = float(decay)
         self.prior = (float(prior[0]), float(prior[1]))
         self.reset()
 
@@ -71,8 +83,8 @@ class RowPricing:
 
     def choose(self, nodes: list[FreeNode], at: int) -> tuple[list[FreeNode], dict]:
         """The nodes worth their rows, in their given order with parents re-indexed, and a record for the trace:
-        ``{"offered", "kept", "expected_tokens", "row_ms", "one_row_ms"}`` (expected tokens of the kept tree,
-        the bonus token included). ``at``: the committed length the tree hangs from (its depth-1 nodes propose
+        ``{"offered", "kept", "expected_tokens", "row_ms", "jump_ms", "one_row_ms"}`` (expected tokens of the
+        kept tree, the bonus token included; none kept: a plain step). ``at``: the committed length the tree hangs from (its depth-1 nodes propose
         the token at index ``at``). Nodes whose slot is None are kept (the drafter does not price them)."""
         path: list[float] = []
         depth: list[int] = []
@@ -81,10 +93,10 @@ class RowPricing:
             up = 1.0 if node.parent < 0 else path[node.parent]
             path.append(up if node.slot is None else up * self.conditional(node.slot))
         order = sorted(range(len(nodes)), key=lambda i: (nodes[i].slot is not None, -path[i], i))
-        best_n, best_rate, gain = 0, 1.0 / self.one_row_ms, 0.0
+        best_n, best_rate, gain = 0, 1.0, 0.0  # tokens per plain step's time: a plain step commits one
         for n, i in enumerate(order, start=1):
             gain += path[i]
-            rate = (1.0 + gain) / (self.one_row_ms + n * self.row_ms)
+            rate = (1.0 + gain) / (1.0 + self.jump_price + n * self.row_price)
             if rate > best_rate or nodes[i].slot is None:
                 best_n, best_rate = n, rate
         if nodes:
@@ -95,7 +107,8 @@ class RowPricing:
         out = [replace(nodes[i], parent=-1 if nodes[i].parent < 0 else new_index[nodes[i].parent]) for i in kept]
         record = {"offered": len(nodes), "kept": len(out),
                   "expected_tokens": round(1.0 + sum(path[i] for i in kept), 3),
-                  "row_ms": round(self.row_ms, 3), "one_row_ms": round(self.one_row_ms, 3)}
+                  "row_ms": round(self.row_ms, 3), "jump_ms": round(self.jump_ms, 3),
+                  "one_row_ms": round(self.one_row_ms, 3)}
         return out, record
 
     def observe(self, committed: list[int]) -> None:

@@ -120,7 +120,8 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
     if priced:
         st.caption(f"Row pricing: {priced['kept']} of {priced['offered']} free proposals kept, expected "
                    f"{priced['expected_tokens']:.2f} tokens (bonus included); a verification row costs "
-                   f"{priced['row_ms']:.0f} ms here, a plain step {priced['one_row_ms']:.0f} ms.")
+                   f"{priced['row_ms']:.0f} ms here (the first {priced.get('jump_ms', 0):.0f} ms more), a plain "
+                   f"step {priced['one_row_ms']:.0f} ms.")
     if "recycling_row" in step.drafter:
         matrix_row_panel(step)
     with st.expander("Why each node was accepted or rejected"):
