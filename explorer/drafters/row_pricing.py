@@ -1,17 +1,18 @@
-"""Free drafts are free to draft, not to verify: each one is a target row. Where rows are dear, keep the ones that
-pay for theirs.
+"""Free drafts are free to draft, not to verify: each one is a target row. Where rows cost time, keep the ones
+that pay for theirs.
 
-A free drafter fills the same slots step after step (Token Recycling: its static tree template's nodes). ``RowPricing`` measures, per slot, how often its token
-continues the committed text given that its parent's did (the slot's *conditional acceptance*), and keeps the
-prefix of the slots, best first, that maximises the step's expected tokens per millisecond:
+A free drafter fills the same slots step after step (Token Recycling: its static tree template's nodes).
+``RowPricing`` measures, per slot, how often its token continues the committed text given that its parent's did
+(the slot's *conditional acceptance*), and keeps the prefix of the slots, best first, that maximises the step's
+expected tokens per millisecond:
 
-    (1 + sum of kept slots' path acceptance) / (one_row_ms + kept * row_ms)
+    (1 + sum of kept slots' path acceptance) / (one_row_ms + jump_ms + kept * row_ms)
 
-(one committed token per step is certain: the bonus token; ``one_row_ms`` is a plain step, and a tree's first
-extra row may cost more than the others: ``jump_ms``). Keeping no slot at all makes the step a plain one. A slot's path acceptance is the product of the
-conditional acceptances along its path, so a child never ranks above its parent and every prefix is a tree. This
-is SmartSpec's goodput rule (seed 002) applied to the rows of one tree instead of to the number of draft steps;
-Sequoia sizes its trees from the same ratio of accepted tokens to verification cost.
+One committed token per step is certain (the bonus token); ``one_row_ms`` is a plain step, and a tree's first
+extra row may cost more than the others (``jump_ms``). Keeping no slot makes the step a plain one. A slot's path
+acceptance is the product of the conditional acceptances along its path, so a child never ranks above its parent
+and every prefix is a tree. This is SmartSpec's goodput rule (seed 002) applied to the rows of one tree instead of
+to the number of draft steps; Sequoia sizes its trees from the same ratio of accepted tokens to verification cost.
 
 Every offered slot is observed, kept or not, once the committed text reaches its depth (often a few steps later):
 whether its token continues the text there given that its parent's did. Greedy, that is exactly whether it would
@@ -84,8 +85,9 @@ class RowPricing:
     def choose(self, nodes: list[FreeNode], at: int) -> tuple[list[FreeNode], dict]:
         """The nodes worth their rows, in their given order with parents re-indexed, and a record for the trace:
         ``{"offered", "kept", "expected_tokens", "row_ms", "jump_ms", "one_row_ms"}`` (expected tokens of the
-        kept tree, the bonus token included; none kept: a plain step). ``at``: the committed length the tree hangs from (its depth-1 nodes propose
-        the token at index ``at``). Nodes whose slot is None are kept (the drafter does not price them)."""
+        kept tree, the bonus token included; none kept: a plain step). ``at``: the committed length the tree hangs
+        from (its depth-1 nodes propose the token at index ``at``). Nodes whose slot is None are kept (the drafter
+        does not price them)."""
         path: list[float] = []
         depth: list[int] = []
         for node in nodes:
