@@ -69,7 +69,7 @@ def _prices_rows(config: MethodConfig, device_type: str) -> bool:
 
 def times_verification(config: MethodConfig, device_type: str) -> bool:
     """Whether an engine of ``config`` on a ``device_type`` device times the target's verification when built
-    (``forward_costs.verification_cost``, once per pair: about 5 s on a 2-core AVX2 CPU): for the measured cost
+    (``forward_costs.verification_cost``, once per pair: about 6 s on a 2-core AVX2 CPU): for the measured cost
     ratio's row charge, for ``--fallback auto`` off CUDA in a method that can fall back, and for Token Recycling's
     row pricing on a CPU (``_prices_rows``). The app asks first, to say so while it waits."""
     return (config.cost_ratio == "measured" or _prices_rows(config, device_type)
