@@ -77,8 +77,8 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
     g.add_argument("--free-rows", type=int, help="prompt-lookup / token-recycling / hybrid: most target rows (the "
                                                  "anchor included) free branches fill a step's tree to; 0 = auto "
-                                                 f"({FREE_ROWS_CPU} on the CPU, no limit on CUDA; where rows are "
-                                                 "dear, token-recycling keeps the template slots whose "
+                                                 f"({FREE_ROWS_CPU} on the CPU, no limit on CUDA; where a row costs "
+                                                 "5 ms or more, token-recycling keeps the template slots whose "
                                                  "measured acceptance pays for their rows)")
     g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
                                   "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")

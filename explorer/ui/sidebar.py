@@ -110,8 +110,8 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
             "Free branches: most target rows (0 = auto)", 0, MAX_TREE_NODES + 1, d.free_rows, key=f"{prefix}free_rows",
             help=f"free branches fill the tree up to this many verification rows, best first; auto: {FREE_ROWS_CPU} "
                  "on the CPU, where a forward's 33rd row costs as much as rows 2-32 together, no limit on CUDA; on "
-                 "a CPU where verification rows are dear, Token Recycling keeps only the template slots "
-                 "whose measured acceptance pays for their rows")
+                 "a CPU where a verification row costs 5 ms or more, Token Recycling keeps only the template "
+                 "slots whose measured acceptance pays for their rows")
     if spec.name != "ar" and not changes.get("lossy"):
         changes["fallback"] = box.selectbox(
             "Fall back to plain decoding", FALLBACK_MODES, format_func=FALLBACK_LABELS.get, key=f"{prefix}fallback",
