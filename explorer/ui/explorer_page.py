@@ -229,7 +229,8 @@ def explorer_page(settings) -> None:
         pair = pair_or_message(settings)
         if pair is not None:
             st.caption(f"Models: **{html.escape(pair.name)}** · {str(pair.dtype).removeprefix('torch.')} on "
-                       f"{pair.device} · draft {pair.draft_quant}")
+                       f"{pair.device} · draft {pair.draft_quant}"
+                       + (" · weights packed for oneDNN" if pair.packed_weights else ""))
     if pending == "step":
         guarded(_do_step, pair, settings, prompt_text, chat)
     if not replaying:  # the instrument buttons' requests (they may switch the session to a new run)
