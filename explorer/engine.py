@@ -251,8 +251,7 @@ class Engine:
                    "kv_cache": self.kv_cache, "graphs": self.graphs,
                    **({"verification_cost": self.pair.measured["verification_cost"]}
                       if "verification_cost" in self.pair.measured else {}),
-                   **({"row_pricing": {"one_row_ms": self.row_pricing.one_row_ms, "jump_ms": self.row_pricing.jump_ms,
-                                       "row_ms": self.row_pricing.row_ms}} if self.row_pricing is not None else {})},
+                   **({"row_pricing": self.row_pricing.prices} if self.row_pricing is not None else {})},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 

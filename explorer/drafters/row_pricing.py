@@ -77,6 +77,13 @@ class RowPricing:
         # True / False = observed, "dead" = its parent did not continue the text)
         self._pending: list[tuple] = []
 
+    @property
+    def prices(self) -> dict:
+        """The costs it prices with, as ``forward_costs.row_prices`` gives them (ms): what a trace records and
+        ``Engine.follow_row_pricing`` takes back."""
+        return {"one_row_ms": round(self.one_row_ms, 3), "jump_ms": round(self.jump_ms, 3),
+                "row_ms": round(self.row_ms, 3)}
+
     def conditional(self, slot) -> float:
         """The slot's measured chance that its token continues the text when its parent's did (0..1)."""
         a, b = self.prior
@@ -108,9 +115,7 @@ class RowPricing:
         new_index = {i: k for k, i in enumerate(kept)}
         out = [replace(nodes[i], parent=-1 if nodes[i].parent < 0 else new_index[nodes[i].parent]) for i in kept]
         record = {"offered": len(nodes), "kept": len(out),
-                  "expected_tokens": round(1.0 + sum(path[i] for i in kept), 3),
-                  "row_ms": round(self.row_ms, 3), "jump_ms": round(self.jump_ms, 3),
-                  "one_row_ms": round(self.one_row_ms, 3)}
+                  "expected_tokens": round(1.0 + sum(path[i] for i in kept), 3), **self.prices}
         return out, record
 
     def observe(self, committed: list[int]) -> None:
