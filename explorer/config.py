@@ -78,8 +78,9 @@ class MethodConfig:
         free_rows: most target rows (the anchor included) a step's tree may reach when the free drafters'
             branches join it (``drafters.base.merge_free``; branches are added best first and the rest left out).
             0 = auto (``free_row_budget``): ``FREE_ROWS_CPU`` on the CPU, no limit on CUDA; and on a CPU where
-            rows cost time (``forward_costs.row_prices``), Token Recycling's own tree (not the hybrid's) keeps
-            only the template slots whose measured acceptance pays for their rows (``drafters/row_pricing.py``).
+            rows cost time (``forward_costs.row_prices``), Token Recycling's branches (its own tree, and the
+            hybrid's beside the model's) keep only the template slots whose measured acceptance pays for their
+            rows (``drafters/row_pricing.py``).
         cost_ratio: the ``goodput`` stop policy's r: ``fixed`` (the ``threshold`` setting) or ``measured`` (from
             the run's own step times, starting at ``threshold``; ``cost_ratio.py``).
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the

@@ -59,12 +59,12 @@ def _can_fall_back(config: MethodConfig) -> bool:
 
 
 def _prices_rows(config: MethodConfig, device_type: str) -> bool:
-    """Whether this method's tree is Token Recycling's alone with an automatic row budget on a CPU: then, where
-    rows cost time (``forward_costs.row_prices``), its template's slots are priced (``drafters/row_pricing.py``).
-    Not prompt lookup (pricing its copies fought its own adaptive copy length: 5.05 against 14.77 tokens per
-    target call on HumanEval, docs/bench.md session 15), nor the hybrid (its model rows follow its stop policy)."""
-    spec = config.spec
-    return device_type == "cpu" and not config.free_rows and spec.free == ("recycling",) and not spec.uses_draft_model
+    """Whether this method's tree takes Token Recycling's branches with an automatic row budget on a CPU: then,
+    where rows cost time (``forward_costs.row_prices``), its template's slots are priced (``drafters/row_pricing.py``),
+    in ``token-recycling``'s tree and in the hybrid's (beside the model's tree, whose rows follow its stop policy).
+    Not prompt lookup's copies (pricing them fought its own adaptive copy length: 5.05 against 14.77 tokens per
+    target call on HumanEval, docs/bench.md session 15)."""
+    return device_type == "cpu" and not config.free_rows and "recycling" in config.spec.free
 
 
 def times_verification(config: MethodConfig, device_type: str) -> bool:

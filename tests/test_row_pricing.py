@@ -145,12 +145,13 @@ def dear(tiny, monkeypatch):
     return tiny
 
 
-def test_only_token_recycling_with_the_automatic_budget_prices_its_rows_where_rows_cost_time(dear):
-    assert Engine(dear, DEFAULTS["token-recycling"], SamplingConfig()).row_pricing is not None
-    assert Engine(dear, DEFAULTS["token-recycling"].with_(free_rows=16), SamplingConfig()).row_pricing is None
+def test_only_recycled_branches_with_the_automatic_budget_are_priced_where_rows_cost_time(dear):
+    for name in ("token-recycling", "hybrid"):
+        assert Engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is not None, name
+        assert Engine(dear, DEFAULTS[name].with_(free_rows=16), SamplingConfig()).row_pricing is None, name
     assert times_verification(DEFAULTS["token-recycling"].with_(fallback="off"), "cpu")
     assert not times_verification(DEFAULTS["token-recycling"].with_(fallback="off"), "cuda")
-    for name in ("prompt-lookup", "hybrid", "mcsd-improved", "ar"):
+    for name in ("prompt-lookup", "mcsd-improved", "ar"):
         assert Engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is None, name
     pricing = Engine(dear, DEFAULTS["token-recycling"], SamplingConfig()).row_pricing
     assert (pricing.one_row_ms, pricing.row_ms) == (300.0, 40.0)
@@ -189,4 +190,29 @@ def test_priced_trees_keep_the_output_law(dear):
     """The second token's tree depends on what the first step measured: the two-token law still holds."""
     cfg = DEFAULTS["token-recycling"].with_(fallback="off")
     r = audit(dear, cfg, SamplingConfig(temperature=1.0, seed=5), dear.tokenizer.encode(PROMPT * 3), 1500)
+    assert r.passed, r.summary()
+
+
+def test_the_hybrid_prices_its_recycled_branches_only_and_keeps_the_greedy_tokens(dear):
+    """Beside the model's tree the recycled slots are priced; lookup's copies and the model's nodes are not."""
+    ids = dear.tokenizer.encode(PROMPT * 3)
+    runs = {}
+    for rows in (0, 32):
+        eng = Engine(dear, DEFAULTS["hybrid"].with_(fallback="off", free_rows=rows, stop="none", max_depth=3),
+                     SamplingConfig(temperature=0.0))
+        eng.start(ids, 40)
+        runs[rows] = eng.run()
+    assert runs[0].generated_ids == runs[32].generated_ids
+    priced = [s for s in runs[0].steps if "row_pricing" in s.drafter]
+    assert priced and all(not s.drafter["lookup_trusted"] for s in priced)  # only steps where the model drafted
+    assert any(s.drafter["row_pricing"]["kept"] < s.drafter["row_pricing"]["offered"] for s in priced)
+    for s in priced:
+        recycled = sum(1 for n in s.nodes if n.source == "recycled")
+        assert recycled <= s.drafter["row_pricing"]["kept"]  # kept slots may merge into the model's nodes
+    assert not any("row_pricing" in s.drafter for s in runs[32].steps)
+
+
+def test_the_priced_hybrid_keeps_the_output_law(dear):
+    cfg = DEFAULTS["hybrid"].with_(fallback="off", stop="none", max_depth=2)
+    r = audit(dear, cfg, SamplingConfig(temperature=1.0, seed=6), dear.tokenizer.encode(PROMPT * 3), 1500)
     assert r.passed, r.summary()

@@ -82,11 +82,7 @@ class Drafter:
     def draft(self, engine) -> Drafted:
         """The free nodes as the tree, within the row budget; where the engine prices rows
         (``engine.row_pricing``), only the nodes worth theirs (``row_pricing.py``)."""
-        nodes = self.free_nodes(engine)
-        pricing = getattr(engine, "row_pricing", None)
-        priced = None
-        if pricing is not None:
-            nodes, priced = pricing.choose(nodes, at=len(engine.committed))
+        nodes, priced = self.priced_free_nodes(engine)
         d = merge_free(empty_draft(engine), nodes, self.row_budget(engine))
         d.info.update(self.info(engine))
         if priced is not None:
@@ -95,6 +91,15 @@ class Drafter:
 
     def start(self, engine) -> None:
         """Called once after the prefill (``engine.committed`` holds the prompt); ``rewind`` returns here."""
+
+    def priced_free_nodes(self, engine) -> tuple[list["FreeNode"], dict | None]:
+        """``free_nodes``, and where the engine prices rows (``engine.row_pricing``) only those worth their rows
+        (``row_pricing.RowPricing.choose``), with the record of that choice for the trace (None: not priced)."""
+        nodes = self.free_nodes(engine)
+        pricing = getattr(engine, "row_pricing", None)
+        if pricing is None:
+            return nodes, None
+        return pricing.choose(nodes, at=len(engine.committed))
 
     def free_nodes(self, engine) -> list["FreeNode"]:
         """Deterministic proposals for this step (free drafters only), as a trie-able list of FreeNodes."""

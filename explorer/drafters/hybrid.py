@@ -8,7 +8,11 @@ branches beside its tree) where lookup has nothing to copy. Measured on the embe
 one-token matches. Against an earlier rule that trusted lookup only on a run (the last step committed at least 4
 tokens of its best branch, or a match of the longest n-gram): HumanEval 0-2 31.6 against 25.2 tok/s, MT-bench 0-2
 7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward (its chain). The choice is a
-function of the context, so the output law is unchanged: lossless."""
+function of the context, so the output law is unchanged: lossless.
+
+Where a verification row costs time (a CPU without fast bf16 rows: ``forward_costs.row_prices``), the recycled
+branches beside the model's tree are priced like Token Recycling's own tree (``row_pricing.py``): only the slots
+whose measured acceptance pays for their rows join it. Lookup's copies are not priced (see ``engine._prices_rows``)."""
 
 from __future__ import annotations
 
@@ -31,15 +35,17 @@ class HybridDrafter(Drafter):
 
     def draft(self, engine) -> Drafted:
         lookup = next((f for f in self.free if f.name == "lookup"), None)
-        free = [(f, f.free_nodes(engine)) for f in self.free if f is lookup]
+        free = [(f, f.free_nodes(engine), None) for f in self.free if f is lookup]  # lookup's copies: never priced
         trusted = lookup is not None and bool(lookup.proposed)  # a match: lookup alone
         if not trusted:
-            free += [(f, f.free_nodes(engine)) for f in self.free if f is not lookup]
+            free += [(f, *f.priced_free_nodes(engine)) for f in self.free if f is not lookup]
         d = empty_draft(engine) if trusted else self.model.draft(engine)
         d.info["lookup_trusted"] = trusted
-        for f, nodes in free:
+        for f, nodes, priced in free:
             d = merge_free(d, nodes, f.row_budget(engine))
             d.info.update(f.info(engine))
+            if priced is not None:
+                d.info["row_pricing"] = priced
         return d
 
     def learn(self, engine, drafted: Drafted, verified) -> None:
