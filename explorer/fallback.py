@@ -130,9 +130,16 @@ class GoodputFallback:
                       "ar_tok_s": None if ar is None else round(ar, 2)}
         return speculate
 
-    def observe(self, speculated: bool, tokens: int, ms: float) -> dict:
+    def observe(self, speculated: bool, tokens: int, ms: float, one_off: bool = False) -> dict:
         """Learn from the finished step (``tokens`` committed in ``ms`` wall milliseconds); returns the step's
-        record for the trace: the decision, its reason and the rates it compared (tokens/s)."""
+        record for the trace: the decision, its reason and the rates it compared (tokens/s).
+
+        ``one_off``: the step paid a one-time cost (it captured CUDA graphs for a new query size: about 100-200 ms
+        against 5 ms for a graphed forward on an H100). Its time says nothing about the mode's rate, so it is not
+        measured (the record says so): on the H100 one such step measured plain decoding at 8.7 tokens/s against
+        about 170, and the hybrid then speculated for the whole run (session 17)."""
+        if one_off:
+            return {**self._last, "unmeasured": "graph capture"}
         if speculated:
             was_probe = self._last.get("reason") == "probing speculation"
             # stale after a stretch of plain steps (a probe), not after one plain-decoding probe

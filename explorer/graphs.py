@@ -161,6 +161,28 @@ class GraphRunner:
         rows = slice(n - keep, n)
         return logits[0, rows].clone(), (hid[0, rows].float() if hid is not None else None)
 
+    def capture_all(self, hidden: bool = False) -> int:
+        """Capture every bucket not captured yet (with ``hidden`` as given), at the cache's current length, without
+        changing the cache's content up to that length: the capture's forwards write only past it, where padding
+        rows go too. Returns how many graphs were captured (0 off CUDA, or before the cache's first forward)."""
+        length = self.kv.length
+        ready = all(getattr(layer, "is_initialized", False) for layer in self.kv.hf.layers)
+        if not self.capture or not ready:
+            return 0
+        done = self.captures
+        for size in self.buckets:
+            b = self._bucket(size, hidden)
+            if b.graph is not None or length + size > self.kv.key_width:
+                continue
+            host = np.zeros((3, size), dtype=np.int64)
+            host[1] = np.arange(length, length + size)
+            host[2] = host[1]
+            b.host_to_device(host, padded_mask(None, length, size, size, self.kv.key_width))
+            b.mask.fill_(0.0).masked_fill_(~b.allowed[None, None], torch.finfo(self.dtype).min)
+            self.kv.seek(size)
+            self._capture(b, hidden)
+        return self.captures - done
+
     def _call(self, b: _Bucket, hidden: bool):
         return self.model(input_ids=b.ids, position_ids=b.pos, attention_mask=b.mask, past_key_values=self.kv.hf,
                           cache_position=b.cache_position, use_cache=True, output_hidden_states=hidden)

@@ -104,3 +104,35 @@ def test_cuda_graphs_give_the_eager_traces(tiny_cuda, case):
                 session(tiny_cuda, cfg, temperature, "static", graphs=True))
     assert runners() and all(r.capture for r in runners()) and sum(r.replays for r in runners()) > replays
     assert all(r.captures <= 2 * len(BUCKETS) for r in runners())
+
+
+def test_capturing_all_buckets_is_a_no_op_off_cuda(tiny):
+    eng = Engine(tiny, DEFAULTS["hybrid"], SamplingConfig(), kv_cache="static", graphs=True)
+    eng.start(tiny.tokenizer.encode(PROMPT), 8)
+    assert eng.capture_graphs() == 0 and eng.target_kv.length == len(tiny.tokenizer.encode(PROMPT))
+    eng.run()
+    eng.release()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", [i for i, (c, t) in enumerate(GRID) if t == 0.0 and (
+    c.method == "hybrid" or (c.method == "mcsd-improved" and c.decision_model == "hidden"))])
+def test_buckets_captured_up_front_leave_no_capture_to_the_run(tiny_cuda, case):
+    """The bench's warm-up (``bench.warm_graphs``): every bucket captured after the prefill (with the draft's
+    hidden states where the stop policy reads them), so no step of the run pays a capture, and the traces are
+    those of lazily captured graphs."""
+    from explorer.bench import warm_graphs
+
+    def captures():
+        return sum(r.captures for idle in tiny_cuda.graph_runners.values() for r in idle)
+
+    cfg, temperature = GRID[case]
+    lazy = session(tiny_cuda, cfg, temperature, "static", graphs=True)
+    tiny_cuda.graph_runners.clear()  # fresh runners: nothing captured yet
+    ids = tiny_cuda.tokenizer.encode(PROMPT)
+    assert warm_graphs(tiny_cuda, cfg, ids, 24) >= len(BUCKETS)
+    assert warm_graphs(tiny_cuda, cfg, ids, 24) == 0  # the same runners, all captured
+    before = captures()
+    same_traces(lazy, session(tiny_cuda, cfg, temperature, "static", graphs=True))
+    assert captures() == before
