@@ -130,7 +130,7 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
     captured (0 off CUDA or where all were captured already)."""
     from .engine import Engine
 
-    engine = Engine(pair, config, SamplingConfig(), decision_model=decision_model, graphs=True)
+    engine = Engine(pair, config, SamplingConfig(), decision_model=decision_model, kv_cache="static", graphs=True)
     engine.start(prompt_ids, max_new_tokens)
     try:
         return engine.capture_graphs()

@@ -288,9 +288,10 @@ class Engine:
         """CUDA: capture every query-size bucket of this run's graph runners now (after ``start``), so that no
         later step pays for a capture (the bench's warm-up; about 0.1-0.2 s a bucket on an H100). Returns the
         number of graphs captured; 0 without graphs or off CUDA."""
-        n = sum(runner.capture_all() for runner in self._runners.values())
-        if "draft" in self._runners and getattr(self.stop_policy, "needs_hidden", False):  # the draft's features
-            n += self._runners["draft"].capture_all(hidden=True)
+        with torch.inference_mode():  # as the forwards: the caches are inference tensors
+            n = sum(runner.capture_all() for runner in self._runners.values())
+            if "draft" in self._runners and getattr(self.stop_policy, "needs_hidden", False):  # draft features
+                n += self._runners["draft"].capture_all(hidden=True)
         return n
 
     def _graph_captures(self) -> int:

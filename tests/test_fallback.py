@@ -187,6 +187,7 @@ def test_a_replay_follows_the_recorded_decisions(tiny):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_fallback_runs_on_cuda_by_default(tiny_cuda):
+    tiny_cuda.graph_runners.clear()  # fresh runners, whatever ran before: the first step captures graphs
     eng = Engine(tiny_cuda, DEFAULTS["sd"], SamplingConfig(temperature=0.0), kv_cache="static", graphs=True)
     eng.start(tiny_cuda.tokenizer.encode(PROMPT), 40)
     eng.run()
@@ -207,6 +208,9 @@ def test_teach_mode_explains_a_plain_step(tiny):
     text = " ".join(explain_step(plain))
     assert "Plain decoding step" in text and "goodput" in text
     assert "Plain decoding step" not in " ".join(explain_step(first))
+    assert "CUDA graphs" not in text
+    plain.fallback = {**plain.fallback, "unmeasured": "graph capture"}  # as a GPU step that captured one records
+    assert "did not count its time" in " ".join(explain_step(plain))
 
 
 def test_a_replay_continued_past_the_record_follows_the_engines_own_setting(tiny):
