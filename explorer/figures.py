@@ -298,6 +298,9 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
                                      hoverinfo="text"))
     if sigs:
         policy = sigs[0].policy
+        if policy == "goodput" and len(branches) > 1:  # the rule compares the branches' summed gain
+            fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.score for s in sigs], mode="lines+markers",
+                                     name="all branches (the rule's gain)", line=dict(color="#555", width=3)))
         label = {"specdec++": "1 − h", "goodput": "r(1+E)/(1+Dr)"}.get(policy, "τ")
         fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.threshold for s in sigs], mode="lines",
                                  name=f"threshold {label} ({policy})", line=dict(color="#000", dash="dash")))

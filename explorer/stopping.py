@@ -22,13 +22,18 @@ the score reaches the threshold", so one chart and one slider serve them all:
   goodput of SmartSpec, Liu et al. 2024, seed 002, applied per level). The setting is ``r``, the cost of a draft
   forward over the rest of a step (target forward and host work). Score of a node = ``reach(x) * a(x)``, the
   expected tokens its next level adds (``reach``: the predicted chance the whole path to x is accepted, ``a``:
-  x's own predicted acceptance, standing in for its child's); after ``D`` draft forwards with ``E`` tokens
-  expected accepted so far, one more forward pays when that gain exceeds ``r (1 + E) / (1 + D r)``, the
-  threshold recorded for the level (it rises as the step grows). Calibrated predictions make the rule right,
-  which is what online adaptation provides (``decision/online.py``).
+  x's own predicted acceptance, standing in for its child's). Exactly one path of a tree is accepted, so these
+  chances add up over the level's nodes: a branch's score is the sum over its newest nodes, and the step's gain
+  the sum over its branches (the signal's ``score``). After ``D`` draft forwards with ``E`` tokens expected
+  accepted so far (the chance of reaching each drafted level, summed the same way), one more forward pays when
+  the gain exceeds ``r (1 + E) / (1 + D r)``, the threshold recorded for the level (it rises as the step grows);
+  drafting goes on or stops for all branches at once, since one forward serves them all. Calibrated predictions
+  make the rule right, which is what online adaptation provides (``decision/online.py``). Until session 17 both
+  sums were maxima (the best node's), exact for a chain and short for a tree.
 
-A branch's score is the best score among its newest nodes. The rules themselves (``decide``) are pure functions of
-the branch scores, so the app can re-run them on a recorded step with another threshold (``replay``).
+For the other policies a branch's score is the best score among its newest nodes. The rules themselves
+(``decide``) are pure functions of the branch scores, so the app can re-run them on a recorded step with another
+threshold (``replay``).
 """
 
 from __future__ import annotations
@@ -101,6 +106,9 @@ def decide(policy: str, scores: dict, threshold: float) -> tuple[bool, list[str]
     """
     if policy == "none":
         return True, []
+    if policy == "goodput":  # the branches' gains add up: one draft forward serves them all
+        keep = sum(scores.values()) >= threshold
+        return keep, [] if keep else sorted(scores, key=int)
     below = sorted((b for b, s in scores.items() if s < threshold), key=int)
     if policy == "prune":
         return len(below) < len(scores), below
@@ -168,11 +176,18 @@ class StopPolicy:
             b = str(branch_of[i])
             if b in view.active:
                 per_branch[b] = max(per_branch.get(b, 0.0), float(node_scores.get(i, 0.0)))
+        per_branch = self.branch_scores(view, node_scores, per_branch)
         cost = self.step_cost(view)
         threshold = level_threshold(self.name, self.score_threshold, **cost)
         keep, pruned = decide(self.name, per_branch, threshold)
-        return StopSignal(level=view.level, scores=per_branch, score=max(per_branch.values(), default=0.0),
-                          threshold=threshold, keep_drafting=keep, policy=self.name, pruned=pruned, **cost)
+        score = sum(per_branch.values()) if self.name == "goodput" else max(per_branch.values(), default=0.0)
+        return StopSignal(level=view.level, scores=per_branch, score=score, threshold=threshold,
+                          keep_drafting=keep, policy=self.name, pruned=pruned, **cost)
+
+    def branch_scores(self, view: LevelView, node_scores: dict[int, float], best: dict[str, float]) -> dict:
+        """Each active branch's score at this level: its best new node's (``best``), except where a policy
+        combines them otherwise (``goodput``)."""
+        return best
 
     def step_cost(self, view: LevelView) -> dict:
         """What a threshold that depends on the step so far reads (``goodput``: ``expected`` tokens and draft
@@ -239,13 +254,47 @@ class GoodputStop(DecisionStop):
         accept = super().node_scores(view)
         return {i: path_reach(view, i) * a for i, a in accept.items()}
 
+    def branch_scores(self, view: LevelView, node_scores: dict[int, float], best: dict[str, float]) -> dict:
+        """A branch's expected gain: the sum of its new nodes' scores. Exactly one path of a tree is accepted, so
+        the chances of reaching the next level through different nodes add up (EAGLE-2's expected acceptance
+        length sums path probabilities over a tree's nodes the same way). An over-confident model can make
+        siblings' chances sum past the chance of reaching this level; the branches' gains are then scaled down
+        to it (``level_mass``). In the seed's lossy mode each branch is verified on its own and the longest kept:
+        there the sum bounds the chance from above, as the best branch's did from below."""
+        tree, branch_of = view.tree, view.tree.branch_ids()
+        gain: dict[str, float] = {}
+        for i in tree.level(view.level):
+            b = str(branch_of[i])
+            if b in best:
+                gain[b] = gain.get(b, 0.0) + float(node_scores.get(i, 0.0))
+        total, mass = sum(gain.values()), level_mass(view)[-1]
+        if total > mass > 0.0:
+            gain = {b: g * mass / total for b, g in gain.items()}
+        return gain
+
     def step_cost(self, view: LevelView) -> dict:
-        """``forwards``: drafted levels so far (a draft forward each); ``expected`` (E): per drafted level, the
-        best node's reach, summed (exact for a chain, a lower bound for a tree)."""
-        tree = view.tree
-        levels = [lv for lv in range(1, view.level + 1) if tree.source[tree.level_starts[lv - 1]] == "draft"]
-        expected = sum(max((path_reach(view, i) for i in tree.level(lv)), default=0.0) for lv in levels)
-        return {"expected": expected, "forwards": len(levels)}
+        """``forwards``: drafted levels so far (a draft forward each); ``expected`` (E): the tokens the step
+        expects to accept, the chance of reaching each drafted level summed (``level_mass``)."""
+        return {"expected": sum(level_mass(view, drafted_only=True)), "forwards": len(drafted_levels(view))}
+
+
+def drafted_levels(view: LevelView) -> list[int]:
+    """The levels (1-based) of ``view``'s tree up to ``view.level`` that the draft model proposed."""
+    tree = view.tree
+    return [lv for lv in range(1, view.level + 1) if tree.source[tree.level_starts[lv - 1]] == "draft"]
+
+
+def level_mass(view: LevelView, drafted_only: bool = False) -> list[float]:
+    """The predicted chance that the accepted path reaches each level up to ``view.level`` (all levels, or the
+    drafted ones): the level's nodes' ``path_reach`` summed (their paths exclude each other), capped by the level
+    above it, since no path reaches a level without passing the one before."""
+    tree, out, above = view.tree, [], 1.0
+    drafted = set(drafted_levels(view))
+    for lv in range(1, view.level + 1):
+        above = min(above, sum(path_reach(view, i) for i in tree.level(lv)))
+        if not drafted_only or lv in drafted:
+            out.append(above)
+    return out
 
 
 def path_reach(view: LevelView, i: int) -> float:

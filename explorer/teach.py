@@ -139,8 +139,8 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
 
 def _goodput_words(last, levels: int) -> str:
     """The goodput rule's last decision: expected tokens against what one more draft forward costs."""
-    gain = (f"one more level was expected to add {last.score:.2f} token(s) (the best branch's chance of being "
-            f"accepted all the way, times its next token's), and after {last.forwards} draft forward(s) with "
+    gain = (f"one more level was expected to add {last.score:.2f} token(s) (each branch's chance of being "
+            f"accepted all the way times its next token's, summed: one path is accepted), and after {last.forwards} draft forward(s) with "
             f"{last.expected:.2f} token(s) expected so far it had to add {last.threshold:.2f} to pay for its "
             "draft forward")
     if not last.keep_drafting:

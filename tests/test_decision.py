@@ -354,6 +354,46 @@ def test_goodput_policy_scores_expected_gain_against_its_cost(tiny):
     assert "expected to add" in words and f"{step.stop_signals[-1].threshold:.2f}" in words
 
 
+def test_goodput_adds_the_chances_of_a_trees_exclusive_paths(tiny):
+    """In a tree exactly one path is accepted: the chance of reaching a level is the sum over its nodes' paths
+    (capped by the level above), E sums those, and a level's gain sums every branch's new nodes."""
+    ids = tiny.tokenizer.encode("def add(a, b):")
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="goodput", threshold=0.01,
+                       decision_model="hidden", branch_threshold=1.0)
+    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
+    eng.start(ids, 8)
+    step = eng.step()
+    tree = eng.last_step[0].tree
+    acc = [float(eng.decision_model.predict(hidden=eng.last_step[0].features[i][0][None])[0])
+           for i in range(len(tree))]
+
+    def reach(i):
+        return acc[i] * (reach(tree.parent[i]) if tree.parent[i] >= 0 else 1.0)
+
+    branch_of, mass = tree.branch_ids(), [1.0]
+    assert len(step.stop_signals) >= 2 and len(list(tree.level(1))) == 2
+    for s in step.stop_signals:
+        nodes = list(tree.level(s.level))
+        mass.append(min(mass[-1], sum(reach(i) for i in nodes)))
+        gain = {}
+        for i in nodes:
+            gain[str(branch_of[i])] = gain.get(str(branch_of[i]), 0.0) + reach(i) * acc[i]
+        scale = min(1.0, mass[-1] / sum(gain.values()))
+        assert s.scores == pytest.approx({b: g * scale for b, g in gain.items()}, rel=1e-5)
+        assert s.score == pytest.approx(sum(s.scores.values())) and s.score > max(s.scores.values())
+        assert s.expected == pytest.approx(sum(mass[1:]), rel=1e-5) and s.forwards == s.level
+        assert s.keep_drafting == (s.score >= s.threshold) and not s.pruned
+    assert [r["keep_drafting"] for r in replay(step.stop_signals, 0.01)] == [
+        s.keep_drafting for s in step.stop_signals]
+    from explorer.figures import stop_figure
+
+    total = [t for t in stop_figure(step).data if t.name.startswith("all branches")]
+    assert len(total) == 1 and list(total[0].y) == pytest.approx([s.score for s in step.stop_signals])
+    assert "summed" in " ".join(explain_step(step))
+    assert decide("goodput", {"0": 0.3, "1": 0.3}, 0.5) == (True, [])  # neither branch alone pays; both do
+    assert decide("goodput", {"0": 0.2, "1": 0.2}, 0.5) == (False, ["0", "1"])
+
+
 def test_what_if_on_a_recorded_step(tiny):
     ids = tiny.tokenizer.encode("The quick brown fox")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.0)
