@@ -91,7 +91,7 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
                + (f" and {step.draft_calls} draft call(s)." if step.draft_calls else "."))
     if fallback.get("unmeasured") == "graph capture":
         out.append("This step recorded CUDA graphs for a forward size not seen before, a one-time cost many times "
-                   "a replayed forward, so the goodput rule did not count its time.")
+                   "a replayed forward, so the fallback's goodput rule did not count its time.")
     if step.finished:
         out.append("The run ended here (end of sequence or the new-token limit).")
     return out
@@ -140,9 +140,9 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
 def _goodput_words(last, levels: int) -> str:
     """The goodput rule's last decision: expected tokens against what one more draft forward costs."""
     gain = (f"one more level was expected to add {last.score:.2f} token(s) (each branch's chance of being "
-            f"accepted all the way times its next token's, summed: one path is accepted), and after {last.forwards} draft forward(s) with "
-            f"{last.expected:.2f} token(s) expected so far it had to add {last.threshold:.2f} to pay for its "
-            "draft forward")
+            f"accepted all the way times its next token's, summed: one path is accepted), and after "
+            f"{last.forwards} draft forward(s) with {last.expected:.2f} token(s) expected so far it had to add "
+            f"{last.threshold:.2f} to pay for its draft forward")
     if not last.keep_drafting:
         return f"Drafting stopped after level {last.level}: {gain}, so it would have lowered tokens per second."
     return f"Drafting went on to the maximum depth ({levels} level(s)): at the last check {gain}, and it did."
