@@ -134,18 +134,11 @@ class GraphRunner:
         ``hidden``, their last hidden state ``(keep, hidden_size)`` (float32), both fresh tensors."""
         n, length = len(input_ids), self.kv.length
         size = bucket_for(n, self.buckets)
-        ready = all(getattr(layer, "is_initialized", False) for layer in self.kv.hf.layers)
-        if size is None or not ready or length + size > self.kv.key_width:
+        if size is None or not self._cache_ready() or length + size > self.kv.key_width:
             self.eager_calls += 1
             return eager_forward(self.model, self.kv, input_ids, position_ids, mask, keep, hidden)
         b = self._bucket(size, hidden)
-        host = np.zeros((3, size), dtype=np.int64)  # ids, position ids, cache positions: one copy to the device
-        host[0, :n] = input_ids
-        host[1, :n], host[1, n:] = position_ids, position_ids[-1]
-        host[2] = np.arange(length, length + size)
-        b.host_to_device(host, padded_mask(mask, length, n, size, self.kv.key_width))
-        b.mask.fill_(0.0).masked_fill_(~b.allowed[None, None], torch.finfo(self.dtype).min)
-        self.kv.seek(size)  # the cache's write position: `length`
+        self._stage(b, input_ids, position_ids, mask)
         if self.capture and b.graph is None:
             self._capture(b, hidden)
             self.kv.seek(size)  # warm-up and capture advanced the cache's counter
@@ -166,22 +159,32 @@ class GraphRunner:
         changing the cache's content up to that length: the capture's forwards write only past it, where padding
         rows go too. Returns how many graphs were captured (0 off CUDA, or before the cache's first forward)."""
         length = self.kv.length
-        ready = all(getattr(layer, "is_initialized", False) for layer in self.kv.hf.layers)
-        if not self.capture or not ready:
+        if not self.capture or not self._cache_ready():
             return 0
         done = self.captures
         for size in self.buckets:
             b = self._bucket(size, hidden)
             if b.graph is not None or length + size > self.kv.key_width:
                 continue
-            host = np.zeros((3, size), dtype=np.int64)
-            host[1] = np.arange(length, length + size)
-            host[2] = host[1]
-            b.host_to_device(host, padded_mask(None, length, size, size, self.kv.key_width))
-            b.mask.fill_(0.0).masked_fill_(~b.allowed[None, None], torch.finfo(self.dtype).min)
-            self.kv.seek(size)
+            self._stage(b, [0] * size, list(range(length, length + size)), None)  # causal rows of token 0
             self._capture(b, hidden)
         return self.captures - done
+
+    def _cache_ready(self) -> bool:
+        """Whether the static cache's layers hold their tensors (after its first, eager, forward)."""
+        return all(getattr(layer, "is_initialized", False) for layer in self.kv.hf.layers)
+
+    def _stage(self, b: _Bucket, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None) -> None:
+        """Fill bucket ``b``'s input buffers for ``len(input_ids)`` rows at ``kv.length`` (padded to ``b.size``;
+        ``mask`` as ``forward`` takes it) and point the cache's write position there."""
+        n, length, size = len(input_ids), self.kv.length, b.size
+        host = np.zeros((3, size), dtype=np.int64)  # ids, position ids, cache positions: one copy to the device
+        host[0, :n] = input_ids
+        host[1, :n], host[1, n:] = position_ids, position_ids[-1]
+        host[2] = np.arange(length, length + size)
+        b.host_to_device(host, padded_mask(mask, length, n, size, self.kv.key_width))
+        b.mask.fill_(0.0).masked_fill_(~b.allowed[None, None], torch.finfo(self.dtype).min)
+        self.kv.seek(size)  # the cache's write position: `length`
 
     def _call(self, b: _Bucket, hidden: bool):
         return self.model(input_ids=b.ids, position_ids=b.pos, attention_mask=b.mask, past_key_values=self.kv.hf,

@@ -180,14 +180,17 @@ class StopPolicy:
         cost = self.step_cost(view)
         threshold = level_threshold(self.name, self.score_threshold, **cost)
         keep, pruned = decide(self.name, per_branch, threshold)
-        score = sum(per_branch.values()) if self.name == "goodput" else max(per_branch.values(), default=0.0)
-        return StopSignal(level=view.level, scores=per_branch, score=score, threshold=threshold,
-                          keep_drafting=keep, policy=self.name, pruned=pruned, **cost)
+        return StopSignal(level=view.level, scores=per_branch, score=self.level_score(per_branch),
+                          threshold=threshold, keep_drafting=keep, policy=self.name, pruned=pruned, **cost)
 
     def branch_scores(self, view: LevelView, node_scores: dict[int, float], best: dict[str, float]) -> dict:
         """Each active branch's score at this level: its best new node's (``best``), except where a policy
         combines them otherwise (``goodput``)."""
         return best
+
+    def level_score(self, branch_scores: dict[str, float]) -> float:
+        """The level's score, the one ``decide`` compares with the threshold: the best branch's."""
+        return max(branch_scores.values(), default=0.0)
 
     def step_cost(self, view: LevelView) -> dict:
         """What a threshold that depends on the step so far reads (``goodput``: ``expected`` tokens and draft
@@ -272,10 +275,15 @@ class GoodputStop(DecisionStop):
             gain = {b: g * mass / total for b, g in gain.items()}
         return gain
 
+    def level_score(self, branch_scores: dict[str, float]) -> float:
+        """The step's gain from one more level: the branches' gains summed (``decide`` compares the same sum)."""
+        return sum(branch_scores.values())
+
     def step_cost(self, view: LevelView) -> dict:
         """``forwards``: drafted levels so far (a draft forward each); ``expected`` (E): the tokens the step
         expects to accept, the chance of reaching each drafted level summed (``level_mass``)."""
-        return {"expected": sum(level_mass(view, drafted_only=True)), "forwards": len(drafted_levels(view))}
+        levels, mass = drafted_levels(view), level_mass(view)
+        return {"expected": sum(mass[lv - 1] for lv in levels), "forwards": len(levels)}
 
 
 def drafted_levels(view: LevelView) -> list[int]:
@@ -284,16 +292,14 @@ def drafted_levels(view: LevelView) -> list[int]:
     return [lv for lv in range(1, view.level + 1) if tree.source[tree.level_starts[lv - 1]] == "draft"]
 
 
-def level_mass(view: LevelView, drafted_only: bool = False) -> list[float]:
-    """The predicted chance that the accepted path reaches each level up to ``view.level`` (all levels, or the
-    drafted ones): the level's nodes' ``path_reach`` summed (their paths exclude each other), capped by the level
-    above it, since no path reaches a level without passing the one before."""
-    tree, out, above = view.tree, [], 1.0
-    drafted = set(drafted_levels(view))
+def level_mass(view: LevelView) -> list[float]:
+    """The predicted chance that the accepted path reaches each level 1 .. ``view.level`` (index 0 = level 1): the
+    level's nodes' ``path_reach`` summed (their paths exclude each other), capped by the level above it, since no
+    path reaches a level without passing the one before."""
+    out, above = [], 1.0
     for lv in range(1, view.level + 1):
-        above = min(above, sum(path_reach(view, i) for i in tree.level(lv)))
-        if not drafted_only or lv in drafted:
-            out.append(above)
+        above = min(above, sum(path_reach(view, i) for i in view.tree.level(lv)))
+        out.append(above)
     return out
 
 
