@@ -138,7 +138,10 @@ def audit(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, promp
         raise ValueError("samples must be >= 1")
     n_tokens = 2 if two_tokens else 1
     engine = Engine(pair, config, sampling)
-    engine.start(prompt_ids, n_tokens)
+    # Room for whole trees (the engine drafts no deeper than the tokens left, ``Engine.reach``): the audit must
+    # verify the method's full tree, and the first tokens of a longer run follow the same law.
+    spare = pair.max_positions - len(prompt_ids) - config.max_nodes() - 1 - n_tokens
+    engine.start(prompt_ids, n_tokens + max(0, min(spare, config.max_nodes())))
     p1 = engine.next_dist.detach().clone()
     firsts: dict[int, int] = {}
     pairs: dict[tuple[int, int], int] = {}

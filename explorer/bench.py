@@ -45,12 +45,20 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
                 "free_rows", "lookup_tokens", "cost_ratio")
+CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (no matrix, no fallback rates carried)
+
+
+def carries(label: str) -> bool:
+    """Whether a bench label's runs carry what they learned (Token Recycling's matrix, the goodput fallback's
+    rates) to the method's next prompt: all but labels ending in ``CARRY_OFF``, e.g. ``hybrid+carry=off``."""
+    return not label.endswith(CARRY_OFF)
 
 
 def method_for_label(label: str) -> MethodConfig:
     """The config of a bench label: a method name (``config.DEFAULTS``) optionally followed by ``+key=value``
-    settings (``VARIANT_KEYS``). Raises ValueError for an unknown method, key or value."""
-    name, *parts = label.split("+")
+    settings (``VARIANT_KEYS``), and last ``CARRY_OFF`` (a bench setting, not the method's). Raises ValueError for
+    an unknown method, key or value."""
+    name, *parts = label.removesuffix(CARRY_OFF).split("+")
     if name not in DEFAULTS:
         raise ValueError(f"unknown bench method {name!r}; use {', '.join(BENCH_METHODS)}")
     changes: dict = {}
@@ -140,10 +148,12 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
 
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
-               recycling_state: dict | None = None, count_syncs: bool = False) -> dict:
+               recycling_state: dict | None = None, count_syncs: bool = False,
+               fallback_state: dict | None = None) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
-    and, for Token Recycling, ``recycling_state`` (the matrix after the run, for the next prompt).
+    and what the run learned for the next prompt: ``recycling_state`` (Token Recycling's matrix) and
+    ``fallback_state`` (the goodput fallback's rates), each None where the method has none.
     ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
@@ -152,7 +162,7 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     from .engine import Engine
 
     engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
-                    recycling_state=recycling_state, count_syncs=count_syncs)
+                    recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
@@ -166,7 +176,8 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
         metrics["cost_ratio"] = trace.steps[-1].cost["next"]
     if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
         metrics["host_syncs_per_step"] = sum(s.host_syncs for s in trace.steps) / len(trace.steps)
-    return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state()}
+    return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state(),
+            "fallback_state": engine.fallback_state()}
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -223,7 +234,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             how the random stream is used, never the law), so one sample per prompt also compares texts of
             different lengths; more samples average that out. Raises ValueError below 1.
     Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
-    run (a session's matrix keeps learning); each temperature starts with an empty one.
+    run (a session's matrix keeps learning), and so do the goodput fallback's rates (``fallback.py``); each
+    temperature starts afresh. A label ending in ``+carry=off`` carries nothing (``carries``).
 
     Returns:
         ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
@@ -239,7 +251,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if m not in HF_METHODS and m not in configs:
             configs[m] = method_for_label(m)
 
-    matrices: dict = {}  # method -> Token Recycling matrix carried to its next prompt
+    carried: dict = {}  # method -> what its last run learned for the next prompt (matrix, fallback rates)
     decision_models: dict = {}  # model kind -> the model read from decision_dir
 
     def decision_model(config):
@@ -260,9 +272,13 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling, helper="lookup")
         if method == HF_GENERATE:
             return run_hf_assisted(pair, ids, n, sampling, helper="plain")
+        memory = carried.get(method, {})
         row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
-                         recycling_state=matrices.get(method), decision_model=decision_model(configs[method]))
-        matrices[method] = row.pop("recycling_state")
+                         recycling_state=memory.get("recycling_state"), fallback_state=memory.get("fallback_state"),
+                         decision_model=decision_model(configs[method]))
+        learned = {key: row.pop(key) for key in ("recycling_state", "fallback_state")}
+        if carries(method):
+            carried[method] = learned
         return row
 
     for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations
@@ -274,7 +290,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         progress(f"warm-up: {captured} CUDA graphs captured")
     runs = []
     for temperature in temperatures:
-        matrices.clear()
+        carried.clear()
         for n, ids in enumerate(prompts_ids):
             for sample in range(samples_at(temperature, samples)):
                 sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n + 1000 * sample)

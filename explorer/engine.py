@@ -137,6 +137,9 @@ class Engine:
             run's engine); None starts with an empty matrix.
         count_syncs: on CUDA, count each step's host synchronisations into ``StepTrace.host_syncs`` (torch's sync
             debug mode; process-wide and a few microseconds each, so for measurements, not the app).
+        fallback_state: the goodput fallback's rates from an earlier run (``fallback_state()`` of that run's
+            engine): where it comes from the same method, sampling (seed aside), pair and device, and this engine
+            falls back, the rates start this run's (``fallback.GoodputFallback``, ``carried``); else ignored.
     Raises:
         EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``, graphs
             without a static cache; on ``start``, an empty prompt or one that leaves no room in the context window.
@@ -144,7 +147,7 @@ class Engine:
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 recycling_state: dict | None = None, count_syncs: bool = False):
+                 recycling_state: dict | None = None, count_syncs: bool = False, fallback_state: dict | None = None):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
@@ -178,7 +181,9 @@ class Engine:
         # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
         self.fallback = None
         if _can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
-            self.fallback = GoodputFallback()
+            self._fallback_key = _fallback_key(pair, config, sampling)
+            same = bool(fallback_state) and fallback_state.get("key") == self._fallback_key
+            self.fallback = GoodputFallback(carried=fallback_state["rates"] if same else None)
         # Where rows cost time, Token Recycling's tree keeps only the slots worth their rows (drafters/row_pricing.py).
         self.row_pricing = None
         if _prices_rows(config, pair.device.type):
@@ -244,7 +249,9 @@ class Engine:
         self.trace = RunTrace(
             settings={"method": self.config.to_dict(), "sampling": self.sampling.to_dict(),
                       "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name,
-                      **self.drafter.state_for_trace()},
+                      **self.drafter.state_for_trace(),
+                      **({"fallback_carried": self.fallback.carried} if self.fallback and self.fallback.carried
+                         else {})},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
                    "draft_quant": self.pair.draft_quant, "packed_weights": self.pair.packed_weights,
@@ -293,6 +300,14 @@ class Engine:
             if "draft" in self._runners and getattr(self.stop_policy, "needs_hidden", False):  # draft features
                 n += self._runners["draft"].capture_all(hidden=True)
         return n
+
+    def reach(self) -> dict:
+        """How far this step's tree can matter, for the drafters (``drafters.base.merge_free``, ``ModelDrafter``):
+        ``max_depth``, the tokens left before ``max_new_tokens`` less one (a path that deep plus the bonus token
+        fills the room, so a deeper node could never be committed), and ``ends``, the EOS ids (nothing after one
+        is committed, so an EOS node gets no children). Proposals stay a function of the history: lossless.
+        transformers' candidate generators cap their drafts at the room left in the same way."""
+        return {"max_depth": self.max_new_tokens - self.n_generated - 1, "ends": frozenset(self.pair.eos_token_ids)}
 
     def _graph_captures(self) -> int:
         return sum(runner.captures for runner in self._runners.values())
@@ -513,6 +528,13 @@ class Engine:
                 return f.state()
         return None
 
+    def fallback_state(self) -> dict | None:
+        """The goodput fallback's rates after this run (pass them to the next run's Engine as ``fallback_state``),
+        or None where this engine does not fall back (or only replays recorded decisions). Plain data."""
+        if self.fallback is None or self.fallback.replay_only:
+            return None
+        return {"key": self._fallback_key, "rates": self.fallback.state()}
+
     def target_len(self) -> int:
         """Committed tokens in the target's KV cache."""
         return self.target_kv.length
@@ -612,6 +634,16 @@ class Engine:
             if on_step:
                 on_step(s)
         return self.trace
+
+
+def _fallback_key(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig) -> str:
+    """What a fallback's rates belong to: the pair, the device, the method's settings and the sampling (not the
+    seed). Rates measured under one of these say little about another."""
+    import json
+
+    return json.dumps({"pair": pair.name, "device": pair.device.type, "method": config.to_dict(),
+                       "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p},
+                      sort_keys=True, default=str)
 
 
 def _finite(x: float) -> float | None:

@@ -18,9 +18,16 @@ at least ``probe_every`` / ``ar_probe_every`` steps of the other mode) instead o
 measurement (docs/bench.md) blended it, and one slow first step kept ``sd`` in plain decoding for 85 % of a
 HumanEval run because each later probe moved the average only 30 % of the way and the probes grew rarer.
 
-The decision depends only on earlier steps, never on this step's draws, so the output law is unchanged (a stop
-rule that reads the past). It is timing-driven, hence not reproducible across runs; a replay follows the recorded
-decisions (``force``).
+A run can start from the rates an earlier run of the session measured (``state``, passed back as ``carried``),
+as Token Recycling's matrix is carried: the run then skips the warm-up of ``warmup`` speculative steps and starts
+in the mode that paid. On the H100 a 128-token MT-bench run made 6-7 speculative steps (the warm-up and the
+probes), and those were its whole loss against plain decoding: plain steps cost what ``ar`` steps do (docs/bench.md,
+session 17). The carried rates count as stale: the first measurement of a mode after ``probe_every`` /
+``ar_probe_every`` steps of the other replaces them, so a prompt unlike the last one is noticed at the first probe.
+
+The decision depends only on earlier steps (and earlier runs), never on this step's draws, so the output law is
+unchanged (a stop rule that reads the past). It is timing-driven, hence not reproducible across runs; a replay
+follows the recorded decisions (``force``).
 """
 
 from __future__ import annotations
@@ -88,10 +95,15 @@ class GoodputFallback:
         warmup: speculative steps measured before plain decoding is first tried. A run's first step is rarely
             typical: on HumanEval it committed 2 tokens in 735 ms and the next ones 17 in 1.7 s (2-core AVX2 CPU,
             fp32), and judged on it alone the rule ran the next 8 steps plain (docs/bench.md, session 14).
+        carried: ``state()`` of an earlier run's fallback (the same method and sampling, on the same pair): its
+            rates start this run's averages, and a speculation rate counts as warmed up.
+
+    Raises:
+        ValueError: ``carried`` is not a dict of the shape ``state()`` returns.
     """
 
     def __init__(self, alpha: float = 0.3, margin: float = 0.9, probe_every: int = 8, max_probe_every: int = 64,
-                 ar_probe_every: int = 32, replay_only: bool = False, warmup: int = 3):
+                 ar_probe_every: int = 32, replay_only: bool = False, warmup: int = 3, carried: dict | None = None):
         self.replay_only = replay_only
         self.warmup = max(1, int(warmup))
         self.alpha, self.margin = alpha, margin
@@ -102,6 +114,28 @@ class GoodputFallback:
         self.since_ar = 0  # speculative steps since the last plain one
         self._forced: list[bool] | None = None
         self._last: dict = {}
+        self.carried = self._carry(carried) if carried else None
+
+    def _carry(self, carried: dict) -> dict:
+        """Start the averages from ``carried`` (see ``state``); returns the carried rates in tokens/s."""
+        try:
+            for name in ("spec", "ar"):
+                rate = carried.get(name)
+                if rate is not None:
+                    tokens, ms = float(rate["tokens"]), float(rate["ms"])
+                    if not (tokens >= 0 and ms > 0):
+                        raise ValueError(f"{name}: tokens {tokens}, ms {ms}")
+                    # a carried speculation rate is a measured one: no warm-up before plain decoding is tried
+                    setattr(self, name, _Rate(tokens, ms, self.warmup if name == "spec" else 1))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"carried fallback state is malformed ({exc}); pass GoodputFallback.state()") from None
+        return {"spec_tok_s": _rounded(self.spec.tok_s), "ar_tok_s": _rounded(self.ar.tok_s)}
+
+    def state(self) -> dict:
+        """The averages this run measured, plain data for the next run's ``carried``: ``{"spec": {"tokens",
+        "ms"} or None, "ar": ...}`` (tokens per step, wall ms per step)."""
+        return {name: None if rate.tokens is None else {"tokens": rate.tokens, "ms": rate.ms}
+                for name, rate in (("spec", self.spec), ("ar", self.ar))}
 
     def force(self, decisions: list[bool]) -> None:
         """Replay: take these decisions (True = speculate) for the next steps instead of deciding."""
@@ -125,9 +159,10 @@ class GoodputFallback:
         else:
             speculate = self.since_spec >= self.probe_every
             reason = "probing speculation" if speculate else "speculation does not pay"
-        self._last = {"speculate": speculate, "reason": reason,
-                      "spec_tok_s": None if spec is None else round(spec, 2),
-                      "ar_tok_s": None if ar is None else round(ar, 2)}
+        self._last = {"speculate": speculate, "reason": reason, "spec_tok_s": _rounded(spec),
+                      "ar_tok_s": _rounded(ar)}
+        if self.carried and step_index == 0:  # the run's first decision read an earlier run's rates
+            self._last["carried"] = True
         return speculate
 
     def observe(self, speculated: bool, tokens: int, ms: float, one_off: bool = False) -> dict:
@@ -152,3 +187,7 @@ class GoodputFallback:
             self.ar.add(tokens, ms, self.alpha, fresh=self.since_ar >= self.ar_probe_every)
             self.since_spec, self.since_ar = self.since_spec + 1, 0
         return dict(self._last)
+
+
+def _rounded(tok_s: float | None) -> float | None:
+    return None if tok_s is None else round(tok_s, 2)

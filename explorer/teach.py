@@ -89,6 +89,10 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
     calls = "one target call" if step.target_calls == 1 else f"{step.target_calls} target calls"
     out.append(f"Outcome: {n} token(s) committed ({_tok(''.join(step.committed_text))}) for {calls}"
                + (f" and {step.draft_calls} draft call(s)." if step.draft_calls else "."))
+    if fallback.get("carried"):
+        out.append(f"The fallback's goodput rule started this run from the rates an earlier run of the session "
+                   f"measured ({fallback_rates(fallback)}), so it did not spend the run's first steps measuring "
+                   "speculation again; its next probe of the other mode replaces the carried figure.")
     if fallback.get("unmeasured") == "graph capture":
         out.append("This step recorded CUDA graphs for a forward size not seen before, a one-time cost many times "
                    "a replayed forward, so the fallback's goodput rule did not count its time.")

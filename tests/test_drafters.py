@@ -109,6 +109,55 @@ def test_free_branches_stop_at_the_row_budget_and_take_their_subtrees_with_them(
     assert merge_free(d, free, max_rows=1).tree.token == [10]
 
 
+def test_free_nodes_past_the_room_left_or_after_an_end_of_sequence_are_left_out():
+    tree = DraftTree()
+    tree.add_level([-1], [10])
+    d = Drafted(tree, draft_rows={0: 0})
+    free = [FreeNode(-1, 10, "lookup", {}), FreeNode(0, 11, "lookup", {}), FreeNode(1, 12, "lookup", {}),
+            FreeNode(-1, 2, "lookup", {}), FreeNode(3, 21, "lookup", {}), FreeNode(-1, 30, "lookup", {})]
+    out = merge_free(d, free, max_depth=2)  # 12 sits at depth 3: a depth-2 path and the bonus fill the room
+    assert sorted(out.tree.token) == [2, 10, 11, 21, 30] and max(out.tree.depth) == 2
+    out = merge_free(d, free, ends=frozenset({2}))  # nothing under an EOS (token 2) can be committed
+    assert sorted(out.tree.token) == [2, 10, 11, 12, 30]
+    assert merge_free(d, free, max_depth=0).tree.token == [10]  # room for the bonus only: no free node
+
+
+@pytest.mark.parametrize("method", ["sd", "mcsd", "hybrid", "token-recycling", "prompt-lookup"])
+def test_no_step_drafts_deeper_than_the_room_left(tiny, method):
+    """A node deeper than the tokens left (less the bonus token) could never be committed; the step before the
+    last token drafts nothing. Greedy tokens stay those of a run with room to spare."""
+    ids = tiny.tokenizer.encode(REPEATING)
+    engine = Engine(tiny, DEFAULTS[method], SamplingConfig())
+    engine.start(ids, 9)
+    trace = engine.run()
+    done = 0
+    for s in trace.steps:
+        room = 9 - done
+        assert max((n.depth for n in s.nodes), default=0) <= room - 1, (s.index, room)
+        assert room > 1 or (s.draft_calls == 0 and len(s.nodes) == 1)
+        done += len(s.committed_ids)
+    assert any(9 - sum(len(t.committed_ids) for t in trace.steps[:i]) <= 4 for i in range(len(trace.steps)))
+    longer = Engine(tiny, DEFAULTS[method], SamplingConfig())
+    longer.start(ids, 40)
+    assert longer.run().generated_ids[:9] == trace.generated_ids
+
+
+def test_the_draft_model_gives_an_end_of_sequence_node_no_children(tiny):
+    import dataclasses
+
+    ids = tiny.tokenizer.encode(REPEATING)
+    config = MethodConfig(method="sd", gamma=4, fallback="off")
+    engine = Engine(tiny, config, SamplingConfig())
+    engine.start(ids, 20)
+    first = [n.token_id for n in engine.step().nodes[1:]]
+    assert len(first) == 4
+    ended = dataclasses.replace(tiny, eos_token_ids=(first[1],))  # the second drafted token ends the sequence
+    engine = Engine(ended, config, SamplingConfig())
+    engine.start(ids, 20)
+    step = engine.step()
+    assert [n.token_id for n in step.nodes[1:]] == first[:2] and step.draft_calls == 2
+
+
 def test_the_free_row_budget_caps_every_step_and_keeps_greedy_output(tiny):
     ids = tiny.tokenizer.encode(REPEATING)
     want = None

@@ -221,3 +221,61 @@ def test_a_replay_continued_past_the_record_follows_the_engines_own_setting(tiny
     steps = [eng.step() for _ in range(5)]
     assert [s.fallback.get("speculate") for s in steps] == [True, False, None, None, None]
     assert all(s.drafted for s in steps[2:])
+
+
+def test_carried_rates_skip_the_warm_up_and_start_in_the_mode_that_paid():
+    """H100 MT-bench (session 17): a run's loss against plain decoding was its 6-7 speculative steps, the warm-up
+    and the probes. Started from the last run's rates, a run where speculation lost starts plain and probes after
+    ``probe_every`` plain steps; that probe replaces the carried speculation rate."""
+    first = GoodputFallback(probe_every=4)
+    _feed(first, 20, spec=(1, 30.0), ar=(1, 10.0))  # speculation at 33 tok/s against 100
+    state = first.state()
+    assert state["spec"]["ms"] == pytest.approx(30.0) and state["ar"]["tokens"] == pytest.approx(1.0)
+    fresh = _feed(GoodputFallback(probe_every=4), 8, spec=(1, 30.0), ar=(1, 10.0))
+    assert fresh[:3] == [True] * 3  # without the carry: three speculative steps first
+    carried = GoodputFallback(probe_every=4, carried=state)
+    assert carried.carried == {"spec_tok_s": pytest.approx(33.33, abs=0.01), "ar_tok_s": pytest.approx(100.0)}
+    assert carried.decide(0) is False and carried._last["carried"]
+    carried.observe(False, 1, 10.0)
+    later = _feed(carried, 8, spec=(4, 20.0), ar=(1, 10.0))  # this prompt copies: speculation at 200 tok/s
+    assert later[:4] == [False, False, False, True] and all(later[4:])  # the probe at step 4 replaced 33 tok/s
+    assert "carried" not in carried._last
+
+
+def test_carried_rates_where_speculation_paid_speculate_from_the_first_step():
+    state = {"spec": {"tokens": 4.0, "ms": 20.0}, "ar": {"tokens": 1.0, "ms": 10.0}}
+    fb = GoodputFallback(ar_probe_every=5, carried=state)
+    decisions = _feed(fb, 7, spec=(4, 20.0), ar=(1, 30.0))  # plain decoding got slower on this prompt
+    assert decisions == [True] * 5 + [False, True]  # the first plain probe, after 5 speculative steps...
+    assert fb.ar.tok_s == pytest.approx(1e3 / 30.0)  # ...replaced the carried plain rate
+
+
+@pytest.mark.parametrize("bad", [{"spec": {"tokens": 1.0}}, {"ar": {"tokens": 1.0, "ms": 0.0}}, {"spec": [1, 2]},
+                                 {"spec": {"tokens": "x", "ms": 1.0}}])
+def test_a_malformed_carried_state_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="carried fallback state is malformed"):
+        GoodputFallback(carried=bad)
+
+
+def test_the_engine_carries_rates_only_to_the_same_method_and_sampling(tiny):
+    from explorer.teach import explain_step
+
+    ids = tiny.tokenizer.encode(PROMPT)
+    cfg, greedy = DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0)
+    first = Engine(tiny, cfg, greedy)
+    first.start(ids, 24)
+    first.run()
+    state = first.fallback_state()
+    assert state["rates"] == first.fallback.state() and state["rates"]["spec"] is not None
+    assert "fallback_carried" not in first.trace.settings
+    nxt = Engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=5), fallback_state=state)  # the seed may differ
+    nxt.start(ids, 8)
+    step = nxt.step()
+    assert nxt.trace.settings["fallback_carried"] == nxt.fallback.carried and step.fallback["carried"]
+    assert "earlier run of the session" in " ".join(explain_step(step))
+    assert "carried" not in nxt.step().fallback
+    for other in (Engine(tiny, cfg.with_(gamma=2), greedy, fallback_state=state),
+                  Engine(tiny, cfg, SamplingConfig(temperature=0.7), fallback_state=state),
+                  Engine(tiny, DEFAULTS["mcsd"].with_(fallback="goodput"), greedy, fallback_state=state)):
+        assert other.fallback.carried is None and other.fallback.spec.tok_s is None
+    assert Engine(tiny, DEFAULTS["sd"], greedy, fallback_state=state).fallback_state() is None  # CPU auto: off

@@ -83,7 +83,7 @@ class Drafter:
         """The free nodes as the tree, within the row budget; where the engine prices rows
         (``engine.row_pricing``), only the nodes worth theirs (``row_pricing.py``)."""
         nodes, priced = self.priced_free_nodes(engine)
-        d = merge_free(empty_draft(engine), nodes, self.row_budget(engine))
+        d = merge_free(empty_draft(engine), nodes, self.row_budget(engine), **engine.reach())
         d.info.update(self.info(engine))
         if priced is not None:
             d.info["row_pricing"] = priced
@@ -123,11 +123,15 @@ class Drafter:
         return {}
 
 
-def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = None) -> Drafted:
+def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = None, max_depth: int | None = None,
+               ends=frozenset()) -> Drafted:
     """Add free nodes to a drafted tree as a trie: a free node whose token already hangs under the same parent is
     merged into that node (its subtree continues there), otherwise it becomes a new node. The result is again
     breadth-first, with each level's existing nodes first in their old order (so branch indices, stop signals and
     the draft cache rows of the existing nodes keep their meaning) and the new free nodes after them.
+
+    ``max_depth`` / ``ends`` (``Engine.reach``): free nodes deeper than ``max_depth`` (None = no limit) or below a
+    node whose token is in ``ends`` (EOS ids) could never be committed, and are left out with their subtrees.
 
     Verification order follows tree order: at a node, draft-model children are tested before free ones.
 
@@ -143,11 +147,16 @@ def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = No
     children: dict[int, dict[int, int]] = {}  # record parent (-1 anchor) -> token -> record index
     for r, (p, t, *_rest) in enumerate(records):
         children.setdefault(p, {}).setdefault(t, r)
+    depth = [old.depth[i] for i in range(len(old))]  # per record
     where: list[int | None] = []  # free index -> record index (None: left out for the row budget)
     for node in free:
         parent = -1 if node.parent < 0 else where[node.parent]
         if parent is None:  # its parent was left out: so is its subtree
             where.append(None)
+            continue
+        below = 0 if parent < 0 else depth[parent]
+        if (max_depth is not None and below >= max_depth) or (parent >= 0 and records[parent][1] in ends):
+            where.append(None)  # never committed: past the room left, or after the end of the sequence
             continue
         hit = children.setdefault(parent, {}).get(node.token)
         if hit is None and max_rows is not None and len(records) + 1 >= max_rows:  # a new row would pass the budget
@@ -156,15 +165,13 @@ def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = No
         if hit is None:
             hit = len(records)
             records.append((parent, node.token, node.source, None, node.provenance))
+            depth.append(below + 1)
             children[parent][node.token] = hit
         where.append(hit)
-    depth: list[int] = []
-    for p, *_rest in records:
-        depth.append(1 if p < 0 else depth[p] + 1)
     order = sorted(range(len(records)), key=lambda r: (depth[r], records[r][3] is None, r))
     new_index = {r: n for n, r in enumerate(order)}
     tree = DraftTree()
-    for level in range(1, max(depth) + 1):
+    for level in range(1, max(depth, default=0) + 1):
         rs = [r for r in order if depth[r] == level]
         tree.add_level([-1 if records[r][0] < 0 else new_index[records[r][0]] for r in rs],
                        [records[r][1] for r in rs], source=[records[r][2] for r in rs])

@@ -42,7 +42,7 @@ class HybridDrafter(Drafter):
         d = empty_draft(engine) if trusted else self.model.draft(engine)
         d.info["lookup_trusted"] = trusted
         for f, nodes, priced in free:
-            d = merge_free(d, nodes, f.row_budget(engine))
+            d = merge_free(d, nodes, f.row_budget(engine), **engine.reach())
             d.info.update(f.info(engine))
             if priced is not None:
                 d.info["row_pricing"] = priced

@@ -75,11 +75,14 @@ class ModelDrafter(Drafter):
         past = L - len(chain)
         calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
         active: set[str] | None = None  # branches still drafting, once the first drafted level exists
+        reach = engine.reach()  # no level deeper than a committable node, no children under an EOS
         template = _template_children(config.tree)  # tree template: node -> its template children, else None
         in_template: dict[int, int] = {-1: -1}  # drafted node -> its template node
         accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
         for k in engine.branching:
             level = tree.n_levels
+            if level >= reach["max_depth"]:
+                break
             if level >= 1 and tree.source[tree.level_starts[level - 1]] == "draft":
                 if active is None:
                     active = {str(b) for b in range(len(tree.children(-1)))}
@@ -94,6 +97,8 @@ class ModelDrafter(Drafter):
                 if not sig.keep_drafting:
                     break
             start, stop = (tree.level_starts[level - 1], tree.level_starts[level]) if level else (0, 0)
+            if level and all(tree.token[i] in reach["ends"] for i in range(start, stop)):
+                break  # a level of EOS tokens: no forward, nothing after them is committed
             first = calls == 0
             ids = (chain if first else []) + tree.token[start:stop]
             mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
@@ -114,7 +119,7 @@ class ModelDrafter(Drafter):
                     q_rows.add(node + 1, qd, r)
                 slots = None if template is None else template.get(in_template.get(node), [])
                 want = k if slots is None else len(slots)
-                if want == 0:
+                if want == 0 or (node >= 0 and tree.token[node] in reach["ends"]):
                     continue
                 sure = (want > 1 and config.branch_threshold < 1.0 and tops[r]
                         and tops[r][0][1] >= config.branch_threshold)

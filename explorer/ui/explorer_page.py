@@ -48,8 +48,10 @@ def _go(delta: int) -> None:
 
 def _reset() -> None:
     engine = st.session_state.get("engine")
-    if engine is not None and engine.recycling_state() is not None:  # what the run learned serves the next one
-        st.session_state["recycling_state"] = engine.recycling_state()
+    if engine is not None:  # what the run learned serves the next one
+        for key, state in (("recycling_state", engine.recycling_state()), ("fallback_state", engine.fallback_state())):
+            if state is not None:
+                st.session_state[key] = state
     for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running", "runs",
                 "run_index", "counterfactuals"):
         st.session_state.pop(key, None)
