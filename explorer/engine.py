@@ -384,6 +384,8 @@ class Engine:
         speculate = self.fallback.decide(len(self.trace.steps)) if self.fallback is not None else True
         captures = self._graph_captures()
         d = self.drafter.draft(self) if speculate else empty_draft(self)
+        if speculate:  # the room that capped the tree's depth (``reach``), for the trace and teach mode
+            d.info["tokens_left"] = self.max_new_tokens - self.n_generated
         if edit is not None:
             d = edit(self, d)
         v = self._verify(d.tree, d.q_rows)

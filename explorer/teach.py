@@ -69,6 +69,7 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
         if target_roots:
             out.append("Its roots were sampled from the target's own distribution (the seed's lossy mode).")
         out.extend(_adaptive_width(step, method or {}, target_roots))
+        out.extend(_room_left(step))
         if model or step.stop_signals:
             out.extend(_stopping(step, levels))
         out.append(f"Verification: the target model scored all {len(step.mask_node_ids)} tokens in one forward pass. "
@@ -99,6 +100,19 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
     if step.finished:
         out.append("The run ended here (end of sequence or the new-token limit).")
     return out
+
+
+def _room_left(step: StepTrace) -> list[str]:
+    """Why a tree near the new-token limit is shallow (``Engine.reach``), when the limit bound it."""
+    left = step.drafter.get("tokens_left")
+    if left is None or left - 1 >= step.max_draft_len:
+        return []
+    if left == 1:
+        return ["Only one token remained before the new-token limit, so nothing was drafted: the target writes the "
+                "last token itself."]
+    return [f"Only {left} tokens remained before the new-token limit, so no token was drafted deeper than {left - 1}: "
+            "a path that deep plus the target's bonus token fills the room, and a deeper token could never be "
+            "committed."]
 
 
 def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:

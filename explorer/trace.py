@@ -105,7 +105,8 @@ class StepTrace:
         forward_ms: of ``step_ms``, the milliseconds spent inside model forwards (draft and target); the rest is
             the engine's own work (tree, masks, sampling, verification, cache trimming, the trace itself).
         drafter: what the drafter read to propose the tree, as plain data (Token Recycling: ``recycling_row``,
-            the anchor's matrix row with its ``candidates`` and the ``step`` / ``node`` that wrote it).
+            the anchor's matrix row with its ``candidates`` and the ``step`` / ``node`` that wrote it), and
+            ``tokens_left`` before ``max_new_tokens`` (no node is drafted deeper than one less: ``Engine.reach``).
         drafted: proposed tokens in the tree (draft model, lookup and recycled; ``methods.DRAFT_SOURCES``).
         expected_tokens: the tokens this step commits in expectation over the verifier's own draws, given the
             drafted tree (``expectation.expected_tokens``; bonus token included, before EOS / length cuts).

@@ -130,11 +130,17 @@ def test_no_step_drafts_deeper_than_the_room_left(tiny, method):
     engine = Engine(tiny, DEFAULTS[method], SamplingConfig())
     engine.start(ids, 9)
     trace = engine.run()
+    from explorer.teach import explain_step
+
     done = 0
     for s in trace.steps:
         room = 9 - done
         assert max((n.depth for n in s.nodes), default=0) <= room - 1, (s.index, room)
         assert room > 1 or (s.draft_calls == 0 and len(s.nodes) == 1)
+        assert s.drafter["tokens_left"] == room
+        said = " ".join(explain_step(s))  # teach mode says why, where the limit bound the tree
+        assert ("new-token limit" in said) == (room - 1 < s.max_draft_len)
+        assert room > 1 or "Only one token remained" in said
         done += len(s.committed_ids)
     assert any(9 - sum(len(t.committed_ids) for t in trace.steps[:i]) <= 4 for i in range(len(trace.steps)))
     longer = Engine(tiny, DEFAULTS[method], SamplingConfig())
