@@ -373,3 +373,19 @@ def test_what_if_edit_reverifies_branches_and_keeps_the_original(app):
     assert len(app.session_state["trace"].steps) == before + 1
     app.selectbox(key="run_choice").set_value(0).run()
     assert app.session_state["trace"] is original and not app.exception
+
+
+def test_the_goodput_fallback_carries_its_rates_to_the_sessions_next_run(app):
+    """The rates a run measured start the next run of the same method (after Reset), and its first step says so."""
+    app.sidebar.selectbox(key="fallback").set_value("goodput")
+    app.sidebar.slider(key="max_new").set_value(10)
+    app.text_area(key="prompt_text").set_value("hello")
+    click(app, "run_btn")
+    measured = app.session_state["engine"].fallback_state()
+    assert measured is not None and measured["rates"]["spec"] is not None
+    click(app, "reset_btn")
+    assert app.session_state["fallback_state"] == measured
+    click(app, "step_btn")
+    engine = app.session_state["engine"]
+    assert engine.trace.settings["fallback_carried"] == engine.fallback.carried
+    assert engine.trace.steps[0].fallback["carried"]
