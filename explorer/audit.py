@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import MethodConfig
-from .engine import Engine
+from .engine import Engine, positions_needed
 from .models import ModelPair
 from .sampling import SamplingConfig, logits_to_probs
 
@@ -140,7 +140,7 @@ def audit(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, promp
     engine = Engine(pair, config, sampling)
     # Room for whole trees (the engine drafts no deeper than the tokens left, ``Engine.reach``): the audit must
     # verify the method's full tree, and the first tokens of a longer run follow the same law.
-    spare = pair.max_positions - len(prompt_ids) - config.max_nodes() - 1 - n_tokens
+    spare = pair.max_positions - positions_needed(config, len(prompt_ids), n_tokens)
     engine.start(prompt_ids, n_tokens + max(0, min(spare, config.max_nodes())))
     p1 = engine.next_dist.detach().clone()
     firsts: dict[int, int] = {}

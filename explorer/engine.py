@@ -210,7 +210,7 @@ class Engine:
         if max_new_tokens < 1:
             raise EngineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         budget = self.pair.max_positions
-        needed = len(prompt_ids) + max_new_tokens + self.config.max_nodes() + 1
+        needed = positions_needed(self.config, len(prompt_ids), max_new_tokens)
         if needed > budget:
             raise EngineError(
                 f"the prompt has {len(prompt_ids)} tokens; with {max_new_tokens} new tokens and a tree of "
@@ -307,7 +307,12 @@ class Engine:
         fills the room, so a deeper node could never be committed), and ``ends``, the EOS ids (nothing after one
         is committed, so an EOS node gets no children). Proposals stay a function of the history: lossless.
         transformers' candidate generators cap their drafts at the room left in the same way."""
-        return {"max_depth": self.max_new_tokens - self.n_generated - 1, "ends": frozenset(self.pair.eos_token_ids)}
+        return {"max_depth": self.tokens_left - 1, "ends": frozenset(self.pair.eos_token_ids)}
+
+    @property
+    def tokens_left(self) -> int:
+        """New tokens the run may still commit before ``max_new_tokens``."""
+        return self.max_new_tokens - self.n_generated
 
     def _graph_captures(self) -> int:
         return sum(runner.captures for runner in self._runners.values())
@@ -385,7 +390,7 @@ class Engine:
         captures = self._graph_captures()
         d = self.drafter.draft(self) if speculate else empty_draft(self)
         if speculate:  # the room that capped the tree's depth (``reach``), for the trace and teach mode
-            d.info["tokens_left"] = self.max_new_tokens - self.n_generated
+            d.info["tokens_left"] = self.tokens_left
         if edit is not None:
             d = edit(self, d)
         v = self._verify(d.tree, d.q_rows)
@@ -512,7 +517,7 @@ class Engine:
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""
-        room = self.max_new_tokens - self.n_generated
+        room = self.tokens_left
         out = []
         for t in tokens[:room]:
             out.append(t)
@@ -636,6 +641,12 @@ class Engine:
             if on_step:
                 on_step(s)
         return self.trace
+
+
+def positions_needed(config: MethodConfig, n_prompt: int, max_new_tokens: int) -> int:
+    """Positions a run needs in the models' context window: the prompt, the new tokens, and a whole tree of
+    ``config`` past them plus one (``Engine.start`` refuses a run that needs more than ``pair.max_positions``)."""
+    return n_prompt + max_new_tokens + config.max_nodes() + 1
 
 
 def _fallback_key(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig) -> str:
