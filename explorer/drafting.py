@@ -24,29 +24,32 @@ def greedy_candidates(logits: torch.Tensor, k: int) -> list[int]:
     return torch.topk(logits.float(), k).indices.tolist()
 
 
-def _uniform(generator: torch.Generator) -> float:
-    """One U[0, 1) draw (float64) from the engine's generator, on the generator's device."""
-    return float(torch.rand((), generator=generator, device=generator.device, dtype=torch.float64))
+def _uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
+    """``n`` U[0, 1) draws (float64) from the engine's generator, on the generator's device, in one call."""
+    return torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)
 
 
 def _inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> list[int]:
     """``n`` i.i.d. draws from the non-negative weights ``probs`` (``(vocab,)``) by inverse CDF on a float64
-    running sum: a tenth of ``torch.multinomial``'s time over a 150,000-token row.
+    running sum: a tenth of ``torch.multinomial``'s time over a 150,000-token row. The draws are made on the
+    device and reach the host in one transfer with the total and their weights (a GPU synchronises once).
 
     Raises:
         ValueError: ``probs`` has no positive weight.
     """
     cdf = probs.double().cumsum(0)
-    total = float(cdf[-1])
-    if not total > 0:
-        raise ValueError("cannot sample from a distribution with no mass")
-    u = torch.tensor([_uniform(generator) * total for _ in range(n)], dtype=torch.float64, device=probs.device)
+    total = cdf[-1]
+    u = _uniforms(generator, n).to(probs.device) * total
     # the first index whose running sum exceeds u has weight > 0, and u < total keeps it inside the row
-    idx = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).tolist()
-    if any(float(probs[i]) <= 0 for i in idx):  # u rounded up to total (chance ~2^-53): the last token with weight
+    idx = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+    host = torch.cat([total.reshape(1), idx.double(), probs[idx].double()]).tolist()
+    if not host[0] > 0:
+        raise ValueError("cannot sample from a distribution with no mass")
+    ids, weights = [int(i) for i in host[1:1 + n]], host[1 + n:]
+    if any(w <= 0 for w in weights):  # u rounded up to total (chance ~2^-53): the last token with weight
         last = int(torch.nonzero(probs > 0).max())
-        idx = [i if float(probs[i]) > 0 else last for i in idx]
-    return idx
+        ids = [i if w > 0 else last for i, w in zip(ids, weights)]
+    return ids
 
 
 def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -85,11 +88,12 @@ def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_
             row[torch.tensor(exclude, dtype=torch.long, device=row.device)] = 0
         return sample_one(row, generator) if float(row.sum()) > 0 else None
 
-    for _ in range(k):
+    draws = _uniforms(generator, k).tolist()  # one transfer for the step's k draws
+    for draw in draws:
         rest = 1.0 - taken
         pick = None
         if rest > PRECISE_REST:
-            u = _uniform(generator) * rest
+            u = draw * rest
             for t, p in left.items():
                 u -= p
                 if u < 0:

@@ -476,19 +476,20 @@ class Engine:
                                   keep=n + (1 if chain else 0)).logits
         else:  # first `ar` step: the prefill already gave the anchor's distribution
             logits = torch.empty(0, self.pair.vocab_size, device=self.pair.device)
-        self._timeline.enter("verification")
+        self._timeline.enter("odds")
         parents = sorted({p + 1 for p in tree.parent})  # rows with children: their best tokens go into the trace
         if chain:  # logits row 0 = anchor (p row 0), row 1 + i = node i
             p_rows = RowDists(logits, self.sampling, stat_rows=parents)
         else:  # the anchor is cached: its distribution was kept from the prefill or the previous (lossy) step
             p_rows = RowDists(logits, self.sampling, offset=1, fixed={0: (self.next_dist, self.next_logits)},
                               stat_rows=parents)
-        rng_state = self.generator.get_state()
-        result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
-                                     greedy=self.sampling.greedy)
-        self._timeline.enter("odds")
+        # every node's test, computed on the device and read in one transfer; the walk below compares them with draws
         odds = expectation.node_odds(tree, p_rows, q_rows, self.verifier_name, greedy=self.sampling.greedy)
         expected = expectation.expected_tokens(tree, odds, lossy=self.config.is_lossy)
+        self._timeline.enter("verification")
+        rng_state = self.generator.get_state()
+        result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
+                                     greedy=self.sampling.greedy, odds=odds)
         anchor_logits = logits[0] if chain else self.next_logits
         return _Verified(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents,
                          self.committed[-1], anchor_logits, logits[1:] if chain else logits, odds, expected,

@@ -26,28 +26,28 @@ import numpy as np
 import torch
 
 from .methods import FREE_SOURCES
+from .residuals import fetch, normalize_or, ratio, rrs_rejected, spechub_plan, without
 from .tree import DraftTree
-from .verify import accept_ratio, normalize, rrs_rejected, spechub_plan, without
 
 
 @dataclass(frozen=True)
 class NodeOdds:
     """One node's test, as the rule implies: see the module docstring. ``order`` is its place among the
-    siblings in test order (0 = tested first)."""
+    siblings in test order (0 = tested first); ``ratio`` the test's argument as the trace shows it (``p'(x) /
+    q'(x)`` for ``rrs``, possibly above 1 or inf; ``p'(x)`` for a free child; 1 or 0 when greedy; None for
+    ``mcns`` and SpecHub, whose walks compute their own)."""
 
     accept_prob: float
     slot_prob: float
     order: int
-
-
-def _min_sum(p: torch.Tensor, q: torch.Tensor) -> float:
-    return float(torch.minimum(p, q).sum())
+    ratio: float | None = None
 
 
 def _rrs(tokens, p, q, replacement: bool = False):
+    """Per child (in test order) its ratio and slot probability as 0-d device tensors: nothing is read here."""
     out = []
     for j, x in enumerate(tokens):
-        out.append((j, min(1.0, accept_ratio(float(p[x]), float(q[x]))), _min_sum(p, q)))
+        out.append((j, ratio(p[x], q[x]), torch.minimum(p, q).sum()))
         p, q = rrs_rejected(p, q, x, replacement)  # the verifier's own residual update
     return out, p
 
@@ -61,10 +61,9 @@ def _mcns(tokens, p, q):
     out = []
     for j, x in enumerate(tokens):
         out.append((j, float(p[x]), float((q * p).sum()) if q is not None else float(p[x])))
-        rest = without(p, x)
-        if rest is None:
+        if not float(p.sum() - p[x]) > 0:  # nothing else had mass: the walk stops here
             break
-        p = rest
+        p = without(p, x)
         if q is not None:  # drafted without replacement: the next slot's draw excludes x
             q = without(q, x)
     return out, p
@@ -90,23 +89,28 @@ def _spechub(tokens, p, q):
         out = [(0, float(plan["alpha1"][tokens[0]]), first_slot), (1, plan["beta1"], hub_slot)]
     else:
         out = [(1, float(plan["alpha2"][tokens[1]]), first_slot), (0, plan["beta2"], hub_slot)]
-    residual = normalize(plan["residual"])
-    return out, (p if residual is None else residual)
+    return out, normalize_or(plan["residual"], p)
 
 
-def _point(tokens, p):
+def _point_masses(tokens, p) -> torch.Tensor:
+    """Deterministic children's ``p(x_j)`` and ``sum(p)``, ``(len(tokens) + 1,)`` on the device (``_point_odds``
+    turns them into odds once they are on the host)."""
+    return torch.cat([p[torch.tensor(tokens, dtype=torch.long, device=p.device)], p.sum().reshape(1)])
+
+
+def _point_odds(masses: list[float]) -> list[tuple[int, float, float]]:
     """Deterministic children tested in turn: child j passes with its probability under ``p`` with the earlier
-    children removed and the rest renormalised (as ``verify.point_stage`` after each rejection), i.e.
-    ``p(x_j) / (sum(p) - p(x_0) - ... - p(x_{j-1}))``, read from one transfer of ``p(x_j)`` and ``sum(p)``."""
-    *px, total = torch.stack([p[x] for x in tokens] + [p.sum()]).double().tolist()
-    out, left = [], total
+    children removed and the rest renormalised (as the verifier's point-mass stage after each rejection), i.e.
+    ``p(x_j) / (sum(p) - p(x_0) - ... - p(x_{j-1}))``."""
+    *px, left = masses
+    out = []
     for j, mass in enumerate(px):
         if not left > 0:  # nothing else had mass: the walk stops here
             break
         odds = min(1.0, mass / left)  # rounding in the running remainder must not make it a probability above 1
         out.append((j, odds, odds))
         left -= mass
-    return out, None
+    return out
 
 
 ODDS_RULES = {"rrs": _rrs, "rrs-replacement": _rrs_replacement, "mcns": _mcns, "spechub": _spechub}
@@ -116,13 +120,16 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
     """Each tested node's odds (tree index -> NodeOdds) under ``verifier`` (a ``verify.run_verifier`` name).
 
     Every node that can be tested gets odds, including nodes the walk never reached (below a rejection): what
-    their test would have been. Target-sampled roots of the lossy rule are not tested and get none.
+    their test would have been. Target-sampled roots of the lossy rule are not tested and get none. The values
+    are computed on the device and reach the host in one transfer (greedy: none, the best tokens are there
+    already); ``verify.py`` walks the tree with them.
     Raises KeyError for an unknown verifier.
     """
     if verifier == "greedy" or (verifier == "longest-branch" and greedy):
         return _greedy_odds(tree, p_rows)
     rule = ODDS_RULES["rrs" if verifier == "longest-branch" else verifier]
-    out: dict[int, NodeOdds] = {}
+    tests = []  # (node, ratio, slot probability, order) of the model-drafted children, values maybe on the device
+    points = []  # (free children, their p(x) and sum(p) on the device, order of the first)
     for node in [-1] + list(range(len(tree))):
         kids = tree.children(node)
         kids = [c for c in kids if tree.source[c] != "target"]
@@ -131,33 +138,42 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
         p = p_rows[node + 1]
         model = [c for c in kids if tree.source[c] not in FREE_SOURCES]
         free = [c for c in kids if tree.source[c] in FREE_SOURCES]
-        order = 0
+        tested = []
         if model:
             tested, p = rule([tree.token[c] for c in model], p, q_rows.get(node + 1))
-            for j, accept, slot in tested:
-                out[model[j]] = NodeOdds(accept, slot, order)
-                order += 1
+            tests += [(model[j], r, slot, order) for order, (j, r, slot) in enumerate(tested)]
         if free:
-            tested, _ = _point([tree.token[c] for c in free], p)
-            for j, accept, slot in tested:
-                out[free[j]] = NodeOdds(accept, slot, order)
-                order += 1
+            points.append((free, _point_masses([tree.token[c] for c in free], p), len(tested)))
+    host = iter(fetch([v for _, r, slot, _ in tests for v in (r, slot)] + [m for _, m, _ in points]))
+    out: dict[int, NodeOdds] = {}
+    for node, _, _, order in tests:
+        r, slot = next(host), next(host)
+        out[node] = NodeOdds(min(1.0, r), slot, order, r)
+    for free, masses, first in points:
+        masses = [next(host) for _ in range(len(free) + 1)]
+        for j, accept, slot in _point_odds(masses):
+            out[free[j]] = NodeOdds(accept, slot, first + j, accept)
     return out
 
 
+def best_token(p_rows, row: int) -> int:
+    """Greedy: the best token of a p row, from the batched top-k pass verification already made when ``p_rows`` is
+    a ``sampling.RowDists`` (no row processed, no read for a batched row), else the processed row's argmax."""
+    return p_rows.top_ids(row, 1)[0] if hasattr(p_rows, "top_ids") else int(p_rows[row].argmax())
+
+
 def _greedy_odds(tree: DraftTree, p_rows) -> dict[int, NodeOdds]:
-    """Greedy: a child passes when it is its parent's argmax; one best token per parent row, no row processed
-    (``p_rows.top_ids`` reads the batched top-k pass verification already made)."""
+    """Greedy: a child passes when it is its parent's argmax; one best token per parent row."""
     out: dict[int, NodeOdds] = {}
     for node in [-1] + list(range(len(tree))):
         kids = [c for c in tree.children(node) if tree.source[c] != "target"]
         if not kids:
             continue
-        best = p_rows.top_ids(node + 1, 1)[0] if hasattr(p_rows, "top_ids") else int(p_rows[node + 1].argmax())
+        best = best_token(p_rows, node + 1)
         model = [c for c in kids if tree.source[c] not in FREE_SOURCES]
         for order, c in enumerate(model + [c for c in kids if tree.source[c] in FREE_SOURCES]):
             hit = float(tree.token[c] == best)
-            out[c] = NodeOdds(hit, hit, order)
+            out[c] = NodeOdds(hit, hit, order, hit)
     return out
 
 

@@ -11,8 +11,10 @@ Clocks. On the CPU each boundary reads the host clock. On CUDA each boundary rec
 step synchronises once, at its end (issue 13: a synchronisation per boundary stalled the host at every phase): an
 event fires when the device reaches it, which is when the work queued before it is done or, on an idle device,
 when the host queued it, so a segment is the time the phase held up the step (a forward's ``gpu_ms`` is its device
-time). ``count_syncs`` (CUDA) also counts the step's host synchronisations through torch's sync debug mode (each
-becomes a warning); it costs microseconds per synchronisation and is process-wide, so it is opt-in (bench, scripts).
+time). ``count_syncs`` also counts the step's host synchronisations: on CUDA through torch's sync debug mode (each
+becomes a warning; it costs microseconds per synchronisation and is process-wide), on the CPU as the reads of tensor
+values into Python that would synchronise on a GPU (``host_reads.py``; it slows the step several-fold). Opt-in
+(bench, tests, scripts).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import warnings
 
 import torch
 
+from .host_reads import HostReadCounter
+
 PHASES = ("drafting", "draft forward", "mask", "target forward", "verification", "odds", "drafter learn",
           "stop-policy adaptation", "KV-cache commit", "trace recording")
 DRAFT_PHASES = ("drafting", "draft forward")
@@ -30,7 +34,8 @@ VERIFY_PHASES = ("mask", "target forward", "verification", "odds")
 
 class StepTimeline:
     """Segments of one step. ``device``: where the models run (CUDA: event timing, one synchronisation at the
-    end). ``count_syncs``: on CUDA, count the step's host synchronisations (``syncs`` after ``finish``)."""
+    end). ``count_syncs``: count the step's host synchronisations (``syncs`` after ``finish``): on CUDA the real
+    ones (the step's own one at its end included), on the CPU the value reads that would be ones on a GPU."""
 
     def __init__(self, device: torch.device, count_syncs: bool = False):
         self.device = device
@@ -39,6 +44,10 @@ class StepTimeline:
         self._open: tuple[dict, object] | None = None
         self.syncs: int | None = None
         self._caught = None
+        self._reads: HostReadCounter | None = None
+        if count_syncs and not self.cuda:
+            self._reads = HostReadCounter()
+            self._reads.__enter__()
         if self.cuda and count_syncs:
             self._catcher = warnings.catch_warnings(record=True)
             self._caught = self._catcher.__enter__()
@@ -74,7 +83,14 @@ class StepTimeline:
         """Context manager for one model forward: its own segment; the interrupted phase reopens after it."""
         return _ForwardSegment(self, role, rows)
 
+    def _stop_reading(self) -> None:
+        if self._reads is not None:
+            self._reads.__exit__(None, None, None)
+            self.syncs = self._reads.reads
+            self._reads = None
+
     def _stop_counting(self) -> None:
+        self._stop_reading()
         if self._caught is not None:
             torch.cuda.set_sync_debug_mode(0)
             self._catcher.__exit__(None, None, None)
@@ -88,6 +104,7 @@ class StepTimeline:
         """Close the last segment and fill in every segment's ``start_ms`` and ``ms`` (on CUDA after the step's
         one synchronisation; forwards also get ``gpu_ms``). Returns the segments."""
         self._close(self._mark())
+        self._stop_reading()  # the CPU's count
         if self.cuda:
             torch.cuda.synchronize(self.device)
             if self._caught is not None:

@@ -31,6 +31,12 @@ x from p'. Every stage, given the proposals, leaves the next token distributed a
 of model and free children stays lossless.
 
 All but the last are lossless: the committed tokens are distributed exactly as sampling from the target.
+
+How the walk runs. ``greedy``, ``rrs``, ``rrs-replacement`` (and ``longest-branch`` on them) test a node with a
+number that depends only on the tree: every node's acceptance probability is computed on the device for the whole
+tree at once (``expectation.node_odds``) and the walk compares it with the node's own uniform draw on the host
+(``ODDS_RULES``): a few host synchronisations per step however large the tree, where a read per tested node
+stalled a GPU step dozens of times (issue 13). ``mcns`` and ``spechub`` walk node by node (``NODE_RULES``).
 """
 
 from __future__ import annotations
@@ -39,9 +45,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import expectation
 from .config import VERIFIERS
 from .drafting import sample_one
 from .methods import FREE_SOURCES
+from .residuals import normalize_or, rrs_rejected, spechub_plan, without
+from .residuals import ratio as accept_ratio
 from .tree import DraftTree
 
 RESIDUAL_TOP = 5
@@ -86,12 +95,6 @@ class VerifyResult:
     next_row: int | None = None
 
 
-def normalize(x: torch.Tensor) -> torch.Tensor | None:
-    """``x / x.sum()``, or None when the sum is not positive."""
-    s = x.sum()
-    return x / s if s > 0 else None
-
-
 def _top(dist: torch.Tensor, k: int = RESIDUAL_TOP) -> list[tuple[int, float]]:
     v, i = torch.topk(dist, min(k, dist.shape[-1]))
     return [(int(t), float(p)) for t, p in zip(i.tolist(), v.tolist()) if p > 0]
@@ -101,53 +104,18 @@ def _uniform(generator: torch.Generator, device) -> float:
     return float(torch.rand((), generator=generator, device=device))
 
 
-def accept_ratio(px: float, qx: float) -> float:
-    """p(x) / q(x) of a draft x: its test accepts with probability ``min(1, ratio)`` (inf when q(x) = 0 < p(x))."""
-    return px / qx if qx > 0 else (float("inf") if px > 0 else 0.0)
-
-
-def without(dist: torch.Tensor, x: int) -> torch.Tensor | None:
-    """``dist`` with token x removed and renormalised; None when nothing else had mass."""
-    rest = dist.clone()
-    rest[x] = 0
-    return normalize(rest)
-
-
-def rrs_rejected(p: torch.Tensor, q: torch.Tensor, x: int, replacement: bool = False) -> tuple:
-    """RRS after draft x was rejected: ``p <- norm(max(p - q, 0))`` (kept when that is empty: the rejection had
-    probability 0), and without replacement ``q <- q`` without x (zeros when nothing is left). Returns (p, q)."""
-    residual = normalize((p - q).clamp(min=0))
-    if residual is not None:
-        p = residual
-    if not replacement:
-        q = without(q, x)
-        if q is None:
-            q = torch.zeros_like(p)
-    return p, q
-
-
 # ------------------------------------------------------------------------------------------------ node rules
-# Each returns (index of the accepted child or None, distribution of the next token if none,
-# {child index: NodeDecision} for the children it tested).
-
-
-def greedy_node(tokens, p, q, generator):
-    best = int(p.argmax())
-    decisions = {}
-    for j, x in enumerate(tokens):
-        ok = x == best
-        decisions[j] = NodeDecision(accepted=ok, ratio=1.0 if ok else 0.0)
-        if ok:
-            return j, None, decisions
-    return None, p, decisions
+# Node by node (``mcns``, ``spechub``, and ``rrs`` for SpecHub's one-child nodes). Each returns (index of the
+# accepted child or None, distribution of the next token if none, {child index: NodeDecision} for the children it
+# tested).
 
 
 def rrs_node(tokens, p, q, generator, replacement: bool = False):
     decisions = {}
     for j, x in enumerate(tokens):
-        ratio = accept_ratio(float(p[x]), float(q[x]))
+        ratio = float(accept_ratio(p[x], q[x]))
         u = _uniform(generator, p.device)
-        if u <= ratio:
+        if u < ratio:  # P(u < r) = min(1, r) for u ~ U[0, 1); "<=" would pass a p(x) = 0 draft at u = 0
             decisions[j] = NodeDecision(accepted=True, ratio=ratio, u=u)
             return j, None, decisions
         p, q = rrs_rejected(p, q, x, replacement)
@@ -155,53 +123,16 @@ def rrs_node(tokens, p, q, generator, replacement: bool = False):
     return None, p, decisions
 
 
-def rrs_replacement_node(tokens, p, q, generator):
-    return rrs_node(tokens, p, q, generator, replacement=True)
-
-
 def mcns_node(tokens, p, q, generator):
     y = sample_one(p, generator)
     decisions = {}
     for j, x in enumerate(tokens):
-        ratio = accept_ratio(float(p[x]), float(q[x])) if q is not None else 0.0
+        ratio = float(accept_ratio(p[x], q[x])) if q is not None else 0.0
         ok = x == y
         decisions[j] = NodeDecision(accepted=ok, ratio=ratio)
         if ok:
             return j, None, decisions
     return None, torch.nn.functional.one_hot(torch.tensor(y, device=p.device), p.shape[-1]).to(p), decisions
-
-
-def spechub_plan(p: torch.Tensor, q: torch.Tensor) -> dict:
-    """The SpecHub transport plan for one node (two drafts, hub ``a = argmax q``).
-
-    Drafting (``drafting.hub_pair``) draws the ordered pair ``(i, a)`` with probability ``q(i)`` and ``(a, i)``
-    with ``Q(a, i) = q(a) q(i) / (1 - q(a))``, for every non-hub i. Verification then captures, for each non-hub i,
-    ``min(q(i), p(i))`` from pairs ``(i, a)`` (accept i w.p. ``alpha1 = min(1, p/q)``) and from the rest
-    ``p1 = max(p - q, 0)`` as much as ``Q(a, i)`` allows (accept i w.p. ``alpha2 = min(1, p1/Q(a, i))``). The hub
-    takes the mass left by rejected pairs ``(a, i)`` first (``beta2``) and then ``(i, a)`` (``beta1``), up to
-    ``p(a)``. What no pair captured is the residual the replacement token is drawn from; since every pair's
-    leftover mass equals the residual's total, the output is distributed exactly as p.
-    """
-    a = int(q.argmax())
-    hub = torch.zeros_like(q, dtype=torch.bool)
-    hub[a] = True
-    qa = float(q[a])
-    alpha1 = torch.where(q > 0, (p / q.clamp(min=1e-30)).clamp(max=1.0), torch.zeros_like(p))
-    p1 = (p - q).clamp(min=0)
-    q_ai = q * qa / max(1.0 - qa, 1e-30)
-    alpha2 = torch.where(q_ai > 0, (p1 / q_ai.clamp(min=1e-30)).clamp(max=1.0), torch.zeros_like(p))
-    p2 = p1 - torch.minimum(q_ai, p1)
-    alpha1[hub] = alpha2[hub] = 0.0
-    r1 = float((q * (1 - alpha1))[~hub].sum())  # mass of pairs (i, a) whose i was rejected
-    r2 = float((q_ai * (1 - alpha2))[~hub].sum())  # mass of pairs (a, i) whose i was rejected
-    pa = float(p[a])
-    beta2 = min(1.0, pa / r2) if r2 > 0 else 0.0
-    pa -= beta2 * r2
-    beta1 = min(1.0, pa / r1) if r1 > 0 else 0.0
-    pa -= beta1 * r1
-    residual = torch.where(hub, torch.zeros_like(p), p2)
-    residual[a] = max(pa, 0.0)
-    return {"hub": a, "alpha1": alpha1, "alpha2": alpha2, "beta1": beta1, "beta2": beta2, "residual": residual}
 
 
 def spechub_node(tokens, p, q, generator):
@@ -220,16 +151,14 @@ def spechub_node(tokens, p, q, generator):
     decisions: dict[int, NodeDecision] = {}
     (j_i, i), (j_a, _) = order
     u = _uniform(generator, p.device)
-    ok = u <= float(alpha[i])
+    ok = u < float(alpha[i])
     decisions[j_i] = NodeDecision(accepted=ok, ratio=float(alpha[i]), u=u)
     if ok:
         return j_i, None, decisions
     u = _uniform(generator, p.device)
-    ok = u <= beta
+    ok = u < beta
     decisions[j_a] = NodeDecision(accepted=ok, ratio=beta, u=u)
-    residual = normalize(plan["residual"])
-    if residual is None:  # nothing left to capture: the rejection had probability 0
-        residual = p
+    residual = normalize_or(plan["residual"], p)  # p when nothing was left to capture (probability 0)
     if ok:
         return j_a, None, decisions
     decisions[j_a].residual_top = _top(residual)
@@ -237,33 +166,25 @@ def spechub_node(tokens, p, q, generator):
     return None, residual, decisions
 
 
-def point_stage(tokens, p, generator, greedy: bool = False):
+def point_stage(tokens, p, generator):
     """Deterministic children (q = a point mass each), tested one after another against ``p`` (the residual the
-    draft-model children left). Greedy: accept the child equal to ``argmax p``. Sampling: accept x when
-    ``u < p(x)`` (u ~ U[0, 1)), else set ``p(x) = 0`` and renormalise. Same return as the node rules."""
+    draft-model children left): accept x when ``u < p(x)`` (u ~ U[0, 1)), else set ``p(x) = 0`` and renormalise.
+    Same return as the node rules."""
     decisions = {}
-    best = int(p.argmax()) if greedy else None  # greedy never changes p: one read for all children
     for j, x in enumerate(tokens):
-        if greedy:
-            ok = x == best
-            decisions[j] = NodeDecision(accepted=ok, ratio=1.0 if ok else 0.0)
-        else:
-            px = float(p[x])
-            u = _uniform(generator, p.device)
-            ok = u < px
-            decisions[j] = NodeDecision(accepted=ok, ratio=px, u=u)
-            if not ok:
-                rest = without(p, x)
-                if rest is not None:  # None only if p(x) == 1, where rejection had probability 0
-                    p = rest
-                decisions[j].residual_top = _top(p)
+        px = float(p[x])
+        u = _uniform(generator, p.device)
+        ok = u < px
+        decisions[j] = NodeDecision(accepted=ok, ratio=px, u=u)
         if ok:
             return j, None, decisions
+        p = without(p, x)  # p itself if p(x) == 1, where the rejection had probability 0
+        decisions[j].residual_top = _top(p)
     return None, p, decisions
 
 
-NODE_RULES = {"greedy": greedy_node, "rrs": rrs_node, "rrs-replacement": rrs_replacement_node,
-              "mcns": mcns_node, "spechub": spechub_node}
+NODE_RULES = {"mcns": mcns_node, "spechub": spechub_node}
+"""Rules walked node by node, each drawing as it tests (the rules whose tests ``ODDS_RULES`` cannot precompute)."""
 
 
 # ------------------------------------------------------------------------------------------------ walks
@@ -286,7 +207,7 @@ def _walk(tree: DraftTree, p_rows, q_rows, start: int, rule, generator, decision
             decisions.update({model[j]: d for j, d in decs.items()})
             accepted = None if idx is None else model[idx]
         if accepted is None and free:
-            idx, dist, decs = point_stage([tree.token[c] for c in free], dist, generator, greedy=rule is greedy_node)
+            idx, dist, decs = point_stage([tree.token[c] for c in free], dist, generator)
             decisions.update({free[j]: d for j, d in decs.items()})
             accepted = None if idx is None else free[idx]
         if accepted is None:
@@ -302,42 +223,134 @@ def _branch_counts(tree: DraftTree, path: list[int]) -> dict[int, int]:
     return counts
 
 
+# ------------------------------------------------------------------------------------------------ walks on odds
+
+ODDS_RULES = ("greedy", "rrs", "rrs-replacement")
+"""Rules whose test of a node depends only on the tree (given that the earlier siblings were rejected, which the
+walk reaching it implies). Every node's acceptance probability is computed once, on the device, and reaches the host
+in one transfer (``expectation.node_odds``, which the trace shows anyway); the walk then compares each tested node's
+probability with its own uniform draw (``u < accept_prob``), all drawn at once. Only the distribution the walk ends
+in is computed afterwards, for the bonus token. Host synchronisations per step: the odds, the uniforms, the
+rejected nodes' residuals for the trace, the bonus token (issue 13), however large the tree."""
+
+
+def _uniforms(tree: DraftTree, generator: torch.Generator) -> list[float]:
+    """One U[0, 1) draw (float64) per tree node, in one call and one transfer; a node's test uses its own."""
+    if not len(tree):
+        return []
+    return torch.rand(len(tree), generator=generator, device=generator.device, dtype=torch.float64).tolist()
+
+
+def _odds_walk(tree: DraftTree, odds: dict, start: int, uniforms, decisions: dict) -> tuple[list[int], list[int]]:
+    """Descend from node ``start`` (-1 = anchor): test each node's children in test order; child c passes when
+    ``uniforms[c] < accept_prob`` (greedy, ``uniforms`` None: when its accept_prob is 1, i.e. it is the argmax);
+    the walk descends into the first that passes. Returns (accepted nodes below start, the children rejected at
+    the node where the walk stopped, in test order)."""
+    path, node = [], start
+    while True:
+        kids = sorted((c for c in tree.children(node) if c in odds), key=lambda c: odds[c].order)
+        passed = None
+        for c in kids:
+            u = None if uniforms is None else uniforms[c]
+            ok = odds[c].accept_prob >= 1.0 if u is None else u < odds[c].accept_prob
+            decisions[c] = NodeDecision(accepted=ok, ratio=odds[c].ratio, u=u)
+            if ok:
+                passed = c
+                break
+        if passed is None:
+            return path, kids
+        node = passed
+        path.append(node)
+
+
+def _end_dist(tree: DraftTree, p_rows, q_rows, node: int, rejected: list[int], replacement: bool) -> tuple:
+    """The distribution the next token is drawn from after the walk stopped at ``node`` with its children
+    ``rejected`` (test order): p there, less each rejected child as its rule removes it (``rrs``'s residual for a
+    model-drafted child, the point-mass residual for a free one). Returns (distribution, the residual after each
+    rejection), on the device."""
+    p, q = p_rows[node + 1], q_rows.get(node + 1)
+    after = []
+    for c in rejected:
+        if tree.source[c] in FREE_SOURCES:
+            p = without(p, tree.token[c])
+        else:
+            p, q = rrs_rejected(p, q, tree.token[c], replacement)
+        after.append(p)
+    return p, after
+
+
+def _record_residual_tops(decisions: dict, rejected: list[int], after: list[torch.Tensor]) -> None:
+    """Each rejected node's ``residual_top`` (the trace's view of what its rejection left), in one transfer."""
+    if not rejected:
+        return
+    vals, ids = torch.topk(torch.stack(after), min(RESIDUAL_TOP, after[0].shape[-1]), dim=-1)
+    host = torch.cat([ids.double(), vals.double()], 1).tolist()
+    k = ids.shape[1]
+    for c, line in zip(rejected, host):
+        decisions[c].residual_top = [(int(t), p) for t, p in zip(line[:k], line[k:]) if p > 0]
+
+
 def verify_tree(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator, rule: str = "rrs",
-                **_) -> VerifyResult:
-    """Lossless verification of a tree hanging from the anchor with one node rule; then the bonus token."""
+                odds: dict | None = None, **_) -> VerifyResult:
+    """Lossless verification of a tree hanging from the anchor with one node rule; then the bonus token.
+    ``odds``: ``expectation.node_odds`` of this tree under ``rule`` when the caller has them (computed here if
+    not; ``ODDS_RULES`` only)."""
     decisions: dict[int, NodeDecision] = {}
-    path, dist, _row = _walk(tree, p_rows, q_rows, -1, NODE_RULES[rule], generator, decisions)
-    bonus = int(dist.argmax()) if rule == "greedy" else sample_one(dist, generator)
+    if rule not in ODDS_RULES:
+        path, dist, _row = _walk(tree, p_rows, q_rows, -1, NODE_RULES[rule], generator, decisions)
+        bonus = sample_one(dist, generator)
+    else:
+        odds = expectation.node_odds(tree, p_rows, q_rows, rule) if odds is None else odds
+        greedy = rule == "greedy"
+        path, rejected = _odds_walk(tree, odds, -1, None if greedy else _uniforms(tree, generator), decisions)
+        end = path[-1] if path else -1
+        if greedy:
+            bonus = expectation.best_token(p_rows, end + 1)
+        else:
+            dist, after = _end_dist(tree, p_rows, q_rows, end, rejected, rule == "rrs-replacement")
+            _record_residual_tops(decisions, rejected, after)
+            bonus = sample_one(dist, generator)
     return VerifyResult(path, bonus, decisions, _branch_counts(tree, path),
                         tree.branch_of(path[0]) if path else None)
 
 
 def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator, greedy: bool = False,
-                          **_) -> VerifyResult:
-    """The seed's rule (lossy): walk every root's subtree on its own, commit the root with the longest accepted
-    draft continuation (ties: the first root). The next step's roots are drawn from the distribution at that
-    branch's end: the residual at its rejection, or p after its last node."""
-    rule = NODE_RULES["greedy" if greedy else "rrs"]
+                          odds: dict | None = None, **_) -> VerifyResult:
+    """The seed's rule (lossy): walk every root's subtree on its own (``rrs``, or ``greedy``), commit the root with
+    the longest accepted draft continuation (ties: the first root). The next step's roots are drawn from the
+    distribution at that branch's end: the residual at its rejection, or p after its last node."""
+    odds = expectation.node_odds(tree, p_rows, q_rows, "longest-branch", greedy=greedy) if odds is None else odds
+    uniforms = None if greedy else _uniforms(tree, generator)
     decisions: dict[int, NodeDecision] = {}
     best = None
     counts: dict[int, int] = {}
+    ends = []  # per branch: (its end dist, rejected children, residuals after them)
     for b, root in enumerate(tree.children(-1)):
-        below, dist, row = _walk(tree, p_rows, q_rows, root, rule, generator, decisions)
+        below, rejected = _odds_walk(tree, odds, root, uniforms, decisions)
+        end = below[-1] if below else root
+        if greedy:
+            ends.append((p_rows[end + 1], [], []))
+        else:
+            dist, after = _end_dist(tree, p_rows, q_rows, end, rejected, False)
+            ends.append((dist, rejected, after))
         counts[b] = len(below)
         if best is None or len(below) > len(best[1]):
-            best = (root, below, dist, row, b)
+            best = (root, below, b)
     if best is None:
         raise VerifierError("the lossy rule needs at least one root")
-    root, below, dist, row, b = best
-    return VerifyResult([root] + below, None, decisions, counts, b, next_dist=dist,
+    _record_residual_tops(decisions, [c for _, rej, _ in ends for c in rej], [a for _, _, aft in ends for a in aft])
+    root, below, b = best
+    return VerifyResult([root] + below, None, decisions, counts, b, next_dist=ends[b][0],
                         next_row=(below[-1] if below else root) + 1)
 
 
 def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,
-                 greedy: bool = False) -> VerifyResult:
-    """Dispatch by name: ``greedy``, one of ``VERIFIERS``, or ``longest-branch``."""
+                 greedy: bool = False, odds: dict | None = None) -> VerifyResult:
+    """Dispatch by name: ``greedy``, one of ``VERIFIERS``, or ``longest-branch``. ``odds``: the tree's
+    ``expectation.node_odds`` under this verifier, when the caller has computed them (the engine does, for the
+    trace); otherwise they are computed here where the rule walks on them."""
     if name == "longest-branch":
-        return verify_longest_branch(tree, p_rows, q_rows, generator, greedy=greedy)
+        return verify_longest_branch(tree, p_rows, q_rows, generator, greedy=greedy, odds=odds)
     if name != "greedy" and name not in VERIFIERS:
         raise VerifierError(f"unknown verifier {name!r}; use one of greedy, {', '.join(VERIFIERS)}, longest-branch")
-    return verify_tree(tree, p_rows, q_rows, generator, rule=name)
+    return verify_tree(tree, p_rows, q_rows, generator, rule=name, odds=odds)
