@@ -135,8 +135,9 @@ class Engine:
             back with ``release()``.
         recycling_state: a Token Recycling matrix carried over from an earlier run (``recycling_state()`` of that
             run's engine); None starts with an empty matrix.
-        count_syncs: on CUDA, count each step's host synchronisations into ``StepTrace.host_syncs`` (torch's sync
-            debug mode; process-wide and a few microseconds each, so for measurements, not the app).
+        count_syncs: count each step's host synchronisations into ``StepTrace.host_syncs``: on CUDA torch's sync
+            debug mode (process-wide, a few microseconds each), on the CPU the value reads that would synchronise on
+            a GPU (``host_reads.py``; slows the step several-fold). For measurements and tests, not the app.
         fallback_state: the goodput fallback's rates from an earlier run (``fallback_state()`` of that run's
             engine): where it comes from the same method, sampling (seed aside), pair and device, and this engine
             falls back, the rates start this run's (``fallback.GoodputFallback``, ``carried``); else ignored.
@@ -153,7 +154,7 @@ class Engine:
         if graphs and kv_cache != "static":
             raise EngineError("CUDA graphs need fixed shapes: use kv_cache='static' with graphs")
         self.kv_cache, self.graphs = kv_cache, bool(graphs)
-        self.count_syncs = count_syncs  # CUDA: count each step's host synchronisations (timeline.py; opt-in)
+        self.count_syncs = count_syncs  # count each step's host synchronisations (timeline.py; opt-in)
         self._runners: dict = {}  # role -> GraphRunner (graphs only)
         self.pair = pair
         self.config = config

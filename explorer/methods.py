@@ -12,7 +12,7 @@ Draft sources (``DraftTree.source`` and ``NodeTrace.source``):
 * ``recycled``: read from the Token Recycling adjacency matrix (the target's own earlier top-k candidates).
 
 ``lookup`` and ``recycled`` nodes are *deterministic* proposals (q is a point mass): they cost no forward, and the
-verifiers test them with the point-mass stage of multi-draft speculative sampling (``verify.point_stage``).
+verifiers test them with the point-mass stage of multi-draft speculative sampling (``verify.py``).
 """
 
 from __future__ import annotations

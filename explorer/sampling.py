@@ -246,6 +246,14 @@ class RowDists:
                 out[r] = list(zip(*self.top_processed(r, k)))
         return out
 
+    def plain(self, r: int, token: int) -> float:
+        """Plain-softmax (temperature 1) probability of ``token`` at row ``r``: from the host copy of the row's best
+        tokens when it is among them (no read of the device), else read from the row."""
+        host = self._host_top(r)
+        if host is not None and token in host[0]:
+            return host[1][host[0].index(token)]
+        return float(torch.exp(self.row_logits(r)[token] - self.log_normalizer(r)))
+
     def log_normalizer(self, r: int) -> float:
         """``logsumexp`` of row ``r``'s raw logits (so its plain-softmax probability of t is exp(logit - it))."""
         if r not in self._lse:
@@ -256,28 +264,35 @@ class RowDists:
         return self._lse[r]
 
     def prefetch_shown(self, pairs) -> None:
-        """Read ``shown(r, token)`` of many ``(r, token)`` pairs whose rows are processed one by one (sampling
-        with top-k / top-p, or rows already processed) in one transfer; ``shown`` then answers from the host."""
-        if self.cfg.greedy:
-            return
-        need = sorted({(r, t) for r, t in pairs if (r, t) not in self._shown and not self._temperature_only(r)})
+        """Read ``shown(r, token)`` of many ``(r, token)`` pairs in one transfer: those the host copy of the rows'
+        best tokens does not hold already (``shown`` then answers all of them from the host)."""
+        need = sorted({(r, t) for r, t in pairs if (r, t) not in self._shown and self._from_host(r, t) is None})
         if need:
-            for key, value in zip(need, torch.stack([self[r][t] for r, t in need]).tolist()):
-                self._shown[key] = value
+            values = torch.stack([self._shown_on_device(r, t) for r, t in need]).tolist()
+            self._shown.update(zip(need, values))
+
+    def _from_host(self, r: int, token: int) -> float | None:
+        """``shown(r, token)`` when the token is among the row's best tokens already on the host, else None."""
+        host = self._host_top(r) if (self.cfg.greedy or self._temperature_only(r)) else None
+        if host is not None and token in host[0]:
+            return (host[1] if self.cfg.greedy else host[3])[host[0].index(token)]
+        return None
+
+    def _shown_on_device(self, r: int, token: int) -> torch.Tensor:
+        """``shown(r, token)`` as a 0-d device tensor (no read)."""
+        if self._temperature_only(r):  # no need to process the whole row for one probability
+            return torch.exp(self.row_logits(r)[token] / self.cfg.temperature - self._lse_t_block()[self._pos[r]])
+        if not self.cfg.greedy:
+            return self[r][token]
+        lse = self._lse_block()[self._pos[r]] if r in self._pos else torch.logsumexp(self.row_logits(r), -1)
+        return torch.exp(self.row_logits(r)[token] - lse)
 
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""
         if (r, token) in self._shown:
             return self._shown[r, token]
-        host = self._host_top(r) if (self.cfg.greedy or self._temperature_only(r)) else None
-        if host is not None and token in host[0]:  # among the row's best: already on the host
-            return (host[1] if self.cfg.greedy else host[3])[host[0].index(token)]
-        if self._temperature_only(r):  # no need to process the whole row for one probability
-            lse = self._lse_t_block()[self._pos[r]]
-            return float(torch.exp(self.row_logits(r)[token] / self.cfg.temperature - lse))
-        if not self.cfg.greedy:
-            return float(self[r][token])
-        return float(torch.exp(self.row_logits(r)[token] - self.log_normalizer(r)))
+        host = self._from_host(r, token)
+        return host if host is not None else float(self._shown_on_device(r, token))
 
 
 class LazyRows(Mapping):

@@ -124,8 +124,9 @@ class StepTrace:
             force during the step, this step's ``level_ms`` (a draft level, its verification rows included) and
             ``rest_ms`` (the rest of the step), ``row_ms`` (what a verification row was charged; absent in older
             traces) and ``next``, r for the next step; empty unless ``cost_ratio`` is ``measured``.
-        host_syncs: host synchronisations with the device during the step (CUDA, counted when the engine was asked
-            to: ``Engine(count_syncs=True)``; None otherwise).
+        host_syncs: host synchronisations with the device during the step, counted when the engine was asked to
+            (``Engine(count_syncs=True)``; None otherwise): on CUDA the real ones, on the CPU the reads of tensor
+            values into Python that would be ones on a GPU (``host_reads.py``).
     """
 
     index: int
@@ -157,7 +158,7 @@ class StepTrace:
     timeline: list = field(default_factory=list)  # timeline.StepTimeline segments (empty in older traces)
     adaptation: dict = field(default_factory=dict)
     fallback: dict = field(default_factory=dict)
-    host_syncs: int | None = None  # CUDA with count_syncs only
+    host_syncs: int | None = None  # with count_syncs only
     cost: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -10,8 +10,6 @@ prefix of the tree.
 
 from __future__ import annotations
 
-import torch
-
 from .. import drafting
 from ..decision.features import MEMORY_K, CopyIndex, NodeFeatures, TargetMemory, dist_features, model_inputs
 from ..sampling import LazyRows, RowDists
@@ -131,8 +129,8 @@ class ModelDrafter(Drafter):
                         in_template[i] = slots[j]
                     q_show[i] = qd.shown(r, t)
                     if row_feats is not None:
-                        hidden, dist, lse = row_feats
-                        q1 = float(torch.exp(qd.float_logits[r, t] - lse[r]))
+                        hidden, dist = row_feats
+                        q1 = qd.plain(r, t)  # read with the row's best tokens: no read of its own
                         cum = q1 * (features[node].cum_q if node in features else 1.0)  # target roots: 1
                         parent_token = engine.committed[-1] if node < 0 else tree.token[node]
                         session = (*self.copy_index.features(tree.path_tokens(node) + [t]),
@@ -159,8 +157,7 @@ def _template_children(parents) -> dict[int, list[int]] | None:
 
 
 def _row_features(fwd, qd: RowDists) -> tuple:
-    """Per row of a draft forward: hidden state ``(rows, H)`` (None unless asked for), the 11 distribution
-    features ``(rows, 11)`` and the log-normaliser of the logits ``(rows,)`` (so q(x) at temperature 1 is
-    ``exp(logit - lse)``)."""
+    """Per row of a draft forward: hidden state ``(rows, H)`` (None unless asked for) and the 11 distribution
+    features ``(rows, 11)``."""
     lse, _, top = qd.stats()
-    return fwd.hidden, dist_features(qd.float_logits, lse, top), lse
+    return fwd.hidden, dist_features(qd.float_logits, lse, top)

@@ -101,13 +101,11 @@ class RecyclingDrafter(Drafter):
         """Overwrite the row of every token the target scored this step (the anchor and every tree node) with the
         top-k of its logits; later rows win when a token occurs twice."""
         step = len(engine.trace.steps)
-        rows = [(verified.anchor_token, 0, verified.anchor_logits)]
+        logits = [verified.anchor_logits.float().reshape(1, -1)]
         if len(drafted.tree):
-            top = torch.topk(verified.node_logits.float(), self.k, dim=-1).indices.tolist()
-            rows += [(t, i + 1, cands) for i, (t, cands) in enumerate(zip(drafted.tree.token, top))]
-        for t, node, cands in rows:
-            if isinstance(cands, torch.Tensor):
-                cands = torch.topk(cands.float(), self.k).indices.tolist()
+            logits.append(verified.node_logits[: len(drafted.tree)].float())
+        top = torch.topk(torch.cat(logits), self.k, dim=-1).indices.tolist()  # one transfer for all rows
+        for node, (t, cands) in enumerate(zip([verified.anchor_token] + list(drafted.tree.token), top)):
             self.rows[int(t)] = cands
             self.origin[int(t)] = (step, node)
 
