@@ -241,15 +241,16 @@ def _uniforms(tree: DraftTree, generator: torch.Generator) -> list[float]:
     return torch.rand(len(tree), generator=generator, device=generator.device, dtype=torch.float64).tolist()
 
 
-def _odds_walk(tree: DraftTree, odds: dict, start: int, uniforms, decisions: dict) -> tuple[list[int], list[int]]:
+def _odds_walk(tree: DraftTree, odds: dict, start: int, uniforms, decisions: dict) -> list[tuple[int, list[int]]]:
     """Descend from node ``start`` (-1 = anchor): test each node's children in test order; child c passes when
     ``uniforms[c] < accept_prob`` (greedy, ``uniforms`` None: when its accept_prob is 1, i.e. it is the argmax);
-    the walk descends into the first that passes. Returns (accepted nodes below start, the children rejected at
-    the node where the walk stopped, in test order)."""
-    path, node = [], start
+    the walk descends into the first that passes. Returns the visits: ``(node, its children rejected before one
+    passed or none did)`` from ``start`` down; the last is where the walk stopped, and the accepted path is the
+    nodes of the visits after the first."""
+    visits, node = [], start
     while True:
         kids = sorted((c for c in tree.children(node) if c in odds), key=lambda c: odds[c].order)
-        passed = None
+        rejected, passed = [], None
         for c in kids:
             u = None if uniforms is None else uniforms[c]
             ok = odds[c].accept_prob >= 1.0 if u is None else u < odds[c].accept_prob
@@ -257,26 +258,39 @@ def _odds_walk(tree: DraftTree, odds: dict, start: int, uniforms, decisions: dic
             if ok:
                 passed = c
                 break
+            rejected.append(c)
+        visits.append((node, rejected))
         if passed is None:
-            return path, kids
+            return visits
         node = passed
-        path.append(node)
 
 
-def _end_dist(tree: DraftTree, p_rows, q_rows, node: int, rejected: list[int], replacement: bool) -> tuple:
-    """The distribution the next token is drawn from after the walk stopped at ``node`` with its children
-    ``rejected`` (test order): p there, less each rejected child as its rule removes it (``rrs``'s residual for a
-    model-drafted child, the point-mass residual for a free one). Returns (distribution, the residual after each
-    rejection), on the device."""
+def _residuals(tree: DraftTree, p_rows, q_rows, node: int, rejected: list[int], replacement: bool) -> list:
+    """The distributions left at ``node`` after each of its children ``rejected`` (test order) was rejected, as
+    its rule removes it (``rrs``'s residual for a model-drafted child, the point-mass residual for a free one), on
+    the device. The last is the distribution the next token is drawn from when none of its children passed; no
+    rejection leaves p there."""
     p, q = p_rows[node + 1], q_rows.get(node + 1)
-    after = []
+    out = [p]
     for c in rejected:
         if tree.source[c] in FREE_SOURCES:
             p = without(p, tree.token[c])
         else:
             p, q = rrs_rejected(p, q, tree.token[c], replacement)
-        after.append(p)
-    return p, after
+        out.append(p)
+    return out
+
+
+def _walk_end(tree: DraftTree, p_rows, q_rows, visits: list, decisions: dict, replacement: bool) -> torch.Tensor:
+    """After a sampled walk: record every rejected node's ``residual_top`` (one transfer for all) and return the
+    distribution the walk ends in (where the next token is drawn from)."""
+    rejected, after = [], []
+    for node, rej in visits:
+        left = _residuals(tree, p_rows, q_rows, node, rej, replacement)
+        rejected += rej
+        after += left[1:]
+    _record_residual_tops(decisions, rejected, after)
+    return left[-1]
 
 
 def _record_residual_tops(decisions: dict, rejected: list[int], after: list[torch.Tensor]) -> None:
@@ -302,14 +316,13 @@ def verify_tree(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generato
     else:
         odds = expectation.node_odds(tree, p_rows, q_rows, rule) if odds is None else odds
         greedy = rule == "greedy"
-        path, rejected = _odds_walk(tree, odds, -1, None if greedy else _uniforms(tree, generator), decisions)
-        end = path[-1] if path else -1
+        visits = _odds_walk(tree, odds, -1, None if greedy else _uniforms(tree, generator), decisions)
+        path = [node for node, _ in visits[1:]]
         if greedy:
-            bonus = expectation.best_token(p_rows, end + 1)
+            bonus = expectation.best_token(p_rows, visits[-1][0] + 1)
         else:
-            dist, after = _end_dist(tree, p_rows, q_rows, end, rejected, rule == "rrs-replacement")
-            _record_residual_tops(decisions, rejected, after)
-            bonus = sample_one(dist, generator)
+            bonus = sample_one(_walk_end(tree, p_rows, q_rows, visits, decisions, rule == "rrs-replacement"),
+                               generator)
     return VerifyResult(path, bonus, decisions, _branch_counts(tree, path),
                         tree.branch_of(path[0]) if path else None)
 
@@ -322,26 +335,18 @@ def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torc
     odds = expectation.node_odds(tree, p_rows, q_rows, "longest-branch", greedy=greedy) if odds is None else odds
     uniforms = None if greedy else _uniforms(tree, generator)
     decisions: dict[int, NodeDecision] = {}
-    best = None
-    counts: dict[int, int] = {}
-    ends = []  # per branch: (its end dist, rejected children, residuals after them)
-    for b, root in enumerate(tree.children(-1)):
-        below, rejected = _odds_walk(tree, odds, root, uniforms, decisions)
-        end = below[-1] if below else root
-        if greedy:
-            ends.append((p_rows[end + 1], [], []))
-        else:
-            dist, after = _end_dist(tree, p_rows, q_rows, end, rejected, False)
-            ends.append((dist, rejected, after))
-        counts[b] = len(below)
-        if best is None or len(below) > len(best[1]):
-            best = (root, below, b)
-    if best is None:
+    walks = [_odds_walk(tree, odds, root, uniforms, decisions) for root in tree.children(-1)]
+    if not walks:
         raise VerifierError("the lossy rule needs at least one root")
-    _record_residual_tops(decisions, [c for _, rej, _ in ends for c in rej], [a for _, _, aft in ends for a in aft])
-    root, below, b = best
-    return VerifyResult([root] + below, None, decisions, counts, b, next_dist=ends[b][0],
-                        next_row=(below[-1] if below else root) + 1)
+    counts = {b: len(visits) - 1 for b, visits in enumerate(walks)}
+    b = max(counts, key=lambda i: (counts[i], -i))  # the longest; ties: the first root
+    if greedy:
+        next_dist = p_rows[walks[b][-1][0] + 1]
+    else:  # every branch's rejections go into the trace; the chosen branch's end is the next step's distribution
+        ends = [_walk_end(tree, p_rows, q_rows, visits, decisions, False) for visits in walks]
+        next_dist = ends[b]
+    path = [node for node, _ in walks[b]]
+    return VerifyResult(path, None, decisions, counts, b, next_dist=next_dist, next_row=path[-1] + 1)
 
 
 def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,

@@ -68,6 +68,21 @@ def test_rrs_rejection_uses_residual_and_removes_the_drafted_token():
     assert r.decisions[0].residual_top[0][0] == 3
 
 
+def test_a_sibling_rejected_before_an_accepted_one_keeps_its_residual_in_the_trace():
+    """p puts all its mass on token 2, q half on 1 and 2: child 0 (token 1) has ratio 0 and is rejected, the
+    residual left is all on token 2, and child 1 (token 2) then passes (q without token 1 is all on 2: ratio 1).
+    The rejected sibling's decision shows what its rejection left, though the walk went on below the other."""
+    tree = DraftTree()
+    tree.add_level([-1, -1], [1, 2])
+    p_anchor = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
+    p = torch.stack([p_anchor, onehot(0), onehot(4)])
+    r = verify_tree(tree, p, {0: q_anchor}, torch.Generator().manual_seed(0), rule="rrs")
+    assert r.path == [1] and r.bonus == 4
+    assert not r.decisions[0].accepted and r.decisions[0].residual_top == [(2, 1.0)]
+    assert r.decisions[1].accepted and r.decisions[1].ratio == 1.0 and r.decisions[1].residual_top == []
+
+
 def test_rrs_without_replacement_second_sibling_faces_renormalised_q():
     # q = (0.5, 0.5) on tokens 1, 2; p = (0.5 on 1, 0.5 on 2): child 1 (token 1) accepted w.p. 1
     tree = DraftTree()
