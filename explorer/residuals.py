@@ -14,7 +14,7 @@ import torch
 def normalize_or(x: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """``x / x.sum()``, or ``fallback`` where the sum is not positive (chosen on the device)."""
     s = x.sum()
-    return torch.where(s > 0, x / torch.where(s > 0, s, torch.ones_like(s)), fallback)
+    return torch.where(s > 0, x / s, fallback)  # where s = 0 the quotient is inf / nan, and not chosen
 
 
 def without(dist: torch.Tensor, x: int) -> torch.Tensor:
