@@ -4,8 +4,10 @@ the most expensive functions of one run (cProfile).
 
     python scripts/gpu_syncs.py [--methods ar,sd,...] [--max-new-tokens 96] [--graphs]
 
-Prints one JSON line per (method, temperature) and, for each method, the lines with the most syncs. Meaningful on a
-GPU only (on a CPU there is nothing to synchronise).
+Prints one JSON line per (method, temperature) and, for each method, the lines with the most syncs. On a CPU, where
+nothing synchronises, it counts the reads of tensor values into Python instead, each of which is a synchronisation
+on a GPU (``explorer/host_reads.py``; an upper bound, and the counting slows the run several-fold, so its tokens/s
+and phases mean nothing there): the same per-line list, for finding reads without a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from explorer.config import DEFAULTS
 from explorer.engine import Engine
+from explorer.host_reads import HostReadCounter
 from explorer.models import load_named_pair
 from explorer.prompts import encode_prompt, humaneval
 from explorer.sampling import SamplingConfig
@@ -52,10 +55,13 @@ def main() -> int:
                 return eng
             run()  # warm-up: graph capture, caches
             sites = collections.Counter()
+            reads = None if cuda else HostReadCounter(sites=True)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 if cuda:
                     torch.cuda.set_sync_debug_mode("warn")
+                else:
+                    reads.__enter__()
                 prof = cProfile.Profile() if args.profile else None
                 t0 = time.perf_counter()
                 if prof:
@@ -66,6 +72,9 @@ def main() -> int:
                 seconds = time.perf_counter() - t0
                 if cuda:
                     torch.cuda.set_sync_debug_mode(0)
+                else:
+                    reads.__exit__(None, None, None)
+                    sites.update(reads.sites)
             for w in caught:
                 if "synchroniz" in str(w.message).lower():
                     sites[f"{w.filename.split('explorer/')[-1]}:{w.lineno}"] += 1
