@@ -14,8 +14,10 @@ Every node gets two probabilities, both computed from the step's own p (target) 
   mean over the nodes tested at a (depth, sibling rank) is an unbiased estimate of that slot's acceptance rate,
   with less noise than counting accepts: the acceptance vector Sequoia's tree search takes (Chen et al. 2024).
 
-The walk mirrors ``verify.py`` node rule by node rule (the residual updates are the same); nothing here draws a
-random number. Tensors: ``p_rows`` / ``q_rows`` as in ``verify.py`` (float32 ``(vocab,)`` rows).
+The residual updates are ``verify.py``'s own (``residuals.py``), and for ``greedy``, ``rrs`` and
+``rrs-replacement`` the verifier walks on these very odds (``verify.ODDS_RULES``); nothing here draws a random
+number, and the values stay on the device until one transfer at the end (a host synchronisation on a GPU).
+Tensors: ``p_rows`` / ``q_rows`` as in ``verify.py`` (float32 ``(vocab,)`` rows).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from .tree import DraftTree
 class NodeOdds:
     """One node's test, as the rule implies: see the module docstring. ``order`` is its place among the
     siblings in test order (0 = tested first); ``ratio`` the test's argument as the trace shows it (``p'(x) /
-    q'(x)`` for ``rrs``, possibly above 1 or inf; ``p'(x)`` for a free child; 1 or 0 when greedy; None for
-    ``mcns`` and SpecHub, whose walks compute their own)."""
+    q'(x)`` for ``rrs``, possibly above 1 or inf; ``p'(x)`` for a free child and for ``mcns``; SpecHub's alpha
+    or beta; 1 or 0 when greedy)."""
 
     accept_prob: float
     slot_prob: float
@@ -94,8 +96,9 @@ def _spechub(tokens, p, q):
 
 def _point_masses(tokens, p) -> torch.Tensor:
     """Deterministic children's ``p(x_j)`` and ``sum(p)``, ``(len(tokens) + 1,)`` on the device (``_point_odds``
-    turns them into odds once they are on the host)."""
-    return torch.cat([p[torch.tensor(tokens, dtype=torch.long, device=p.device)], p.sum().reshape(1)])
+    turns them into odds once they are on the host). Indexed token by token: an index tensor built from the list
+    would be a host-to-device copy, which synchronises on a GPU too."""
+    return torch.stack([p[x] for x in tokens] + [p.sum()])
 
 
 def _point_odds(masses: list[float]) -> list[tuple[int, float, float]]:

@@ -7,9 +7,11 @@ Every synchronisation the engine makes on a GPU, though, is a read of a device v
 by a boolean mask. ``HostReadCounter`` counts those calls through a ``TorchFunctionMode``, so a CPU test can hold a
 method's reads per step to a bound (``tests/test_host_reads.py``).
 
-An upper bound, not an equal: a read of a tensor that lives on the host on a GPU too (the decision model's output,
-the adapter's) counts here and is free there. Everything torch runs under the mode passes through Python, model
-forwards included, so the counting slows a step several-fold: opt-in (tests, scripts).
+Not an exact count. A read of a tensor that lives on the host on a GPU too (the decision model's output, the
+adapter's) counts here and is free there; a copy from pageable host memory to the device (``torch.tensor(list,
+device=...)``), which synchronises on CUDA as well, does not count here (on the CPU it cannot be told from host
+work). Everything torch runs under the mode passes through Python, model forwards included, so the counting slows a
+step several-fold: opt-in (tests, scripts).
 """
 
 from __future__ import annotations

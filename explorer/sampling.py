@@ -252,7 +252,12 @@ class RowDists:
         host = self._host_top(r)
         if host is not None and token in host[0]:
             return host[1][host[0].index(token)]
-        return float(torch.exp(self.row_logits(r)[token] - self.log_normalizer(r)))
+        return float(self._plain_on_device(r, token))
+
+    def _plain_on_device(self, r: int, token: int) -> torch.Tensor:
+        """Plain-softmax probability of ``token`` at row ``r`` as a 0-d device tensor (no read)."""
+        lse = self._lse_block()[self._pos[r]] if r in self._pos else torch.logsumexp(self.row_logits(r), -1)
+        return torch.exp(self.row_logits(r)[token] - lse)
 
     def log_normalizer(self, r: int) -> float:
         """``logsumexp`` of row ``r``'s raw logits (so its plain-softmax probability of t is exp(logit - it))."""
@@ -282,10 +287,7 @@ class RowDists:
         """``shown(r, token)`` as a 0-d device tensor (no read)."""
         if self._temperature_only(r):  # no need to process the whole row for one probability
             return torch.exp(self.row_logits(r)[token] / self.cfg.temperature - self._lse_t_block()[self._pos[r]])
-        if not self.cfg.greedy:
-            return self[r][token]
-        lse = self._lse_block()[self._pos[r]] if r in self._pos else torch.logsumexp(self.row_logits(r), -1)
-        return torch.exp(self.row_logits(r)[token] - lse)
+        return self[r][token] if not self.cfg.greedy else self._plain_on_device(r, token)
 
     def shown(self, r: int, token: int) -> float:
         """The probability shown for ``token`` at row ``r``: processed when sampling, plain softmax when greedy."""

@@ -229,9 +229,10 @@ ODDS_RULES = ("greedy", "rrs", "rrs-replacement")
 """Rules whose test of a node depends only on the tree (given that the earlier siblings were rejected, which the
 walk reaching it implies). Every node's acceptance probability is computed once, on the device, and reaches the host
 in one transfer (``expectation.node_odds``, which the trace shows anyway); the walk then compares each tested node's
-probability with its own uniform draw (``u < accept_prob``), all drawn at once. Only the distribution the walk ends
-in is computed afterwards, for the bonus token. Host synchronisations per step: the odds, the uniforms, the
-rejected nodes' residuals for the trace, the bonus token (issue 13), however large the tree."""
+probability with its own uniform draw (``u < accept_prob``), all drawn at once. Afterwards only the residuals at
+the nodes the walk visited are computed: the rejected nodes' for the trace, the last for the bonus token. Host
+synchronisations per step: the odds, the uniforms, the residuals' top tokens, the bonus token (issue 13), however
+large the tree."""
 
 
 def _uniforms(tree: DraftTree, generator: torch.Generator) -> list[float]:
