@@ -24,7 +24,7 @@ def greedy_candidates(logits: torch.Tensor, k: int) -> list[int]:
     return torch.topk(logits.float(), k).indices.tolist()
 
 
-def _uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
+def uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
     """``n`` U[0, 1) draws (float64) from the engine's generator, on the generator's device, in one call."""
     return torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)
 
@@ -39,7 +39,7 @@ def _inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> lis
     """
     cdf = probs.double().cumsum(0)
     total = cdf[-1]
-    u = _uniforms(generator, n).to(probs.device) * total
+    u = uniforms(generator, n).to(probs.device) * total
     # the first index whose running sum exceeds u has weight > 0, and u < total keeps it inside the row
     idx = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
     host = torch.cat([total.reshape(1), idx.double(), probs[idx].double()]).tolist()
@@ -62,7 +62,7 @@ PRECISE_REST = 1e-3
 
 
 def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_row, k: int,
-                               generator: torch.Generator) -> list[int]:
+                               generator: torch.Generator, draws: list[float] | None = None) -> list[int]:
     """``k`` distinct tokens drawn one after another, each from the distribution left after removing the tokens
     already drawn: the law of sequential sampling without replacement (and of Gumbel-top-k), up to float32
     rounding of the probabilities (about 1e-7 of mass, as for any float32 softmax).
@@ -75,8 +75,12 @@ def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_
         top_ids, top_probs: the row's most likely tokens and their probabilities (all > 0), best first.
         full_row: a callable returning the whole ``(vocab,)`` float32 distribution (sums to 1).
         k: how many tokens to draw.
+        draws: at least ``k`` U[0, 1) draws already on the host (a draft level's, which came with its best tokens);
+            None draws them here, in one transfer.
     Returns:
         token ids in draw order; fewer than ``k`` when fewer tokens have non-zero probability.
+    Raises:
+        ValueError: fewer than ``k`` ``draws`` were given.
     """
     left = dict(zip(top_ids, top_probs))  # best tokens not drawn yet
     chosen: list[int] = []
@@ -88,7 +92,9 @@ def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_
             row[torch.tensor(exclude, dtype=torch.long, device=row.device)] = 0
         return sample_one(row, generator) if float(row.sum()) > 0 else None
 
-    draws = _uniforms(generator, k).tolist()  # one transfer for the step's k draws
+    if draws is not None and len(draws) < k:
+        raise ValueError(f"{k} tokens to draw need {k} uniform draws, got {len(draws)}")
+    draws = uniforms(generator, k).tolist() if draws is None else draws[:k]  # one transfer for the k draws
     for draw in draws:
         rest = 1.0 - taken
         pick = None
@@ -150,8 +156,10 @@ DRAFT_RULES = {"rrs": "without", "mcns": "without", "longest-branch": "without",
 """How children are drawn for each verifier: the drafting must match what the verifier assumes."""
 
 
-def candidates(dists, row: int, k: int, *, verifier: str, generator: torch.Generator) -> list[int]:
-    """Children (or roots) for one row of a ``sampling.RowDists``, drawn the way ``verifier`` expects."""
+def candidates(dists, row: int, k: int, *, verifier: str, generator: torch.Generator,
+               draws: list[float] | None = None) -> list[int]:
+    """Children (or roots) for one row of a ``sampling.RowDists``, drawn the way ``verifier`` expects. ``draws``:
+    the row's uniform draws when the caller has them on the host (sampling without replacement only)."""
     rule = DRAFT_RULES[verifier]
     if rule == "greedy":
         return dists.top_ids(row, k)
@@ -160,4 +168,4 @@ def candidates(dists, row: int, k: int, *, verifier: str, generator: torch.Gener
     if rule == "hub" and k == 2:
         return hub_pair(dists[row], generator)
     ids, probs = dists.top_processed(row)
-    return sample_without_replacement(ids, probs, lambda: dists[row], k, generator)
+    return sample_without_replacement(ids, probs, lambda: dists[row], k, generator, draws=draws)

@@ -109,6 +109,8 @@ class RowDists:
         self._host: dict[int, tuple] | None = None  # row -> the block's best tokens on the host (_host_top)
         self._top_proc: dict[tuple[int, int], tuple] = {}  # (row, k) -> processed top (ids, probs), prefetched
         self._shown: dict[tuple[int, int], float] = {}  # (row, token) -> processed probability, prefetched
+        self._attach: dict[str, torch.Tensor] = {}  # name -> (rows, k) values for the best tokens' transfer
+        self._attached: dict[str, list] = {}  # name -> those values on the host, per row
         for r, (p, lg) in (fixed or {}).items():
             self._probs[r], self._logits[r] = p, lg
 
@@ -157,16 +159,44 @@ class RowDists:
             ids, vals = self._top_block()
             lse = self._lse_block()
             parts = [ids.double(), torch.exp(vals - lse[:, None]).double(), lse[:, None].double()]
+            t = ids.shape[1]
+            width = 2 * t + 1
             if not self.cfg.greedy:
                 parts.append(torch.exp(vals / self.cfg.temperature - self._lse_t_block()[:, None]).double())
+                width += t
+            parts += [v.double() for v in self._attach.values()]
             packed = torch.cat(parts, 1).tolist()  # float64 holds every token id exactly
-            t = ids.shape[1]
             self._host = {}
             for row, i in self._pos.items():
                 line = packed[i]
                 self._host[row] = ([int(x) for x in line[:t]], line[t:2 * t], line[2 * t],
-                                   line[2 * t + 1:] if not self.cfg.greedy else None)
+                                   line[2 * t + 1:width] if not self.cfg.greedy else None)
+            for name, v in self._attach.items():
+                self._attached[name] = [line[width: width + v.shape[1]] for line in packed]
+                width += v.shape[1]
         return self._host[r]
+
+    def attach(self, name: str, values: torch.Tensor) -> None:
+        """Per-row values ``(rows, k)`` that come to the host in the same transfer as the rows' best tokens (on a GPU
+        each transfer is a synchronisation): a draft level's decision features and uniform draws ride with its best
+        tokens. ``attached(name)`` returns them. Only for a block of every stored row, before that transfer.
+
+        Raises:
+            RuntimeError: the transfer was made already, or the block leaves rows out.
+            ValueError: ``values`` is not ``(rows, k)``.
+        """
+        if self._host is not None or not self._all_rows:
+            raise RuntimeError("attach values before the first read of the rows' best tokens, to a block of all rows")
+        if values.dim() != 2 or values.shape[0] != len(self._pos):
+            raise ValueError(f"attached values must be (rows, k) with {len(self._pos)} rows, got {tuple(values.shape)}")
+        self._attach[name] = values.to(self.logits.device)
+
+    def attached(self, name: str) -> list[list[float]]:
+        """The values ``attach(name, ...)`` gave, on the host: one list of floats (float64) per row of the block, in
+        order (row ``r`` at index ``r - offset``)."""
+        if self._host is None:
+            self._host_top(next(iter(self._pos)))
+        return self._attached[name]
 
     def stats(self) -> tuple:
         """Plain-softmax statistics of the batched rows (all stored rows by default): log-normaliser ``(S,)``, the
@@ -187,6 +217,15 @@ class RowDists:
             else:
                 self._logits[r] = self.logits[r - self.offset].float()
         return self._logits[r]
+
+    def argmax(self, r: int) -> int:
+        """The greedy token of row ``r``: the largest logit, the lowest id among exact ties (``argmax``'s rule, as
+        plain decoding and transformers pick; ``topk`` may order ties otherwise). From the host copy of the row's
+        best tokens unless its top two tie, when the row is read."""
+        host = self._host_top(r)
+        if host is not None and (len(host[1]) < 2 or host[1][0] > host[1][1]):
+            return host[0][0]
+        return int(self.row_logits(r).argmax())
 
     def top_ids(self, r: int, k: int) -> list[int]:
         """The ``k`` largest logits of row ``r``, best first (the greedy children)."""

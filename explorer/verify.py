@@ -47,7 +47,7 @@ import torch
 
 from . import expectation
 from .config import VERIFIERS
-from .drafting import sample_one
+from .drafting import sample_one, uniforms
 from .methods import FREE_SOURCES
 from .residuals import normalize_or, rrs_rejected, spechub_plan, without
 from .residuals import ratio as accept_ratio
@@ -237,9 +237,7 @@ large the tree."""
 
 def _uniforms(tree: DraftTree, generator: torch.Generator) -> list[float]:
     """One U[0, 1) draw (float64) per tree node, in one call and one transfer; a node's test uses its own."""
-    if not len(tree):
-        return []
-    return torch.rand(len(tree), generator=generator, device=generator.device, dtype=torch.float64).tolist()
+    return uniforms(generator, len(tree)).tolist() if len(tree) else []
 
 
 def _odds_walk(tree: DraftTree, odds: dict, start: int, uniforms, decisions: dict) -> list[tuple[int, list[int]]]:
@@ -282,16 +280,15 @@ def _residuals(tree: DraftTree, p_rows, q_rows, node: int, rejected: list[int], 
     return out
 
 
-def _walk_end(tree: DraftTree, p_rows, q_rows, visits: list, decisions: dict, replacement: bool) -> torch.Tensor:
-    """After a sampled walk: record every rejected node's ``residual_top`` (one transfer for all) and return the
-    distribution the walk ends in (where the next token is drawn from)."""
+def _walk_end(tree: DraftTree, p_rows, q_rows, visits: list, replacement: bool) -> tuple:
+    """After a sampled walk, on the device: the distribution it ends in (where the next token is drawn from), and
+    every rejected node with the residual its rejection left (for the trace). Returns (dist, rejected, residuals)."""
     rejected, after = [], []
     for node, rej in visits:
         left = _residuals(tree, p_rows, q_rows, node, rej, replacement)
         rejected += rej
         after += left[1:]
-    _record_residual_tops(decisions, rejected, after)
-    return left[-1]
+    return left[-1], rejected, after
 
 
 def _record_residual_tops(decisions: dict, rejected: list[int], after: list[torch.Tensor]) -> None:
@@ -322,8 +319,9 @@ def verify_tree(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generato
         if greedy:
             bonus = expectation.best_token(p_rows, visits[-1][0] + 1)
         else:
-            bonus = sample_one(_walk_end(tree, p_rows, q_rows, visits, decisions, rule == "rrs-replacement"),
-                               generator)
+            dist, rejected, after = _walk_end(tree, p_rows, q_rows, visits, rule == "rrs-replacement")
+            _record_residual_tops(decisions, rejected, after)
+            bonus = sample_one(dist, generator)
     return VerifyResult(path, bonus, decisions, _branch_counts(tree, path),
                         tree.branch_of(path[0]) if path else None)
 
@@ -343,9 +341,10 @@ def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torc
     b = max(counts, key=lambda i: (counts[i], -i))  # the longest; ties: the first root
     if greedy:
         next_dist = p_rows[walks[b][-1][0] + 1]
-    else:  # every branch's rejections go into the trace; the chosen branch's end is the next step's distribution
-        ends = [_walk_end(tree, p_rows, q_rows, visits, decisions, False) for visits in walks]
-        next_dist = ends[b]
+    else:  # every branch's rejections go into the trace (one transfer); the chosen branch's end is the next dist
+        ends = [_walk_end(tree, p_rows, q_rows, visits, False) for visits in walks]
+        _record_residual_tops(decisions, [c for _, rej, _ in ends for c in rej], [a for _, _, aft in ends for a in aft])
+        next_dist = ends[b][0]
     path = [node for node, _ in walks[b]]
     return VerifyResult(path, None, decisions, counts, b, next_dist=next_dist, next_row=path[-1] + 1)
 

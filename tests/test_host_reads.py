@@ -93,3 +93,25 @@ def test_model_drafting_reads_grow_with_levels_not_nodes(tiny, label, temperatur
     eng.run()
     for s in eng.trace.steps:
         assert s.host_syncs <= 10 + 8 * s.draft_calls, (s.index, s.host_syncs, s.draft_calls, len(s.nodes))
+
+
+def test_attached_values_ride_with_the_rows_best_tokens():
+    """A draft level's decision features and draws come to the host in the transfer of its best tokens: one read
+    for all three; attaching after that transfer, or a wrong shape, is an error."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, V, generator=g)
+    features, draws = torch.randn(3, 11, generator=g), torch.rand(3, 4, generator=g, dtype=torch.float64)
+    rows = RowDists(logits, SamplingConfig(temperature=0.7))
+    rows.attach("dist", features)
+    rows.attach("draws", draws)
+    with pytest.raises(ValueError, match="rows, k"):
+        rows.attach("flat", torch.rand(12))
+    with HostReadCounter() as c:
+        top = rows.top([0, 1, 2], 5)
+        got_features, got_draws = rows.attached("dist"), rows.attached("draws")
+    assert c.reads == 1
+    assert top[1][0][0] == int(logits[1].argmax())
+    assert torch.equal(torch.tensor(got_features, dtype=torch.float32), features)
+    assert torch.equal(torch.tensor(got_draws, dtype=torch.float64), draws)
+    with pytest.raises(RuntimeError, match="before the first read"):
+        rows.attach("late", torch.zeros(3, 1))

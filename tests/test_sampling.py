@@ -164,3 +164,13 @@ def test_row_dists_with_a_fixed_anchor_row_and_a_subset_of_batched_rows():
         assert ids == torch.topk(ref, 3).indices.tolist()
         assert probs == pytest.approx(torch.topk(ref, 3).values.tolist(), rel=1e-5)
         assert d.log_normalizer(r) == pytest.approx(float(torch.logsumexp(lg, -1)), rel=1e-6)
+
+
+def test_the_greedy_token_is_the_lowest_id_among_tied_logits():
+    """Greedy verification takes its best tokens from the batched top-k transfer; on an exact tie it must still pick
+    what ``argmax`` (plain decoding, transformers) picks: the lowest id."""
+    logits = torch.zeros(2, 40)
+    logits[0, 7] = logits[0, 30] = 5.0  # tie
+    logits[1, 12] = 3.0  # no tie
+    rows = RowDists(logits, SamplingConfig(temperature=0.0))
+    assert rows.argmax(0) == 7 and rows.argmax(1) == 12

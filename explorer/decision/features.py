@@ -43,9 +43,9 @@ MEMORY_K = 8  # target candidates remembered per token
 class NodeFeatures(NamedTuple):
     """What the drafter records for one drafted node (temperature-1 quantities, host or device tensors).
 
-    hidden: ``(H,)`` the draft's last hidden state at the parent row, or None when not asked for;
-    dist: ``(11,)``; q: q(x) at temperature 1; cum_q: prod q over the drafted path; session: the 4 ``session``
-    features (``SESSION_FEATURE_NAMES``).
+    hidden: ``(H,)`` the draft's last hidden state at the parent row (on the models' device), or None when not
+    asked for; dist: ``(11,)`` (on the host: it comes with the draft level's best tokens); q: q(x) at temperature
+    1; cum_q: prod q over the drafted path; session: the 4 ``session`` features (``SESSION_FEATURE_NAMES``).
     """
 
     hidden: object

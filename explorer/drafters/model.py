@@ -10,6 +10,8 @@ prefix of the tree.
 
 from __future__ import annotations
 
+import torch
+
 from .. import drafting
 from ..decision.features import MEMORY_K, CopyIndex, NodeFeatures, TargetMemory, dist_features, model_inputs
 from ..sampling import LazyRows, RowDists
@@ -75,6 +77,10 @@ class ModelDrafter(Drafter):
         active: set[str] | None = None  # branches still drafting, once the first drafted level exists
         reach = engine.reach()  # no level deeper than a committable node, no children under an EOS
         template = _template_children(config.tree)  # tree template: node -> its template children, else None
+        # sampling without replacement: each row's uniform draws come with the level's best tokens (one transfer)
+        draws_per_row = 0
+        if not sampling.greedy and drafting.DRAFT_RULES[engine.verifier_name] == "without":
+            draws_per_row = max([1, *engine.branching, *(len(c) for c in (template or {}).values())])
         in_template: dict[int, int] = {-1: -1}  # drafted node -> its template node
         accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
         for k in engine.branching:
@@ -105,12 +111,18 @@ class ModelDrafter(Drafter):
             calls += 1
             fed = stop
             qd = RowDists(fwd.logits, sampling)
-            row_feats = _row_features(fwd, qd) if want_features else None
+            # the level's decision features and draws ride with its best tokens: one transfer (GPU sync) per level
+            if want_features:
+                qd.attach("dist", _dist_features(qd))
+            if draws_per_row:
+                n = qd.logits.shape[0]
+                qd.attach("draws", drafting.uniforms(engine.generator, n * draws_per_row).reshape(n, draws_per_row))
             branch_of = tree.branch_ids()
             parents, tokens = [], []
             rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
                     if active is None or str(branch_of[node]) in active]  # a pruned branch gets no children
             tops = qd.top([r for r, _ in rows], TOP_K_SHOWN)
+            dist = torch.tensor(qd.attached("dist"), dtype=torch.float32) if want_features else None  # host rows
             for r, node in rows:
                 q_top[node + 1] = tops[r]
                 if not sampling.greedy:
@@ -122,20 +134,21 @@ class ModelDrafter(Drafter):
                 sure = (want > 1 and config.branch_threshold < 1.0 and tops[r]
                         and tops[r][0][1] >= config.branch_threshold)
                 kids = drafting.candidates(qd, r, 1 if sure else want, verifier=engine.verifier_name,
-                                           generator=engine.generator)
+                                           generator=engine.generator,
+                                           draws=qd.attached("draws")[r] if draws_per_row else None)
                 for j, t in enumerate(kids):
                     i = len(tree) + len(tokens)
                     if slots is not None:
                         in_template[i] = slots[j]
                     q_show[i] = qd.shown(r, t)
-                    if row_feats is not None:
-                        hidden, dist = row_feats
+                    if dist is not None:
                         q1 = qd.plain(r, t)  # read with the row's best tokens: no read of its own
                         cum = q1 * (features[node].cum_q if node in features else 1.0)  # target roots: 1
                         parent_token = engine.committed[-1] if node < 0 else tree.token[node]
                         session = (*self.copy_index.features(tree.path_tokens(node) + [t]),
                                    *self.memory.features(parent_token, t))
-                        features[i] = NodeFeatures(None if hidden is None else hidden[r], dist[r], q1, cum, session)
+                        features[i] = NodeFeatures(None if fwd.hidden is None else fwd.hidden[r], dist[r], q1, cum,
+                                                   session)
                     parents.append(node)
                     tokens.append(t)
             if not tokens:
@@ -156,8 +169,7 @@ def _template_children(parents) -> dict[int, list[int]] | None:
     return out
 
 
-def _row_features(fwd, qd: RowDists) -> tuple:
-    """Per row of a draft forward: hidden state ``(rows, H)`` (None unless asked for) and the 11 distribution
-    features ``(rows, 11)``."""
+def _dist_features(qd: RowDists) -> torch.Tensor:
+    """The 11 distribution features of every row of a draft forward, ``(rows, 11)`` float32 on its device."""
     lse, _, top = qd.stats()
-    return fwd.hidden, dist_features(qd.float_logits, lse, top)
+    return dist_features(qd.float_logits, lse, top)
