@@ -29,10 +29,11 @@ def uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
     return torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)
 
 
-def _inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> list[int]:
+def _inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> tuple[list[int], list[float]]:
     """``n`` i.i.d. draws from the non-negative weights ``probs`` (``(vocab,)``) by inverse CDF on a float64
     running sum: a tenth of ``torch.multinomial``'s time over a 150,000-token row. The draws are made on the
     device and reach the host in one transfer with the total and their weights (a GPU synchronises once).
+    Returns (token ids, their weights in ``probs``).
 
     Raises:
         ValueError: ``probs`` has no positive weight.
@@ -49,12 +50,13 @@ def _inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> lis
     if any(w <= 0 for w in weights):  # u rounded up to total (chance ~2^-53): the last token with weight
         last = int(torch.nonzero(probs > 0).max())
         ids = [i if w > 0 else last for i, w in zip(ids, weights)]
-    return ids
+        weights = [w if w > 0 else float(probs[last]) for w in weights]
+    return ids, weights
 
 
 def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One draw from ``probs`` (``(vocab,)``, non-negative weights); the argmax when ``probs`` is one-hot."""
-    return _inverse_cdf(probs, 1, generator)[0]
+    return _inverse_cdf(probs, 1, generator)[0][0]
 
 
 PRECISE_REST = 1e-3
@@ -86,18 +88,23 @@ def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_
     chosen: list[int] = []
     taken = 0.0  # probability mass of the tokens drawn so far
 
-    def from_row(exclude: list[int]) -> int | None:
+    def from_row(exclude: list[int]) -> tuple[int, float] | None:
+        """A token drawn from the whole row less ``exclude``, with its probability; None when nothing is left."""
         row = full_row().clone()
         if exclude:
             row[torch.tensor(exclude, dtype=torch.long, device=row.device)] = 0
-        return sample_one(row, generator) if float(row.sum()) > 0 else None
+        try:
+            ids, weights = _inverse_cdf(row, 1, generator)
+        except ValueError:  # no mass left
+            return None
+        return ids[0], weights[0]
 
     if draws is not None and len(draws) < k:
         raise ValueError(f"{k} tokens to draw need {k} uniform draws, got {len(draws)}")
     draws = uniforms(generator, k).tolist() if draws is None else draws[:k]  # one transfer for the k draws
     for draw in draws:
         rest = 1.0 - taken
-        pick = None
+        pick = tail = None
         if rest > PRECISE_REST:
             u = draw * rest
             for t, p in left.items():
@@ -106,14 +113,16 @@ def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_
                     pick = t
                     break
             else:  # beyond the best tokens: a tail token, in proportion to q
-                pick = from_row(top_ids + chosen)
-                if pick is None and left:  # only float rounding put u there: the tail has no mass
+                tail = from_row(top_ids + chosen)
+                if tail is None and left:  # only float rounding put u there: the tail has no mass
                     pick = max(left, key=left.get)
         else:
-            pick = from_row(chosen)
+            tail = from_row(chosen)
+        if tail is not None:
+            pick = tail[0]
         if pick is None:
             break
-        p = left.pop(pick) if pick in left else float(full_row()[pick])
+        p = left.pop(pick) if pick in left else tail[1]
         chosen.append(pick)
         taken += p
     return chosen
@@ -130,7 +139,7 @@ def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Gener
 
 def sample_with_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
     """``k`` i.i.d. draws from ``probs`` (``(vocab,)``)."""
-    return _inverse_cdf(probs, k, generator)
+    return _inverse_cdf(probs, k, generator)[0]
 
 
 def hub_pair(probs: torch.Tensor, generator: torch.Generator) -> list[int]:

@@ -163,7 +163,7 @@ def best_token(p_rows, row: int) -> int:
     """Greedy: the best token of a p row (the lowest id among exact ties, as ``argmax``), from the batched top-k
     pass verification already made when ``p_rows`` is a ``sampling.RowDists`` (no read for a batched row unless its
     top two tie), else the processed row's argmax."""
-    return p_rows.argmax(row) if hasattr(p_rows, "argmax") else int(p_rows[row].argmax())
+    return p_rows.argmax(row) if hasattr(p_rows, "top_ids") else int(p_rows[row].argmax())
 
 
 def _greedy_odds(tree: DraftTree, p_rows) -> dict[int, NodeOdds]:

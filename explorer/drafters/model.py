@@ -122,7 +122,8 @@ class ModelDrafter(Drafter):
             rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
                     if active is None or str(branch_of[node]) in active]  # a pruned branch gets no children
             tops = qd.top([r for r, _ in rows], TOP_K_SHOWN)
-            dist = torch.tensor(qd.attached("dist"), dtype=torch.float32) if want_features else None  # host rows
+            host = torch.device("cpu")  # the decision model runs on the host, wherever the models run
+            dist = torch.tensor(qd.attached("dist"), dtype=torch.float32, device=host) if want_features else None
             for r, node in rows:
                 q_top[node + 1] = tops[r]
                 if not sampling.greedy:
