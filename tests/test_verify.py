@@ -55,14 +55,18 @@ def test_rrs_accepts_everything_when_p_equals_q():
     assert r.decisions[0].ratio == 1.0
 
 
-def test_rrs_rejection_uses_residual_and_removes_the_drafted_token():
+def _rrs_on_two_siblings(p_anchor, below=(0, 0), seed=0):
+    """RRS on the anchor's children, tokens 1 and 2, drafted from q half on each; p is ``p_anchor`` at the anchor
+    and one-hot on ``below`` at the two children."""
     tree = DraftTree()
     tree.add_level([-1, -1], [1, 2])
-    p_anchor = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0])  # target wants token 3 only
     q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
-    p = torch.stack([p_anchor, onehot(0), onehot(0)])
-    g = torch.Generator().manual_seed(0)
-    r = verify_tree(tree, p, {0: q_anchor}, g, rule="rrs")
+    p = torch.stack([p_anchor, onehot(below[0]), onehot(below[1])])
+    return verify_tree(tree, p, {0: q_anchor}, torch.Generator().manual_seed(seed), rule="rrs")
+
+
+def test_rrs_rejection_uses_residual_and_removes_the_drafted_token():
+    r = _rrs_on_two_siblings(torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0]))  # target wants token 3 only
     assert r.path == [] and r.bonus == 3
     assert all(not d.accepted and d.ratio == 0.0 for d in r.decisions.values())
     assert r.decisions[0].residual_top[0][0] == 3
@@ -72,12 +76,7 @@ def test_a_sibling_rejected_before_an_accepted_one_keeps_its_residual_in_the_tra
     """p puts all its mass on token 2, q half on 1 and 2: child 0 (token 1) has ratio 0 and is rejected, the
     residual left is all on token 2, and child 1 (token 2) then passes (q without token 1 is all on 2: ratio 1).
     The rejected sibling's decision shows what its rejection left, though the walk went on below the other."""
-    tree = DraftTree()
-    tree.add_level([-1, -1], [1, 2])
-    p_anchor = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
-    q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
-    p = torch.stack([p_anchor, onehot(0), onehot(4)])
-    r = verify_tree(tree, p, {0: q_anchor}, torch.Generator().manual_seed(0), rule="rrs")
+    r = _rrs_on_two_siblings(torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0]), below=(0, 4))
     assert r.path == [1] and r.bonus == 4
     assert not r.decisions[0].accepted and r.decisions[0].residual_top == [(2, 1.0)]
     assert r.decisions[1].accepted and r.decisions[1].ratio == 1.0 and r.decisions[1].residual_top == []
@@ -85,12 +84,7 @@ def test_a_sibling_rejected_before_an_accepted_one_keeps_its_residual_in_the_tra
 
 def test_rrs_without_replacement_second_sibling_faces_renormalised_q():
     # q = (0.5, 0.5) on tokens 1, 2; p = (0.5 on 1, 0.5 on 2): child 1 (token 1) accepted w.p. 1
-    tree = DraftTree()
-    tree.add_level([-1, -1], [1, 2])
-    p_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
-    q_anchor = torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0])
-    p = torch.stack([p_anchor, onehot(0), onehot(0)])
-    r = verify_tree(tree, p, {0: q_anchor}, torch.Generator().manual_seed(1), rule="rrs")
+    r = _rrs_on_two_siblings(torch.tensor([0.0, 0.5, 0.5, 0.0, 0.0, 0.0]), seed=1)
     assert r.path == [0]
 
 

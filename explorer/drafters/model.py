@@ -81,6 +81,7 @@ class ModelDrafter(Drafter):
         draws_per_row = 0
         if not sampling.greedy and drafting.DRAFT_RULES[engine.verifier_name] == "without":
             draws_per_row = max([1, *engine.branching, *(len(c) for c in (template or {}).values())])
+        host = torch.device("cpu")  # the decision model runs on the host, wherever the models run
         in_template: dict[int, int] = {-1: -1}  # drafted node -> its template node
         accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
         for k in engine.branching:
@@ -122,7 +123,6 @@ class ModelDrafter(Drafter):
             rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
                     if active is None or str(branch_of[node]) in active]  # a pruned branch gets no children
             tops = qd.top([r for r, _ in rows], TOP_K_SHOWN)
-            host = torch.device("cpu")  # the decision model runs on the host, wherever the models run
             dist = torch.tensor(qd.attached("dist"), dtype=torch.float32, device=host) if want_features else None
             for r, node in rows:
                 q_top[node + 1] = tops[r]
