@@ -45,12 +45,14 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
                 "free_rows", "lookup_tokens", "cost_ratio")
-CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (no matrix, no fallback rates carried)
+CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing of CARRIED)
+CARRIED = ("recycling_state", "fallback_state", "adapter_state")  # what a run learns for the next (Engine arguments)
 
 
 def carries(label: str) -> bool:
     """Whether a bench label's runs carry what they learned (Token Recycling's matrix, the goodput fallback's
-    rates) to the method's next prompt: all but labels ending in ``CARRY_OFF``, e.g. ``hybrid+carry=off``."""
+    rates, the stop policy's adaptation: ``CARRIED``) to the method's next prompt: all but labels ending in
+    ``CARRY_OFF``, e.g. ``hybrid+carry=off``."""
     return not label.endswith(CARRY_OFF)
 
 
@@ -149,11 +151,12 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
                recycling_state: dict | None = None, count_syncs: bool = False,
-               fallback_state: dict | None = None) -> dict:
+               fallback_state: dict | None = None, adapter_state: dict | None = None) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
-    and what the run learned for the next prompt: ``recycling_state`` (Token Recycling's matrix) and
-    ``fallback_state`` (the goodput fallback's rates), each None where the method has none.
+    and what the run learned for the next prompt: ``recycling_state`` (Token Recycling's matrix),
+    ``fallback_state`` (the goodput fallback's rates) and ``adapter_state`` (the stop policy's online adaptation),
+    each None where the method has none.
     ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
@@ -162,7 +165,8 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     from .engine import Engine
 
     engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
-                    recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state)
+                    recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state,
+                    adapter_state=adapter_state)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
@@ -177,7 +181,7 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
         metrics["host_syncs_per_step"] = sum(s.host_syncs for s in trace.steps) / len(trace.steps)
     return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state(),
-            "fallback_state": engine.fallback_state()}
+            "fallback_state": engine.fallback_state(), "adapter_state": engine.adapter_state()}
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -234,8 +238,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             how the random stream is used, never the law), so one sample per prompt also compares texts of
             different lengths; more samples average that out. Raises ValueError below 1.
     Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
-    run (a session's matrix keeps learning), and so do the goodput fallback's rates (``fallback.py``); each
-    temperature starts afresh. A label ending in ``+carry=off`` carries nothing (``carries``).
+    run (a session's matrix keeps learning), and so do the goodput fallback's rates (``fallback.py``) and the stop
+    policy's online adaptation (``decision/online.py``); each temperature starts afresh. A label ending in
+    ``+carry=off`` carries nothing (``carries``).
 
     Returns:
         ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
@@ -251,7 +256,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if m not in HF_METHODS and m not in configs:
             configs[m] = method_for_label(m)
 
-    carried: dict = {}  # method -> what its last run learned for the next prompt (matrix, fallback rates)
+    carried: dict = {}  # method -> what its last run learned for the next prompt (CARRIED)
     decision_models: dict = {}  # model kind -> the model read from decision_dir
 
     def decision_model(config):
@@ -274,9 +279,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling, helper="plain")
         memory = carried.get(method, {})
         row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
-                         recycling_state=memory.get("recycling_state"), fallback_state=memory.get("fallback_state"),
-                         decision_model=decision_model(configs[method]))
-        learned = {key: row.pop(key) for key in ("recycling_state", "fallback_state")}
+                         decision_model=decision_model(configs[method]), **memory)
+        learned = {key: row.pop(key) for key in CARRIED}
         if carries(method):
             carried[method] = learned
         return row

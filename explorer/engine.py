@@ -141,6 +141,10 @@ class Engine:
         fallback_state: the goodput fallback's rates from an earlier run (``fallback_state()`` of that run's
             engine): where it comes from the same method, sampling (seed aside), pair and device, and this engine
             falls back, the rates start this run's (``fallback.GoodputFallback``, ``carried``); else ignored.
+        adapter_state: the online adaptation an earlier run learned (``adapter_state()`` of that run's engine):
+            where it comes from the same method, sampling (seed aside), pair, device and decision model, this run's
+            adapter starts from it (``decision/online.py``; recorded in the trace as ``adaptation_carried`` for
+            replays); else ignored.
     Raises:
         EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``, graphs
             without a static cache; on ``start``, an empty prompt or one that leaves no room in the context window.
@@ -148,7 +152,8 @@ class Engine:
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 recycling_state: dict | None = None, count_syncs: bool = False, fallback_state: dict | None = None):
+                 recycling_state: dict | None = None, count_syncs: bool = False, fallback_state: dict | None = None,
+                 adapter_state: dict | None = None):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
@@ -171,10 +176,17 @@ class Engine:
         self.decision_model = decision_model
         self.stop_policy = make_stop_policy(policy, config.threshold, decision_model)
         self.adapter = None  # online adaptation of the stop policy (decision/online.py); outlives rewind()
+        self._adapter_carried = None  # the adapter state this run started from (carried over), for the trace
         if config.adapt != "off":
-            from .decision.online import make_adapter
+            from .decision.online import AdaptError, make_adapter, model_fingerprint
 
-            self.adapter = make_adapter(config.adapt, self.stop_policy)
+            self._adapter_key = _carry_key(pair, config, sampling, model_fingerprint(decision_model))
+            if adapter_state and adapter_state.get("key") == self._adapter_key:
+                self._adapter_carried = adapter_state
+            try:
+                self.adapter = make_adapter(config.adapt, self.stop_policy, carried=self._adapter_carried)
+            except AdaptError as exc:
+                raise EngineError(str(exc)) from None
         self.capture_features = capture_features
         self.drafter = make_drafter(config, recycling_state)
         self.free_rows = free_row_budget(config.free_rows, pair.device.type)  # the tree's row limit for free branches
@@ -182,7 +194,7 @@ class Engine:
         # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
         self.fallback = None
         if _can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
-            self._fallback_key = _fallback_key(pair, config, sampling)
+            self._fallback_key = _carry_key(pair, config, sampling)
             same = bool(fallback_state) and fallback_state.get("key") == self._fallback_key
             self.fallback = GoodputFallback(carried=fallback_state["rates"] if same else None)
         # Where rows cost time, Token Recycling's tree keeps only the slots worth their rows (drafters/row_pricing.py).
@@ -252,7 +264,8 @@ class Engine:
                       "max_new_tokens": self.max_new_tokens, "verifier": self.verifier_name,
                       **self.drafter.state_for_trace(),
                       **({"fallback_carried": self.fallback.carried} if self.fallback and self.fallback.carried
-                         else {})},
+                         else {}),
+                      **({"adaptation_carried": self._adapter_carried} if self._adapter_carried else {})},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
                    "draft_quant": self.pair.draft_quant, "packed_weights": self.pair.packed_weights,
@@ -544,6 +557,13 @@ class Engine:
             return None
         return {"key": self._fallback_key, "rates": self.fallback.state()}
 
+    def adapter_state(self) -> dict | None:
+        """What the stop policy's online adaptation learned in this run (pass it to the next run's Engine as
+        ``adapter_state``), or None without adaptation. Plain data."""
+        if self.adapter is None:
+            return None
+        return {"key": self._adapter_key, **self.adapter.state()}
+
     def target_len(self) -> int:
         """Committed tokens in the target's KV cache."""
         return self.target_kv.length
@@ -651,14 +671,15 @@ def positions_needed(config: MethodConfig, n_prompt: int, max_new_tokens: int) -
     return n_prompt + max_new_tokens + config.max_nodes() + 1
 
 
-def _fallback_key(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig) -> str:
-    """What a fallback's rates belong to: the pair, the device, the method's settings and the sampling (not the
-    seed). Rates measured under one of these say little about another."""
+def _carry_key(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, model: str | None = None) -> str:
+    """What a fallback's rates (or an adapter's state) belong to: the pair, the device, the method's settings and
+    the sampling (not the seed), and the decision model's fingerprint when given. What was learned under one of
+    these says little about another."""
     import json
 
     return json.dumps({"pair": pair.name, "device": pair.device.type, "method": config.to_dict(),
-                       "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p},
-                      sort_keys=True, default=str)
+                       "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                       **({"decision_model": model} if model else {})}, sort_keys=True, default=str)
 
 
 def _finite(x: float) -> float | None:

@@ -375,6 +375,25 @@ def test_what_if_edit_reverifies_branches_and_keeps_the_original(app):
     assert app.session_state["trace"] is original and not app.exception
 
 
+def test_online_adaptation_carries_to_the_sessions_next_run(app):
+    """What the stop policy learned in one run starts the next run of the same method (after Reset), and the
+    adaptation panel says so."""
+    from explorer.config import DEFAULTS
+
+    app.sidebar.selectbox(key=f"adapt_{DEFAULTS['mcsd-improved'].stop}").set_value("last-layer")
+    app.sidebar.slider(key="max_new").set_value(12)
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "run_btn")
+    learned = app.session_state["engine"].adapter_state()
+    assert learned is not None and learned["labels"]
+    click(app, "reset_btn")
+    assert app.session_state["adapter_state"] == learned
+    click(app, "step_btn")
+    engine = app.session_state["engine"]
+    assert engine.adapter.carried == len(learned["labels"]) and engine.trace.settings["adaptation_carried"] == learned
+    assert any("previous run of the method learned" in c.value for c in app.caption)
+
+
 def test_the_goodput_fallback_carries_its_rates_to_the_sessions_next_run(app):
     """The rates a run measured start the next run of the same method (after Reset), and its first step says so."""
     app.sidebar.selectbox(key="fallback").set_value("goodput")

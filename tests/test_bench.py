@@ -169,8 +169,8 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
 
 
 def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypatch):
-    """Token Recycling's matrix and the goodput fallback's rates go to the method's next prompt within a
-    temperature; a ``+carry=off`` label starts every run afresh."""
+    """Token Recycling's matrix, the goodput fallback's rates and the stop policy's adaptation go to the method's
+    next prompt within a temperature; a ``+carry=off`` label starts every run afresh."""
     import explorer.bench as bench_module
     from explorer.bench import carries, method_for_label
     from explorer.config import DEFAULTS
@@ -181,12 +181,16 @@ def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypat
     seen, real = [], bench_module.run_engine
 
     def spy(pair, config, ids, n, sampling, **kw):
-        seen.append((kw["recycling_state"] is not None, kw["fallback_state"] is not None))
+        seen.append(tuple(kw.get(key) is not None for key in ("recycling_state", "fallback_state", "adapter_state")))
         return real(pair, config, ids, n, sampling, **kw)
 
     monkeypatch.setattr(bench_module, "run_engine", spy)
     ids = [tiny.tokenizer.encode("def add(a, b):"), tiny.tokenizer.encode("The quick brown fox")]
     label = "token-recycling+fallback=goodput"
     bench(tiny, ids, methods=(label, label + "+carry=off"), temperatures=(0.0, 0.7), max_new_tokens=8, warmup=0)
-    first, afresh, carried = (False, False), (False, False), (True, True)
+    first, afresh, carried = (False, False, False), (False, False, False), (True, True, False)
     assert seen == [first, afresh, carried, afresh] * 2  # per temperature: prompt 0, then prompt 1
+    seen.clear()  # and the stop policy's online adaptation
+    label = "mcsd-improved+adapt=last-layer"
+    bench(tiny, ids, methods=(label, label + "+carry=off"), temperatures=(0.0,), max_new_tokens=8, warmup=0)
+    assert seen == [first, afresh, (False, False, True), afresh]

@@ -2,6 +2,8 @@
 engine and trace plumbing, and that adapting changes only how much is drafted (greedy output identical; the
 sampled law is audited in test_audit.py)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from explorer.config import DEFAULTS, MethodConfig
 from explorer.decision.model import DecisionMLP, DecisionModel
 from explorer.decision.online import AdaptError, OnlineAdapter, roc_threshold
 from explorer.engine import Engine
-from explorer.instruments.replay import replay_steps
+from explorer.instruments.replay import ReplayError, replay_steps
 from explorer.sampling import SamplingConfig
 from explorer.stopping import make_stop_policy
 from explorer.trace import RunTrace
@@ -130,3 +132,60 @@ def test_adaptive_runs_round_trip_and_replay(tiny):
     for i, engine in replay_steps(tiny, back, len(back.steps) - 1):  # the adapter evolves the same way again
         assert engine.trace.steps[i].adaptation == back.steps[i].adaptation
     assert engine.committed[engine.n_prompt:] == back.generated_ids
+
+
+def test_an_adapter_state_carries_exactly_and_refuses_what_does_not_fit():
+    gen = torch.Generator().manual_seed(1)
+    first = OnlineAdapter("last-layer", make_stop_policy("decision", 0.75, _toy_model(3.0)))
+    for _ in range(3):
+        first.update(torch.rand(20, generator=gen), inputs={"dist": torch.randn(20, 11, generator=gen)})
+    state = json.loads(json.dumps(first.state()))  # plain data, through JSON as a trace file holds it
+    nxt = OnlineAdapter("last-layer", make_stop_policy("decision", 0.75, _toy_model(3.0)), carried=state)
+    probe = torch.randn(7, 11, generator=gen)
+    assert nxt.carried == 60 and list(nxt.labels) == list(first.labels)
+    assert torch.equal(nxt.policy.model.predict(dist=probe), first.policy.model.predict(dist=probe))
+    assert not torch.equal(nxt.frozen.predict(dist=probe), nxt.policy.model.predict(dist=probe))  # shipped: prior
+    labels, inputs = torch.rand(20, generator=gen), {"dist": torch.randn(20, 11, generator=gen)}
+    assert nxt.update(labels, inputs=inputs) == first.update(labels, inputs=inputs)  # the same learner from here on
+    threshold = OnlineAdapter("threshold", make_stop_policy("confidence", 0.3, None))
+    scores = torch.linspace(0, 1, 24)
+    threshold.update((scores > 0.6).float(), scores=scores)
+    moved = OnlineAdapter("threshold", make_stop_policy("confidence", 0.3, None), carried=threshold.state())
+    assert moved.policy.threshold == threshold.policy.threshold != 0.3 and moved.carried == 24
+    # another model, mode or policy, or a malformed state: a clear error, nothing half-restored
+    other = _toy_model(-1.0)
+    bad_states = [state | {"labels": state["labels"][:-1]}, state | {"labels": [2.0] * 60},
+                  state | {"acts": [[0.0] * 3] * 60}, state | {"theta": None}, {"mode": "last-layer"}]
+    for bad in bad_states:
+        with pytest.raises(AdaptError, match="malformed"):
+            OnlineAdapter("last-layer", make_stop_policy("decision", 0.75, _toy_model(3.0)), carried=bad)
+    for policy, carried in ((make_stop_policy("decision", 0.75, other), state),
+                            (make_stop_policy("prune", 0.75, _toy_model(3.0)), state),
+                            (make_stop_policy("decision", 0.75, _toy_model(3.0)), threshold.state())):
+        with pytest.raises(AdaptError, match="cannot start"):
+            OnlineAdapter("last-layer", policy, carried=carried)
+
+
+def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.3,
+                       adapt="last-layer")
+    first, before = _run(tiny, cfg, temperature=0.8, n=32)
+    state = first.adapter_state()
+    assert "adaptation_carried" not in before.settings
+    assert state["key"] and len(state["labels"]) == first.adapter.summary()["records"] > 16
+    nxt = Engine(tiny, cfg, SamplingConfig(temperature=0.8, seed=9), adapter_state=state)  # the seed may differ
+    nxt.start(tiny.tokenizer.encode("def g(y):"), 24)
+    trace = nxt.run()
+    assert nxt.adapter.carried == len(state["labels"]) and trace.settings["adaptation_carried"] == state
+    assert trace.steps[0].adaptation["records"] == len(state["labels"]) + trace.steps[0].adaptation["tokens"]
+    # learned under other settings: not used
+    for other in (Engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=3), adapter_state=state),
+                  Engine(tiny, cfg.with_(max_depth=4), SamplingConfig(temperature=0.8, seed=3), adapter_state=state),
+                  Engine(tiny, cfg.with_(adapt="threshold"), SamplingConfig(temperature=0.8), adapter_state=state)):
+        assert other.adapter.carried == 0
+    back = RunTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    for i, engine in replay_steps(tiny, back, len(back.steps) - 1):  # a replay starts from the carried state too
+        assert engine.trace.steps[i].adaptation == back.steps[i].adaptation
+    back.settings["adaptation_carried"] = {**state, "acts": state["acts"][:3]}
+    with pytest.raises(ReplayError, match="malformed"):
+        next(replay_steps(tiny, back, 0))

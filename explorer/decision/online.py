@@ -22,7 +22,10 @@ the latest labelled tokens and moves the stop policy towards this session's beha
   with. Works for every learned policy (``decision``, ``prune``, ``specdec++``).
 
 Either way only *how much* is drafted changes: verification never reads the policy, so the output law is the
-target's (the audit checks it with adaptation on). The adapter outlives ``Engine.rewind`` like a session would.
+target's (the audit checks it with adaptation on). The adapter outlives ``Engine.rewind`` like a session would, and
+what it learned carries to the session's next run of the same method, sampling and decision model (``state`` and
+``carried``; the bench carries it from prompt to prompt, the app from run to run), as Token Recycling's matrix and
+the goodput fallback's rates do: a run starts where the last one left off instead of at the shipped model.
 Each step's ``update`` returns plain data for the trace (``StepTrace.adaptation``). Measured (docs/decision.md):
 ``last-layer`` 0.94-1.03x the frozen model's tokens/s on the CPU under the ``decision`` rule, 0.99-1.08x under
 ``goodput`` with a measured r (1.08x on a held-out kind); ``threshold`` 0.79-1.01x; both off by default.
@@ -31,6 +34,8 @@ Each step's ``update`` returns plain data for the trace (``StepTrace.adaptation`
 from __future__ import annotations
 
 import copy
+import hashlib
+import math
 from collections import deque
 
 import numpy as np
@@ -56,13 +61,17 @@ class OnlineAdapter:
             decision model (the shipped one stays untouched).
         window: labelled tokens kept; fnr_cost: c in ``fpr + c * fnr`` (threshold mode);
         prior: weight of the shipped layer in records (last-layer mode); newton_steps: per refit.
+        carried: ``state()`` of an earlier run's adapter of the same mode, policy and decision model: its window,
+            threshold and (last-layer) layer are where this one starts. The prior stays centred on the shipped
+            layer.
     Raises:
-        AdaptError: ``threshold`` with ``specdec++`` (its score is a path product, not a token's acceptance), or
-            ``last-layer`` with a policy that reads no decision model.
+        AdaptError: ``threshold`` with ``specdec++`` (its score is a path product, not a token's acceptance),
+            ``last-layer`` with a policy that reads no decision model, or a ``carried`` state of another mode,
+            policy or decision model, or malformed (say, from an edited trace file).
     """
 
     def __init__(self, mode: str, policy, *, window: int = WINDOW, fnr_cost: float = 1.0, prior: float = 32.0,
-                 newton_steps: int = 3):
+                 newton_steps: int = 3, carried: dict | None = None):
         if mode == "off":
             raise AdaptError("adaptation off needs no adapter (make_adapter returns None)")
         problem = adapt_problem(mode, policy.name)
@@ -79,6 +88,10 @@ class OnlineAdapter:
             policy.model = copy.deepcopy(policy.model)
             last = policy.model.net.layers[-1]
             self.theta0 = _theta(last)  # the shipped layer: the prior's centre
+        self.model_id = model_fingerprint(getattr(policy, "model", None) if mode == "threshold" else self.frozen)
+        self.carried = 0  # labelled tokens carried over from an earlier run
+        if carried is not None:
+            self._restore(carried)
 
     @property
     def needs(self) -> str:
@@ -139,6 +152,53 @@ class OnlineAdapter:
             out["weight_shift"] = self._weight_shift()
         return out
 
+    def state(self) -> dict:
+        """What this adapter has learned, as plain data (JSON-safe, exact): ``mode``, ``policy``, ``model`` (the
+        decision model's fingerprint, or None), ``labels``, ``threshold``, and ``scores`` (threshold mode) or
+        ``acts`` (penultimate activations, one list per label) and ``theta`` (the adapted last layer, weights then
+        bias). Pass it as ``carried`` to the next run's adapter."""
+        out = {"mode": self.mode, "policy": self.policy.name, "model": self.model_id,
+               "labels": [float(x) for x in self.labels], "threshold": float(self.policy.threshold)}
+        if self.mode == "threshold":
+            out["scores"] = [float(x) for x in self.scores]
+        else:
+            out["acts"] = [[float(x) for x in row] for row in self.acts]
+            out["theta"] = [float(x) for x in _theta(self.policy.model.net.layers[-1])]
+        return out
+
+    def _restore(self, state: dict) -> None:
+        """Start from ``state`` (``state()`` of an earlier adapter). Raises AdaptError when it does not fit."""
+        try:
+            if (state["mode"], state["policy"], state["model"]) != (self.mode, self.policy.name, self.model_id):
+                raise AdaptError(f"the carried adaptation was learned for {state['mode']} / {state['policy']} with "
+                                 "another decision model; it cannot start this run's")
+            labels = [_unit(x) for x in state["labels"]]
+            if self.mode == "threshold":
+                scores = [float(x) for x in state["scores"]]
+                threshold = _unit(state["threshold"])
+                if len(scores) != len(labels) or not all(math.isfinite(x) for x in scores):
+                    raise ValueError("one finite score per label")
+            else:
+                width = len(self.theta0) - 1
+                acts = [np.asarray(row, dtype=np.float64) for row in state["acts"]]
+                theta = np.asarray(state["theta"], dtype=np.float64)
+                if len(acts) != len(labels) or any(a.shape != (width,) for a in acts) or theta.shape != (width + 1,):
+                    raise ValueError(f"one row of {width} activations per label and {width + 1} layer values")
+                if not (all(np.isfinite(a).all() for a in acts) and np.isfinite(theta).all()):
+                    raise ValueError("non-finite activations or layer values")
+        except AdaptError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdaptError(f"the carried adaptation state is malformed: {exc!r}") from None
+        self.labels.extend(labels)
+        if self.mode == "threshold":
+            self.scores.extend(scores)
+            self.policy.threshold = threshold
+        else:
+            self.acts.extend(acts)
+            _set_theta(self.policy.model.net.layers[-1], theta)
+        self.carried = len(self.labels)
+
     def _weight_shift(self) -> float:
         """L2 distance of the adapting last layer (weights and bias) from the shipped one."""
         return float(np.linalg.norm(_theta(self.policy.model.net.layers[-1]) - self.theta0))
@@ -156,10 +216,7 @@ class OnlineAdapter:
             grad = x.T @ (p - y) + lam * (theta - self.theta0)
             hess = (x * (p * (1 - p))[:, None]).T @ x + np.diag(lam)
             theta = theta - np.linalg.solve(hess, grad)
-        last = model.net.layers[-1]
-        with torch.no_grad():
-            last.weight.copy_(torch.from_numpy(theta[:-1]).reshape_as(last.weight))
-            last.bias.copy_(torch.from_numpy(theta[-1:]).reshape_as(last.bias))
+        _set_theta(model.net.layers[-1], theta)
 
 
 def roc_threshold(scores: np.ndarray, soft: np.ndarray, fnr_cost: float = 1.0) -> float | None:
@@ -175,6 +232,31 @@ def _theta(layer) -> np.ndarray:
     return np.concatenate([layer.weight.detach().double().numpy().ravel(), layer.bias.detach().double().numpy()])
 
 
+def _set_theta(layer, theta: np.ndarray) -> None:
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(theta[:-1]).reshape_as(layer.weight))
+        layer.bias.copy_(torch.from_numpy(theta[-1:]).reshape_as(layer.bias))
+
+
+def _unit(x) -> float:
+    """``x`` as a float in [0, 1]; ValueError otherwise."""
+    x = float(x)
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{x} is not in [0, 1]")
+    return x
+
+
+def model_fingerprint(model) -> str | None:
+    """A short hash of a decision model's kind, input standardisation and weights (None without a model): what
+    a carried adaptation state must have been learned with."""
+    if model is None:
+        return None
+    h = hashlib.sha1(model.kind.encode())
+    for t in (model.mean, model.std, *model.net.parameters()):
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _penultimate(model, inputs: dict) -> torch.Tensor:
     """The decision MLP's activations before its last linear layer, float32 ``(n, width)``."""
     x = model.inputs(**inputs)
@@ -185,11 +267,12 @@ def _mean(t: torch.Tensor) -> float | None:
     return float(t.float().mean()) if t.numel() else None
 
 
-def make_adapter(mode: str, policy) -> OnlineAdapter | None:
-    """None for ``off``, else an OnlineAdapter for ``policy``. Raises AdaptError as OnlineAdapter does."""
+def make_adapter(mode: str, policy, carried: dict | None = None) -> OnlineAdapter | None:
+    """None for ``off``, else an OnlineAdapter for ``policy`` (starting from ``carried``, an earlier adapter's
+    ``state()``). Raises AdaptError as OnlineAdapter does."""
     if mode == "off":
         return None
-    return OnlineAdapter(mode, policy)
+    return OnlineAdapter(mode, policy, carried=carried)
 
 
-__all__ = ["ADAPT_MODES", "AdaptError", "OnlineAdapter", "make_adapter", "roc_threshold"]
+__all__ = ["ADAPT_MODES", "AdaptError", "OnlineAdapter", "make_adapter", "model_fingerprint", "roc_threshold"]

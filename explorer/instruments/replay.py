@@ -18,11 +18,12 @@ class ReplayError(ValueError):
 
 
 def engine_for_trace(pair, trace: RunTrace, decision_model=None):
-    """A started ``Engine`` with the trace's method, sampling, length and starting Token Recycling matrix.
+    """A started ``Engine`` with the trace's method, sampling, length, starting Token Recycling matrix and carried
+    stop-policy adaptation.
 
     Raises ReplayError when the trace was recorded on another model pair or its settings do not parse.
     """
-    from ..engine import Engine
+    from ..engine import Engine, EngineError
 
     if trace.model.get("target_id") not in (None, pair.target_id) or trace.model.get("draft_id") not in (
             None, pair.draft_id):
@@ -36,7 +37,11 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
         raise ReplayError(f"the trace's settings cannot be replayed: {exc}") from None
     initial = trace.settings.get("recycling_initial")
     state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
-    engine = Engine(pair, config, sampling, decision_model=decision_model, recycling_state=state)
+    try:  # a run that started from a session's earlier adaptation replays from the same state
+        engine = Engine(pair, config, sampling, decision_model=decision_model, recycling_state=state,
+                        adapter_state=trace.settings.get("adaptation_carried"))
+    except EngineError as exc:
+        raise ReplayError(f"the trace cannot be replayed: {exc}") from None
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
     # The goodput fallback decides from timings; a replay takes the recorded decisions (all speculative without it).
     engine.follow_fallback([s.fallback.get("speculate", True) for s in trace.steps])

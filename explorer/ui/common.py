@@ -111,7 +111,8 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
                 changes: dict | None = None):
     """A started engine for the prompt (the prefill runs here). With Token Recycling and ``carry_matrix`` on, it
     starts from the matrix the session's last recycling run left (``st.session_state["recycling_state"]``; the
-    caller stores it there), and the goodput fallback from the rates its last run measured (``"fallback_state"``).
+    caller stores it there), the goodput fallback from the rates its last run measured (``"fallback_state"``) and
+    the stop policy's online adaptation from where its last run left it (``"adapter_state"``).
     Raises PromptError / EngineError / ValueError."""
     from ..engine import Engine, times_verification
     from ..prompts import encode_prompt
@@ -127,9 +128,10 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
 
         with st.spinner(f"Timing a {DEAR_ROWS}-row verification on this machine (once per model pair)…"):
             verification_cost(pair)
-    # the goodput fallback's rates from the session's last run: the engine uses them only for the same method,
-    # sampling, pair and device
+    # the goodput fallback's rates and the adaptation from the session's last run: the engine uses them only for
+    # the same method, sampling, pair and device (and decision model)
     engine = Engine(pair, config, sampling, recycling_state=carried,
-                    fallback_state=st.session_state.get("fallback_state"))
+                    fallback_state=st.session_state.get("fallback_state"),
+                    adapter_state=st.session_state.get("adapter_state"))
     engine.start(ids, settings["max_new"], prompt_text=prompt_text)
     return engine

@@ -49,7 +49,8 @@ def _go(delta: int) -> None:
 def _reset() -> None:
     engine = st.session_state.get("engine")
     if engine is not None:  # what the run learned serves the next one
-        for key, state in (("recycling_state", engine.recycling_state()), ("fallback_state", engine.fallback_state())):
+        for key, state in (("recycling_state", engine.recycling_state()), ("fallback_state", engine.fallback_state()),
+                           ("adapter_state", engine.adapter_state())):
             if state is not None:
                 st.session_state[key] = state
     for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running", "runs",

@@ -145,7 +145,8 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
 TEACH_ADAPTATION = ("Every check by the big model tells us, for free, which drafted tokens it would accept. The stop "
                     "rule learns from that as the text goes on: on easy text it learns to keep drafting, on hard "
                     "text to stop sooner. It only changes how much is drafted; the big model still decides every "
-                    "token, so the text comes out exactly as likely as before.")
+                    "token, so the text comes out exactly as likely as before. What it learned carries over to "
+                    "your next run of the same method, so a session keeps getting better at your kind of text.")
 
 
 def adaptation_panel(trace, step: StepTrace, teach: bool, prefix: str = "") -> None:
@@ -161,6 +162,10 @@ def adaptation_panel(trace, step: StepTrace, teach: bool, prefix: str = "") -> N
                 f"predicted {_num(a.get('pred_before'))} by the adapting model ({_num(a.get('pred_frozen'))} by the "
                 f"shipped one); after the refit on the latest {a['records']} it predicts {_num(a.get('pred_after'))} "
                 "for them.")
+    carried = trace.settings.get("adaptation_carried")
+    if carried:
+        note += (f" The run started from what this session's previous run of the method learned "
+                 f"({len(carried.get('labels', []))} labelled tokens), not from the shipped model.")
     st.caption(note)
     if teach:
         from .instruments_panel import teach_caption
