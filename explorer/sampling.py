@@ -288,10 +288,16 @@ class RowDists:
     def plain(self, r: int, token: int) -> float:
         """Plain-softmax (temperature 1) probability of ``token`` at row ``r``: from the host copy of the row's best
         tokens when it is among them (no read of the device), else read from the row."""
+        value = self._on_host(r, token, 1)
+        return value if value is not None else float(self._plain_on_device(r, token))
+
+    def _on_host(self, r: int, token: int, column: int) -> float | None:
+        """Column ``column`` of the host copy of row ``r``'s best tokens (1: plain softmax, 3: at the temperature)
+        for ``token``, or None when the token is not among them."""
         host = self._host_top(r)
         if host is not None and token in host[0]:
-            return host[1][host[0].index(token)]
-        return float(self._plain_on_device(r, token))
+            return host[column][host[0].index(token)]
+        return None
 
     def _plain_on_device(self, r: int, token: int) -> torch.Tensor:
         """Plain-softmax probability of ``token`` at row ``r`` as a 0-d device tensor (no read)."""
@@ -317,10 +323,9 @@ class RowDists:
 
     def _from_host(self, r: int, token: int) -> float | None:
         """``shown(r, token)`` when the token is among the row's best tokens already on the host, else None."""
-        host = self._host_top(r) if (self.cfg.greedy or self._temperature_only(r)) else None
-        if host is not None and token in host[0]:
-            return (host[1] if self.cfg.greedy else host[3])[host[0].index(token)]
-        return None
+        if not (self.cfg.greedy or self._temperature_only(r)):
+            return None
+        return self._on_host(r, token, 1 if self.cfg.greedy else 3)
 
     def _shown_on_device(self, r: int, token: int) -> torch.Tensor:
         """``shown(r, token)`` as a 0-d device tensor (no read)."""

@@ -45,14 +45,14 @@ class StepTimeline:
         self.syncs: int | None = None
         self._caught = None
         self._reads: HostReadCounter | None = None
-        if count_syncs and not self.cuda:
-            self._reads = HostReadCounter()
-            self._reads.__enter__()
-        if self.cuda and count_syncs:
+        if count_syncs and self.cuda:
             self._catcher = warnings.catch_warnings(record=True)
             self._caught = self._catcher.__enter__()
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
+        elif count_syncs:
+            self._reads = HostReadCounter()
+            self._reads.__enter__()
         self.t0 = self._mark()
 
     def _mark(self):

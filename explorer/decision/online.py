@@ -204,19 +204,26 @@ class OnlineAdapter:
         return float(np.linalg.norm(_theta(self.policy.model.net.layers[-1]) - self.theta0))
 
     def _refit(self, model) -> None:
-        """MAP logistic regression of the last layer on the window, prior N(theta0, (1 / prior) * diag(scale))."""
-        a = np.asarray(self.acts)
-        x = np.hstack([a, np.ones((len(a), 1))])
-        y = np.asarray(self.labels)
-        scale = np.append(np.mean(a * a, axis=0) + 1e-3, 1.0)  # the prior in each input's own units
+        """MAP logistic regression of the last layer on the window, prior N(theta0, (1 / prior) * diag(scale)).
+
+        In torch, float64 on the host, not numpy: numpy's OpenBLAS keeps a thread pool of its own that spins after
+        each call once the window is a few hundred rows, and on a 2-core CPU those threads took the cores from the
+        next forwards (session 20: a full window cost 15 ms a step in the refit and slowed every draft forward
+        after it, 0.87x the frozen model's tokens/s for the same calls). torch's ops run on the models' threads."""
+        cpu = torch.device("cpu")
+        a = torch.from_numpy(np.asarray(self.acts))
+        x = torch.cat([a, torch.ones((len(a), 1), dtype=torch.float64, device=cpu)], 1)
+        y = torch.tensor(list(self.labels), dtype=torch.float64, device=cpu)
+        scale = torch.cat([(a * a).mean(0) + 1e-3, torch.ones(1, dtype=torch.float64, device=cpu)])  # input units
         lam = self.prior * scale
-        theta = _theta(model.net.layers[-1])
+        theta0 = torch.from_numpy(self.theta0)
+        theta = torch.from_numpy(_theta(model.net.layers[-1]))
         for _ in range(self.newton_steps):
-            p = 1.0 / (1.0 + np.exp(-np.clip(x @ theta, -30, 30)))
-            grad = x.T @ (p - y) + lam * (theta - self.theta0)
-            hess = (x * (p * (1 - p))[:, None]).T @ x + np.diag(lam)
-            theta = theta - np.linalg.solve(hess, grad)
-        _set_theta(model.net.layers[-1], theta)
+            p = torch.sigmoid((x @ theta).clamp(-30, 30))
+            grad = x.T @ (p - y) + lam * (theta - theta0)
+            hess = (x * (p * (1 - p))[:, None]).T @ x + torch.diag(lam)
+            theta = theta - torch.linalg.solve(hess, grad)
+        _set_theta(model.net.layers[-1], theta.numpy())
 
 
 def roc_threshold(scores: np.ndarray, soft: np.ndarray, fnr_cost: float = 1.0) -> float | None:
