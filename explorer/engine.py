@@ -528,7 +528,9 @@ class Engine:
             scores = [d.predicted[i] if i in d.predicted else d.q_show.get(i, 0.0) for i in nodes]
             return self.adapter.update(labels, scores=torch.tensor(scores, dtype=torch.float32, device=host))
         inputs = model_inputs(d.features, nodes, [tree.depth[i] for i in nodes], hidden=self.stop_policy.needs_hidden)
-        return self.adapter.update(labels, inputs=inputs)
+        tested = expectation.tested_probs(tree, v.odds)  # the refit weighs a token by the chance its test happened
+        weights = torch.tensor([tested.get(i, 0.0) for i in nodes], dtype=torch.float32, device=host)
+        return self.adapter.update(labels, inputs=inputs, weights=weights)
 
     def _truncate(self, tokens: list[int]) -> list[int]:
         """Cut at the first EOS (kept) and at ``max_new_tokens``; mark the run finished when either is hit."""

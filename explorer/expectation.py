@@ -199,6 +199,27 @@ def accepted_length_laws(tree: DraftTree, odds: dict[int, NodeOdds]) -> dict[int
     return laws
 
 
+def tested_probs(tree: DraftTree, odds: dict[int, NodeOdds]) -> dict[int, float]:
+    """For every node with odds: the probability that the verifier's walk tests it, i.e. that its parent is on the
+    committed path and every sibling tested before it was rejected (greedy: 1 along the accepted path and at the
+    first rejected node, 0 below). A node without odds (a target-sampled root of the lossy mode) is passed through
+    as kept."""
+    on_path = {-1: 1.0}
+    tested: dict[int, float] = {}
+    for node in [-1] + list(range(len(tree))):  # parents come before their children
+        reach = on_path.get(node)
+        if reach is None:
+            continue
+        for c in sorted(tree.children(node), key=lambda c: odds[c].order if c in odds else -1):
+            if c not in odds:
+                on_path[c] = on_path[node]
+                continue
+            tested[c] = reach
+            on_path[c] = reach * odds[c].accept_prob
+            reach *= 1.0 - odds[c].accept_prob
+    return tested
+
+
 def expected_tokens(tree: DraftTree, odds: dict[int, NodeOdds], lossy: bool = False) -> float:
     """Expected tokens the step commits before any truncation (EOS, max new tokens), the bonus token included.
 

@@ -189,3 +189,29 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
     back.settings["adaptation_carried"] = {**state, "acts": state["acts"][:3]}
     with pytest.raises(ReplayError, match="malformed"):
         next(replay_steps(tiny, back, 0))
+
+
+def test_a_refit_weighs_each_token_by_the_chance_its_test_happened():
+    from explorer.expectation import NodeOdds, tested_probs
+    from explorer.tree import DraftTree
+
+    # anchor -> a (tested first), b; a -> c -> d: P(tested) multiplies acceptances down the path, and b is tested
+    # only when a was rejected
+    tree = DraftTree()
+    tree.add_level([-1, -1], [1, 2])
+    tree.add_level([0], [3])
+    tree.add_level([2], [4])
+    odds = {0: NodeOdds(0.6, 0.6, 0), 1: NodeOdds(0.5, 0.5, 1), 2: NodeOdds(0.5, 0.5, 0), 3: NodeOdds(1.0, 1.0, 0)}
+    assert tested_probs(tree, odds) == pytest.approx({0: 1.0, 1: 0.4, 2: 0.6, 3: 0.3})
+    greedy = {0: NodeOdds(0.0, 0.0, 0), 1: NodeOdds(1.0, 1.0, 1), 2: NodeOdds(1.0, 1.0, 0), 3: NodeOdds(1.0, 1.0, 0)}
+    assert tested_probs(tree, greedy) == {0: 1.0, 1: 1.0, 2: 0.0, 3: 0.0}  # nothing below a rejection is tested
+    # tokens of weight 0 leave the refit as if they had never been seen
+    gen = torch.Generator().manual_seed(2)
+    dist, labels = torch.randn(40, 11, generator=gen), torch.rand(40, generator=gen)
+    keep = torch.arange(40) % 2 == 0
+    weighted = OnlineAdapter("last-layer", make_stop_policy("decision", 0.75, _toy_model(3.0)))
+    weighted.update(labels, inputs={"dist": dist}, weights=keep.float())
+    alone = OnlineAdapter("last-layer", make_stop_policy("decision", 0.75, _toy_model(3.0)))
+    alone.update(labels[keep], inputs={"dist": dist[keep]})
+    probe = torch.randn(5, 11, generator=gen)
+    assert torch.allclose(weighted.policy.model.predict(dist=probe), alone.policy.model.predict(dist=probe), atol=1e-6)

@@ -82,6 +82,7 @@ class OnlineAdapter:
         self.scores: deque = deque(maxlen=window)  # threshold mode: the policy's score of each labelled token
         self.acts: deque = deque(maxlen=window)  # last-layer mode: penultimate activations (float64 rows)
         self.labels: deque = deque(maxlen=window)
+        self.weights: deque = deque(maxlen=window)  # P(the walk tested the token): what a refit weighs it by
         self.start_threshold = float(policy.threshold)
         if mode == "last-layer":
             self.frozen = policy.model
@@ -99,7 +100,7 @@ class OnlineAdapter:
         return "score" if self.mode == "threshold" else "inputs"
 
     def update(self, labels: torch.Tensor, scores: torch.Tensor | None = None,
-               inputs: dict | None = None) -> dict:
+               inputs: dict | None = None, weights: torch.Tensor | None = None) -> dict:
         """Learn from one verified step.
 
         Args:
@@ -107,6 +108,10 @@ class OnlineAdapter:
             scores: float32 ``(n,)`` the policy's score of each (threshold mode).
             inputs: the decision model's inputs (last-layer mode; ``features.model_inputs``: ``{"dist", "path",
                 "context"[, "hidden"]: (n, F)}``).
+            weights: float32 ``(n,)`` in [0, 1], each token's weight in the last layer's refit: the probability
+                that the verifier's walk tested it (``expectation.tested_probs``), since the stop rule needs a
+                token's acceptance given that its path so far was accepted; a token below a rejection says little
+                about that. None = 1 each.
         Returns:
             plain data for the trace: ``mode``, ``records`` (window size), ``threshold`` (the policy's setting
             now), ``label_mean`` (mean label of this step's tokens), in threshold mode ``score_mean``, in
@@ -118,6 +123,7 @@ class OnlineAdapter:
         out = {"mode": self.mode, "tokens": int(labels.numel()),
                "label_mean": float(labels.mean()) if labels.numel() else None}
         self.labels.extend(labels.tolist())
+        self.weights.extend(weights.detach().float().cpu().tolist() if weights is not None else [1.0] * len(labels))
         if self.mode == "threshold":
             scores = scores.detach().float().cpu()
             out["score_mean"] = _mean(scores)
@@ -154,11 +160,12 @@ class OnlineAdapter:
 
     def state(self) -> dict:
         """What this adapter has learned, as plain data (JSON-safe, exact): ``mode``, ``policy``, ``model`` (the
-        decision model's fingerprint, or None), ``labels``, ``threshold``, and ``scores`` (threshold mode) or
-        ``acts`` (penultimate activations, one list per label) and ``theta`` (the adapted last layer, weights then
-        bias). Pass it as ``carried`` to the next run's adapter."""
+        decision model's fingerprint, or None), ``labels``, ``weights``, ``threshold``, and ``scores`` (threshold
+        mode) or ``acts`` (penultimate activations, one list per label) and ``theta`` (the adapted last layer,
+        weights then bias). Pass it as ``carried`` to the next run's adapter."""
         out = {"mode": self.mode, "policy": self.policy.name, "model": self.model_id,
-               "labels": [float(x) for x in self.labels], "threshold": float(self.policy.threshold)}
+               "labels": [float(x) for x in self.labels], "weights": [float(x) for x in self.weights],
+               "threshold": float(self.policy.threshold)}
         if self.mode == "threshold":
             out["scores"] = [float(x) for x in self.scores]
         else:
@@ -173,6 +180,9 @@ class OnlineAdapter:
                 raise AdaptError(f"the carried adaptation was learned for {state['mode']} / {state['policy']} with "
                                  "another decision model; it cannot start this run's")
             labels = [_unit(x) for x in state["labels"]]
+            weights = [_unit(x) for x in state["weights"]]
+            if len(weights) != len(labels):
+                raise ValueError("one weight per label")
             if self.mode == "threshold":
                 scores = [float(x) for x in state["scores"]]
                 threshold = _unit(state["threshold"])
@@ -191,6 +201,7 @@ class OnlineAdapter:
         except (KeyError, TypeError, ValueError) as exc:
             raise AdaptError(f"the carried adaptation state is malformed: {exc!r}") from None
         self.labels.extend(labels)
+        self.weights.extend(weights)
         if self.mode == "threshold":
             self.scores.extend(scores)
             self.policy.threshold = threshold
@@ -204,7 +215,8 @@ class OnlineAdapter:
         return float(np.linalg.norm(_theta(self.policy.model.net.layers[-1]) - self.theta0))
 
     def _refit(self, model) -> None:
-        """MAP logistic regression of the last layer on the window, prior N(theta0, (1 / prior) * diag(scale)).
+        """MAP logistic regression of the last layer on the window (each token's BCE times its weight), prior
+        N(theta0, (1 / prior) * diag(scale)).
 
         In torch, float64 on the host, not numpy: numpy's OpenBLAS keeps a thread pool of its own that spins after
         each call once the window is a few hundred rows, and on a 2-core CPU those threads took the cores from the
@@ -214,14 +226,16 @@ class OnlineAdapter:
         a = torch.from_numpy(np.asarray(self.acts))
         x = torch.cat([a, torch.ones((len(a), 1), dtype=torch.float64, device=cpu)], 1)
         y = torch.tensor(list(self.labels), dtype=torch.float64, device=cpu)
-        scale = torch.cat([(a * a).mean(0) + 1e-3, torch.ones(1, dtype=torch.float64, device=cpu)])  # input units
+        w = torch.tensor(list(self.weights), dtype=torch.float64, device=cpu)
+        rms = (w[:, None] * a * a).sum(0) / w.sum().clamp_min(1e-9)  # each input's own units, over what counts
+        scale = torch.cat([rms + 1e-3, torch.ones(1, dtype=torch.float64, device=cpu)])
         lam = self.prior * scale
         theta0 = torch.from_numpy(self.theta0)
         theta = torch.from_numpy(_theta(model.net.layers[-1]))
         for _ in range(self.newton_steps):
             p = torch.sigmoid((x @ theta).clamp(-30, 30))
-            grad = x.T @ (p - y) + lam * (theta - theta0)
-            hess = (x * (p * (1 - p))[:, None]).T @ x + torch.diag(lam)
+            grad = x.T @ (w * (p - y)) + lam * (theta - theta0)
+            hess = (x * (w * p * (1 - p))[:, None]).T @ x + torch.diag(lam)
             theta = theta - torch.linalg.solve(hess, grad)
         _set_theta(model.net.layers[-1], theta.numpy())
 
