@@ -476,9 +476,11 @@ def what_if_tour(url: str, out_dir: Path, steps: int = 3, prompt: str = "def fib
 
 
 def adaptation_tour(url: str, out_dir: Path, steps: int = 8, prompt: str = "def fibonacci(n):",
-                    mode: str = "decision model's last layer", load_timeout_s: float = 600) -> dict:
+                    mode: str = "decision model's last layer", load_timeout_s: float = 600,
+                    carried_steps: int = 3) -> dict:
     """Issue 17: switch online adaptation on (the default method, mcsd-improved), step, and screenshot the chart of
-    the adapting stop policy over the run; then switch it off. Returns what the page showed."""
+    the adapting stop policy over the run; then Reset and step again: the second run starts from what the first
+    learned, and its caption says so (``adaptation_carried.png``). Returns what the page showed."""
     report: dict = {}
     with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
         choose(page, "Online adaptation", mode)
@@ -495,7 +497,22 @@ def adaptation_tour(url: str, out_dir: Path, steps: int = 8, prompt: str = "def 
         report["captions"] = [t for t in page.locator("[data-testid='stCaptionContainer']").all_inner_texts()
                               if "labelled" in t]
         report["after_steps"] = _step_caption(page)
+        if carried_steps:
+            report["carried_captions"] = _carried_run(page, out_dir, carried_steps)
     return report
+
+
+def _carried_run(page, out_dir: Path, steps: int) -> list[str]:
+    """Reset and step a new run; screenshot it where its adaptation caption says it started from the last run's
+    (``adaptation_carried.png``). Returns those captions."""
+    _press(page, "Reset")
+    for _ in range(steps):
+        _press(page, "Step")
+    carried = page.locator("[data-testid='stCaptionContainer']", has_text="previous run of the method")
+    if carried.count():
+        carried.first.scroll_into_view_if_needed()
+        page.screenshot(path=str(out_dir / "adaptation_carried.png"))
+    return carried.all_inner_texts()
 
 
 def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fibonacci(n):",

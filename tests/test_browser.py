@@ -121,7 +121,8 @@ def test_instrument_panels_in_a_real_browser(tmp_path):
 
 
 def test_online_adaptation_in_a_real_browser(tmp_path):
-    """Switch online adaptation on, step, and see the adapting policy drawn over the run with its caption."""
+    """Switch online adaptation on, step, and see the adapting policy drawn over the run with its caption; after
+    Reset, the next run starts from what it learned."""
     from browser import adaptation_tour
 
     with running_app("tiny") as url:
@@ -131,6 +132,9 @@ def test_online_adaptation_in_a_real_browser(tmp_path):
     assert "predicted, adapting model" in r["legend"] and "accepted (mean P(accept))" in r["legend"]
     assert r["captions"] and "labelled" in r["captions"][0] and r["after_steps"].startswith("Step 5")
     assert (tmp_path / "adaptation_chart.png").stat().st_size > 10_000
+    # after Reset the next run starts from what this one learned, and says so
+    assert r["carried_captions"] and "labelled tokens" in r["carried_captions"][0], r
+    assert (tmp_path / "adaptation_carried.png").stat().st_size > 10_000
 
 
 def test_the_goodput_fallback_in_a_real_browser(tmp_path):

@@ -27,8 +27,9 @@ what it learned carries to the session's next run of the same method, sampling a
 ``carried``; the bench carries it from prompt to prompt, the app from run to run), as Token Recycling's matrix and
 the goodput fallback's rates do: a run starts where the last one left off instead of at the shipped model.
 Each step's ``update`` returns plain data for the trace (``StepTrace.adaptation``). Measured (docs/decision.md):
-``last-layer`` 0.94-1.03x the frozen model's tokens/s on the CPU under the ``decision`` rule, 0.99-1.08x under
-``goodput`` with a measured r (1.08x on a held-out kind); ``threshold`` 0.79-1.01x; both off by default.
+``last-layer``, carried and weighted, under ``goodput`` with a measured r, 1.00-1.10x the frozen model's tokens/s on
+the CPU (session 20: HumanEval level within noise, MT-bench 1.03-1.05x, a held-out kind 1.08-1.10x);
+``threshold`` 0.79-1.01x (session 10); both off by default.
 """
 
 from __future__ import annotations
@@ -177,8 +178,9 @@ class OnlineAdapter:
         """Start from ``state`` (``state()`` of an earlier adapter). Raises AdaptError when it does not fit."""
         try:
             if (state["mode"], state["policy"], state["model"]) != (self.mode, self.policy.name, self.model_id):
-                raise AdaptError(f"the carried adaptation was learned for {state['mode']} / {state['policy']} with "
-                                 "another decision model; it cannot start this run's")
+                raise AdaptError(f"the carried adaptation was learned for {state['mode']} / {state['policy']} "
+                                 f"(decision model {state['model']}), this run adapts {self.mode} / "
+                                 f"{self.policy.name} ({self.model_id}): it cannot start this run's")
             labels = [_unit(x) for x in state["labels"]]
             weights = [_unit(x) for x in state["weights"]]
             if len(weights) != len(labels):
