@@ -364,7 +364,8 @@ def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     if current is not None:
         fig.add_vline(x=current + 1, line=dict(color="#9467bd", width=1, dash="dot"))
     fig.update_layout(title=f"Stop-policy adaptation over the run ({mode})", height=300,
-                      margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title="step", rangemode="tozero"),
+                      margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="step", rangemode="tozero", dtick=max(1, round(max(xs) / 10))),  # whole steps
                       yaxis=dict(title="probability / score", range=[0, 1.05]), legend=dict(orientation="h", y=-0.3))
     return fig
 
