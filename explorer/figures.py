@@ -348,8 +348,9 @@ def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
             fig.add_trace(go.Scatter(x=xs, y=ys, name=name, **style))
 
     # the threshold a step was drafted with is the one in force after the previous step's refit; the first step's
-    # is the setting, or where the session's previous run left it when its adaptation was carried over
-    start = (run.settings.get("adaptation_carried") or run.settings.get("method", {})).get("threshold")
+    # is the setting, or where the session's previous run left a refitted threshold it carried over
+    carried = run.settings.get("adaptation_carried") or {}
+    start = (carried if carried.get("mode") == "threshold" else run.settings.get("method", {})).get("threshold")
     used = [start] + [s.adaptation.get("threshold") for s in steps[:-1]]
     goodput = run.settings.get("method", {}).get("stop") == "goodput"  # its threshold setting is r
     fig.add_trace(go.Scatter(x=xs, y=used, mode="lines", line=dict(color="#000", dash="dash", shape="hv"),
