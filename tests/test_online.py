@@ -178,6 +178,9 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
     trace = nxt.run()
     assert nxt.adapter.carried == len(state["labels"]) and trace.settings["adaptation_carried"] == state
     assert trace.steps[0].adaptation["records"] == len(state["labels"]) + trace.steps[0].adaptation["tokens"]
+    from explorer.figures import adaptation_figure  # the first step drafted with tau: a layer carries, not tau
+
+    assert adaptation_figure(trace).data[0].y[0] == cfg.threshold
     # learned under other settings: not used
     for other in (Engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=3), adapter_state=state),
                   Engine(tiny, cfg.with_(max_depth=4), SamplingConfig(temperature=0.8, seed=3), adapter_state=state),
