@@ -94,7 +94,9 @@ def test_probe_explains_every_rounding_divergence_as_a_near_tie(real_pair):
     """The tree-attention probe on the embedded pair: the tree forward's logits differ from plain decoding by a few
     rounding steps of the pair's dtype, the mask is right, and every decision that flips sits on a row whose best two
     tokens are within two such steps (in bf16 on an AVX-512-BF16 CPU MT-bench 89 flips at step 12 on an exact tie,
-    ' Sustainable' / ' New'; in fp32 on an AVX2 CPU the same bounds hold)."""
+    ' Sustainable' / ' New'; in fp32 on an AVX2 CPU the same bounds hold). The flip may also be the bonus token's,
+    drawn from the row after the last accepted draft when every test agrees (bf16, torch 2.13, another AVX-512-BF16
+    CPU: step 8, ' Plants' / ' Nature' one rounding step apart)."""
     from explorer.instruments.probe import ReferenceDecoder, probe_last_step
 
     ids = encode_prompt(real_pair.tokenizer, mt_bench()[8].text)
@@ -111,6 +113,9 @@ def test_probe_explains_every_rounding_divergence_as_a_near_tie(real_pair):
         for f in pr.node_flips:
             if f.cause:
                 assert rows[f.parent].gap_steps <= 2.0, (pr.step, f, rows[f.parent])
-        if pr.committed != pr.reference_committed:
-            assert any(f.cause for f in pr.node_flips)
+        if pr.committed != pr.reference_committed and not any(f.cause for f in pr.node_flips):
+            # every drafted token's test agreed: the bonus token differs, from the row after the last accepted draft
+            assert pr.committed[:-1] == pr.reference_committed[:-1], pr
+            bonus_row = rows[len(pr.committed) - 1]
+            assert bonus_row.argmax_flip and bonus_row.gap_steps <= 2.0, (pr.step, bonus_row)
     assert 0 < max(deltas) < 2.0  # rounding, not a wrong mask (which moves logits by whole units)
