@@ -222,8 +222,9 @@ class OnlineAdapter:
 
         In torch, float64 on the host, not numpy: numpy's OpenBLAS keeps a thread pool of its own that spins after
         each call once the window is a few hundred rows, and on a 2-core CPU those threads took the cores from the
-        next forwards (session 20: a full window cost 15 ms a step in the refit and slowed every draft forward
-        after it, 0.87x the frozen model's tokens/s for the same calls). torch's ops run on the models' threads."""
+        next forwards (session 20: with a full window the refit took 15-20 ms a step and the forwards after it
+        slowed; a run making the frozen model's very calls took 1.2x its time). torch's ops run on the models'
+        threads."""
         cpu = torch.device("cpu")
         a = torch.from_numpy(np.asarray(self.acts))
         x = torch.cat([a, torch.ones((len(a), 1), dtype=torch.float64, device=cpu)], 1)
