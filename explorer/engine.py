@@ -178,15 +178,16 @@ class Engine:
         self.adapter = None  # online adaptation of the stop policy (decision/online.py); outlives rewind()
         self._adapter_carried = None  # the adapter state this run started from (carried over), for the trace
         if config.adapt != "off":
-            from .decision.online import AdaptError, make_adapter, model_fingerprint
+            from .decision.online import AdaptError, make_adapter
 
-            self._adapter_key = _carry_key(pair, config, sampling, model_fingerprint(decision_model))
+            self.adapter = make_adapter(config.adapt, self.stop_policy)
+            self._adapter_key = _carry_key(pair, config, sampling, self.adapter.model_id)
             if adapter_state and adapter_state.get("key") == self._adapter_key:
+                try:
+                    self.adapter.restore(adapter_state)
+                except AdaptError as exc:
+                    raise EngineError(str(exc)) from None
                 self._adapter_carried = adapter_state
-            try:
-                self.adapter = make_adapter(config.adapt, self.stop_policy, carried=self._adapter_carried)
-            except AdaptError as exc:
-                raise EngineError(str(exc)) from None
         self.capture_features = capture_features
         self.drafter = make_drafter(config, recycling_state)
         self.free_rows = free_row_budget(config.free_rows, pair.device.type)  # the tree's row limit for free branches

@@ -90,10 +90,11 @@ class OnlineAdapter:
             policy.model = copy.deepcopy(policy.model)
             last = policy.model.net.layers[-1]
             self.theta0 = _theta(last)  # the shipped layer: the prior's centre
+        # the decision model this adapter learns with (None for the confidence policy): what a carried state must match
         self.model_id = model_fingerprint(getattr(policy, "model", None) if mode == "threshold" else self.frozen)
         self.carried = 0  # labelled tokens carried over from an earlier run
         if carried is not None:
-            self._restore(carried)
+            self.restore(carried)
 
     @property
     def needs(self) -> str:
@@ -174,8 +175,9 @@ class OnlineAdapter:
             out["theta"] = [float(x) for x in _theta(self.policy.model.net.layers[-1])]
         return out
 
-    def _restore(self, state: dict) -> None:
-        """Start from ``state`` (``state()`` of an earlier adapter). Raises AdaptError when it does not fit."""
+    def restore(self, state: dict) -> None:
+        """Start from ``state`` (``state()`` of an earlier adapter), before any ``update``. Raises AdaptError when
+        it does not fit (another mode, policy or decision model: ``model_id``; or malformed), restoring nothing."""
         try:
             if (state["mode"], state["policy"], state["model"]) != (self.mode, self.policy.name, self.model_id):
                 raise AdaptError(f"the carried adaptation was learned for {state['mode']} / {state['policy']} "
@@ -291,12 +293,11 @@ def _mean(t: torch.Tensor) -> float | None:
     return float(t.float().mean()) if t.numel() else None
 
 
-def make_adapter(mode: str, policy, carried: dict | None = None) -> OnlineAdapter | None:
-    """None for ``off``, else an OnlineAdapter for ``policy`` (starting from ``carried``, an earlier adapter's
-    ``state()``). Raises AdaptError as OnlineAdapter does."""
+def make_adapter(mode: str, policy) -> OnlineAdapter | None:
+    """None for ``off``, else an OnlineAdapter for ``policy``. Raises AdaptError as OnlineAdapter does."""
     if mode == "off":
         return None
-    return OnlineAdapter(mode, policy, carried=carried)
+    return OnlineAdapter(mode, policy)
 
 
 __all__ = ["ADAPT_MODES", "AdaptError", "OnlineAdapter", "make_adapter", "model_fingerprint", "roc_threshold"]
