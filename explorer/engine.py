@@ -27,6 +27,7 @@ import torch
 from . import expectation, verify
 from .config import MethodConfig, free_row_budget
 from .cost_ratio import CostRatioMeter
+from .decision.features import top_candidates
 from .drafters import Drafted, make_drafter
 from .drafters.base import empty_draft
 from .drafters.row_pricing import RowPricing
@@ -210,6 +211,8 @@ class Engine:
         self._timeline: StepTimeline | None = None  # the current step's segments (None outside a step)
         self._texts: dict[int, str] = {}  # token id -> decoded text (the trace shows thousands per run)
         self.last_step: tuple | None = None  # (Drafted, _Verified) of the latest step, for decision collect
+        # while drafters start: the target's best candidates (id, plain probability) at the prompt's last rows
+        self.prefill_top: list | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -251,13 +254,21 @@ class Engine:
         t0 = _now(self.pair.device)
         # The target prefills the whole prompt exactly as transformers' generate does (same kernels, same cache
         # rounding), and its last row gives p for the first step's anchor.
-        fwd = self.forward("target", self.committed, list(range(self.n_prompt)), None, keep=1)
+        # A drafter that learns from the target's verdicts may read the prompt's rows too: their last hidden states
+        # come out of the same forward, and the lm head runs over them apart, so the last row's logits stay those
+        # of a one-row head, bit for bit (a many-row matmul rounds otherwise).
+        seed_rows = min(self.n_prompt, self.drafter.prompt_rows(self))
+        fwd = self.forward("target", self.committed, list(range(self.n_prompt)), None, keep=1,
+                           hidden=seed_rows > 0, hidden_rows=seed_rows or None)
         self.next_logits = fwd.logits[-1].float()
         self.next_dist = logits_to_probs(self.next_logits, self.sampling)
+        self.prefill_top = self._prompt_candidates(fwd.hidden) if seed_rows else None
+        del fwd
         head = self.committed[:-1]
         if self.draft_kv is not None and head:
             self.forward("draft", head, list(range(len(head))), None, keep=1)
         self.drafter.start(self)
+        self.prefill_top = None  # read once, by the drafter's start
         prefill_ms = (_now(self.pair.device) - t0) * 1e3
         self._after_prefill = (self.target_len(), self.draft_len(), self.next_logits, self.next_dist)
         self.trace = RunTrace(
@@ -360,20 +371,30 @@ class Engine:
     # ------------------------------------------------------------------ forwards
 
     def forward(self, role: str, input_ids: list[int], position_ids: list[int], mask, keep: int,
-                hidden: bool = False) -> _Forward:
+                hidden: bool = False, hidden_rows: int | None = None) -> _Forward:
         """One forward of the ``target`` or ``draft`` model (``role``) appending to its KV cache. ``mask``: bool
         ``(q, kv.length + q)`` numpy array or None for the ordinary causal mask. Returns the logits of the last
-        ``keep`` rows, cut to the shared vocabulary, and with ``hidden`` the last hidden state of the same rows."""
+        ``keep`` rows, cut to the shared vocabulary, and with ``hidden`` the last hidden state of the last
+        ``hidden_rows`` rows (default: the same rows)."""
         model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.pair.draft, self.draft_kv)
         runner = self._runners.get(role)
         segment = self._timeline.forward(role, len(input_ids)) if self._timeline else contextlib.nullcontext()
         with torch.inference_mode(), self.pair.lock, segment:
             if runner is not None:
-                logits, h = runner.forward(input_ids, position_ids, mask, keep, hidden)
+                logits, h = runner.forward(input_ids, position_ids, mask, keep, hidden, hidden_rows)
             else:
-                logits, h = eager_forward(model, kv, input_ids, position_ids, mask, keep, hidden)
+                logits, h = eager_forward(model, kv, input_ids, position_ids, mask, keep, hidden, hidden_rows)
         logits = logits[:, : self.pair.vocab_size]
         return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
+
+    def _prompt_candidates(self, hidden: torch.Tensor) -> list[list[tuple[int, float]]]:
+        """The target's best next tokens (id, plain probability) at the prompt rows whose last hidden states
+        ``hidden`` ``(rows, hidden_size)`` are, through its lm head, cut to the shared vocabulary."""
+        target = self.pair.target
+        head = target.get_output_embeddings()
+        dtype = next(target.parameters()).dtype
+        with torch.inference_mode(), self.pair.lock:
+            return top_candidates(hidden, lambda h: head(h.to(dtype))[:, : self.pair.vocab_size])
 
     # ------------------------------------------------------------------ one step
 

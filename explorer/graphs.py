@@ -32,10 +32,12 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def eager_forward(model, kv: KVCache, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None,
-                  keep: int, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  keep: int, hidden: bool = False, hidden_rows: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One plain forward of ``model`` appending ``q = len(input_ids)`` rows to ``kv``. ``mask``: bool
     ``(q, kv.length + q)`` or None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the
-    model dtype and, with ``hidden``, their last hidden state ``(keep, hidden_size)`` float32."""
+    model dtype and, with ``hidden``, the last hidden state ``(rows, hidden_size)`` float32 of the last
+    ``hidden_rows`` rows (default ``keep``; more rows than ``keep`` leave the logits' kernels as they are)."""
     device = next(model.parameters()).device
     attn = None if mask is None else to_float_mask(kv.pad_mask(mask), model.dtype, device)
     cache_position = kv.before_forward(len(input_ids))
@@ -45,7 +47,7 @@ def eager_forward(model, kv: KVCache, input_ids: list[int], position_ids: list[i
                 output_hidden_states=hidden)
     kv.after_forward(len(input_ids))
     logits = out.logits[0]
-    return logits, (out.hidden_states[-1][0, -logits.shape[0]:].float() if hidden else None)
+    return logits, (out.hidden_states[-1][0, -(hidden_rows or logits.shape[0]):].float() if hidden else None)
 
 
 def bucket_for(n: int, buckets=BUCKETS) -> int | None:
@@ -128,15 +130,17 @@ class GraphRunner:
         self.replays = self.captures = self.eager_calls = 0
 
     def forward(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None, keep: int,
-                hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                hidden: bool = False, hidden_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward of ``q = len(input_ids)`` rows at ``kv.length``. ``mask``: bool ``(q, kv.length + q)`` or
         None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the model dtype and, with
-        ``hidden``, their last hidden state ``(keep, hidden_size)`` (float32), both fresh tensors."""
+        ``hidden``, the last hidden state (float32) of the last ``hidden_rows`` rows (default ``keep``; more than
+        ``keep``: an eager forward, as a prefill is), both fresh tensors."""
         n, length = len(input_ids), self.kv.length
         size = bucket_for(n, self.buckets)
-        if size is None or not self._cache_ready() or length + size > self.kv.key_width:
+        if (size is None or not self._cache_ready() or length + size > self.kv.key_width
+                or (hidden and (hidden_rows or keep) > keep)):
             self.eager_calls += 1
-            return eager_forward(self.model, self.kv, input_ids, position_ids, mask, keep, hidden)
+            return eager_forward(self.model, self.kv, input_ids, position_ids, mask, keep, hidden, hidden_rows)
         b = self._bucket(size, hidden)
         self._stage(b, input_ids, position_ids, mask)
         if self.capture and b.graph is None:

@@ -291,6 +291,21 @@ class RowDists:
         value = self._on_host(r, token, 1)
         return value if value is not None else float(self._plain_on_device(r, token))
 
+    def plain_top(self, rows: list[int], k: int) -> dict[int, list[tuple[int, float]]]:
+        """The ``k`` best tokens of each row with their plain-softmax (temperature 1) probabilities, whatever the
+        sampling settings: from the host copy of the batched rows' best tokens (no read of its own) for ``k <=
+        TOP_CACHED``, else read row by row."""
+        out: dict[int, list[tuple[int, float]]] = {}
+        for r in rows:
+            host = self._host_top(r) if k <= TOP_CACHED else None
+            if host is not None:
+                out[r] = list(zip(host[0][:k], host[1][:k]))
+            else:
+                lf = self.row_logits(r)
+                vals, ids = torch.topk(lf, min(k, lf.shape[-1]))
+                out[r] = list(zip(ids.tolist(), torch.exp(vals - torch.logsumexp(lf, -1)).tolist()))
+        return out
+
     def _on_host(self, r: int, token: int, column: int) -> float | None:
         """Column ``column`` of the host copy of row ``r``'s best tokens (1: plain softmax, 3: at the temperature)
         for ``token``, or None when the token is not among them."""

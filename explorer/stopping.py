@@ -79,7 +79,7 @@ class LevelView:
         level: 1-based level just drafted.
         q: node index -> the draft's probability of that node's token (as displayed).
         inputs: the decision models' inputs for the new nodes, in level order (``decision.features.model_inputs``:
-            ``dist`` ``(n, 11)``, ``path`` ``(n, 14)``, ``context`` ``(n, 18)`` float32, and ``hidden`` ``(n, H)``
+            ``dist`` ``(n, 11)``, ``path`` ``(n, 14)``, ``context`` ``(n, 24)`` float32, and ``hidden`` ``(n, H)``
             when the policy needs hidden states); empty unless the policy asked for features.
         active: branches (as str) still drafting; the engine only drafts below these.
         accept: node index -> predicted acceptance of earlier levels of this step (filled by learned policies).

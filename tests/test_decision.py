@@ -17,7 +17,9 @@ from explorer.decision.collect import (
     open_data_dir,
 )
 from explorer.decision.evaluate import evaluate_on, score_metrics
-from explorer.decision.features import CopyIndex, TargetMemory, dist_features
+from explorer.decision.features import (
+    MEMORY_K, SESSION_FEATURE_NAMES, CopyIndex, TargetMemory, dist_features, top_candidates,
+)
 from explorer.decision.model import (
     DecisionModelError,
     find_shipped,
@@ -93,19 +95,89 @@ def test_collected_features_and_labels_match_plain_forwards(tiny, tiny_data):
         assert torch.allclose(rec["dist"][j], dist_features(d.logits[0, -1:])[0], atol=1e-5)
         index = CopyIndex()
         index.sync(ids)
-        # step 0: the context's n-grams are known, the target has scored nothing yet
-        assert tuple(rec["session"][j].tolist()) == (*index.features([x]), 0.0, 0.0)
+        # step 0: the context's n-grams are known, and the target's candidates after the prompt's last token (and
+        # its last two) come from the prefill's last row: the target memory is seeded from the prompt
+        best = p.topk(MEMORY_K).indices.tolist()
+        rank = 1.0 / (best.index(x) + 1) if x in best else 0.0
+        logp = math.log(max(float(p[x]) if x in best else 0.0, 1e-4))
+        want = [*index.features([x]), rank, 1.0, rank, 1.0, logp, float(p.max()), logp, float(p.max())]
+        assert rec["session"][j].tolist() == pytest.approx(want, rel=1e-4, abs=1e-5)
     later = torch.nonzero(rec["step"] > 0).flatten()
     assert rec["session"][later, 3].min() >= 0 and rec["session"][later, 3].max() == 1.0  # rows remembered
 
 
 def test_target_memory_ranks():
     m = TargetMemory(k=3)
-    assert m.features(5, 7) == (0.0, 0.0)
-    m.update([5, 6], [[7, 8, 9, 10], [1]])
-    assert m.rows[5] == [7, 8, 9] and m.features(5, 8) == (0.5, 1.0) and m.features(5, 10) == (0.0, 1.0)
-    m.update([5], [[9]])  # a later verdict replaces the row
-    assert m.features(5, 9) == (1.0, 1.0) and m.features(5, 7) == (0.0, 1.0)
+    floor = math.log(1e-4)
+    assert m.features(4, 5, 7) == (0.0, 0.0, 0.0, 0.0, floor, 0.0, floor, 0.0)
+    m.update([(4, 5), (5, 6)], [[(7, 0.5), (8, 0.2), (9, 0.1), (10, 0.05)], [(1, 0.9)]])
+    assert [t for t, _ in m.rows[5]] == [7, 8, 9]  # k = 3 kept
+    l2, l5 = math.log(0.2), math.log(0.5)
+    assert m.features(4, 5, 8) == pytest.approx((0.5, 1.0, 0.5, 1.0, l2, 0.5, l2, 0.5))
+    assert m.features(4, 5, 10) == pytest.approx((0.0, 1.0, 0.0, 1.0, floor, 0.5, floor, 0.5))  # beyond k: absent
+    assert m.features(3, 5, 8) == pytest.approx((0.5, 1.0, 0.0, 0.0, floor, 0.0, l2, 0.5))  # another pair
+    m.update([(3, 5)], [[(9, 0.6)]])  # a later verdict replaces the token's row, not the other pair's
+    l6 = math.log(0.6)
+    assert m.features(3, 5, 9) == pytest.approx((1.0, 1.0, 1.0, 1.0, l6, 0.6, l6, 0.6))
+    assert m.features(4, 5, 7) == pytest.approx((0.0, 1.0, 1.0, 1.0, l5, 0.5, floor, 0.6))
+    seeded = TargetMemory(k=2)
+    seeded.seed([1, 2, 3], 1, [[(5, 0.7)], [(6, 0.4)]])  # candidates after the tokens at positions 1 and 2
+    assert seeded.bigrams == {(1, 2): [(5, 0.7)], (2, 3): [(6, 0.4)]} and seeded.rows == {2: [(5, 0.7)], 3: [(6, 0.4)]}
+    copy = seeded.copy()
+    copy.update([(0, 2)], [[(9, 0.9)]])
+    assert seeded.rows[2] == [(5, 0.7)] and copy.rows[2] == [(9, 0.9)]
+
+
+def test_top_candidates_are_plain_softmax_in_chunks():
+    logits = torch.randn(7, 50, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    got = top_candidates(logits, lambda rows: rows, k=3, chunk=2)  # the "head" here: logits are the rows
+    probs = logits.float().softmax(-1)
+    for row, pairs in zip(probs, got):
+        vals, ids = row.topk(3)
+        assert [t for t, _ in pairs] == ids.tolist()
+        assert [p for _, p in pairs] == pytest.approx(vals.tolist(), rel=1e-5)
+    assert top_candidates(logits[:0], lambda rows: rows) == []
+
+
+def test_target_memory_is_seeded_from_the_prompt_only_when_features_are_computed(tiny):
+    """A learned stop policy seeds the memory from the prefill's prompt rows; rewind returns to that seed; a run
+    without decision features keeps only the prefill's last row."""
+    ids = tiny.tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick")
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="decision", threshold=0.0)
+    eng = Engine(tiny, cfg, SamplingConfig())
+    eng.start(ids, 12)
+    assert eng.prefill_top is None  # read once, by the drafter
+    memory = eng.drafter.memory
+    with torch.no_grad():
+        logits = tiny.target(torch.tensor([ids])).logits[0].float()
+    last = len(ids) - 1 - ids[::-1].index(ids[4])  # the latest occurrence of a repeated token wins
+    assert [t for t, _ in memory.rows[ids[4]]] == logits[last].topk(MEMORY_K).indices.tolist()
+    pairs = memory.bigrams[(ids[-2], ids[-1])]
+    assert [p for _, p in pairs] == pytest.approx(logits[-1].softmax(-1).topk(MEMORY_K).values.tolist(), rel=1e-4)
+    seeded = (dict(memory.rows), dict(memory.bigrams))
+    eng.step()
+    assert (eng.drafter.memory.rows, eng.drafter.memory.bigrams) != seeded  # the verification taught it
+    eng.rewind()
+    assert (eng.drafter.memory.rows, eng.drafter.memory.bigrams) == seeded
+    plain = Engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig())
+    assert plain.drafter.prompt_rows(plain) == 0
+    plain.start(ids, 4)
+    assert plain.drafter.memory.rows == {}
+
+
+def test_memory_probabilities_are_plain_softmax_when_sampling(tiny):
+    """The memory stores temperature-1 probabilities whatever the run's temperature (the models were trained so)."""
+    ids = tiny.tokenizer.encode("Once upon a time")
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=3, stop="decision", threshold=0.0)
+    eng = Engine(tiny, cfg, SamplingConfig(temperature=0.5, top_p=0.9, seed=3))
+    eng.start(ids, 8)
+    eng.step()
+    d, v = eng.last_step
+    top = v.p_rows.plain_top([0], 4)[0]
+    row = v.p_rows.row_logits(0).float().softmax(-1)
+    assert [t for t, _ in top] == row.topk(4).indices.tolist()
+    assert [p for _, p in top] == pytest.approx(row.topk(4).values.tolist(), rel=1e-4)
+    assert eng.drafter.memory.bigrams[(ids[-2], ids[-1])][:4] == pytest.approx(top, rel=1e-4)
 
 
 def test_copy_index_match_lengths():
@@ -153,7 +225,8 @@ def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn", kinds
         rows = {"hidden": list(hidden.half()), "dist": list(dist), "depth": [1] * per_prompt,
                 "cum_q": [0.5] * per_prompt, "q": [0.5] * per_prompt, "p": (soft * 0.5).tolist(),
                 "soft": soft.tolist(), "greedy": (soft > 0.5).int().tolist(), "step": [0] * per_prompt,
-                "token": [1] * per_prompt, "session": (z[:, None] > 0).float().repeat(1, 4).tolist()}
+                "token": [1] * per_prompt,
+                "session": (z[:, None] > 0).float().repeat(1, len(SESSION_FEATURE_NAMES)).tolist()}
         save_file(_to_tensors(rows, 16), str(folder / f"shard-{source}-{k}.safetensors"),
                   metadata={"prompt_id": str(k), "source": source, "temperature": "0",
                             "kind": kinds[k % len(kinds)]})

@@ -10,8 +10,8 @@ The data set is a folder (format documented in ``docs/decision.md``):
   ``hidden`` float16 ``(n, H)``, ``dist`` float32 ``(n, 11)``, ``depth`` int32, ``cum_q`` float32 (product of q
   along the path), ``q`` and ``p`` float32 (the token's probability under draft and target at temperature 1),
   ``soft`` float32 ``min(1, p/q)``, ``greedy`` uint8 (token == argmax p), ``step`` int32, ``token`` int64,
-  ``session`` float32 ``(n, 4)`` (``features.SESSION_FEATURE_NAMES``: n-gram matches in the context, the target's
-  earlier verdicts after the parent token). The
+  ``session`` float32 ``(n, 10)`` (``features.SESSION_FEATURE_NAMES``: n-gram matches in the context, the target's
+  earlier verdicts after the parent token and after the two tokens before x). The
   shard's metadata holds the prompt id, its source and the sampling temperature of its run.
 
 Prompts alternate between greedy decoding (even positions) and temperature 1 (odd), so that both the contexts a
@@ -32,7 +32,7 @@ from ..prompts import Prompt
 from ..sampling import SamplingConfig
 from .features import DIST_FEATURE_NAMES, SESSION_FEATURE_NAMES, token_labels
 
-DATA_FORMAT = 1
+DATA_FORMAT = 2  # 2: ten session features (1 had four)
 COLLECT_CONFIG = MethodConfig(method="mcsd-improved", k_config=(2, 2, 2), max_depth=6, stop="none")
 _HOST = torch.device("cpu")  # shards are host data, whatever device the models run on
 SHARD_TENSORS = ("hidden", "dist", "depth", "cum_q", "q", "p", "soft", "greedy", "step", "token", "session")
@@ -212,6 +212,9 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
             except KeyError as exc:
                 raise DataError(f"{shard} has no tensor {exc}: collected by an older version, collect again") from None
             n = int(got["depth"].shape[0])
+            if got["session"].shape[-1] != len(SESSION_FEATURE_NAMES):
+                raise DataError(f"{shard} has {got['session'].shape[-1]} session features, this version reads "
+                                f"{len(SESSION_FEATURE_NAMES)}: collected by an older version, collect again")
             for k in SHARD_TENSORS:
                 parts[k].append(got[k])
             owner = f"{info.get('source', folder.name)}:{info.get('prompt_id', shard.stem)}"

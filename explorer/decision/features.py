@@ -9,15 +9,19 @@ For a token ``x`` drafted from the draft's distribution ``q`` at its parent row:
 * ``path``: ``dist`` plus ``log q(x)``, ``depth`` and ``log prod q`` (14 numbers). The seed's two models read
   ``hidden`` and ``dist``, which are the same for all children of one node, so siblings get one score; ``path``
   (beyond the seed) tells a tree's siblings apart.
-* ``session`` (4 numbers), what the run so far says about x beyond the draft's own distribution:
+* ``session`` (10 numbers), what the run so far says about x beyond the draft's own distribution:
   two n-gram match lengths against the committed context (``CopyIndex``): ``copy_len``, the longest n <= 8 such
   that the last n tokens of context + path *including* x occur in the context, and ``ctx_len``, the longest n such
   that the n tokens *before* x occur in the context followed by some token (``copy_len = ctx_len + 1``: x continues
-  the longest earlier occurrence of what precedes it, what prompt lookup would propose); and two from the target's
-  own earlier verdicts (``TargetMemory``, Token Recycling's adjacency matrix used as evidence): ``target_rank``,
-  1 / rank of x among the target's top candidates the last time it scored x's parent token (0 when absent), and
-  ``target_known``, whether it has scored that token yet.
-* ``context``: ``path`` plus ``session`` (18 numbers).
+  the longest earlier occurrence of what precedes it, what prompt lookup would propose); and eight from the target's
+  own earlier verdicts (``TargetMemory``, Token Recycling's adjacency matrix used as evidence, seeded from the
+  prompt's rows of the target's prefill): ``target_rank``, 1 / rank of x among the target's top candidates the last
+  time it scored x's parent token (0 when absent), and ``target_known``, whether it has scored that token yet; the
+  same keyed by the two tokens before x (``bigram_rank``, ``bigram_known``), with the target's probability of x
+  there (``bigram_logp``, log of it floored at 1e-4; 0 probability when absent or unknown) and its best
+  candidate's (``bigram_top1``, 0 when unknown); and those two for the row of the parent token alone
+  (``target_logp``, ``target_top1``).
+* ``context``: ``path`` plus ``session`` (24 numbers).
 
 ``q`` here is the plain softmax of the draft's logits (temperature 1), whatever the sampling settings, so the same
 model serves greedy and sampled decoding. Labels (``collect.py``): the soft label ``min(1, p(x)/q(x))`` with
@@ -26,6 +30,7 @@ both distributions at temperature 1, and the greedy label ``x == argmax p``.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -34,10 +39,13 @@ N_TOP = 10
 N_DIST_FEATURES = 1 + N_TOP
 DIST_FEATURE_NAMES = ["entropy"] + [f"top{i + 1}" for i in range(N_TOP)]
 PATH_FEATURE_NAMES = DIST_FEATURE_NAMES + ["log_q", "depth", "log_cum_q"]
-SESSION_FEATURE_NAMES = ["copy_len", "ctx_len", "target_rank", "target_known"]
+SESSION_FEATURE_NAMES = ["copy_len", "ctx_len", "target_rank", "target_known", "bigram_rank", "bigram_known",
+                         "bigram_logp", "bigram_top1", "target_logp", "target_top1"]
 CONTEXT_FEATURE_NAMES = PATH_FEATURE_NAMES + SESSION_FEATURE_NAMES
 MAX_COPY_NGRAM = 8
 MEMORY_K = 8  # target candidates remembered per token
+PROMPT_MEMORY_ROWS = 512  # the prompt's last rows whose target candidates seed the memory
+LOGP_FLOOR = 1e-4
 
 
 class NodeFeatures(NamedTuple):
@@ -45,7 +53,7 @@ class NodeFeatures(NamedTuple):
 
     hidden: ``(H,)`` the draft's last hidden state at the parent row (on the models' device), or None when not
     asked for; dist: ``(11,)`` (on the host: it comes with the draft level's best tokens); q: q(x) at temperature
-    1; cum_q: prod q over the drafted path; session: the 4 ``session`` features (``SESSION_FEATURE_NAMES``).
+    1; cum_q: prod q over the drafted path; session: the 10 ``session`` features (``SESSION_FEATURE_NAMES``).
     """
 
     hidden: object
@@ -125,29 +133,81 @@ def path_features(dist: torch.Tensor, q: torch.Tensor, depth: torch.Tensor, cum_
 
 
 class TargetMemory:
-    """The target's top ``k`` next tokens after each token id, from the latest verification that scored it (the
-    adjacency matrix of Token Recycling, Luo et al. 2024, read here as evidence for the stop policy)."""
+    """The target's top ``k`` next tokens after each token id and after each pair of tokens, from the latest
+    verification (or the prompt's prefill) that scored them: the adjacency matrix of Token Recycling (Luo et al.
+    2024), read here as evidence for the stop policy. Rows hold ``(id, plain probability)`` pairs, best first, keyed
+    by the parent token (``rows``) and by (previous token, parent token) (``bigrams``)."""
 
     def __init__(self, k: int = MEMORY_K):
         self.k = k
-        self.rows: dict[int, list[int]] = {}
+        self.rows: dict[int, list[tuple[int, float]]] = {}
+        self.bigrams: dict[tuple[int, int], list[tuple[int, float]]] = {}
 
-    def update(self, tokens: list[int], candidates: list[list[int]]) -> None:
-        """Overwrite the rows of ``tokens`` with their candidates (best first; later entries win)."""
-        for t, c in zip(tokens, candidates):
-            self.rows[int(t)] = [int(x) for x in c[: self.k]]
+    def update(self, keys: list[tuple[int, int]], candidates: list[list[tuple[int, float]]]) -> None:
+        """Overwrite the rows of ``keys`` ((previous token, token); previous -1 at the sequence's start) with the
+        target's candidates after them, ``(id, plain probability)`` best first (later entries win)."""
+        for (prev, tok), c in zip(keys, candidates):
+            c = [(int(t), float(p)) for t, p in c[: self.k]]
+            self.rows[int(tok)] = c
+            self.bigrams[(int(prev), int(tok))] = c
 
-    def features(self, parent_token: int, token: int) -> tuple[float, float]:
-        """``(target_rank, target_known)``: 1 / rank of ``token`` in the row of ``parent_token`` (0 if absent)."""
-        row = self.rows.get(int(parent_token))
-        if row is None:
-            return 0.0, 0.0
-        return (1.0 / (row.index(token) + 1) if token in row else 0.0), 1.0
+    def seed(self, tokens: list[int], first: int, candidates: list[list[tuple[int, float]]]) -> None:
+        """Remember the target's candidates at positions ``first, first + 1, ...`` of ``tokens`` (the prompt's rows
+        of its prefill: ``candidates[j]`` follows ``tokens[first + j]``)."""
+        keys = [(tokens[i - 1] if i else -1, tokens[i]) for i in range(first, first + len(candidates))]
+        self.update(keys, candidates)
+
+    def copy(self) -> "TargetMemory":
+        out = TargetMemory(self.k)
+        out.rows, out.bigrams = dict(self.rows), dict(self.bigrams)
+        return out
+
+    def features(self, prev_token: int, parent_token: int, token: int) -> tuple[float, ...]:
+        """The eight target features of ``token`` drafted after ``prev_token, parent_token``, in
+        ``SESSION_FEATURE_NAMES`` order: ``(target_rank, target_known, bigram_rank, bigram_known, bigram_logp,
+        bigram_top1, target_logp, target_top1)``; ranks are 1 / rank (0 if absent)."""
+        rank, known, logp, top1 = _row_features(self.rows.get(int(parent_token)), token)
+        b_rank, b_known, b_logp, b_top1 = _row_features(self.bigrams.get((int(prev_token), int(parent_token))), token)
+        return rank, known, b_rank, b_known, b_logp, b_top1, logp, top1
+
+
+def _row_features(pairs: list[tuple[int, float]] | None, token: int) -> tuple[float, float, float, float]:
+    """``(1 / rank, known, log p floored, top-1 p)`` of ``token`` in a memory row (all 0, log floor, when unknown)."""
+    if pairs is None:
+        return 0.0, 0.0, math.log(LOGP_FLOOR), 0.0
+    for r, (t, p) in enumerate(pairs):
+        if t == token:
+            return 1.0 / (r + 1), 1.0, math.log(max(p, LOGP_FLOOR)), pairs[0][1]
+    return 0.0, 1.0, math.log(LOGP_FLOOR), (pairs[0][1] if pairs else 0.0)
+
+
+def top_candidates(hidden: torch.Tensor, head, k: int = MEMORY_K, chunk: int = 64) -> list[list[tuple[int, float]]]:
+    """Each row's ``k`` best tokens with their plain-softmax (temperature 1) probabilities, best first.
+
+    Args:
+        hidden: ``(rows, hidden_size)`` last hidden states (the prompt's rows of a prefill: up to
+            ``PROMPT_MEMORY_ROWS``); head: maps ``chunk`` rows of them to logits ``(chunk, vocab)`` (the model's lm
+            head), so a long prompt never holds the logits of all its rows at once.
+    Returns:
+        one list of ``(token id, probability)`` per row, brought to the host in one transfer.
+    """
+    ids, probs = [], []
+    for start in range(0, hidden.shape[0], chunk):
+        lf = head(hidden[start:start + chunk]).float()
+        vals, idx = lf.topk(min(k, lf.shape[-1]), dim=-1)
+        ids.append(idx)
+        probs.append(torch.exp(vals - torch.logsumexp(lf, dim=-1)[:, None]))
+    if not ids:
+        return []
+    ids_t, probs_t = torch.cat(ids), torch.cat(probs)
+    packed = torch.cat([ids_t.double(), probs_t.double()], 1).tolist()  # float64 holds every token id exactly
+    w = ids_t.shape[1]
+    return [[(int(t), p) for t, p in zip(line[:w], line[w:])] for line in packed]
 
 
 def model_inputs(features: dict, nodes: list[int], depth: list[int], hidden: bool = False) -> dict:
     """Every decision model's inputs for ``nodes`` from the drafter's ``NodeFeatures`` (``features[node]``):
-    ``{"dist": (n, 11), "path": (n, 14), "context": (n, 18)}`` float32 on the features' device, plus
+    ``{"dist": (n, 11), "path": (n, 14), "context": (n, 24)}`` float32 on the features' device, plus
     ``"hidden"`` ``(n, H)`` when asked for. ``depth``: each node's depth."""
     dist = torch.stack([features[i].dist for i in nodes]).float()
     at = dist.device

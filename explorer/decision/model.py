@@ -8,9 +8,9 @@ model knows when it drafts a token, how likely the target is to accept it:
 * ``dist``: input the 11 distribution features (entropy and top-10 probabilities of q), ``11 -> 64 -> 32 -> 1``;
 * ``path`` (beyond the seed): ``dist`` plus the token's own ``log q(x)``, its depth and ``log`` of the cumulative
   path probability, ``14 -> 64 -> 32 -> 1``; unlike the other two it scores a node's children differently;
-* ``context`` (beyond the seed): ``path`` plus four session features (``features.py``: does x continue an earlier
-  occurrence of what precedes it in the context; did the target rank x after the same parent token before),
-  ``18 -> 64 -> 32 -> 1``.
+* ``context`` (beyond the seed): ``path`` plus ten session features (``features.py``: does x continue an earlier
+  occurrence of what precedes it in the context; did the target rank x after the same parent token, and after the
+  same two tokens, before, in the prompt or the run, and with what probability), ``24 -> 64 -> 32 -> 1``.
 
 Inputs are standardised with the training set's mean and std (stored with the weights); the output is a
 probability (sigmoid). Files: ``<dir>/<kind>.safetensors`` (weights ``layers.<i>.weight|bias``, ``mean``, ``std``)
@@ -96,7 +96,7 @@ class DecisionModel:
     def predict(self, hidden: torch.Tensor | None = None, dist: torch.Tensor | None = None,
                 path: torch.Tensor | None = None, context: torch.Tensor | None = None) -> torch.Tensor:
         """Predicted acceptance in [0, 1], float32 ``(n,)``, from the features of this model's kind:
-        ``hidden`` ``(n, H)``, ``dist`` ``(n, 11)``, ``path`` ``(n, 14)`` or ``context`` ``(n, 18)``
+        ``hidden`` ``(n, H)``, ``dist`` ``(n, 11)``, ``path`` ``(n, 14)`` or ``context`` ``(n, 24)``
         (``features.py``; other kinds' features may be passed and are ignored).
         Raises DecisionModelError when they are missing or have the wrong width."""
         with torch.inference_mode():

@@ -28,7 +28,7 @@ FEATURE_TEXT = {
     "dist": "entropy and top-10 probabilities of the draft distribution q (temperature 1) at the parent row",
     "path": "dist plus log q(x), depth and log cumulative path probability of the token",
     "context": "path plus the session features: n-gram matches in the committed context and the target's earlier "
-               "top candidates after the parent token",
+               "top candidates after the parent token and after the two tokens before x (prompt rows included)",
 }
 FEATURE_NAMES = {"hidden": None, "dist": DIST_FEATURE_NAMES, "path": PATH_FEATURE_NAMES,
                  "context": CONTEXT_FEATURE_NAMES}

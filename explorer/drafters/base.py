@@ -89,6 +89,11 @@ class Drafter:
             d.info["row_pricing"] = priced
         return d
 
+    def prompt_rows(self, engine) -> int:
+        """How many of the prompt's last rows of the target's prefill this drafter reads in ``start``
+        (``engine.prefill_top``: their best candidates); 0 (the default): the prefill keeps only the last row."""
+        return 0
+
     def start(self, engine) -> None:
         """Called once after the prefill (``engine.committed`` holds the prompt); ``rewind`` returns here."""
 

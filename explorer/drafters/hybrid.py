@@ -29,6 +29,9 @@ class HybridDrafter(Drafter):
         self.model, self.free = model, list(free)
         self.uses_draft_model = model.uses_draft_model
 
+    def prompt_rows(self, engine) -> int:
+        return max(f.prompt_rows(engine) for f in [self.model] + self.free)
+
     def start(self, engine) -> None:
         for f in [self.model] + self.free:
             f.start(engine)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from .. import drafting
-from ..decision.features import MEMORY_K, CopyIndex, NodeFeatures, TargetMemory, dist_features, model_inputs
+from ..decision.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, NodeFeatures, TargetMemory, dist_features,
+                                 model_inputs)
 from ..sampling import LazyRows, RowDists
 from ..stopping import LevelView
 from ..trace import TOP_K_SHOWN
@@ -29,23 +30,46 @@ class ModelDrafter(Drafter):
 
     def __init__(self):
         # the session features of drafted nodes (decision/features.py): n-grams of the committed context, and the
-        # target's top candidates after each token it scored
+        # target's top candidates after each token (and pair of tokens) it scored, from the prompt's prefill on
         self.copy_index = CopyIndex()
         self.memory = TargetMemory()
+        self._seeded = TargetMemory()  # the memory right after the prefill, where ``rewind`` returns
+
+    @staticmethod
+    def wants_features(engine) -> bool:
+        """Whether this run computes the decision features of drafted nodes (a learned stop policy reads them, the
+        run collects them, or the stop policy adapts)."""
+        return engine.stop_policy.needs_features or engine.capture_features or engine.adapter is not None
+
+    def prompt_rows(self, engine) -> int:
+        """The target memory is seeded from the prompt's last ``PROMPT_MEMORY_ROWS`` rows when features are
+        computed."""
+        return PROMPT_MEMORY_ROWS if self.wants_features(engine) else 0
+
+    def start(self, engine) -> None:
+        """Seed the target memory with the target's candidates at the prompt's rows (``engine.prefill_top``)."""
+        self.memory = TargetMemory()
+        top = engine.prefill_top
+        if top is not None:
+            self.memory.seed(engine.committed, len(engine.committed) - len(top), top)
+        self._seeded = self.memory.copy()
 
     def learn(self, engine, drafted: Drafted, verified) -> None:
         """Remember the target's top candidates at every row that had children this step (already ranked for the
         trace), when the run records decision features."""
         if not drafted.features:
             return
-        tree = drafted.tree
+        tree, anchor = drafted.tree, verified.anchor_token
         rows = verified.parent_rows  # row 0 = the anchor, row i + 1 = node i
-        top = verified.p_rows.top(rows, MEMORY_K)
-        tokens = [verified.anchor_token if r == 0 else tree.token[r - 1] for r in rows]
-        self.memory.update(tokens, [[t for t, _ in top[r]] for r in rows])
+        top = verified.p_rows.plain_top(rows, MEMORY_K)
+        before_anchor = engine.committed[-2] if len(engine.committed) > 1 else -1  # this step is not committed yet
+        keys = [(before_anchor, anchor) if r == 0 else
+                (anchor if tree.parent[r - 1] < 0 else tree.token[tree.parent[r - 1]], tree.token[r - 1])
+                for r in rows]
+        self.memory.update(keys, [top[r] for r in rows])
 
     def rewind(self) -> None:
-        self.memory = TargetMemory()
+        self.memory = self._seeded.copy()
 
     def draft(self, engine) -> Drafted:
         """Grow the step's tree with ``engine``'s draft model (after the target-sampled roots, if lossy).
@@ -60,7 +84,7 @@ class ModelDrafter(Drafter):
         q_top: dict[int, list] = {}  # row -> top tokens of q there, for the trace
         features: dict[int, NodeFeatures] = {}  # node -> decision features (temperature 1)
         policy = engine.stop_policy
-        want_features = policy.needs_features or engine.capture_features or engine.adapter is not None
+        want_features = self.wants_features(engine)
         want_hidden = policy.needs_hidden or engine.capture_features  # an extra output of each forward
         signals = []
         if want_features:
@@ -145,9 +169,9 @@ class ModelDrafter(Drafter):
                     if dist is not None:
                         q1 = qd.plain(r, t)  # read with the row's best tokens: no read of its own
                         cum = q1 * (features[node].cum_q if node in features else 1.0)  # target roots: 1
-                        parent_token = engine.committed[-1] if node < 0 else tree.token[node]
+                        parent_token, prev_token = _parent_tokens(engine.committed, tree, node)
                         session = (*self.copy_index.features(tree.path_tokens(node) + [t]),
-                                   *self.memory.features(parent_token, t))
+                                   *self.memory.features(prev_token, parent_token, t))
                         features[i] = NodeFeatures(None if fwd.hidden is None else fwd.hidden[r], dist[r], q1, cum,
                                                    session)
                     parents.append(node)
@@ -158,6 +182,14 @@ class ModelDrafter(Drafter):
         return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls,
                        draft_rows={i: i for i in range(fed)}, head=past + len(chain), features=features, q_top=q_top,
                        predicted=dict(accept))
+
+
+def _parent_tokens(committed: list[int], tree: DraftTree, node: int) -> tuple[int, int]:
+    """The token a child of ``node`` (-1: the anchor) is drafted after, and the one before that (-1: none)."""
+    if node < 0:
+        return committed[-1], (committed[-2] if len(committed) > 1 else -1)
+    parent = tree.parent[node]
+    return tree.token[node], (committed[-1] if parent < 0 else tree.token[parent])
 
 
 def _template_children(parents) -> dict[int, list[int]] | None:
