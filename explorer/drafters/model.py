@@ -59,13 +59,11 @@ class ModelDrafter(Drafter):
         trace), when the run records decision features."""
         if not drafted.features:
             return
-        tree, anchor = drafted.tree, verified.anchor_token
+        tree = drafted.tree
         rows = verified.parent_rows  # row 0 = the anchor, row i + 1 = node i
         top = verified.p_rows.plain_top(rows, MEMORY_K)
-        before_anchor = engine.committed[-2] if len(engine.committed) > 1 else -1  # this step is not committed yet
-        keys = [(before_anchor, anchor) if r == 0 else
-                (anchor if tree.parent[r - 1] < 0 else tree.token[tree.parent[r - 1]], tree.token[r - 1])
-                for r in rows]
+        # the tokens each row's children were drafted after (this step is not committed yet: the anchor is last)
+        keys = [(prev, tok) for tok, prev in (_parent_tokens(engine.committed, tree, r - 1) for r in rows)]
         self.memory.update(keys, [top[r] for r in rows])
 
     def rewind(self) -> None:
