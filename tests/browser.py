@@ -263,7 +263,8 @@ def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
 
 def run_and_stop(url: str, out_dir: Path, wait_s: float = 3.0, load_timeout_s: float = 600,
                  keys=("End",)) -> dict:
-    """Max new tokens up (the slider's keys: End = 512), Run to end, Stop after ``wait_s``: what the page says."""
+    """Max new tokens up (the slider's keys: End = 512), Run to end, Stop ``wait_s`` after the first step is in:
+    what the page says."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -274,6 +275,10 @@ def run_and_stop(url: str, out_dir: Path, wait_s: float = 3.0, load_timeout_s: f
             slider_key(page, "Max new tokens", key)
         page.get_by_role("button", name="Run to end", exact=True).click()
         page.wait_for_selector("[data-testid='stProgress']", timeout=120_000)
+        # the bar's text counts tokens once the first step is in ("12/400 tokens"): Stop then has a run to interrupt
+        page.wait_for_function("""() => [...document.querySelectorAll("[data-testid='stProgress']")]
+                                      .some(e => /^[1-9][0-9]*\\/[0-9]+ tokens/.test(e.innerText.trim()))""",
+                               timeout=120_000)
         page.wait_for_timeout(wait_s * 1000)
         _press(page, "Stop")
         report = {"info": page.locator("[data-testid='stAlertContentInfo']").all_inner_texts(),

@@ -74,7 +74,8 @@ def test_stop_interrupts_run_to_end_and_the_run_goes_on(tmp_path):
 
     with running_app("tiny") as url:
         # the tiny pair holds 512 positions: End (512 tokens) would be refused, two PageDowns leave about 400
-        r = run_and_stop(url, tmp_path, wait_s=1.0, load_timeout_s=120, keys=("End", "PageDown", "PageDown"))
+        # Stop right after the first step: the tiny pair finishes its whole run in about a second
+        r = run_and_stop(url, tmp_path, wait_s=0.0, load_timeout_s=120, keys=("End", "PageDown", "PageDown"))
     assert r["exceptions"] == 0
     stopped = [t for t in r["info"] if t.startswith("Stopped after")]
     assert stopped and not r["success"], r  # interrupted before the 512-token run finished
