@@ -207,8 +207,9 @@ def test_collect_refuses_a_folder_of_other_settings(tiny, tiny_data):
         open_data_dir(out, meta)
 
 
-def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn", kinds=("chat",)):
-    """A data folder whose soft label is a known function of the features: a model must learn it."""
+def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn", kinds=("chat",), noise=0.0):
+    """A data folder whose soft label is a known function of the features: a model must learn it.
+    ``noise`` > 0 adds that much unseen noise to the latent behind the labels (a folder that is harder to rank)."""
     gen = torch.Generator().manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
     open_data_dir(folder, {"format": 1, "pair": {"name": "syn", "draft_id": "d", "target_id": "t"},
@@ -221,7 +222,7 @@ def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn", kinds
         hidden[:, 3] = z
         dist = torch.rand(per_prompt, 11, generator=gen)
         dist[:, 1] = torch.sigmoid(z)
-        soft = torch.sigmoid(4 * z)
+        soft = torch.sigmoid(4 * (z + noise * torch.randn(per_prompt, generator=gen)))
         rows = {"hidden": list(hidden.half()), "dist": list(dist), "depth": [1] * per_prompt,
                 "cum_q": [0.5] * per_prompt, "q": [0.5] * per_prompt, "p": (soft * 0.5).tolist(),
                 "soft": soft.tolist(), "greedy": (soft > 0.5).int().tolist(), "step": [0] * per_prompt,
@@ -276,6 +277,27 @@ def test_leaving_a_kind_out_scores_it_with_models_that_never_saw_it(tmp_path):
     card = train_models([tmp_path / "data"], tmp_path / "model", epochs=5, exclude_kinds=["math"])
     assert card["data"]["excluded_kinds"] == ["math"] and card["data"]["prompt_kinds"] == ["chat", "code"]
     assert card["data"]["prompts"] == 6
+    assert report["worst_by_data"] == {} and all(r["by_data"] == {} for r in report["rows"])
+
+
+def test_leaving_a_kind_out_scores_each_collection_alone(tmp_path):
+    """Two collections (say int8 and bf16 draft): trained on both, each held-out kind scored on each one's tokens."""
+    from explorer.decision.generalise import leave_one_kind_out, markdown_table
+
+    kinds = ("code", "math", "chat")
+    _synthetic(tmp_path / "clean", n_prompts=9, per_prompt=150, kinds=kinds)
+    _synthetic(tmp_path / "noisy", n_prompts=9, per_prompt=100, kinds=kinds, seed=1, source="noisy", noise=3.0)
+    folders = [tmp_path / "clean", tmp_path / "noisy"]
+    report = leave_one_kind_out(folders, models=("dist",), epochs=30, patience=4)
+    clean, noisy = (str(f) for f in folders)
+    for r in report["rows"]:
+        assert set(r["by_data"]) == {clean, noisy}
+        assert (r["by_data"][clean]["records"], r["by_data"][noisy]["records"]) == (450, 300) and r["records"] == 750
+        # the noisy collection's labels hide the signal: its tokens alone rank worse than the clean ones
+        assert r["by_data"][clean]["roc_auc"] > 0.85 > r["by_data"][noisy]["roc_auc"] + 0.1, r
+        assert r["by_data"][noisy]["roc_auc"] < r["roc_auc"] < r["by_data"][clean]["roc_auc"]
+    assert report["worst_by_data"][noisy]["dist"] == min(r["by_data"][noisy]["roc_auc"] for r in report["rows"])
+    assert f"| worst on {noisy} alone |" in markdown_table(report)
 
 
 def test_split_is_by_prompt_and_reproducible():

@@ -180,7 +180,8 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
     """Read data folders into one table.
 
     Returns ``(meta, tensors, prompt_of_row)``: the first folder's meta plus ``"prompt_kinds"`` (``"source:id"`` ->
-    the prompt's kind, ``prompts.PROMPT_KINDS``; ``"other"`` for shards from before kinds were recorded), the
+    the prompt's kind, ``prompts.PROMPT_KINDS``; ``"other"`` for shards from before kinds were recorded) and
+    ``"folder_rows"`` (each folder as given -> its rows' ``[start, stop)`` in the table: folders are read in turn), the
     shards' tensors concatenated (``hidden`` as float32), and for each row its prompt as ``"source:id"``, for
     splitting by prompt or by kind.
     Raises DataError for missing folders, folders of different pairs, or unreadable shards.
@@ -191,7 +192,9 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
     parts: dict[str, list] = {k: [] for k in SHARD_TENSORS}
     owners: list[str] = []
     kinds: dict[str, str] = {}
+    folder_rows: dict[str, list[int]] = {}
     for folder in folders:
+        start = len(owners)
         folder = Path(folder)
         try:
             m = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
@@ -220,8 +223,9 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
             owner = f"{info.get('source', folder.name)}:{info.get('prompt_id', shard.stem)}"
             kinds[owner] = info.get("kind", "other")
             owners.extend([owner] * n)
+        folder_rows[str(folder)] = [start, len(owners)]
     if meta is None or not owners:
         raise DataError(f"no records in {', '.join(map(str, folders))}: run `decision collect` first")
     tensors = {k: torch.cat(v) for k, v in parts.items()}
     tensors["hidden"] = tensors["hidden"].float()
-    return {**meta, "prompt_kinds": kinds}, tensors, owners
+    return {**meta, "prompt_kinds": kinds, "folder_rows": folder_rows}, tensors, owners

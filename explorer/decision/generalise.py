@@ -6,6 +6,10 @@ among them, as ``decision train`` does) and scored on every token of K's prompts
 goal: >= 0.75 for the default model on every held-out kind), on greedy labels, calibration error and the mean
 prediction against the mean soft label (a model that never saw K may rank well but sit too high or too low;
 online adaptation, ``online.py``, corrects the latter during a session).
+
+Given several data folders (e.g. one collected with the int8 draft the CPU runs and one with the bf16 draft a GPU
+runs), the models train on all of them, as the shipped ones do, and each held-out kind is also scored on each
+folder's tokens alone: how the one shipped model ranks the drafts of each deployment.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
         models: model kinds to train (``model.KINDS``).
     Returns:
         ``{"kinds": {kind: prompts}, "rows": [{"held_out", "model", "prompts", "records", "roc_auc",
-        "roc_auc_greedy", "ece", "mean_pred", "mean_soft", "threshold", "train_prompts"}], "worst": {model: lowest
-        roc_auc}}``.
+        "roc_auc_greedy", "ece", "mean_pred", "mean_soft", "threshold", "train_prompts", "by_data"}], "worst":
+        {model: lowest roc_auc}, "worst_by_data": {folder: {model: lowest roc_auc}}}``; ``by_data`` (folder ->
+        ``{"records", "roc_auc"}``, the held-out kind's tokens of that folder alone) and ``worst_by_data`` are empty
+        for a single folder.
     Raises:
         DataError: unreadable folders; ValueError: fewer than two kinds, or a held-out kind not in the data.
     """
@@ -47,6 +53,11 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
         if k not in prompts_of:
             raise ValueError(f"no prompts of kind {k!r} in the data (has: {', '.join(sorted(prompts_of))})")
     soft, greedy = t["soft"].numpy(), t["greedy"].numpy()
+    folder_masks = {}  # each folder's rows, when there are several to tell apart
+    if len(meta["folder_rows"]) > 1:
+        for folder, (start, stop) in meta["folder_rows"].items():
+            folder_masks[folder] = np.zeros(len(owners), dtype=bool)
+            folder_masks[folder][start:stop] = True
     rows = []
     for k in held_out:
         progress(f"holding out {k} ({len(prompts_of[k])} prompts)")
@@ -58,13 +69,22 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
         for name, model in fitted.items():
             pred = model.predict(**{name: kind_inputs(name, t)[idx]}).numpy()
             m = score_metrics(pred, soft[idx], greedy[idx], model.threshold)
+            by_data = {}
+            for folder, in_folder in folder_masks.items():
+                sel = in_folder[idx]
+                if sel.any():
+                    by_data[folder] = {"records": int(sel.sum()), "roc_auc": score_metrics(
+                        pred[sel], soft[idx][sel], greedy[idx][sel], model.threshold)["roc_auc"]}
             rows.append({"held_out": k, "model": name, "prompts": len(prompts_of[k]), "records": int(len(idx)),
-                         "train_prompts": len(train_prompts) + len(val_prompts),
+                         "train_prompts": len(train_prompts) + len(val_prompts), "by_data": by_data,
                          **{key: m[key] for key in ("roc_auc", "roc_auc_greedy", "ece", "mean_pred", "mean_soft",
                                                     "threshold")}})
     worst = {name: min(r["roc_auc"] for r in rows if r["model"] == name) for name in models}
+    worst_by_data = {folder: {name: min(r["by_data"][folder]["roc_auc"] for r in rows
+                                        if r["model"] == name and folder in r["by_data"]) for name in models}
+                     for folder in folder_masks}
     return {"kinds": {k: len(v) for k, v in sorted(prompts_of.items())}, "rows": rows, "worst": worst,
-            "goal_auc": GOAL_AUC}
+            "worst_by_data": worst_by_data, "goal_auc": GOAL_AUC}
 
 
 def markdown_table(report: dict) -> str:
@@ -82,4 +102,6 @@ def markdown_table(report: dict) -> str:
             vals.append(f"{r['roc_auc']:.3f} / {g}")
         lines.append(f"| {k} | {any_row['prompts']} | {any_row['records']} | " + " | ".join(vals) + " |")
     lines.append("| **worst** | | | " + " | ".join(f"**{report['worst'][m]:.3f}**" for m in models) + " |")
+    for folder, worst in report.get("worst_by_data", {}).items():
+        lines.append(f"| worst on {folder} alone | | | " + " | ".join(f"{worst[m]:.3f}" for m in models) + " |")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ model knows when it drafts a token, how likely the target is to accept it:
   path probability, ``14 -> 64 -> 32 -> 1``; unlike the other two it scores a node's children differently;
 * ``context`` (beyond the seed): ``path`` plus ten session features (``features.py``: does x continue an earlier
   occurrence of what precedes it in the context; did the target rank x after the same parent token, and after the
-  same two tokens, before, in the prompt or the run, and with what probability), ``24 -> 64 -> 32 -> 1``.
+  same two tokens, before, in the prompt or the run, and with what probability), ``24 -> 128 -> 64 -> 1``.
 
 Inputs are standardised with the training set's mean and std (stored with the weights); the output is a
 probability (sigmoid). Files: ``<dir>/<kind>.safetensors`` (weights ``layers.<i>.weight|bias``, ``mean``, ``std``)
@@ -29,7 +29,7 @@ from ..jsonfile import parse_json, read_file
 from .features import N_DIST_FEATURES
 
 KINDS = ("hidden", "dist", "path", "context")  # training order; stopping.DECISION_MODELS lists them default first
-DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32), "path": (64, 32), "context": (64, 32)}
+DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32), "path": (64, 32), "context": (128, 64)}
 CARD_FORMAT = 1
 ASSETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "decision"
 
