@@ -222,7 +222,7 @@ def _synthetic(folder, n_prompts=12, per_prompt=200, seed=0, source="syn", kinds
         hidden[:, 3] = z
         dist = torch.rand(per_prompt, 11, generator=gen)
         dist[:, 1] = torch.sigmoid(z)
-        soft = torch.sigmoid(4 * (z + noise * torch.randn(per_prompt, generator=gen)))
+        soft = torch.sigmoid(4 * (z + noise * torch.randn(per_prompt, generator=gen) if noise else z))
         rows = {"hidden": list(hidden.half()), "dist": list(dist), "depth": [1] * per_prompt,
                 "cum_q": [0.5] * per_prompt, "q": [0.5] * per_prompt, "p": (soft * 0.5).tolist(),
                 "soft": soft.tolist(), "greedy": (soft > 0.5).int().tolist(), "step": [0] * per_prompt,
