@@ -29,8 +29,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(pair: str, port: int | None = None, timeout: float = 600):
-    """Start ``streamlit run app.py`` on localhost with the given initial pair; yield its URL."""
+def running_app(pair: str, port: int | None = None, timeout: float = 600, log: list | None = None):
+    """Start ``streamlit run app.py`` on localhost with the given initial pair; yield its URL. ``log``: a list
+    that gets the server's whole output (stdout and stderr) appended once the server has stopped."""
     port = port or free_port()
     env = dict(os.environ, SPEC_EXPLORER_PAIR=pair)
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port",
@@ -49,9 +50,12 @@ def running_app(pair: str, port: int | None = None, timeout: float = 600):
     finally:
         proc.terminate()
         try:
-            proc.wait(10)
+            out, _ = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            out, _ = proc.communicate()
+        if log is not None:
+            log.append(out)
 
 
 # The app writes how many script runs of the session have finished into a hidden marker at the end of every run

@@ -12,9 +12,13 @@ pytestmark = pytest.mark.skipif(not (shutil.which(CHROMIUM) or os.path.exists(CH
 
 def test_step_twice_in_a_real_browser(tmp_path):
     """A fresh page, nothing typed: the prompt box holds a real prompt and the first Step draws a tree."""
-    with running_app("tiny") as url:
+    log = []
+    with running_app("tiny", log=log) as url:
         report = step_twice(url, tmp_path, load_timeout_s=120)
     assert report["prompt"].strip() and report["exceptions"] == 0 and report["errors"] == []
+    # the server's log is clean too: no traceback, and no widget warning (every kept widget's value is written back
+    # each run, app.keep_widget_values, and the tiny pair is not the radio's first option: .streamlit/config.toml)
+    assert "Traceback" not in log[0] and "Session State API" not in log[0], log[0]
     assert report["plots"] >= 5  # tree, mask, branches, stop signal, run
     titles = " ".join(report["titles"])
     assert "Step 2: draft tree" in titles and "Tree attention mask" in titles
