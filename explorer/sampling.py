@@ -72,6 +72,14 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 TOP_CACHED = 16  # best tokens kept per row by RowDists' batched pass
 
 
+def plain_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` best tokens of each row of ``logits`` ``(..., vocab)`` (any float dtype) and their plain-softmax
+    (temperature 1) probabilities: ids int64 and probabilities float32, ``(..., min(k, vocab))`` each."""
+    lf = logits.float()
+    vals, ids = lf.topk(min(k, lf.shape[-1]), dim=-1)
+    return ids, torch.exp(vals - torch.logsumexp(lf, dim=-1, keepdim=True))
+
+
 class RowDists:
     """Processed distributions of the rows of a logits matrix, computed on demand and cached.
 
@@ -301,9 +309,8 @@ class RowDists:
             if host is not None:
                 out[r] = list(zip(host[0][:k], host[1][:k]))
             else:
-                lf = self.row_logits(r)
-                vals, ids = torch.topk(lf, min(k, lf.shape[-1]))
-                out[r] = list(zip(ids.tolist(), torch.exp(vals - torch.logsumexp(lf, -1)).tolist()))
+                ids, probs = plain_topk(self.row_logits(r), k)
+                out[r] = list(zip(ids.tolist(), probs.tolist()))
         return out
 
     def _on_host(self, r: int, token: int, column: int) -> float | None:

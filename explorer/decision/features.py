@@ -35,6 +35,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..sampling import plain_topk
+
 N_TOP = 10
 N_DIST_FEATURES = 1 + N_TOP
 DIST_FEATURE_NAMES = ["entropy"] + [f"top{i + 1}" for i in range(N_TOP)]
@@ -193,10 +195,9 @@ def top_candidates(hidden: torch.Tensor, head, k: int = MEMORY_K, chunk: int = 6
     """
     ids, probs = [], []
     for start in range(0, hidden.shape[0], chunk):
-        lf = head(hidden[start:start + chunk]).float()
-        vals, idx = lf.topk(min(k, lf.shape[-1]), dim=-1)
+        idx, p = plain_topk(head(hidden[start:start + chunk]), k)
         ids.append(idx)
-        probs.append(torch.exp(vals - torch.logsumexp(lf, dim=-1)[:, None]))
+        probs.append(p)
     if not ids:
         return []
     ids_t, probs_t = torch.cat(ids), torch.cat(probs)

@@ -53,11 +53,8 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
         if k not in prompts_of:
             raise ValueError(f"no prompts of kind {k!r} in the data (has: {', '.join(sorted(prompts_of))})")
     soft, greedy = t["soft"].numpy(), t["greedy"].numpy()
-    folder_masks = {}  # each folder's rows, when there are several to tell apart
-    if len(meta["folder_rows"]) > 1:
-        for folder, (start, stop) in meta["folder_rows"].items():
-            folder_masks[folder] = np.zeros(len(owners), dtype=bool)
-            folder_masks[folder][start:stop] = True
+    # each folder's rows [start, stop), when there are several to tell apart
+    folder_rows = meta["folder_rows"] if len(meta["folder_rows"]) > 1 else {}
     rows = []
     for k in held_out:
         progress(f"holding out {k} ({len(prompts_of[k])} prompts)")
@@ -70,8 +67,8 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
             pred = model.predict(**{name: kind_inputs(name, t)[idx]}).numpy()
             m = score_metrics(pred, soft[idx], greedy[idx], model.threshold)
             by_data = {}
-            for folder, in_folder in folder_masks.items():
-                sel = in_folder[idx]
+            for folder, (start, stop) in folder_rows.items():
+                sel = (idx >= start) & (idx < stop)
                 if sel.any():
                     by_data[folder] = {"records": int(sel.sum()), "roc_auc": score_metrics(
                         pred[sel], soft[idx][sel], greedy[idx][sel], model.threshold)["roc_auc"]}
@@ -82,7 +79,7 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
     worst = {name: min(r["roc_auc"] for r in rows if r["model"] == name) for name in models}
     worst_by_data = {folder: {name: min(r["by_data"][folder]["roc_auc"] for r in rows
                                         if r["model"] == name and folder in r["by_data"]) for name in models}
-                     for folder in folder_masks}
+                     for folder in folder_rows}
     return {"kinds": {k: len(v) for k, v in sorted(prompts_of.items())}, "rows": rows, "worst": worst,
             "worst_by_data": worst_by_data, "goal_auc": GOAL_AUC}
 
