@@ -24,7 +24,8 @@ import torch
 
 from .config import MethodConfig
 from .engine import Engine, positions_needed
-from .models import ModelPair
+from .factory import build_engine
+from .pair import ModelPair
 from .sampling import SamplingConfig, logits_to_probs
 
 MIN_EXPECTED = 5.0
@@ -132,12 +133,19 @@ def audit(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, promp
     Seeds ``sampling.seed + s`` for sample s, so an audit is reproducible. Raises EngineError for bad prompts and
     ValueError at temperature 0 (greedy decoding has nothing to audit).
     """
+    return audit_engine(build_engine(pair, config, sampling), prompt_ids, samples, two_tokens, alpha, progress)
+
+
+def audit_engine(engine: Engine, prompt_ids: list[int], samples: int, two_tokens: bool = True, alpha: float = 0.001,
+                 progress=None) -> AuditResult:
+    """``audit`` on an engine built by the caller (not started yet), e.g. with a drafter, verifier or stop policy
+    swapped into its parts (docs/architecture.md). Same errors as ``audit``."""
+    pair, config, sampling = engine.pair, engine.config, engine.sampling
     if sampling.greedy:
         raise ValueError("the audit compares distributions: use a temperature above 0")
     if samples < 1:
         raise ValueError("samples must be >= 1")
     n_tokens = 2 if two_tokens else 1
-    engine = Engine(pair, config, sampling)
     # Room for whole trees (the engine drafts no deeper than the tokens left, ``Engine.reach``): the audit must
     # verify the method's full tree, and the first tokens of a longer run follow the same law.
     spare = pair.max_positions - positions_needed(config, len(prompt_ids), n_tokens)

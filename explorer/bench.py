@@ -14,7 +14,7 @@ unquantized draft: what a user who loads the two models gets. ``hf-prompt-lookup
 ``hf-generate`` is a plain ``target.generate``: transformers' own plain decoding, beside our ``ar``.
 
 On CUDA each of our methods also gets one untimed run of the first prompt that counts host synchronisations per
-step (``Engine(count_syncs=True)``), and the share of plain decoding steps the goodput fallback took is reported
+step (``build_engine(count_syncs=True)``), and the share of plain decoding steps the goodput fallback took is reported
 for every run (``fallback.py``).
 
 A method label may carry settings after ``+``: ``mcsd-improved+adapt=last-layer`` runs the default
@@ -138,9 +138,9 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
     will use (runners are shared through ``pair`` by cache width). Without it the timed runs paid the captures:
     about 0.1-0.2 s each on an H100 against 5 ms for a graphed forward (session 17). Returns the number of graphs
     captured (0 off CUDA or where all were captured already)."""
-    from .engine import Engine
+    from .factory import build_engine
 
-    engine = Engine(pair, config, SamplingConfig(), decision_model=decision_model, kv_cache="static", graphs=True)
+    engine = build_engine(pair, config, SamplingConfig(), decision_model=decision_model, kv_cache="static", graphs=True)
     engine.start(prompt_ids, max_new_tokens)
     try:
         return engine.capture_graphs()
@@ -162,9 +162,9 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
     trace), as for ``hf-assisted``, not the sum of the trace's step timers.
     """
-    from .engine import Engine
+    from .factory import build_engine
 
-    engine = Engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
+    engine = build_engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
                     recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state,
                     adapter_state=adapter_state)
     t0 = time.perf_counter()

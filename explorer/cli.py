@@ -15,145 +15,23 @@ import json
 import sys
 from pathlib import Path
 
-from .config import DEFAULTS, FREE_ROWS_CPU, METHODS, VERIFIERS, MethodConfig
-from .cost_ratio import COST_RATIO_MODES
-from .fallback import FALLBACK_MODES
-from .prompts import Prompt, PromptError, load_prompt_set
-from .stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
-from .tree import TreeShapeError, parse_k_config, parse_tree_template
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--models", default="default", choices=["default", "tiny", "custom"],
-                   help="default: embedded Qwen2.5-Coder 0.5B -> 1.5B pair; tiny: random test pair; "
-                        "custom: --draft and --target")
-    g.add_argument("--draft", help="draft model: local HF folder, hub id or .gguf file (implies --models custom)")
-    g.add_argument("--target", help="target model: local HF folder, hub id or .gguf file")
-    g.add_argument("--dtype", default=None, help="auto (default: bf16 on CUDA and on CPUs with native bf16, else fp32), "
-                                                          "bf16, fp16 or fp32")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--draft-quant", default="auto", choices=["auto", "none", "int8"],
-                   help="int8: the draft's linear layers dynamically quantized (lossless; faster drafting on CPU). "
-                        "auto (default): int8 on CPU for real pairs, none on CUDA and for the tiny pair")
-    g.add_argument("--packed-weights", default="auto", choices=["auto", "on", "off"],
-                   help="float32 linear weights packed once for oneDNN instead of on every call (CPU; faster "
-                        "forwards, logits within about 1e-4). auto (default): on for real float32 pairs on a CPU")
-
-
-def _add_method_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("method and tree shape")
-    g.add_argument("--method", default="mcsd-improved", choices=METHODS)
-    g.add_argument("--gamma", type=int, help="sd: draft chain length (default 4)")
-    g.add_argument("--k-config", help="children per level, e.g. 4,2,2 (mcsd); first levels for mcsd-improved")
-    g.add_argument("--width", type=int, help="mcsd-improved --lossy: target-initialized roots")
-    g.add_argument("--max-depth", type=int, help="mcsd-improved: maximum draft levels")
-    g.add_argument("--branch-threshold", type=float,
-                   help="adaptive width: a node gets its level's k children only where the draft's top "
-                        "probability is below this, else one (1 = the fixed k_config)")
-    g.add_argument("--lossy", action="store_true",
-                   help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
-    g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
-                                                            "specdec++ read a learned decision model)")
-    g.add_argument("--threshold", type=float,
-                   help="stop threshold tau (specdec++: h, goodput: cost ratio r); default per policy")
-    g.add_argument("--cost-ratio", choices=COST_RATIO_MODES,
-                   help="goodput's r: fixed (--threshold) or measured from the run's own step times, starting there")
-    g.add_argument("--decision-model", choices=DECISION_MODELS,
-                   help="decision model the learned stop policies read (default context)")
-    g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
-    g.add_argument("--adapt", choices=ADAPT_MODES, help="online adaptation of the stop policy during the run: "
-                                                        "threshold (ROC refit) or last-layer (decision model)")
-    g.add_argument("--fallback", choices=FALLBACK_MODES,
-                   help="plain decoding steps when speculation measures slower (SmartSpec's goodput rule): auto "
-                        "(default: on CUDA only), goodput or off")
-    g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
-                   help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
-    g.add_argument("--lookup-tokens", type=int, help="prompt-lookup / hybrid: longest copy (the adaptive length's cap)")
-    g.add_argument("--lookup-branches", type=int, help="prompt-lookup / hybrid: matches proposed as branches")
-    g.add_argument("--lookup-ngram", type=int, help="prompt-lookup / hybrid: longest n-gram matched")
-    g.add_argument("--recycling-widths", help="token-recycling / hybrid: tree template widths per level, e.g. "
-                                               "8,3,2,1,1,1,1,1 (a node of sibling rank r gets floor(w / (r + 1)))")
-    g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
-    g.add_argument("--free-rows", type=int, help="prompt-lookup / token-recycling / hybrid: most target rows (the "
-                                                 "anchor included) free branches fill a step's tree to; 0 = auto "
-                                                 f"({FREE_ROWS_CPU} on the CPU, no limit on CUDA; where a row costs "
-                                                 "5 ms or more, token-recycling keeps the template slots whose "
-                                                 "measured acceptance pays for their rows)")
-    g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
-                                  "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")
-
-
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as is")
-
-
-def _add_prompt_source_args(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="JSONL file ('turns' list or 'prompt' string a line), or mt-bench / "
-                                           "humaneval")
-    p.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
-
-
-def method_config_from_args(args) -> MethodConfig:
-    base = DEFAULTS[args.method]
-    changes = {}
-    for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
-                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback",
-                 "free_rows", "cost_ratio"):
-        value = getattr(args, name, None)
-        if value is not None:
-            changes[name] = value
-    if getattr(args, "k_config", None) is not None:
-        changes["k_config"] = parse_k_config(args.k_config)
-    if getattr(args, "tree", None):
-        changes["tree"] = parse_tree_template(args.tree)
-    if getattr(args, "recycling_widths", None) is not None:
-        changes["recycling_widths"] = parse_k_config(args.recycling_widths)
-    if getattr(args, "lossy", False):
-        changes["lossy"] = True
-        if "k_config" not in changes:
-            changes["k_config"] = (1,)  # the seed's fork: one draft chain under each root
-    if getattr(args, "verifier", None):
-        changes["verifier"] = args.verifier
-    return base.with_(**changes)
-
-
-def decision_model_from_args(args, config: MethodConfig):
-    """The decision model named by ``--decision-dir``, or None (the engine then loads the shipped one)."""
-    if not getattr(args, "decision_dir", None):
-        return None
-    from .decision.model import load_decision_model
-
-    return load_decision_model(args.decision_dir, config.decision_model)
-
-
-def _prompts_from_args(args) -> list[Prompt]:
-    if args.prompt is not None:
-        return [Prompt("cli", args.prompt, "user")]
-    prompts = load_prompt_set(args.prompt_file)
-    return prompts[: args.limit] if args.limit else prompts
-
-
-def _load_pair(args, keep_unquantized: bool = False):
-    from .models import load_named_pair
-
-    spec = "custom" if (args.draft or args.target) else args.models
-    return load_named_pair(spec, dtype=args.dtype, device=args.device, draft=args.draft, target=args.target,
-                           draft_quant=args.draft_quant, keep_unquantized=keep_unquantized,
-                           packed=args.packed_weights,
-                           progress=lambda msg, frac: print(f"[models] {msg}", file=sys.stderr) if frac == 0 else None)
+from .cli_args import (
+    add_method_args,
+    add_model_args,
+    add_prompt_source_args,
+    add_sampling_args,
+    decision_model_from_args,
+    load_pair_from_args,
+    method_config_from_args,
+    prompts_from_args,
+)
+from .config import VERIFIERS
+from .prompts import PromptError
+from .tree import TreeShapeError
 
 
 def cmd_generate(args) -> int:
-    from .engine import Engine
+    from .factory import build_engine
     from .metrics import run_metrics
     from .prompts import encode_prompt
     from .sampling import SamplingConfig
@@ -161,12 +39,12 @@ def cmd_generate(args) -> int:
 
     config = method_config_from_args(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    prompts = _prompts_from_args(args)
-    pair = _load_pair(args)
+    prompts = prompts_from_args(args)
+    pair = load_pair_from_args(args)
     decision = decision_model_from_args(args, config)
     for n, prompt in enumerate(prompts):
         ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
-        engine = Engine(pair, config, sampling, decision_model=decision)
+        engine = build_engine(pair, config, sampling, decision_model=decision)
         engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
         trace = engine.run()
         m = run_metrics(trace)
@@ -199,8 +77,8 @@ def cmd_greedy_check(args) -> int:
     from .equivalence import check_prompt
     from .prompts import encode_prompt
 
-    prompts = _prompts_from_args(args)
-    pair = _load_pair(args)
+    prompts = prompts_from_args(args)
+    pair = load_pair_from_args(args)
     totals: dict[str, dict] = {}
     for prompt in prompts:
         ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
@@ -230,7 +108,7 @@ def cmd_audit(args) -> int:
 
     config = method_config_from_args(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    pair = _load_pair(args)
+    pair = load_pair_from_args(args)
     ids = encode_prompt(pair.tokenizer, args.prompt, chat_template=not args.no_chat_template)
     bar = tqdm(total=args.samples, desc=f"audit {config.method}", unit="sample", file=sys.stderr,
                disable=args.json and not sys.stderr.isatty())
@@ -264,13 +142,13 @@ def cmd_audit(args) -> int:
 
 def cmd_verifiers(args) -> int:
     """Tokens per target call of every lossless verifier on the same tree shape and prompts, per temperature."""
-    from .engine import Engine
+    from .factory import build_engine
     from .metrics import run_metrics
     from .prompts import encode_prompt
     from .sampling import SamplingConfig
 
-    prompts = _prompts_from_args(args)
-    pair = _load_pair(args)
+    prompts = prompts_from_args(args)
+    pair = load_pair_from_args(args)
     encoded = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
     summary = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
@@ -279,7 +157,7 @@ def cmd_verifiers(args) -> int:
             tokens = calls = 0
             for n, ids in enumerate(encoded):
                 for rep in range(args.repeats):
-                    engine = Engine(pair, config, SamplingConfig(temperature=temperature, top_p=args.top_p,
+                    engine = build_engine(pair, config, SamplingConfig(temperature=temperature, top_p=args.top_p,
                                                                  seed=args.seed + 1000 * rep + n))
                     engine.start(ids, args.max_new_tokens)
                     m = run_metrics(engine.run())
@@ -305,7 +183,7 @@ def cmd_bench(args) -> int:
     prompts = select_prompts([spec])
     methods = [m for m in args.methods.split(",") if m]
     temps = [float(t) for t in args.temperatures.split(",")]
-    pair = _load_pair(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
+    pair = load_pair_from_args(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
     runs_per_method = sum(len(ids) * samples_at(t, args.samples) for t in temps)
     bar = tqdm(total=runs_per_method * len(methods), desc="bench", unit="run")
@@ -336,19 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode prompts with one method and report metrics")
-    _add_prompt_source_args(gen)
+    add_prompt_source_args(gen)
     gen.add_argument("--json", action="store_true", help="one JSON object a line per prompt")
     gen.add_argument("--save-trace", metavar="DIR", help="write each run's step trace as JSON into DIR")
-    _add_method_args(gen)
-    _add_sampling_args(gen)
-    _add_model_args(gen)
+    add_method_args(gen)
+    add_sampling_args(gen)
+    add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     chk = sub.add_parser("greedy-check", help="greedy equivalence of every lossless method with ar and HF generate")
-    _add_prompt_source_args(chk)
+    add_prompt_source_args(chk)
     chk.add_argument("--max-new-tokens", type=int, default=64)
     chk.add_argument("--no-chat-template", action="store_true")
-    _add_model_args(chk)
+    add_model_args(chk)
     chk.set_defaults(func=cmd_greedy_check)
 
     aud = sub.add_parser("audit", help="sample the first tokens N times and test them against the target's law")
@@ -357,19 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--one-token", action="store_true", help="test the first token only")
     aud.add_argument("--alpha", type=float, default=0.001, help="significance level of the chi-square test")
     aud.add_argument("--json", action="store_true")
-    _add_method_args(aud)
-    _add_sampling_args(aud)
-    _add_model_args(aud)
+    add_method_args(aud)
+    add_sampling_args(aud)
+    add_model_args(aud)
     aud.set_defaults(func=cmd_audit, models="tiny", temperature=1.0, method="mcsd")
 
     ver = sub.add_parser("verifiers", help="tokens per target call of each verifier on the same trees and prompts")
-    _add_prompt_source_args(ver)
+    add_prompt_source_args(ver)
     ver.add_argument("--verifiers", default=",".join(VERIFIERS))
     ver.add_argument("--temperatures", default="0.7,1.0")
     ver.add_argument("--repeats", type=int, default=1, help="seeds per prompt")
-    _add_method_args(ver)
-    _add_sampling_args(ver)
-    _add_model_args(ver)
+    add_method_args(ver)
+    add_sampling_args(ver)
+    add_model_args(ver)
     ver.set_defaults(func=cmd_verifiers, method="mcsd", k_config="2,2,2")
 
     from .bench import BENCH_METHODS
@@ -393,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--decision-dir", help="decision-model folder for the learned stop policies (default: shipped)")
     bn.add_argument("--graphs", action="store_true",
                     help="our forwards through CUDA graphs per query-size bucket (implies --kv-cache static)")
-    _add_model_args(bn)
+    add_model_args(bn)
     bn.set_defaults(func=cmd_bench)
 
     from .decision.cli import add_decision_parser

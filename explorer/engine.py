@@ -25,21 +25,20 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import expectation, verify
-from .config import MethodConfig, free_row_budget
+from .config import MethodConfig
 from .cost_ratio import CostRatioMeter
-from .decision.features import top_candidates
-from .drafters import Drafted, make_drafter
-from .drafters.base import empty_draft
+from .decision.features import model_inputs, top_candidates
+from .drafters import Drafted
+from .drafters.base import Drafter, empty_draft
 from .drafters.row_pricing import RowPricing
-from .fallback import GoodputFallback, asks_row_costs, fallback_active
-from .forward_costs import row_ms, row_prices, rows_are_dear
+from .fallback import GoodputFallback
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
-from .models import ModelPair
 from .methods import DRAFT_SOURCES
+from .pair import ModelPair
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
 from .timeline import StepTimeline, step_times
-from .stopping import LEARNED_POLICIES, make_stop_policy
+from .stopping import StopPolicy
 from .trace import (
     ACCEPTED,
     CONTEXT,
@@ -51,30 +50,6 @@ from .trace import (
     StepTrace,
 )
 from .tree import DraftTree, step_mask, step_position_ids
-
-
-
-def _can_fall_back(config: MethodConfig) -> bool:
-    """Whether a step of ``config`` could be a plain decoding step instead (a lossless method that drafts)."""
-    return bool(config.max_draft_depth()) and not config.is_lossy
-
-
-def _prices_rows(config: MethodConfig, device_type: str) -> bool:
-    """Whether this method's tree takes Token Recycling's branches with an automatic row budget on a CPU: then,
-    where rows cost time (``forward_costs.row_prices``), its template's slots are priced (``drafters/row_pricing.py``),
-    in ``token-recycling``'s tree and in the hybrid's (beside the model's tree, whose rows follow its stop policy).
-    Not prompt lookup's copies (pricing them fought its own adaptive copy length: 5.05 against 14.77 tokens per
-    target call on HumanEval, docs/bench.md session 15)."""
-    return device_type == "cpu" and not config.free_rows and "recycling" in config.spec.free
-
-
-def times_verification(config: MethodConfig, device_type: str) -> bool:
-    """Whether an engine of ``config`` on a ``device_type`` device times the target's verification when built
-    (``forward_costs.verification_cost``, once per pair: about 6 s on a 2-core AVX2 CPU): for the measured cost
-    ratio's row charge, for ``--fallback auto`` off CUDA in a method that can fall back, and for Token Recycling's
-    row pricing on a CPU (``_prices_rows``). The app asks first, to say so while it waits."""
-    return (config.cost_ratio == "measured" or _prices_rows(config, device_type)
-            or (_can_fall_back(config) and asks_row_costs(config.fallback, device_type)))
 
 
 class EngineError(ValueError):
@@ -118,15 +93,53 @@ class _Verified:
     full_mask: object  # numpy bool (rows, past + rows): the whole mask the target was sent (the probe lints it)
 
 
+@dataclass
+class EngineParts:
+    """The strategies and meters one run steps with, built from the method, the sampling and the pair by
+    ``factory.build_parts`` (the one place that builds them). The engine calls them; it builds none itself.
+
+    Attributes:
+        drafter: who proposes the tree (``drafters/``).
+        stop_policy: when the draft model stops drafting (``stopping.py``); its ``threshold`` follows the measured
+            cost ratio where ``cost_meter`` is set.
+        verifier_name: the verification rule (``verify.VERIFIERS``) for this sampling.
+        decision_model: the learned model behind a learned stop policy, or None.
+        free_rows / free_rows_run: the most target rows free branches may fill a tree to (None: no limit), and the
+            same on a copy run (``config.free_row_budget``).
+        adapter: the stop policy's online adaptation (``decision/online.py``), or None; ``adapter_key`` what its
+            state belongs to (``factory.carry_key``), ``adapter_carried`` the carried state it started from.
+        fallback: the goodput fallback to plain decoding steps (``fallback.py``), or None; ``fallback_key`` what its
+            rates belong to.
+        row_pricing: the price of free rows (``drafters/row_pricing.py``), or None.
+        cost_meter: the goodput stop policy's measured cost ratio r (``cost_ratio.py``), or None.
+    """
+
+    drafter: Drafter
+    stop_policy: StopPolicy
+    verifier_name: str
+    decision_model: object | None = None
+    free_rows: int | None = None
+    free_rows_run: int | None = None
+    adapter: object | None = None
+    adapter_key: str | None = None
+    adapter_carried: dict | None = None
+    fallback: GoodputFallback | None = None
+    fallback_key: str | None = None
+    row_pricing: RowPricing | None = None
+    cost_meter: CostRatioMeter | None = None
+
+
 class Engine:
-    """Step-wise speculative decoding on one ModelPair.
+    """Step-wise speculative decoding on one ModelPair: the step machine (draft, verify, commit, record).
+
+    Build it with ``factory.build_engine(pair, config, sampling, ...)``, which builds its parts; this constructor
+    takes them ready-made.
 
     Args:
         pair: the loaded models (shared, read-only; forwards hold ``pair.lock``).
         config: the method and its shape (``MethodConfig``).
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
-        decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
-            (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
+        parts: the drafter, stop policy, verifier and meters (``EngineParts``).
         capture_features: keep every drafted node's decision features (``drafters.Drafted.features``) for
             ``decision collect``, whatever the stop policy.
         kv_cache: ``dynamic`` (default) or ``static`` (preallocated for the run; fixed shapes, see ``kv_cache.py``).
@@ -134,27 +147,17 @@ class Engine:
         graphs: run forwards through ``graphs.GraphRunner`` (CUDA graphs per query-size bucket on a GPU, padded
             eager forwards elsewhere); needs ``kv_cache="static"``. Runners come from the pair's idle ones and go
             back with ``release()``.
-        recycling_state: a Token Recycling matrix carried over from an earlier run (``recycling_state()`` of that
-            run's engine); None starts with an empty matrix.
         count_syncs: count each step's host synchronisations into ``StepTrace.host_syncs``: on CUDA torch's sync
             debug mode (process-wide, a few microseconds each), on the CPU the value reads that would synchronise on
             a GPU (``host_reads.py``; slows the step several-fold). For measurements and tests, not the app.
-        fallback_state: the goodput fallback's rates from an earlier run (``fallback_state()`` of that run's
-            engine): where it comes from the same method, sampling (seed aside), pair and device, and this engine
-            falls back, the rates start this run's (``fallback.GoodputFallback``, ``carried``); else ignored.
-        adapter_state: the online adaptation an earlier run learned (``adapter_state()`` of that run's engine):
-            where it comes from the same method, sampling (seed aside), pair, device and decision model, this run's
-            adapter starts from it (``decision/online.py``; recorded in the trace as ``adaptation_carried`` for
-            replays); else ignored.
     Raises:
-        EngineError: a learned stop policy with no decision model for this pair, an unknown ``kv_cache``, graphs
-            without a static cache; on ``start``, an empty prompt or one that leaves no room in the context window.
+        EngineError: an unknown ``kv_cache``, graphs without a static cache; on ``start``, an empty prompt or one
+            that leaves no room in the context window.
     """
 
-    def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
+    def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, parts: EngineParts,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 recycling_state: dict | None = None, count_syncs: bool = False, fallback_state: dict | None = None,
-                 adapter_state: dict | None = None):
+                 count_syncs: bool = False):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
@@ -166,47 +169,17 @@ class Engine:
         self.config = config
         self.sampling = sampling
         self.branching = config.draft_branching()
-        policy = config.stop_policy_name()
-        if policy in LEARNED_POLICIES and decision_model is None:
-            from .decision.model import DecisionModelError, shipped_decision_model
-
-            try:
-                decision_model = shipped_decision_model(pair.draft_id, pair.target_id, config.decision_model)
-            except DecisionModelError as exc:
-                raise EngineError(str(exc)) from None
-        self.decision_model = decision_model
-        self.stop_policy = make_stop_policy(policy, config.threshold, decision_model)
-        self.adapter = None  # online adaptation of the stop policy (decision/online.py); outlives rewind()
-        self._adapter_carried = None  # the adapter state this run started from (carried over), for the trace
-        if config.adapt != "off":
-            from .decision.online import AdaptError, make_adapter
-
-            self.adapter = make_adapter(config.adapt, self.stop_policy)
-            self._adapter_key = _carry_key(pair, config, sampling, self.adapter.model_id)
-            if adapter_state and adapter_state.get("key") == self._adapter_key:
-                try:
-                    self.adapter.restore(adapter_state)
-                except AdaptError as exc:
-                    raise EngineError(str(exc)) from None
-                self._adapter_carried = adapter_state
         self.capture_features = capture_features
-        self.drafter = make_drafter(config, recycling_state)
-        self.free_rows = free_row_budget(config.free_rows, pair.device.type)  # the tree's row limit for free branches
-        self.free_rows_run = free_row_budget(config.free_rows, pair.device.type, copy_run=True)  # ... on a copy run
-        # Plain decoding steps when speculation measures slower (fallback.py); outlives rewind() like the adapter.
-        self.fallback = None
-        if _can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
-            self._fallback_key = _carry_key(pair, config, sampling)
-            same = bool(fallback_state) and fallback_state.get("key") == self._fallback_key
-            self.fallback = GoodputFallback(carried=fallback_state["rates"] if same else None)
-        # Where rows cost time, Token Recycling's tree keeps only the slots worth their rows (drafters/row_pricing.py).
-        self.row_pricing = None
-        if _prices_rows(config, pair.device.type):
-            self.follow_row_pricing(row_prices(pair))
-        # The goodput stop policy's r measured from the steps' timelines (cost_ratio.py); outlives rewind() too.
-        self.cost_meter = (CostRatioMeter(config.threshold, row_ms=row_ms(pair)) if config.cost_ratio == "measured"
-                           else None)
-        self.verifier_name = config.verifier_for(sampling.greedy)
+        self.drafter = parts.drafter
+        self.stop_policy = parts.stop_policy
+        self.verifier_name = parts.verifier_name
+        self.decision_model = parts.decision_model
+        self.free_rows, self.free_rows_run = parts.free_rows, parts.free_rows_run
+        # The adapter, the fallback and the cost meter outlive rewind(): what they learned carries to the next run.
+        self.adapter, self._adapter_key, self._adapter_carried = parts.adapter, parts.adapter_key, parts.adapter_carried
+        self.fallback, self._fallback_key = parts.fallback, parts.fallback_key
+        self.row_pricing = parts.row_pricing
+        self.cost_meter = parts.cost_meter
         self.trace: RunTrace | None = None
         self._timeline: StepTimeline | None = None  # the current step's segments (None outside a step)
         self._texts: dict[int, str] = {}  # token id -> decoded text (the trace shows thousands per run)
@@ -488,8 +461,7 @@ class Engine:
         """Price free rows at ``prices`` (``{"one_row_ms", "jump_ms", "row_ms"}``: ``forward_costs.row_prices``,
         or a trace's ``model["row_pricing"]``), or not at all (None); replays take the recorded prices, whatever
         this machine measures. Raises KeyError, TypeError or ValueError for a malformed record."""
-        self.row_pricing = None if not prices else RowPricing(
-            float(prices["one_row_ms"]), float(prices["row_ms"]), float(prices.get("jump_ms", 0.0)))
+        self.row_pricing = RowPricing.from_prices(prices)
 
     def follow_cost_ratio(self, values: list) -> None:
         """Replay: the goodput policy's measured r after each next step as recorded (``StepTrace.cost["next"]``),
@@ -538,8 +510,6 @@ class Engine:
         ``expectation.py``, already computed for the trace: 0 or 1 when greedy, ``min(1, p'/q')`` with the
         residuals of earlier-tested siblings when sampling), so the policy drifts towards what this run's verifier
         really accepts, not the temperature-1 soft label it was trained on."""
-        from .decision.features import model_inputs
-
         tree = d.tree
         nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features and i in v.odds]
         if not nodes:
@@ -693,17 +663,6 @@ def positions_needed(config: MethodConfig, n_prompt: int, max_new_tokens: int) -
     """Positions a run needs in the models' context window: the prompt, the new tokens, and a whole tree of
     ``config`` past them plus one (``Engine.start`` refuses a run that needs more than ``pair.max_positions``)."""
     return n_prompt + max_new_tokens + config.max_nodes() + 1
-
-
-def _carry_key(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, model: str | None = None) -> str:
-    """What a fallback's rates (or an adapter's state) belong to: the pair, the device, the method's settings and
-    the sampling (not the seed), and the decision model's fingerprint when given. What was learned under one of
-    these says little about another."""
-    import json
-
-    return json.dumps({"pair": pair.name, "device": pair.device.type, "method": config.to_dict(),
-                       "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                       **({"decision_model": model} if model else {})}, sort_keys=True, default=str)
 
 
 def _finite(x: float) -> float | None:

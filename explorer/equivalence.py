@@ -15,8 +15,8 @@ import time
 import torch
 
 from .config import DEFAULTS, MethodConfig
-from .engine import Engine
-from .models import ModelPair
+from .factory import build_engine
+from .pair import ModelPair
 from .sampling import SamplingConfig
 
 NEAR_TIE_ULPS = 4
@@ -76,7 +76,7 @@ def check_prompt(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int,
     report = {"hf_generate": ref, "methods": {}}
 
     def run(cfg):
-        eng = Engine(pair, cfg, SamplingConfig(temperature=0.0))
+        eng = build_engine(pair, cfg, SamplingConfig(temperature=0.0))
         t0 = time.perf_counter()
         eng.start(prompt_ids, max_new_tokens)
         trace = eng.run()

@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from .models import ModelPair, make_pair
+from .pair import ModelPair, make_pair
 
 _SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _CHAT_TEMPLATE = (

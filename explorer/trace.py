@@ -125,7 +125,7 @@ class StepTrace:
             ``rest_ms`` (the rest of the step), ``row_ms`` (what a verification row was charged; absent in older
             traces) and ``next``, r for the next step; empty unless ``cost_ratio`` is ``measured``.
         host_syncs: host synchronisations with the device during the step, counted when the engine was asked to
-            (``Engine(count_syncs=True)``; None otherwise): on CUDA the real ones, on the CPU the reads of tensor
+            (``build_engine(count_syncs=True)``; None otherwise): on CUDA the real ones, on the CPU the reads of tensor
             values into Python that would be ones on a GPU (``host_reads.py``).
     """
 

@@ -351,11 +351,12 @@ def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torc
 
 def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,
                  greedy: bool = False, odds: dict | None = None) -> VerifyResult:
-    """Dispatch by name: ``greedy``, one of ``VERIFIERS``, or ``longest-branch``. ``odds``: the tree's
+    """Dispatch by name: ``greedy``, one of ``VERIFIERS`` (a rule of ``ODDS_RULES`` or ``NODE_RULES``), or
+    ``longest-branch``. ``odds``: the tree's
     ``expectation.node_odds`` under this verifier, when the caller has computed them (the engine does, for the
     trace); otherwise they are computed here where the rule walks on them."""
     if name == "longest-branch":
         return verify_longest_branch(tree, p_rows, q_rows, generator, greedy=greedy, odds=odds)
-    if name != "greedy" and name not in VERIFIERS:
+    if name not in ODDS_RULES and name not in NODE_RULES:
         raise VerifierError(f"unknown verifier {name!r}; use one of greedy, {', '.join(VERIFIERS)}, longest-branch")
     return verify_tree(tree, p_rows, q_rows, generator, rule=name, odds=odds)

@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from explorer.config import DEFAULTS
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.host_reads import HostReadCounter
 from explorer.models import load_named_pair
 from explorer.prompts import encode_prompt, humaneval
@@ -47,7 +47,7 @@ def main() -> int:
     for method in args.methods.split(","):
         for temperature in (float(t) for t in args.temperatures.split(",")):
             def run():
-                eng = Engine(pair, DEFAULTS[method], SamplingConfig(temperature=temperature, seed=0),
+                eng = build_engine(pair, DEFAULTS[method], SamplingConfig(temperature=temperature, seed=0),
                              kv_cache="static" if args.graphs else "dynamic", graphs=args.graphs)
                 eng.start(ids, args.max_new_tokens)
                 eng.run()

@@ -14,7 +14,7 @@ import warnings
 
 from explorer.bench import run_engine, run_hf_assisted
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.models import load_default_pair, quantize_draft
 from explorer.prompts import encode_prompt, humaneval
 from explorer.sampling import SamplingConfig
@@ -30,7 +30,7 @@ for quant in ("none", "int8"):
     pair = quantize_draft(base, quant)
     run_engine(pair, DEFAULTS["sd"], ids, 8, SamplingConfig())  # warm-up
     for name, cfg in configs:
-        e = Engine(pair, cfg, SamplingConfig())
+        e = build_engine(pair, cfg, SamplingConfig())
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         e.start(ids, 128)

@@ -14,7 +14,7 @@ import warnings
 
 from explorer.bench import run_engine
 from explorer.config import DEFAULTS
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.models import load_named_pair
 from explorer.prompts import encode_prompt, humaneval
 from explorer.sampling import SamplingConfig
@@ -26,7 +26,7 @@ ids = encode_prompt(pair.tokenizer, humaneval()[int(sys.argv[2]) if len(sys.argv
 run_engine(pair, DEFAULTS["sd"], ids, 8, SamplingConfig())  # warm-up
 prof = cProfile.Profile()
 for seed in range(2):
-    engine = Engine(pair, DEFAULTS[method], SamplingConfig(temperature=0.7, seed=seed))
+    engine = build_engine(pair, DEFAULTS[method], SamplingConfig(temperature=0.7, seed=seed))
     engine.start(ids, 128)
     t0 = time.perf_counter()
     if seed == 1:

@@ -4,7 +4,7 @@ lossless, greedy and sampled, on the tiny pair."""
 import math
 
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import SamplingConfig
 from explorer.stopping import LEARNED_POLICIES
 
@@ -64,7 +64,7 @@ TIMERS = {"draft_ms", "verify_ms", "step_ms", "forward_ms", "prefill_ms", "timel
 
 def session(pair, cfg, temperature, kv_cache, graphs=False):
     """Three steps, rewind with another seed, three steps, rewind to the first seed, two steps: the traces."""
-    eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3), kv_cache=kv_cache,
+    eng = build_engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3), kv_cache=kv_cache,
                  graphs=graphs)
     eng.start(pair.tokenizer.encode(PROMPT), 24)
     traces = [eng.run(max_steps=3).to_dict()]

@@ -260,11 +260,11 @@ def test_a_prompt_longer_than_the_context_window_is_refused(app):
 
 def test_replaying_a_saved_trace_needs_no_model(app, tiny):
     from explorer.config import DEFAULTS
-    from explorer.engine import Engine
+    from explorer.factory import build_engine
     from explorer.sampling import SamplingConfig
     from explorer.trace import loads_run
 
-    engine = Engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
+    engine = build_engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
     engine.start(tiny.tokenizer.encode("def f(x):"), 12, prompt_text="def f(x):")
     saved = loads_run(engine.run().to_json())
     app.session_state["trace"] = saved
@@ -326,11 +326,11 @@ def test_probe_a_past_step_by_replay_and_a_bad_tree_template(app):
 
 def test_an_old_trace_without_odds_replays_with_empty_instruments(app, tiny):
     from explorer.config import DEFAULTS
-    from explorer.engine import Engine
+    from explorer.factory import build_engine
     from explorer.sampling import SamplingConfig
     from explorer.trace import RunTrace
 
-    engine = Engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
+    engine = build_engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
     engine.start(tiny.tokenizer.encode("def f(x):"), 12, prompt_text="def f(x):")
     d = engine.run().to_dict()
     for s in d["steps"]:

@@ -10,7 +10,7 @@ import torch
 from explorer.audit import MIN_EXPECTED, audit, compare
 from explorer.cli import main
 from explorer.config import MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import SamplingConfig, logits_to_probs
 
 N = 1200
@@ -96,14 +96,14 @@ def _tested_categories(tiny, ids, sampling) -> int:
 
 def _first_step_proposes_free(tiny, cfg, ids) -> bool:
     """The first step's tree has free (lookup or recycled) children of the anchor."""
-    engine = Engine(tiny, cfg, SamplingConfig(temperature=1.0))
+    engine = build_engine(tiny, cfg, SamplingConfig(temperature=1.0))
     engine.start(ids, 4)
     return any(n.source in ("lookup", "recycled") and n.depth == 1 for n in engine.step().nodes)
 
 
 def _depth1_widths(tiny, cfg, temperature, ids, runs=40) -> set:
     """How many children the first-level nodes got over ``runs`` seeds (one step each)."""
-    engine = Engine(tiny, cfg, SamplingConfig(temperature=temperature))
+    engine = build_engine(tiny, cfg, SamplingConfig(temperature=temperature))
     engine.start(ids, 4)
     widths = set()
     for seed in range(runs):

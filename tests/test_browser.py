@@ -52,7 +52,7 @@ def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
     from browser import two_sessions
 
     from explorer.config import MethodConfig
-    from explorer.engine import Engine
+    from explorer.factory import build_engine
     from explorer.sampling import SamplingConfig
     from explorer.trace import load_run
 
@@ -63,7 +63,8 @@ def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
         trace = load_run(path)
         assert trace.prompt == prompt and len(trace.steps) == 3
         # the same steps run alone in this process give the same tokens: nothing leaked between sessions
-        solo = Engine(tiny, MethodConfig(**trace.settings["method"]), SamplingConfig(**trace.settings["sampling"]))
+        solo = build_engine(tiny, MethodConfig(**trace.settings["method"]),
+                            SamplingConfig(**trace.settings["sampling"]))
         solo.start(trace.prompt_ids, trace.settings["max_new_tokens"])
         solo.run(max_steps=3)
         assert solo.trace.generated_ids == trace.generated_ids

@@ -7,7 +7,7 @@ import pytest
 
 from explorer.cli import main
 from explorer.config import MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.instruments.calibration import (
     calibration_report,
     operating_point,
@@ -48,7 +48,7 @@ def test_reliability_bins():
     MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=5, stop="confidence", threshold=0.1),
 ], ids=lambda c: c.stop)
 def test_calibration_of_a_run(tiny, cfg):
-    eng = Engine(tiny, cfg, SamplingConfig(temperature=1.0, seed=2))
+    eng = build_engine(tiny, cfg, SamplingConfig(temperature=1.0, seed=2))
     eng.start(tiny.tokenizer.encode("def fib(n):"), 48)
     trace = eng.run()
     pts = points([trace])
@@ -73,7 +73,7 @@ def test_calibration_of_a_run(tiny, cfg):
 
 def test_a_static_tree_costs_the_same_at_every_threshold(tiny):
     # mcsd never stops early (policy "none"): every threshold replays to the full recorded tree
-    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig())
+    eng = build_engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig())
     eng.start(tiny.tokenizer.encode("x"), 8)
     trace = eng.run()
     costs = threshold_costs([trace])
@@ -82,7 +82,7 @@ def test_a_static_tree_costs_the_same_at_every_threshold(tiny):
 
 
 def test_calibration_command(tiny, tmp_path, capsys):
-    eng = Engine(tiny, MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=5, stop="decision",
+    eng = build_engine(tiny, MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=5, stop="decision",
                                     threshold=0.3), SamplingConfig(temperature=1.0))
     eng.start(tiny.tokenizer.encode("def fib(n):"), 40)
     path = tmp_path / "t.json"

@@ -9,7 +9,7 @@ from method_grid import PROMPT
 from explorer.bench import method_for_label
 from explorer.config import DEFAULTS, MethodConfig
 from explorer.cost_ratio import CostRatioMeter
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import SamplingConfig
 from explorer.stopping import goodput_threshold, recorded_setting
 from explorer.trace import RunTrace, TraceError, loads_run
@@ -65,7 +65,7 @@ def test_only_goodput_measures_its_setting():
 
 
 def _run(tiny, cfg, temperature=0.0, n=40, seed=3):
-    eng = Engine(tiny, cfg, SamplingConfig(temperature=temperature, seed=seed))
+    eng = build_engine(tiny, cfg, SamplingConfig(temperature=temperature, seed=seed))
     eng.start(tiny.tokenizer.encode(PROMPT), n)
     eng.run()
     return eng

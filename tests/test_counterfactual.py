@@ -7,7 +7,7 @@ import pytest
 
 from explorer.cli import main
 from explorer.config import MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.instruments.counterfactual import EditError, StepEdit, counterfactual, parse_edits
 from explorer.sampling import SamplingConfig
 from explorer.trace import save_run
@@ -26,7 +26,7 @@ CASES = [
 
 
 def _run(pair, cfg, sampling, n=24):
-    eng = Engine(pair, cfg, sampling)
+    eng = build_engine(pair, cfg, sampling)
     eng.start(pair.tokenizer.encode(PROMPT), n, prompt_text=PROMPT)
     return eng.run()
 

@@ -16,7 +16,8 @@ from explorer.decision.collect import (
     load_data,
     open_data_dir,
 )
-from explorer.decision.evaluate import evaluate_on, score_metrics
+from explorer.decision.evaluate import evaluate_on
+from explorer.decision.scores import score_metrics
 from explorer.decision.features import (
     MEMORY_K, SESSION_FEATURE_NAMES, CopyIndex, TargetMemory, dist_features, top_candidates,
 )
@@ -27,7 +28,8 @@ from explorer.decision.model import (
     shipped_decision_model,
 )
 from explorer.decision.train import split_by_prompt, train_models
-from explorer.engine import Engine, EngineError
+from explorer.engine import EngineError
+from explorer.factory import build_engine
 from explorer.prompts import Prompt, select_prompts
 from explorer.sampling import SamplingConfig
 from explorer.stopping import decide, goodput_threshold, make_stop_policy, recorded_setting, replay, what_if
@@ -144,7 +146,7 @@ def test_target_memory_is_seeded_from_the_prompt_only_when_features_are_computed
     without decision features keeps only the prefill's last row."""
     ids = tiny.tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="decision", threshold=0.0)
-    eng = Engine(tiny, cfg, SamplingConfig())
+    eng = build_engine(tiny, cfg, SamplingConfig())
     eng.start(ids, 12)
     assert eng.prefill_top is None  # read once, by the drafter
     memory = eng.drafter.memory
@@ -159,7 +161,7 @@ def test_target_memory_is_seeded_from_the_prompt_only_when_features_are_computed
     assert (eng.drafter.memory.rows, eng.drafter.memory.bigrams) != seeded  # the verification taught it
     eng.rewind()
     assert (eng.drafter.memory.rows, eng.drafter.memory.bigrams) == seeded
-    plain = Engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig())
+    plain = build_engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig())
     assert plain.drafter.prompt_rows(plain) == 0
     plain.start(ids, 4)
     assert plain.drafter.memory.rows == {}
@@ -169,7 +171,7 @@ def test_memory_probabilities_are_plain_softmax_when_sampling(tiny):
     """The memory stores temperature-1 probabilities whatever the run's temperature (the models were trained so)."""
     ids = tiny.tokenizer.encode("Once upon a time")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=3, stop="decision", threshold=0.0)
-    eng = Engine(tiny, cfg, SamplingConfig(temperature=0.5, top_p=0.9, seed=3))
+    eng = build_engine(tiny, cfg, SamplingConfig(temperature=0.5, top_p=0.9, seed=3))
     eng.start(ids, 8)
     eng.step()
     d, v = eng.last_step
@@ -348,11 +350,11 @@ def test_model_files_are_checked_and_never_unpickled(tmp_path):
 
 
 def test_learned_policy_without_a_model_is_a_clear_error(tiny):
-    from explorer.models import make_pair
+    from explorer.pair import make_pair
 
     other = make_pair(tiny.draft, tiny.target, tiny.tokenizer, name="other", draft_id="x", target_id="y")
     with pytest.raises(EngineError, match="no decision model ships"):
-        Engine(other, MethodConfig(method="mcsd-improved", stop="prune"), SamplingConfig())
+        build_engine(other, MethodConfig(method="mcsd-improved", stop="prune"), SamplingConfig())
 
 
 def _sig(level, scores, policy="prune", threshold=0.5):
@@ -383,7 +385,7 @@ def test_replay_with_another_threshold():
 def _chain_step(tiny, cfg, ids):
     """One greedy step of a chain config with a learned policy: the engine, the StepTrace and the engine's decision
     model's prediction for every node of the step's tree (node i at level i + 1)."""
-    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
+    eng = build_engine(tiny, cfg, SamplingConfig(), capture_features=True)
     eng.start(ids, 8)
     step = eng.step()
     d, _ = eng.last_step
@@ -395,7 +397,7 @@ def test_prune_and_specdecpp_in_the_engine(tiny):
     ids = tiny.tokenizer.encode("def add(a, b):")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="prune", threshold=0.4,
                        decision_model="hidden")
-    eng = Engine(tiny, cfg, SamplingConfig())
+    eng = build_engine(tiny, cfg, SamplingConfig())
     eng.start(ids, 30)
     trace = eng.run()
     pruned_somewhere = False
@@ -455,7 +457,7 @@ def test_goodput_adds_the_chances_of_a_trees_exclusive_paths(tiny):
     ids = tiny.tokenizer.encode("def add(a, b):")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="goodput", threshold=0.01,
                        decision_model="hidden", branch_threshold=1.0)
-    eng = Engine(tiny, cfg, SamplingConfig(), capture_features=True)
+    eng = build_engine(tiny, cfg, SamplingConfig(), capture_features=True)
     eng.start(ids, 8)
     step = eng.step()
     tree = eng.last_step[0].tree
@@ -492,7 +494,7 @@ def test_goodput_adds_the_chances_of_a_trees_exclusive_paths(tiny):
 def test_what_if_on_a_recorded_step(tiny):
     ids = tiny.tokenizer.encode("The quick brown fox")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.0)
-    eng = Engine(tiny, cfg, SamplingConfig())
+    eng = build_engine(tiny, cfg, SamplingConfig())
     eng.start(ids, 30)
     step = eng.step()
     assert all(s.keep_drafting for s in step.stop_signals)
@@ -533,7 +535,7 @@ def test_path_model_tells_siblings_apart(tiny):
     for kind in ("dist", "path"):
         cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=3, stop="decision", threshold=0.0,
                            decision_model=kind)
-        eng = Engine(tiny, cfg, SamplingConfig())
+        eng = build_engine(tiny, cfg, SamplingConfig())
         eng.start(ids, 8)
         first[kind] = eng.step().stop_signals[0].scores  # level 1: branch i is the anchor's child i alone
     assert first["dist"]["0"] == first["dist"]["1"]

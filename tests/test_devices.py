@@ -15,7 +15,7 @@ from method_grid import GRID, IDS, PROMPT
 
 from explorer.audit import audit
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import SamplingConfig
 
 
@@ -23,7 +23,7 @@ def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: boo
               kv_cache: str = "dynamic"):
     """Start, three steps, rewind with a new seed, one more step: every code path of a session."""
     graphs = kv_cache == "static+graphs"
-    eng = Engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3),
+    eng = build_engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3),
                  capture_features=capture_features, kv_cache=kv_cache.removesuffix("+graphs"), graphs=graphs)
     eng.start(pair.tokenizer.encode(PROMPT), 16)
     eng.run(max_steps=3)
@@ -104,7 +104,7 @@ def test_greedy_methods_reproduce_ar_on_cuda(tiny_cuda):
     ids = tiny_cuda.tokenizer.encode(PROMPT)
 
     def run(cfg):
-        eng = Engine(tiny_cuda, cfg, SamplingConfig(temperature=0.0))
+        eng = build_engine(tiny_cuda, cfg, SamplingConfig(temperature=0.0))
         eng.start(ids, 40)
         return eng.run().generated_ids
 
@@ -144,7 +144,7 @@ def test_embedded_pair_on_cuda():
         assert r["matches"] or r["divergence"]["near_tie"], (name, r["divergence"])
         if name != "ar":
             assert r["steps"] < len(r["ids"]), (name, r["steps"])  # more than one token per target call
-    eng = Engine(pair, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.7, seed=1))
+    eng = build_engine(pair, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.7, seed=1))
     eng.start(ids, 48)
     m = run_metrics(eng.run())
     assert m["tokens_per_target_call"] > 1.5 and any(s.stop_signals for s in eng.trace.steps)

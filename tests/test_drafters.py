@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 from explorer.config import DEFAULTS, FREE_ROWS_CPU, FREE_ROWS_CPU_RUN, MAX_TREE_NODES, MethodConfig, free_row_budget
 from explorer.drafters import Drafted, FreeNode, LookupDrafter, RecyclingDrafter, lookup_continuations, merge_free
 from explorer.drafters.lookup import START_TOKENS
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import LazyRows, SamplingConfig
 from explorer.tree import DraftTree, TreeShapeError, rank_decay_parents
 from explorer.verify import verify_tree
@@ -37,7 +37,7 @@ def test_lookup_skips_continuations_it_already_has_and_respects_the_branch_limit
 
 
 def test_lookup_copy_length_doubles_after_a_whole_branch_and_shrinks_after_a_miss(tiny):
-    engine = Engine(tiny, MethodConfig(method="prompt-lookup", lookup_tokens=32), SamplingConfig())
+    engine = build_engine(tiny, MethodConfig(method="prompt-lookup", lookup_tokens=32), SamplingConfig())
     engine.start(tiny.tokenizer.encode(REPEATING), 40)
     lookup = engine.drafter
     lengths = []
@@ -127,7 +127,7 @@ def test_no_step_drafts_deeper_than_the_room_left(tiny, method):
     """A node deeper than the tokens left (less the bonus token) could never be committed; the step before the
     last token drafts nothing. Greedy tokens stay those of a run with room to spare."""
     ids = tiny.tokenizer.encode(REPEATING)
-    engine = Engine(tiny, DEFAULTS[method], SamplingConfig())
+    engine = build_engine(tiny, DEFAULTS[method], SamplingConfig())
     engine.start(ids, 9)
     trace = engine.run()
     from explorer.teach import explain_step
@@ -143,7 +143,7 @@ def test_no_step_drafts_deeper_than_the_room_left(tiny, method):
         assert room > 1 or "Only one token remained" in said
         done += len(s.committed_ids)
     assert any(9 - sum(len(t.committed_ids) for t in trace.steps[:i]) <= 4 for i in range(len(trace.steps)))
-    longer = Engine(tiny, DEFAULTS[method], SamplingConfig())
+    longer = build_engine(tiny, DEFAULTS[method], SamplingConfig())
     longer.start(ids, 40)
     assert longer.run().generated_ids[:9] == trace.generated_ids
 
@@ -153,12 +153,12 @@ def test_the_draft_model_gives_an_end_of_sequence_node_no_children(tiny):
 
     ids = tiny.tokenizer.encode(REPEATING)
     config = MethodConfig(method="sd", gamma=4, fallback="off")
-    engine = Engine(tiny, config, SamplingConfig())
+    engine = build_engine(tiny, config, SamplingConfig())
     engine.start(ids, 20)
     first = [n.token_id for n in engine.step().nodes[1:]]
     assert len(first) == 4
     ended = dataclasses.replace(tiny, eos_token_ids=(first[1],))  # the second drafted token ends the sequence
-    engine = Engine(ended, config, SamplingConfig())
+    engine = build_engine(ended, config, SamplingConfig())
     engine.start(ids, 20)
     step = engine.step()
     assert [n.token_id for n in step.nodes[1:]] == first[:2] and step.draft_calls == 2
@@ -168,7 +168,7 @@ def test_the_free_row_budget_caps_every_step_and_keeps_greedy_output(tiny):
     ids = tiny.tokenizer.encode(REPEATING)
     want = None
     for rows in (MAX_TREE_NODES + 1, 6):
-        engine = Engine(tiny, DEFAULTS["prompt-lookup"].with_(free_rows=rows, lookup_tokens=16), SamplingConfig())
+        engine = build_engine(tiny, DEFAULTS["prompt-lookup"].with_(free_rows=rows, lookup_tokens=16), SamplingConfig())
         engine.start(ids, 40)
         trace = engine.run()
         assert max(len(s.nodes) for s in trace.steps) <= rows  # nodes include the anchor: one per target row
@@ -177,7 +177,8 @@ def test_the_free_row_budget_caps_every_step_and_keeps_greedy_output(tiny):
         else:
             assert max(len(s.nodes) for s in trace.steps) > 6  # without the budget the copies run longer
             want = trace.generated_ids
-    assert Engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig()).free_rows == FREE_ROWS_CPU  # auto, on the CPU
+    engine = build_engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig())
+    assert engine.free_rows == FREE_ROWS_CPU  # auto, on the CPU
 
 
 def test_a_copy_run_takes_its_best_branch_alone_past_the_row_edge():
@@ -215,7 +216,7 @@ def test_a_copy_run_takes_its_best_branch_alone_past_the_row_edge():
 
 def test_recycling_seeds_from_the_prompt_and_learns_the_targets_top_k(tiny):
     ids = tiny.tokenizer.encode(REPEATING)
-    engine = Engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
+    engine = build_engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
     engine.start(ids, 12)
     rec = engine.drafter
     # every prompt token but the last has a seeded row whose first candidate followed it most recently
@@ -248,11 +249,11 @@ def test_recycling_seeds_from_the_prompt_and_learns_the_targets_top_k(tiny):
 
 def test_recycling_state_carries_over_to_the_next_run(tiny):
     ids = tiny.tokenizer.encode(REPEATING)
-    first = Engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
+    first = build_engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
     first.start(ids, 16)
     first.run()
     state = first.recycling_state()
-    second = Engine(tiny, DEFAULTS["token-recycling"], SamplingConfig(), recycling_state=state)
+    second = build_engine(tiny, DEFAULTS["token-recycling"], SamplingConfig(), recycling_state=state)
     second.start(tiny.tokenizer.encode("x = 1"), 4)
     carried = second.trace.settings["recycling_initial"]
     assert carried["carried_rows"] == len(state["rows"]) > 0
@@ -300,11 +301,11 @@ def test_free_children_after_model_children_keep_the_target_law(rule):
 
 def test_every_new_method_reproduces_ar_greedily_on_the_tiny_pair(tiny):
     ids = tiny.tokenizer.encode(REPEATING)
-    ar = Engine(tiny, DEFAULTS["ar"], SamplingConfig())
+    ar = build_engine(tiny, DEFAULTS["ar"], SamplingConfig())
     ar.start(ids, 40)
     want = ar.run().generated_ids
     for method in ("prompt-lookup", "token-recycling", "hybrid"):
-        engine = Engine(tiny, DEFAULTS[method], SamplingConfig())
+        engine = build_engine(tiny, DEFAULTS[method], SamplingConfig())
         engine.start(ids, 40)
         trace = engine.run()
         assert trace.generated_ids == want, method
@@ -317,7 +318,7 @@ def test_every_new_method_reproduces_ar_greedily_on_the_tiny_pair(tiny):
 
 
 def _trace(tiny, method, temperature=0.0, steps=4, **changes):
-    engine = Engine(tiny, DEFAULTS[method].with_(**changes), SamplingConfig(temperature=temperature, seed=1))
+    engine = build_engine(tiny, DEFAULTS[method].with_(**changes), SamplingConfig(temperature=temperature, seed=1))
     engine.start(tiny.tokenizer.encode(REPEATING), 30)
     return engine.run(max_steps=steps)
 

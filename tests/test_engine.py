@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine, EngineError
+from explorer.engine import EngineError
+from explorer.factory import build_engine
 from explorer.equivalence import hf_greedy
 from explorer.sampling import SamplingConfig
 from explorer.trace import ACCEPTED, REJECTED, UNVERIFIED, RunTrace
@@ -30,7 +31,7 @@ LOSSLESS = [
 
 
 def run(pair, cfg, prompt_ids, n, sampling=None):
-    eng = Engine(pair, cfg, sampling or SamplingConfig())
+    eng = build_engine(pair, cfg, sampling or SamplingConfig())
     eng.start(prompt_ids, n)
     return eng, eng.run()
 
@@ -55,7 +56,7 @@ def test_every_lossless_method_matches_ar_when_greedy(tiny, cfg, prompt):
 
 def test_speculation_saves_target_calls_on_a_pair_that_agrees(tiny):
     # Draft == target: every draft token must be accepted, so each call commits gamma + 1 tokens.
-    from explorer.models import make_pair
+    from explorer.pair import make_pair
 
     same = make_pair(tiny.target, tiny.target, tiny.tokenizer, name="same", draft_id="t", target_id="t")
     ids = tiny.tokenizer.encode(PROMPTS[0])
@@ -80,7 +81,7 @@ def _fresh_kv(model, ids):
 def test_kv_caches_hold_exactly_the_committed_prefix(tiny, cfg, temperature):
     """After every step each trimmed cache equals a fresh prefill of the committed tokens it covers."""
     ids = tiny.tokenizer.encode(PROMPTS[1])
-    eng = Engine(tiny, cfg, SamplingConfig(temperature=temperature, seed=3))
+    eng = build_engine(tiny, cfg, SamplingConfig(temperature=temperature, seed=3))
     eng.start(ids, 30)
     for _ in range(6):
         eng.step()
@@ -99,7 +100,7 @@ def test_kv_caches_hold_exactly_the_committed_prefix(tiny, cfg, temperature):
 def test_tree_forward_logits_equal_sequential_path_logits(tiny):
     """The float tree mask and position ids make every node see exactly its own path."""
     ids = tiny.tokenizer.encode(PROMPTS[0])
-    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2)), SamplingConfig(temperature=1.0, seed=1))
+    eng = build_engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2)), SamplingConfig(temperature=1.0, seed=1))
     eng.start(ids, 20)
     step = eng.step()
     # rebuild each node's path and score it as a plain sequence
@@ -129,7 +130,7 @@ def test_same_seed_same_trace_and_different_seed_differs(tiny):
 
 def test_step_trace_is_consistent(tiny):
     ids = tiny.tokenizer.encode(PROMPTS[0])
-    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(4, 2)), SamplingConfig(temperature=0.8, seed=2))
+    eng = build_engine(tiny, MethodConfig(method="mcsd", k_config=(4, 2)), SamplingConfig(temperature=0.8, seed=2))
     eng.start(ids, 40)
     L = len(ids)
     for _ in range(5):
@@ -163,7 +164,7 @@ def test_max_new_tokens_and_eos_end_the_run(tiny):
     assert len(tr.generated_ids) == 7 and eng.finished and tr.steps[-1].finished
     with pytest.raises(EngineError):
         eng.step()
-    from explorer.models import make_pair
+    from explorer.pair import make_pair
 
     pair = make_pair(tiny.draft, tiny.target, tiny.tokenizer, name="t", draft_id="d", target_id="t")
     first = run(pair, DEFAULTS["ar"], ids, 5)[1].generated_ids
@@ -173,13 +174,13 @@ def test_max_new_tokens_and_eos_end_the_run(tiny):
 
 
 def test_bad_input_is_refused_with_a_clear_error(tiny):
-    eng = Engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
+    eng = build_engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
     with pytest.raises(EngineError, match="empty"):
         eng.start([], 10)
     with pytest.raises(EngineError, match="positions"):
         eng.start([1] * 600, 10)
     with pytest.raises(EngineError, match="start"):
-        Engine(tiny, DEFAULTS["mcsd"], SamplingConfig()).step()
+        build_engine(tiny, DEFAULTS["mcsd"], SamplingConfig()).step()
     with pytest.raises(TreeShapeError):
         MethodConfig(method="mcsd", k_config=(0, 2))
     with pytest.raises(TreeShapeError):
@@ -218,7 +219,7 @@ def test_rewind_reproduces_a_fresh_run(tiny):
     ids = tiny.tokenizer.encode(PROMPTS[0])
     cfg = MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub")
     fresh = {s: run(tiny, cfg, ids, 12, SamplingConfig(temperature=1.0, seed=s))[1].generated_ids for s in (3, 4)}
-    eng = Engine(tiny, cfg, SamplingConfig(temperature=1.0, seed=0))
+    eng = build_engine(tiny, cfg, SamplingConfig(temperature=1.0, seed=0))
     eng.start(ids, 12)
     eng.run()
     for s in (3, 4, 3):

@@ -9,7 +9,7 @@ import torch
 
 from explorer import expectation, verify
 from explorer.config import MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import SamplingConfig
 
 SAMPLED = SamplingConfig(temperature=1.0, seed=3)
@@ -18,7 +18,7 @@ PROMPT = "def add(a, b):\n    return"
 
 def _first_step(pair, cfg, sampling=SAMPLED):
     # fallback off: on a busy machine the tiny pair's rows can measure dear, and plain steps would test nothing
-    eng = Engine(pair, cfg.with_(fallback="off"), sampling)
+    eng = build_engine(pair, cfg.with_(fallback="off"), sampling)
     eng.start(pair.tokenizer.encode(PROMPT), 32)
     step = eng.step()
     d, v = eng.last_step
@@ -89,7 +89,7 @@ def test_slot_probability_is_the_acceptance_rate_over_redrafts(tiny):
 
 
 def test_greedy_expectation_is_exactly_what_was_committed(tiny):
-    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2, 2), fallback="off"), SamplingConfig())
+    eng = build_engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2, 2), fallback="off"), SamplingConfig())
     eng.start(tiny.tokenizer.encode(PROMPT), 40)
     trace = eng.run()
     for s in trace.steps:

@@ -8,7 +8,7 @@ from method_grid import PROMPT
 
 from explorer.audit import audit
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine, times_verification
+from explorer.factory import build_engine, times_verification
 from explorer.fallback import GoodputFallback, fallback_active
 from explorer.forward_costs import DEAR_ROWS, verification_cost
 from explorer.sampling import SamplingConfig
@@ -114,9 +114,9 @@ def test_auto_is_on_for_cuda_and_for_cpus_where_rows_are_dear():
 
 def test_ar_and_the_lossy_mode_never_fall_back(tiny):
     for cfg in (DEFAULTS["ar"], MethodConfig(method="mcsd-improved", lossy=True, k_config=(1,), max_depth=3)):
-        assert Engine(tiny, cfg.with_(fallback="goodput"), SamplingConfig(temperature=0.0)).fallback is None
-    assert Engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig()).fallback is not None
-    assert Engine(tiny, DEFAULTS["sd"], SamplingConfig()).fallback is None, tiny.measured  # auto, on the CPU
+        assert build_engine(tiny, cfg.with_(fallback="goodput"), SamplingConfig(temperature=0.0)).fallback is None
+    assert build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig()).fallback is not None
+    assert build_engine(tiny, DEFAULTS["sd"], SamplingConfig()).fallback is None, tiny.measured  # auto, on the CPU
 
 
 def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, monkeypatch):
@@ -126,14 +126,14 @@ def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, mon
     cost = verification_cost(tiny)
     assert cost["rows"] == DEAR_ROWS and cost["one_row_ms"] > 0 and not cost["dear"]
     assert verification_cost(tiny) is cost  # measured once per pair
-    engine = Engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.0))
+    engine = build_engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.0))
     assert engine.fallback is None and engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"] == cost
     dear = {**cost, "one_row_ms": 300.0, "rows_ms": 900.0, "ratio": 3.0, "dear": True}
     monkeypatch.setitem(tiny.measured, "verification_cost", dear)
     for name in LOSSLESS:
-        engine = Engine(tiny, DEFAULTS[name], SamplingConfig(temperature=0.0))
+        engine = build_engine(tiny, DEFAULTS[name], SamplingConfig(temperature=0.0))
         assert engine.fallback is not None, name
-    assert Engine(tiny, DEFAULTS["ar"], SamplingConfig()).fallback is None
+    assert build_engine(tiny, DEFAULTS["ar"], SamplingConfig()).fallback is None
     assert engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"]["dear"]
     # what the app asks before it builds an engine, to show a spinner while the machine is timed
     assert times_verification(DEFAULTS["mcsd-improved"], "cpu") and not times_verification(DEFAULTS["ar"], "cpu")
@@ -147,7 +147,7 @@ def test_plain_steps_inside_a_run_keep_the_greedy_tokens(tiny, method):
     ids = tiny.tokenizer.encode(PROMPT)
     runs = {}
     for fallback in ("off", "goodput"):
-        eng = Engine(tiny, DEFAULTS[method].with_(fallback=fallback), SamplingConfig(temperature=0.0))
+        eng = build_engine(tiny, DEFAULTS[method].with_(fallback=fallback), SamplingConfig(temperature=0.0))
         eng.start(ids, 40)
         if fallback == "goodput":
             eng.follow_fallback(SCHEDULE)
@@ -175,7 +175,7 @@ def test_fallback_steps_keep_the_output_law(tiny, monkeypatch):
 def test_a_replay_follows_the_recorded_decisions(tiny):
     from explorer.instruments.replay import replay_steps
 
-    eng = Engine(tiny, DEFAULTS["hybrid"].with_(fallback="goodput"), SamplingConfig(temperature=0.8, seed=2))
+    eng = build_engine(tiny, DEFAULTS["hybrid"].with_(fallback="goodput"), SamplingConfig(temperature=0.8, seed=2))
     eng.start(tiny.tokenizer.encode(PROMPT), 30)
     eng.follow_fallback(SCHEDULE)
     eng.run()
@@ -188,7 +188,7 @@ def test_a_replay_follows_the_recorded_decisions(tiny):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_fallback_runs_on_cuda_by_default(tiny_cuda):
     tiny_cuda.graph_runners.clear()  # fresh runners, whatever ran before: the first step captures graphs
-    eng = Engine(tiny_cuda, DEFAULTS["sd"], SamplingConfig(temperature=0.0), kv_cache="static", graphs=True)
+    eng = build_engine(tiny_cuda, DEFAULTS["sd"], SamplingConfig(temperature=0.0), kv_cache="static", graphs=True)
     eng.start(tiny_cuda.tokenizer.encode(PROMPT), 40)
     eng.run()
     eng.release()
@@ -201,7 +201,7 @@ def test_the_fallback_runs_on_cuda_by_default(tiny_cuda):
 def test_teach_mode_explains_a_plain_step(tiny):
     from explorer.teach import explain_step
 
-    eng = Engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0))
+    eng = build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0))
     eng.start(tiny.tokenizer.encode(PROMPT), 8)
     eng.follow_fallback([True, False])
     first, plain = eng.step(), eng.step()
@@ -215,7 +215,7 @@ def test_teach_mode_explains_a_plain_step(tiny):
 
 def test_a_replay_continued_past_the_record_follows_the_engines_own_setting(tiny):
     """A CPU run (fallback auto: off) replayed and continued: the steps after the record speculate, no record."""
-    eng = Engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0))
+    eng = build_engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0))
     eng.start(tiny.tokenizer.encode(PROMPT), 30)
     eng.follow_fallback([True, False])
     steps = [eng.step() for _ in range(5)]
@@ -262,20 +262,20 @@ def test_the_engine_carries_rates_only_to_the_same_method_and_sampling(tiny):
 
     ids = tiny.tokenizer.encode(PROMPT)
     cfg, greedy = DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0)
-    first = Engine(tiny, cfg, greedy)
+    first = build_engine(tiny, cfg, greedy)
     first.start(ids, 24)
     first.run()
     state = first.fallback_state()
     assert state["rates"] == first.fallback.state() and state["rates"]["spec"] is not None
     assert "fallback_carried" not in first.trace.settings
-    nxt = Engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=5), fallback_state=state)  # the seed may differ
+    nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=5), fallback_state=state)  # the seed may differ
     nxt.start(ids, 8)
     step = nxt.step()
     assert nxt.trace.settings["fallback_carried"] == nxt.fallback.carried and step.fallback["carried"]
     assert "earlier run of the session" in " ".join(explain_step(step))
     assert "carried" not in nxt.step().fallback
-    for other in (Engine(tiny, cfg.with_(gamma=2), greedy, fallback_state=state),
-                  Engine(tiny, cfg, SamplingConfig(temperature=0.7), fallback_state=state),
-                  Engine(tiny, DEFAULTS["mcsd"].with_(fallback="goodput"), greedy, fallback_state=state)):
+    for other in (build_engine(tiny, cfg.with_(gamma=2), greedy, fallback_state=state),
+                  build_engine(tiny, cfg, SamplingConfig(temperature=0.7), fallback_state=state),
+                  build_engine(tiny, DEFAULTS["mcsd"].with_(fallback="goodput"), greedy, fallback_state=state)):
         assert other.fallback.carried is None and other.fallback.spec.tok_s is None
-    assert Engine(tiny, DEFAULTS["sd"], greedy, fallback_state=state).fallback_state() is None  # CPU auto: off
+    assert build_engine(tiny, DEFAULTS["sd"], greedy, fallback_state=state).fallback_state() is None  # CPU auto: off

@@ -7,7 +7,8 @@ import torch
 from method_grid import GRID, IDS, PROMPT, same_traces, session
 
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine, EngineError
+from explorer.engine import EngineError
+from explorer.factory import build_engine
 from explorer.graphs import BUCKETS, GraphRunner, bucket_for, padded_mask
 from explorer.kv_cache import DynamicKVCache, StaticKVCache
 from explorer.sampling import SamplingConfig
@@ -73,16 +74,16 @@ def test_padded_buckets_give_the_unpadded_traces(tiny, case):
 
 def test_runners_are_reused_and_released(tiny):
     with pytest.raises(EngineError, match="static"):
-        Engine(tiny, DEFAULTS["sd"], SamplingConfig(), graphs=True)
+        build_engine(tiny, DEFAULTS["sd"], SamplingConfig(), graphs=True)
     ids = tiny.tokenizer.encode(PROMPT)
-    first = Engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(), kv_cache="static", graphs=True)
+    first = build_engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(), kv_cache="static", graphs=True)
     first.start(ids, 12)
     first.step()
     runners = dict(first._runners)
     first.release()
     with pytest.raises(EngineError, match="released"):
         first.step()
-    second = Engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig(), kv_cache="static",
+    second = build_engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig(), kv_cache="static",
                     graphs=True)
     second.start(ids, 12)  # same width class: the idle runners (and on a GPU their graphs) are taken again
     assert second._runners["target"] is runners["target"] and second._runners["draft"] is runners["draft"]
@@ -107,7 +108,7 @@ def test_cuda_graphs_give_the_eager_traces(tiny_cuda, case):
 
 
 def test_capturing_all_buckets_is_a_no_op_off_cuda(tiny):
-    eng = Engine(tiny, DEFAULTS["hybrid"], SamplingConfig(), kv_cache="static", graphs=True)
+    eng = build_engine(tiny, DEFAULTS["hybrid"], SamplingConfig(), kv_cache="static", graphs=True)
     eng.start(tiny.tokenizer.encode(PROMPT), 8)
     assert eng.capture_graphs() == 0 and eng.target_kv.length == len(tiny.tokenizer.encode(PROMPT))
     eng.run()

@@ -7,7 +7,7 @@ import torch
 
 from explorer import verify
 from explorer.bench import method_for_label
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.host_reads import HostReadCounter
 from explorer.sampling import RowDists, SamplingConfig
 from explorer.tree import DraftTree
@@ -70,9 +70,9 @@ def test_verification_reads_do_not_grow_with_the_tree(rule):
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_a_long_lookup_copy_costs_a_handful_of_reads(tiny, temperature):
     """Prompt lookup copying a repeated text: trees of many nodes and no draft forward; on the CPU
-    ``Engine(count_syncs=True)`` records each step's reads, and no step needs more than a handful."""
+    ``build_engine(count_syncs=True)`` records each step's reads, and no step needs more than a handful."""
     text = "def add(a, b):\n    return a + b\n\n" * 4
-    eng = Engine(tiny, method_for_label("prompt-lookup"), SamplingConfig(temperature=temperature, seed=1),
+    eng = build_engine(tiny, method_for_label("prompt-lookup"), SamplingConfig(temperature=temperature, seed=1),
                  count_syncs=True)
     eng.start(tiny.tokenizer.encode(text), 24)
     eng.run()
@@ -88,7 +88,7 @@ def test_model_drafting_reads_grow_with_levels_not_nodes(tiny, label, temperatur
     """With the draft model, a step reads a few values per draft level (its best tokens, the stop policy's
     inputs, the level's draws; a draw in the tail of the tiny model's flat distribution reads its row) and a fixed
     handful for verification and the trace."""
-    eng = Engine(tiny, method_for_label(label), SamplingConfig(temperature=temperature, seed=1), count_syncs=True)
+    eng = build_engine(tiny, method_for_label(label), SamplingConfig(temperature=temperature, seed=1), count_syncs=True)
     eng.start(tiny.tokenizer.encode("def add(a, b):\n    return a + b\n\ndef add(a, b):"), 24)
     eng.run()
     for s in eng.trace.steps:

@@ -9,7 +9,7 @@ import pytest
 from explorer import engine as engine_module
 from explorer.cli import main
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.instruments import acceptance as acc_mod
 from explorer.instruments.probe import ProbeError, ReferenceDecoder, lint_mask, probe_last_step, rounding_step
 from explorer.instruments.replay import ReplayError, replay_steps
@@ -22,7 +22,7 @@ PROMPT = "def add(a, b):\n    return"
 
 
 def _engine(pair, cfg, sampling=None, n=24):
-    eng = Engine(pair, cfg, sampling or SamplingConfig())
+    eng = build_engine(pair, cfg, sampling or SamplingConfig())
     eng.start(pair.tokenizer.encode(PROMPT), n)
     return eng
 

@@ -6,7 +6,8 @@ import torch
 from method_grid import GRID, IDS, PROMPT, same_traces, session
 
 from explorer.config import MethodConfig
-from explorer.engine import Engine, EngineError
+from explorer.engine import EngineError
+from explorer.factory import build_engine
 from explorer.kv_cache import DynamicKVCache, KVCacheError, StaticKVCache
 from explorer.sampling import SamplingConfig
 
@@ -22,7 +23,7 @@ def test_static_cache_gives_the_dynamic_cache_traces(tiny, case):
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 def test_kept_path_has_the_layout_of_a_fresh_prefill(tiny, kv_cache):
     """After each step of a wide tree, every cache equals a fresh prefill of the committed tokens it covers."""
-    eng = Engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2, 2)), SamplingConfig(temperature=1.0, seed=5),
+    eng = build_engine(tiny, MethodConfig(method="mcsd", k_config=(3, 2, 2)), SamplingConfig(temperature=1.0, seed=5),
                  kv_cache=kv_cache)
     eng.start(tiny.tokenizer.encode(PROMPT), 30)
     for _ in range(5):
@@ -57,7 +58,7 @@ def test_static_cache_refuses_what_it_cannot_hold(tiny):
     with pytest.raises(KVCacheError, match="holds 8 positions"):
         kv.before_forward(9)
     with pytest.raises(EngineError, match="unknown KV cache"):
-        Engine(tiny, MethodConfig(method="sd"), SamplingConfig(), kv_cache="paged")
+        build_engine(tiny, MethodConfig(method="sd"), SamplingConfig(), kv_cache="paged")
 
 
 @pytest.mark.cuda

@@ -12,7 +12,7 @@ from explorer.bench import method_for_label
 from explorer.config import DEFAULTS, MethodConfig
 from explorer.decision.model import DecisionMLP, DecisionModel
 from explorer.decision.online import AdaptError, OnlineAdapter, roc_threshold
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.instruments.replay import ReplayError, replay_steps
 from explorer.sampling import SamplingConfig
 from explorer.stopping import make_stop_policy
@@ -94,7 +94,7 @@ def test_bench_labels_carry_settings():
 
 
 def _run(tiny, cfg, temperature=0.0, n=48):
-    e = Engine(tiny, cfg, SamplingConfig(temperature=temperature, seed=3))
+    e = build_engine(tiny, cfg, SamplingConfig(temperature=temperature, seed=3))
     e.start(tiny.tokenizer.encode(PROMPT), n)
     return e, e.run()
 
@@ -173,7 +173,7 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
     state = first.adapter_state()
     assert "adaptation_carried" not in before.settings
     assert state["key"] and len(state["labels"]) == first.adapter.summary()["records"] > 16
-    nxt = Engine(tiny, cfg, SamplingConfig(temperature=0.8, seed=9), adapter_state=state)  # the seed may differ
+    nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.8, seed=9), adapter_state=state)  # the seed may differ
     nxt.start(tiny.tokenizer.encode("def g(y):"), 24)
     trace = nxt.run()
     assert nxt.adapter.carried == len(state["labels"]) and trace.settings["adaptation_carried"] == state
@@ -182,9 +182,11 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
 
     assert adaptation_figure(trace).data[0].y[0] == cfg.threshold
     # learned under other settings: not used
-    for other in (Engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=3), adapter_state=state),
-                  Engine(tiny, cfg.with_(max_depth=4), SamplingConfig(temperature=0.8, seed=3), adapter_state=state),
-                  Engine(tiny, cfg.with_(adapt="threshold"), SamplingConfig(temperature=0.8), adapter_state=state)):
+    for other in (build_engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=3), adapter_state=state),
+                  build_engine(tiny, cfg.with_(max_depth=4), SamplingConfig(temperature=0.8, seed=3),
+                               adapter_state=state),
+                  build_engine(tiny, cfg.with_(adapt="threshold"), SamplingConfig(temperature=0.8),
+                               adapter_state=state)):
         assert other.adapter.carried == 0
     back = RunTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
     for i, engine in replay_steps(tiny, back, len(back.steps) - 1):  # a replay starts from the carried state too

@@ -8,7 +8,7 @@ from method_grid import PROMPT
 
 from explorer.bench import run_hf_assisted
 from explorer.config import DEFAULTS
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.models import ModelPairError, load_named_pair, pack_weights
 from explorer.packed_weights import PackedLinear, can_pack, pack_linear_weights
 from explorer.sampling import SamplingConfig
@@ -42,7 +42,7 @@ def test_packing_a_pair_keeps_its_logits_and_greedy_tokens():
     prompt = stock.tokenizer.encode(PROMPT)
     runs = []
     for name in ("ar", "mcsd", "token-recycling"):
-        eng = Engine(packed, DEFAULTS[name].with_(fallback="off"), SamplingConfig(temperature=0.0))
+        eng = build_engine(packed, DEFAULTS[name].with_(fallback="off"), SamplingConfig(temperature=0.0))
         eng.start(prompt, 24)
         eng.run()
         runs.append(eng.committed[eng.n_prompt:])

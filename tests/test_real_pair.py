@@ -4,7 +4,7 @@ bf16, fp32 on others: ``models.default_dtype``)."""
 import pytest
 
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.equivalence import divergence, hf_greedy
 from explorer.metrics import run_metrics
 from explorer.prompts import encode_prompt, humaneval, mt_bench
@@ -20,7 +20,7 @@ def prompts(real_pair):
 
 
 def _run(pair, cfg, ids, sampling=None, n=N):
-    eng = Engine(pair, cfg, sampling or SamplingConfig())
+    eng = build_engine(pair, cfg, sampling or SamplingConfig())
     eng.start(ids, n)
     return eng.run()
 
@@ -68,7 +68,7 @@ def test_lossy_seed_mode_runs_and_is_labelled(real_pair, prompts):
 @pytest.mark.parametrize("stop", ["decision", "prune", "specdec++", "goodput"])
 def test_learned_stop_policies_use_the_shipped_model(real_pair, prompts, stop):
     cfg = DEFAULTS["mcsd-improved"].with_(stop=stop)
-    eng = Engine(real_pair, cfg, SamplingConfig())
+    eng = build_engine(real_pair, cfg, SamplingConfig())
     assert eng.decision_model.pair["draft_id"] == real_pair.draft_id
     eng.start(prompts[0], 24)
     trace = eng.run()
@@ -100,7 +100,7 @@ def test_probe_explains_every_rounding_divergence_as_a_near_tie(real_pair):
     from explorer.instruments.probe import ReferenceDecoder, probe_last_step
 
     ids = encode_prompt(real_pair.tokenizer, mt_bench()[8].text)
-    eng = Engine(real_pair, DEFAULTS["sd"], SamplingConfig())
+    eng = build_engine(real_pair, DEFAULTS["sd"], SamplingConfig())
     eng.start(ids, 40)
     ref = ReferenceDecoder(real_pair.target, ids, real_pair.vocab_size, real_pair.lock)
     deltas = []

@@ -10,7 +10,7 @@ from explorer.audit import audit
 from explorer.config import DEFAULTS
 from explorer.drafters.base import FreeNode
 from explorer.drafters.row_pricing import RowPricing
-from explorer.engine import Engine, times_verification
+from explorer.factory import build_engine, times_verification
 from explorer.forward_costs import row_prices
 from explorer.sampling import SamplingConfig
 from explorer.tree import rank_decay_parents
@@ -147,13 +147,13 @@ def dear(tiny, monkeypatch):
 
 def test_only_recycled_branches_with_the_automatic_budget_are_priced_where_rows_cost_time(dear):
     for name in ("token-recycling", "hybrid"):
-        assert Engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is not None, name
-        assert Engine(dear, DEFAULTS[name].with_(free_rows=16), SamplingConfig()).row_pricing is None, name
+        assert build_engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is not None, name
+        assert build_engine(dear, DEFAULTS[name].with_(free_rows=16), SamplingConfig()).row_pricing is None, name
     assert times_verification(DEFAULTS["token-recycling"].with_(fallback="off"), "cpu")
     assert not times_verification(DEFAULTS["token-recycling"].with_(fallback="off"), "cuda")
     for name in ("prompt-lookup", "mcsd-improved", "ar"):
-        assert Engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is None, name
-    pricing = Engine(dear, DEFAULTS["token-recycling"], SamplingConfig()).row_pricing
+        assert build_engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is None, name
+    pricing = build_engine(dear, DEFAULTS["token-recycling"], SamplingConfig()).row_pricing
     assert (pricing.one_row_ms, pricing.row_ms) == (300.0, 40.0)
 
 
@@ -163,7 +163,7 @@ def test_priced_runs_keep_the_greedy_tokens_record_their_prices_and_replay(dear)
     ids = dear.tokenizer.encode(PROMPT * 3)  # repeats give recycled rows
     runs = {}
     for rows in (0, 32):
-        eng = Engine(dear, DEFAULTS["token-recycling"].with_(fallback="off", free_rows=rows),
+        eng = build_engine(dear, DEFAULTS["token-recycling"].with_(fallback="off", free_rows=rows),
                      SamplingConfig(temperature=0.0))
         eng.start(ids, 40)
         eng.run()
@@ -179,7 +179,7 @@ def test_priced_runs_keep_the_greedy_tokens_record_their_prices_and_replay(dear)
 
 
 def test_a_rewound_priced_run_retraces_its_steps(dear):
-    eng = Engine(dear, DEFAULTS["token-recycling"].with_(fallback="off"), SamplingConfig(temperature=0.9, seed=4))
+    eng = build_engine(dear, DEFAULTS["token-recycling"].with_(fallback="off"), SamplingConfig(temperature=0.9, seed=4))
     eng.start(dear.tokenizer.encode(PROMPT * 3), 30)
     first = [(s.committed_ids, s.drafter["row_pricing"]) for s in eng.run().steps]
     eng.rewind()
@@ -198,7 +198,7 @@ def test_the_hybrid_prices_its_recycled_branches_only_and_keeps_the_greedy_token
     ids = dear.tokenizer.encode(PROMPT * 3)
     runs = {}
     for rows in (0, 32):
-        eng = Engine(dear, DEFAULTS["hybrid"].with_(fallback="off", free_rows=rows, stop="none", max_depth=3),
+        eng = build_engine(dear, DEFAULTS["hybrid"].with_(fallback="off", free_rows=rows, stop="none", max_depth=3),
                      SamplingConfig(temperature=0.0))
         eng.start(ids, 40)
         runs[rows] = eng.run()

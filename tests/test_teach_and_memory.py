@@ -5,13 +5,13 @@ import gc
 import pytest
 
 from explorer.config import DEFAULTS
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import SamplingConfig
 from explorer.teach import explain_step
 
 
 def _run(tiny, method, sampling=SamplingConfig(), n=16, **changes):
-    engine = Engine(tiny, DEFAULTS[method].with_(**changes), sampling)
+    engine = build_engine(tiny, DEFAULTS[method].with_(**changes), sampling)
     engine.start(tiny.tokenizer.encode("def add(a, b):"), n)
     return engine.run()
 
@@ -79,7 +79,7 @@ def test_memory_stays_flat_over_500_steps(tiny, method):
     """500 steps in one session: after a warm-up, resident memory grows by no more than the trace itself (measured
     2.4 MB; keeping 80 KB a step, e.g. a few rows of logits, shows up as 36 MB)."""
     config = DEFAULTS[method].with_(max_depth=3) if method == "mcsd-improved" else DEFAULTS[method]
-    engine = Engine(tiny, config, SamplingConfig(temperature=0.8, seed=1))
+    engine = build_engine(tiny, config, SamplingConfig(temperature=0.8, seed=1))
     prompt = tiny.tokenizer.encode("hi")
     budget = tiny.max_positions - len(prompt) - config.max_nodes() - 1
     engine.start(prompt, budget)
@@ -105,7 +105,7 @@ def test_adaptive_width_percentages_never_read_as_equal_to_the_threshold():
 
 
 def test_a_long_lookup_copy_is_explained_only_when_it_passed_the_row_budget(tiny):
-    engine = Engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig())
+    engine = build_engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig())
     engine.start(tiny.tokenizer.encode("def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return a +"), 8)
     step = next(s for s in engine.run().steps if any(n.source == "lookup" for n in s.nodes))
     assert step.drafter["long_copy"] is False  # no copy run on a random pair's first matches

@@ -8,7 +8,7 @@ import pytest
 
 from explorer.cli import main
 from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.sampling import SamplingConfig
 from explorer.timeline import PHASES, phase_totals, plain_decoding_ms
 from explorer.trace import RunTrace, TraceError
@@ -17,7 +17,7 @@ from explorer.trace import RunTrace, TraceError
 @pytest.mark.parametrize("cfg", [MethodConfig(method="mcsd", k_config=(3, 2)), DEFAULTS["mcsd-improved"],
                                  DEFAULTS["hybrid"], DEFAULTS["ar"]], ids=lambda c: c.method)
 def test_segments_partition_the_step_and_account_for_its_wall_time(tiny, cfg):
-    eng = Engine(tiny, cfg, SamplingConfig(temperature=1.0, seed=1))
+    eng = build_engine(tiny, cfg, SamplingConfig(temperature=1.0, seed=1))
     eng.start(tiny.tokenizer.encode("def add(a, b):\n    return"), 24)
     wall = parts = 0.0
     while not eng.finished:
@@ -41,7 +41,7 @@ def test_segments_partition_the_step_and_account_for_its_wall_time(tiny, cfg):
 
 
 def test_run_totals_and_plain_decoding_estimate(tiny):
-    eng = Engine(tiny, DEFAULTS["sd"], SamplingConfig())
+    eng = build_engine(tiny, DEFAULTS["sd"], SamplingConfig())
     eng.start(tiny.tokenizer.encode("x = 1"), 16)
     steps = eng.run().steps
     totals = phase_totals(steps)
@@ -50,7 +50,7 @@ def test_run_totals_and_plain_decoding_estimate(tiny):
     tokens = sum(len(s.committed_ids) for s in steps)
     assert plain_decoding_ms(steps, one_row_ms=10.0) == 10.0 * tokens
     assert plain_decoding_ms(steps) is None or plain_decoding_ms(steps) > 0  # sd verifies 5 rows: maybe none small
-    ar = Engine(tiny, DEFAULTS["ar"], SamplingConfig())
+    ar = build_engine(tiny, DEFAULTS["ar"], SamplingConfig())
     ar.start(tiny.tokenizer.encode("x = 1"), 8)
     ar_steps = ar.run().steps
     assert plain_decoding_ms(ar_steps) == pytest.approx(
@@ -58,7 +58,7 @@ def test_run_totals_and_plain_decoding_estimate(tiny):
 
 
 def test_old_traces_load_and_malformed_timelines_are_refused(tiny):
-    eng = Engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
+    eng = build_engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
     eng.start(tiny.tokenizer.encode("x"), 4)
     d = eng.run().to_dict()
     old = json.loads(json.dumps(d))
@@ -81,7 +81,7 @@ def test_timeline_command(capsys):
 def test_a_step_that_raises_leaves_no_open_timeline(tiny):
     """An edit hook that fails mid-step: the error reaches the caller and the engine holds no half-open timeline
     (on CUDA with count_syncs, the process-wide sync debug mode is switched off again)."""
-    eng = Engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0), count_syncs=True)
+    eng = build_engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0), count_syncs=True)
     eng.start(tiny.tokenizer.encode("def add(a, b):"), 8)
 
     def broken(engine, drafted):

@@ -4,7 +4,7 @@ import pytest
 
 from explorer import figures
 from explorer.config import MethodConfig
-from explorer.engine import Engine
+from explorer.factory import build_engine
 from explorer.metrics import run_metrics
 from explorer.sampling import SamplingConfig
 from explorer.trace import RunTrace, TraceError, load_run, loads_run, save_run
@@ -12,7 +12,7 @@ from explorer.trace import RunTrace, TraceError, load_run, loads_run, save_run
 
 @pytest.fixture(scope="module")
 def run_trace(tiny):
-    eng = Engine(tiny, MethodConfig(method="mcsd-improved", k_config=(3, 2), max_depth=4, threshold=0.05),
+    eng = build_engine(tiny, MethodConfig(method="mcsd-improved", k_config=(3, 2), max_depth=4, threshold=0.05),
                  SamplingConfig(temperature=0.8, seed=4))
     eng.start(tiny.tokenizer.encode("print(<br>"), 24, prompt_text="print(<br>")
     return eng.run()
@@ -134,7 +134,7 @@ def test_tree_layout_keeps_chains_level_and_parents_centred():
 @pytest.mark.parametrize("depth", [4, 14])
 def test_stop_chart_names_every_decision_only_while_the_labels_fit(tiny, depth):
     cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=depth, stop="confidence", threshold=0.0)
-    eng = Engine(tiny, cfg, SamplingConfig())
+    eng = build_engine(tiny, cfg, SamplingConfig())
     eng.start(tiny.tokenizer.encode("x"), 40)
     step = eng.step()
     levels = len(step.stop_signals)

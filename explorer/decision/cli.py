@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..cli import _add_model_args, _load_pair
+from ..cli_args import add_model_args, load_pair_from_args
 from ..stopping import DECISION_MODELS
 from .model import KINDS
 
@@ -15,7 +15,7 @@ def cmd_collect(args) -> int:
     from .collect import collect
 
     prompts = select_prompts(args.prompts)
-    pair = _load_pair(args)
+    pair = load_pair_from_args(args)
     out = Path(args.out)
     temps = tuple(float(t) for t in args.temperatures.split(","))
     summary = collect(pair, prompts, out, max_new_tokens=args.max_new_tokens, temperatures=temps, seed=args.seed,
@@ -43,7 +43,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from .evaluate import evaluate
 
-    report = evaluate(args, load_pair=lambda: _load_pair(args))
+    report = evaluate(args, load_pair=lambda: load_pair_from_args(args))
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -91,7 +91,7 @@ def cmd_ablation(args) -> int:
     for item in filter(None, args.thresholds.split(",")):
         name, _, value = item.partition("=")
         thresholds[name] = float(value)
-    pair = _load_pair(args)
+    pair = load_pair_from_args(args)
     decision = None
     if args.decision_dir:
         decision = {k: load_decision_model(args.decision_dir, k) for k in KINDS}
@@ -127,7 +127,7 @@ def add_decision_parser(sub) -> None:
     col.add_argument("--seed", type=int, default=0)
     col.add_argument("--no-chat-template", action="store_true")
     col.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_model_args(col)
+    add_model_args(col)
     col.set_defaults(func=cmd_collect)
 
     tr = dsub.add_parser("train", help="train both MLPs (hidden state, distribution features) on collected data")
@@ -155,7 +155,7 @@ def add_decision_parser(sub) -> None:
     ev.add_argument("--no-chat-template", action="store_true")
     ev.add_argument("--json", action="store_true")
     ev.add_argument("--quiet", action="store_true")
-    _add_model_args(ev)
+    add_model_args(ev)
     ev.set_defaults(func=cmd_eval)
 
     ge = dsub.add_parser("generalise", help="leave one prompt kind out: train without it, ROC-AUC on it, per model")
@@ -178,5 +178,5 @@ def add_decision_parser(sub) -> None:
     ab.add_argument("--seed", type=int, default=0)
     ab.add_argument("--no-chat-template", action="store_true")
     ab.add_argument("--json", metavar="FILE", help="also write the rows and run facts as JSON")
-    _add_model_args(ab)
+    add_model_args(ab)
     ab.set_defaults(func=cmd_ablation)

@@ -137,7 +137,8 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from ..engine import Engine, EngineError
+    from ..engine import EngineError
+    from ..factory import build_engine
     from ..prompts import encode_prompt, prompt_kind
 
     out = Path(out)
@@ -152,7 +153,8 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
             skipped += 1
             continue
         temperature = float(temperatures[n % len(temperatures)])
-        engine = Engine(pair, config, SamplingConfig(temperature=temperature, seed=seed + n), capture_features=True)
+        engine = build_engine(pair, config, SamplingConfig(temperature=temperature, seed=seed + n),
+                              capture_features=True)
         try:
             engine.start(encode_prompt(pair.tokenizer, prompt.text, chat_template=chat_template), max_new_tokens)
         except EngineError as exc:  # a prompt too long for these models: skip it, keep the others

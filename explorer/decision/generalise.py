@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .collect import load_data
-from .evaluate import score_metrics
+from .scores import score_metrics
 from .model import KINDS
 from .train import fit_models, kind_inputs, split_by_prompt
 

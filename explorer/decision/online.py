@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ..stopping import ADAPT_MODES, adapt_problem
-from .evaluate import choose_threshold
+from .scores import choose_threshold
 
 WINDOW = 512  # labelled tokens kept (the latest)
 MIN_RECORDS = 16  # no refit before this many labels (and, for the threshold, both outcomes seen)
@@ -246,7 +246,7 @@ class OnlineAdapter:
 
 
 def roc_threshold(scores: np.ndarray, soft: np.ndarray, fnr_cost: float = 1.0) -> float | None:
-    """The score threshold minimising ``fpr + fnr_cost * fnr`` on soft labels (``evaluate.choose_threshold``: each
+    """The score threshold minimising ``fpr + fnr_cost * fnr`` on soft labels (``scores.choose_threshold``: each
     token counts as accepted with weight ``soft``, rejected with ``1 - soft``); None while the window holds no
     evidence of both outcomes. Returned in [0, 1]."""
     if float(soft.sum()) < 1e-6 or float((1 - soft).sum()) < 1e-6:

@@ -3,7 +3,7 @@
 As in the seed (Lu et al. 2024): binary cross-entropy on the soft labels ``min(1, p/q)``; here with Adam, the
 validation set split *by prompt* (no prompt contributes tokens to both sides), inputs standardised with the
 training mean and std, and early stopping on the validation loss (the best epoch's weights are kept).
-The card's threshold is Youden's J on the validation prompts (``evaluate.choose_threshold``).
+The card's threshold is Youden's J on the validation prompts (``scores.choose_threshold``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .collect import load_data
-from .evaluate import choose_threshold, score_metrics
+from .scores import choose_threshold, score_metrics
 from .features import CONTEXT_FEATURE_NAMES, DIST_FEATURE_NAMES, PATH_FEATURE_NAMES, path_features
 from .model import CARD_FORMAT, DEFAULT_LAYERS, KINDS, DecisionMLP, DecisionModel
 

@@ -69,6 +69,15 @@ class RowPricing:
         self.prior = (float(prior[0]), float(prior[1]))
         self.reset()
 
+    @classmethod
+    def from_prices(cls, prices: dict | None) -> "RowPricing | None":
+        """Pricing at ``prices`` (``{"one_row_ms", "jump_ms", "row_ms"}``: ``forward_costs.row_prices``, or a
+        trace's ``model["row_pricing"]``), or None where there are none (rows are not dear here). Raises KeyError,
+        TypeError or ValueError for a malformed record."""
+        if not prices:
+            return None
+        return cls(float(prices["one_row_ms"]), float(prices["row_ms"]), float(prices.get("jump_ms", 0.0)))
+
     def reset(self) -> None:
         """Forget every observation (a rewound run starts from the prior again)."""
         self.hits: dict = {}  # slot -> decayed count of observations where its token continued the text

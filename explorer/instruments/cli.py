@@ -18,17 +18,17 @@ NEAR_TIE_STEPS = 4.0  # rows whose best two logits are this many rounding steps 
 def _runs_from_args(args, pair):
     """Yield ``(prompt_id, engine, step_ms)`` after each step of each prompt's run (``--prompt`` /
     ``--prompt-file``); ``step_ms``: the wall time of that ``engine.step()``, measured around it."""
-    from ..cli import _prompts_from_args, decision_model_from_args, method_config_from_args
-    from ..engine import Engine
+    from ..cli_args import prompts_from_args, decision_model_from_args, method_config_from_args
+    from ..factory import build_engine
     from ..prompts import encode_prompt
     from ..sampling import SamplingConfig
 
     config = method_config_from_args(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     decision = decision_model_from_args(args, config)
-    for prompt in _prompts_from_args(args):
+    for prompt in prompts_from_args(args):
         ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
-        engine = Engine(pair, config, sampling, decision_model=decision)
+        engine = build_engine(pair, config, sampling, decision_model=decision)
         engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
         while not engine.finished:
             t0 = time.perf_counter()
@@ -73,12 +73,12 @@ def _probe_summary(prompt_id, probes: list, method: str) -> dict:
 
 
 def cmd_probe(args) -> int:
-    from ..cli import _load_pair
+    from ..cli_args import load_pair_from_args
     from ..trace import load_run
     from .probe import ReferenceDecoder, probe_last_step
     from .replay import replay_steps
 
-    pair = _load_pair(args)
+    pair = load_pair_from_args(args)
     summaries = []
     if args.trace:
         trace = load_run(args.trace)
@@ -136,15 +136,15 @@ def cmd_probe(args) -> int:
 
 
 def cmd_acceptance(args) -> int:
-    from ..cli import _load_pair, method_config_from_args
+    from ..cli_args import load_pair_from_args, method_config_from_args
     from ..trace import load_run
     from .acceptance import measure_forward_costs, run_report
 
     if args.trace:
         runs = [load_run(p) for p in args.trace]
-        pair = _load_pair(args) if (args.costs or args.bench) else None
+        pair = load_pair_from_args(args) if (args.costs or args.bench) else None
     else:
-        pair = _load_pair(args)
+        pair = load_pair_from_args(args)
         runs = _finished_runs(args, pair, "acceptance")
     if not runs:
         raise ValueError("no runs to analyse")
@@ -217,12 +217,12 @@ def _print_report(r: dict) -> None:
 
 
 def cmd_counterfactual(args) -> int:
-    from ..cli import _load_pair
+    from ..cli_args import load_pair_from_args
     from ..trace import load_run
     from .counterfactual import counterfactual, parse_edits
 
     trace = load_run(args.trace)
-    pair = _load_pair(args)
+    pair = load_pair_from_args(args)
     edit = parse_edits(args.edit or [], pair.tokenizer)
     cf = counterfactual(pair, trace, args.step - 1, edit, continue_tokens=args.continue_tokens)
     if args.json:
@@ -239,14 +239,14 @@ def cmd_counterfactual(args) -> int:
 
 
 def cmd_calibration(args) -> int:
-    from ..cli import _load_pair
+    from ..cli_args import load_pair_from_args
     from ..trace import load_run
     from .calibration import calibration_report
 
     if args.trace:
         runs = [load_run(p) for p in args.trace]
     else:
-        runs = _finished_runs(args, _load_pair(args), "calibration")
+        runs = _finished_runs(args, load_pair_from_args(args), "calibration")
     report = calibration_report(runs)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
@@ -271,10 +271,10 @@ def cmd_calibration(args) -> int:
 
 def cmd_timeline(args) -> int:
     """Each step's timeline, with the step's wall time measured around ``engine.step()`` from outside."""
-    from ..cli import _load_pair
+    from ..cli_args import load_pair_from_args
     from ..timeline import phase_totals, plain_decoding_ms
 
-    pair = _load_pair(args)
+    pair = load_pair_from_args(args)
     rows, steps = [], []
     for prompt_id, engine, wall in _runs_from_args(args, pair):
         step = engine.trace.steps[-1]
@@ -303,7 +303,7 @@ def cmd_timeline(args) -> int:
 
 
 def add_instrument_parsers(sub) -> None:
-    from ..cli import _add_method_args, _add_model_args, _add_sampling_args
+    from ..cli_args import add_method_args, add_model_args, add_sampling_args
 
     def prompt_args(p):
         src = p.add_mutually_exclusive_group(required=True)
@@ -317,9 +317,9 @@ def add_instrument_parsers(sub) -> None:
     pr = sub.add_parser("probe", help="tree forward against plain decoding: logit deltas, flips, mask lint")
     prompt_args(pr)
     pr.add_argument("--step", type=int, help="probe only this step (1-based; default every step)")
-    _add_method_args(pr)
-    _add_sampling_args(pr)
-    _add_model_args(pr)
+    add_method_args(pr)
+    add_sampling_args(pr)
+    add_model_args(pr)
     pr.set_defaults(func=cmd_probe, max_new_tokens=32)
 
     ac = sub.add_parser("acceptance", help="expected against realised acceptance, and the optimal tree")
@@ -333,16 +333,16 @@ def add_instrument_parsers(sub) -> None:
                     help="measure draft and target forward costs per width here; adds the fastest tree")
     ac.add_argument("--bench", action="store_true",
                     help="then run the method, mcsd with the optimal (and fastest) tree and ar on the same prompts")
-    _add_method_args(ac)
-    _add_sampling_args(ac)
-    _add_model_args(ac)
+    add_method_args(ac)
+    add_sampling_args(ac)
+    add_model_args(ac)
     ac.set_defaults(func=cmd_acceptance, method="mcsd")
 
     ca = sub.add_parser("calibration", help="stop-signal calibration: reliability, ROC, cost of each threshold")
     prompt_args(ca)
-    _add_method_args(ca)
-    _add_sampling_args(ca)
-    _add_model_args(ca)
+    add_method_args(ca)
+    add_sampling_args(ca)
+    add_model_args(ca)
     ca.set_defaults(func=cmd_calibration, max_new_tokens=64)
 
     tl = sub.add_parser("timeline", help="each step's timeline against its wall time measured from outside")
@@ -351,9 +351,9 @@ def add_instrument_parsers(sub) -> None:
     src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
     tl.add_argument("--limit", type=int, default=0)
     tl.add_argument("--json", action="store_true")
-    _add_method_args(tl)
-    _add_sampling_args(tl)
-    _add_model_args(tl)
+    add_method_args(tl)
+    add_sampling_args(tl)
+    add_model_args(tl)
     tl.set_defaults(func=cmd_timeline, max_new_tokens=32)
 
     cf = sub.add_parser("counterfactual", help="re-verify a recorded step, as recorded or edited; JSON of both")
@@ -365,5 +365,5 @@ def add_instrument_parsers(sub) -> None:
     cf.add_argument("--continue", dest="continue_tokens", type=int, default=0,
                     help="then decode this many more tokens from the edited step")
     cf.add_argument("--json", action="store_true")
-    _add_model_args(cf)
+    add_model_args(cf)
     cf.set_defaults(func=cmd_counterfactual)

@@ -23,7 +23,8 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
 
     Raises ReplayError when the trace was recorded on another model pair or its settings do not parse.
     """
-    from ..engine import Engine, EngineError
+    from ..engine import EngineError
+    from ..factory import build_engine
 
     if trace.model.get("target_id") not in (None, pair.target_id) or trace.model.get("draft_id") not in (
             None, pair.draft_id):
@@ -38,7 +39,7 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     initial = trace.settings.get("recycling_initial")
     state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
     try:  # a run that started from a session's earlier adaptation replays from the same state
-        engine = Engine(pair, config, sampling, decision_model=decision_model, recycling_state=state,
+        engine = build_engine(pair, config, sampling, decision_model=decision_model, recycling_state=state,
                         adapter_state=trace.settings.get("adaptation_carried"))
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None

@@ -114,7 +114,7 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     caller stores it there), the goodput fallback from the rates its last run measured (``"fallback_state"``) and
     the stop policy's online adaptation from where its last run left it (``"adapter_state"``).
     Raises PromptError / EngineError / ValueError."""
-    from ..engine import Engine, times_verification
+    from ..factory import build_engine, times_verification
     from ..prompts import encode_prompt
     from ..sampling import SamplingConfig
 
@@ -130,7 +130,7 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
             verification_cost(pair)
     # the goodput fallback's rates and the adaptation from the session's last run: the engine uses them only for
     # the same method, sampling, pair and device (and decision model)
-    engine = Engine(pair, config, sampling, recycling_state=carried,
+    engine = build_engine(pair, config, sampling, recycling_state=carried,
                     fallback_state=st.session_state.get("fallback_state"),
                     adapter_state=st.session_state.get("adapter_state"))
     engine.start(ids, settings["max_new"], prompt_text=prompt_text)
