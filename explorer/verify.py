@@ -47,7 +47,7 @@ import torch
 
 from . import expectation
 from .config import VERIFIERS
-from .drafting import sample_one, uniforms
+from .drafting import DRAFT_RULES, sample_one, uniforms
 from .methods import FREE_SOURCES
 from .residuals import normalize_or, rrs_rejected, spechub_plan, without
 from .residuals import ratio as accept_ratio
@@ -347,6 +347,30 @@ def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torc
         next_dist = ends[b][0]
     path = [node for node, _ in walks[b]]
     return VerifyResult(path, None, decisions, counts, b, next_dist=next_dist, next_row=path[-1] + 1)
+
+
+def register_verifier(name: str, node_rule, odds_rule, draws: str = "without") -> None:
+    """Make a node rule a verifier by ``name`` (what ``run_verifier`` and ``EngineParts.verifier_name`` take).
+
+    Args:
+        node_rule: ``(tokens, p, q, generator) -> (index of the accepted child or None, distribution of the next
+            token when none was, {child index: NodeDecision})``, walked node by node (``NODE_RULES``); ``tokens``
+            the model-drafted children in draft order, ``p`` / ``q`` float32 ``(vocab,)``.
+        odds_rule: ``(tokens, p, q) -> ([(child index, ratio, slot probability), ...] in test order, p after the
+            last test)``, values as 0-d tensors or floats (``expectation.ODDS_RULES``): what the rule implies about
+            each node, for the trace and the expected tokens.
+        draws: how the draft model draws the children this rule tests (``drafting.DRAFT_RULES``): ``without``
+            (replacement), ``with``, or ``hub`` (SpecHub's pairs).
+    Raises VerifierError for a name taken already or an unknown ``draws``. To offer it in the CLI's and the app's
+    menus too, add the name to ``config.VERIFIERS`` and ``config.VERIFIER_LABELS`` (docs/architecture.md).
+    """
+    if name in NODE_RULES or name in ODDS_RULES or name == "longest-branch":
+        raise VerifierError(f"a verifier named {name!r} exists already")
+    if draws not in set(DRAFT_RULES.values()) - {"greedy"}:
+        raise VerifierError(f"unknown drafting law {draws!r}; use without, with or hub")
+    NODE_RULES[name] = node_rule
+    expectation.ODDS_RULES[name] = odds_rule
+    DRAFT_RULES[name] = draws
 
 
 def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,
