@@ -136,7 +136,7 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
 def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, decision_model=None) -> int:
     """Capture, before timing, every query-size bucket of the graph runners a run of ``config`` on ``prompt_ids``
     will use (runners are shared through ``pair`` by cache width). Without it the timed runs paid the captures:
-    about 0.1-0.2 s each on an H100 against 5 ms for a graphed forward (session 17). Returns the number of graphs
+    about 0.1-0.2 s each on an H100 against 5 ms for a graphed forward. Returns the number of graphs
     captured (0 off CUDA or where all were captured already)."""
     from .factory import build_engine
 

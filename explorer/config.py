@@ -49,7 +49,7 @@ class MethodConfig:
         lossy: ``mcsd-improved`` only: the seed's target-initialized roots + longest-branch rule (biased output).
             Off (default): one target root (the bonus token) and a lossless draft tree.
         stop: stop policy for ``mcsd-improved`` (``stopping.STOP_POLICY_NAMES``: none, confidence, decision,
-            prune, specdec++); ``sd``/``mcsd`` never stop early.
+            prune, specdec++, goodput); ``sd``/``mcsd`` never stop early.
         threshold: the stop policy's tau (``specdec++``: h); None = the policy's default
             (``stopping.DEFAULT_THRESHOLDS``).
         decision_model: which learned model the decision, prune and specdec++ policies read: ``context`` (the

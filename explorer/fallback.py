@@ -21,8 +21,8 @@ HumanEval run because each later probe moved the average only 30 % of the way an
 A run can start from the rates an earlier run of the session measured (``state``, passed back as ``carried``),
 as Token Recycling's matrix is carried: the run then skips the warm-up of ``warmup`` speculative steps and starts
 in the mode that paid. On the H100 a 128-token MT-bench run made 6-7 speculative steps (the warm-up and the
-probes), and those were its whole loss against plain decoding: plain steps cost what ``ar`` steps do (docs/bench.md,
-session 17). The carried rates count as stale: the first measurement of a mode after ``probe_every`` /
+probes), and those were its whole loss against plain decoding: plain steps cost what ``ar`` steps do
+(docs/bench.md). The carried rates count as stale: the first measurement of a mode after ``probe_every`` /
 ``ar_probe_every`` steps of the other replaces them, so a prompt unlike the last one is noticed at the first probe.
 
 The decision depends only on earlier steps (and earlier runs), never on this step's draws, so the output law is
@@ -45,7 +45,7 @@ def fallback_active(mode: str, device_type: str, rows_are_dear=None) -> bool:
     steps. On the AVX-512-BF16 CPU a 16-row verification costs 1.07x a plain step and speculation paid in every
     measured cell (docs/bench.md), so there a timing-driven rule would only make runs, tests and classroom demos
     differ from run to run; on a 2-core AVX2 CPU in fp32 it costs 2.8x and the default ``mcsd-improved`` ran
-    MT-bench at 0.77x plain decoding, 0.96x with the rule (docs/bench.md, session 14)."""
+    MT-bench at 0.77x plain decoding, 0.96x with the rule (docs/bench.md)."""
     if mode not in FALLBACK_MODES:
         raise ValueError(f"unknown fallback mode {mode!r}; expected one of {', '.join(FALLBACK_MODES)}")
     if asks_row_costs(mode, device_type):
@@ -94,7 +94,7 @@ class GoodputFallback:
             (a replay of a run on a device where the rule is off, continued past the recorded steps).
         warmup: speculative steps measured before plain decoding is first tried. A run's first step is rarely
             typical: on HumanEval it committed 2 tokens in 735 ms and the next ones 17 in 1.7 s (2-core AVX2 CPU,
-            fp32), and judged on it alone the rule ran the next 8 steps plain (docs/bench.md, session 14).
+            fp32), and judged on it alone the rule ran the next 8 steps plain (docs/bench.md).
         carried: ``state()`` of an earlier run's fallback (the same method and sampling, on the same pair): its
             rates start this run's averages, and a speculation rate counts as warmed up.
 
@@ -172,7 +172,7 @@ class GoodputFallback:
         ``one_off``: the step paid a one-time cost (it captured CUDA graphs for a new query size: about 100-200 ms
         against 5 ms for a graphed forward on an H100). Its time says nothing about the mode's rate, so it is not
         measured (the record says so): on the H100 one such step measured plain decoding at 8.7 tokens/s against
-        about 170, and the hybrid then speculated for the whole run (session 17)."""
+        about 170, and the hybrid then speculated for the whole run."""
         if one_off:
             return {**self._last, "unmeasured": "graph capture"}
         if speculated:

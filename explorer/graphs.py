@@ -27,7 +27,7 @@ from .kv_cache import KVCache, StaticKVCache
 from .tree import to_float_mask
 
 # Query sizes forwards are padded to. Up to 256: prompt lookup's default tree is 64 nodes plus the anchor, and the
-# hybrid's reaches about 130; a forward past the largest bucket ran eagerly (3x a replay on the H100, session 9).
+# hybrid's reaches about 130; a forward past the largest bucket ran eagerly (3x a replay on the H100).
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 

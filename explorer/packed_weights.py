@@ -2,7 +2,7 @@
 
 A float32 ``nn.Linear`` on the CPU hands its weight to the BLAS on each call, and for a query of two or more rows
 the BLAS copies the whole weight into its blocked layout first (packing), then multiplies. For a 1.5B target that
-copy is another pass over 6 GB per forward: measured on a 2-core AVX2 EPYC (docs/bench.md, session 15), the
+copy is another pass over 6 GB per forward: measured on a 2-core AVX2 EPYC (docs/bench.md), the
 target's forward after a 200-token context takes 373 ms for one row and 733 ms for two, so a verified tree cost
 twice a plain step before its first extra row. oneDNN (PyTorch's ``mkldnn`` ops, the kernels ``torch.compile``'s
 CPU freezing uses) can keep a weight in its blocked layout: ``_reorder_linear_weight`` once at load time,

@@ -60,7 +60,7 @@ def test_one_good_probe_brings_speculation_back():
 
 
 def test_a_slow_first_step_is_not_judged_alone():
-    """HumanEval on a 2-core AVX2 CPU (session 14 trace): the first step committed 2 tokens in 735 ms, the next
+    """HumanEval on a 2-core AVX2 CPU (a recorded trace): the first step committed 2 tokens in 735 ms, the next
     ones 17 in 1.7 s, plain decoding 1 in 340 ms. With the warm-up the run never leaves speculation but to probe."""
     fb = GoodputFallback(ar_probe_every=10)
     fb.observe(fb.decide(0), 2, 735.0)
@@ -87,7 +87,7 @@ def test_a_plain_decoding_probe_does_not_reset_speculations_average():
 
 
 def test_a_step_that_captured_graphs_is_not_measured():
-    """H100, session 17: a plain step that captured a CUDA graph took 115 ms (8.7 tok/s against about 170), and the
+    """H100: a plain step that captured a CUDA graph took 115 ms (8.7 tok/s against about 170), and the
     hybrid then speculated for the whole run. One-off steps are recorded but do not enter the rates."""
     fb = GoodputFallback(warmup=1)
     record = fb.observe(fb.decide(0), 1, 115.0, one_off=True)
@@ -224,7 +224,7 @@ def test_a_replay_continued_past_the_record_follows_the_engines_own_setting(tiny
 
 
 def test_carried_rates_skip_the_warm_up_and_start_in_the_mode_that_paid():
-    """H100 MT-bench (session 17): a run's loss against plain decoding was its 6-7 speculative steps, the warm-up
+    """H100 MT-bench: a run's loss against plain decoding was its 6-7 speculative steps, the warm-up
     and the probes. Started from the last run's rates, a run where speculation lost starts plain and probes after
     ``probe_every`` plain steps; that probe replaces the carried speculation rate."""
     first = GoodputFallback(probe_every=4)

@@ -130,7 +130,7 @@ def add_decision_parser(sub) -> None:
     add_model_args(col)
     col.set_defaults(func=cmd_collect)
 
-    tr = dsub.add_parser("train", help="train both MLPs (hidden state, distribution features) on collected data")
+    tr = dsub.add_parser("train", help="train the decision models (hidden, dist, path, context) on collected data")
     tr.add_argument("--data", action="append", required=True, help="data folder from collect (repeatable)")
     tr.add_argument("--out", required=True, help="folder for hidden.safetensors, dist.safetensors, card.json")
     tr.add_argument("--val-fraction", type=float, default=0.15, help="share of prompts held out for validation")

@@ -5,7 +5,7 @@ The data set is a folder (format documented in ``docs/decision.md``):
 
 * ``meta.json``: format version, the model pair, the draft quantization, the method settings that drafted the
   trees, hidden size, feature names, and the tensors each shard holds;
-* one ``shard-<prompt>.safetensors`` per prompt, written atomically when the prompt is done, so an interrupted
+* one ``shard-<source>-<id>.safetensors`` per prompt, written atomically when the prompt is done, so an interrupted
   collection resumes where it stopped (prompts with a shard are skipped). Tensors, one row per drafted token:
   ``hidden`` float16 ``(n, H)``, ``dist`` float32 ``(n, 11)``, ``depth`` int32, ``cum_q`` float32 (product of q
   along the path), ``q`` and ``p`` float32 (the token's probability under draft and target at temperature 1),

@@ -17,9 +17,10 @@ the latest labelled tokens and moves the stop policy towards this session's beha
   token's penultimate activations are computed once), in the spirit of online speculative decoding (Liu et al.
   2023, OSD, arXiv 2310.07177), which keeps adapting the draft side to the queries it serves. The fit is a MAP
   logistic regression: binary cross-entropy on the labels plus a Gaussian prior centred on the shipped layer
-  (``prior`` records' worth), solved by a few Newton steps, deterministic and cheap (33 parameters for the
-  default ``context`` model). The threshold stays tau; what moves is the predicted acceptance it is compared
-  with. Works for every learned policy (``decision``, ``prune``, ``specdec++``).
+  (``prior`` records' worth), solved by a few Newton steps, deterministic and cheap (65 parameters for the
+  default ``context`` model: 64 weights and a bias). The threshold stays tau; what moves is the predicted
+  acceptance it is compared with. Works for every learned policy (``decision``, ``prune``, ``specdec++``,
+  ``goodput``).
 
 Either way only *how much* is drafted changes: verification never reads the policy, so the output law is the
 target's (the audit checks it with adaptation on). The adapter outlives ``Engine.rewind`` like a session would, and
@@ -28,8 +29,8 @@ what it learned carries to the session's next run of the same method, sampling a
 the goodput fallback's rates do: a run starts where the last one left off instead of at the shipped model.
 Each step's ``update`` returns plain data for the trace (``StepTrace.adaptation``). Measured (docs/decision.md):
 ``last-layer``, carried and weighted, under ``goodput`` with a measured r, 1.00-1.10x the frozen model's tokens/s on
-the CPU (session 20: HumanEval level within noise, MT-bench 1.03-1.05x, a held-out kind 1.08-1.10x);
-``threshold`` 0.79-1.01x (session 10); both off by default.
+the CPU (HumanEval level within noise, MT-bench 1.03-1.05x, a held-out kind 1.08-1.10x; "Online adaptation against
+the frozen model"); ``threshold`` 0.79-1.01x ("Tried and not kept"); both off by default.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ class OnlineAdapter:
 
         In torch, float64 on the host, not numpy: numpy's OpenBLAS keeps a thread pool of its own that spins after
         each call once the window is a few hundred rows, and on a 2-core CPU those threads took the cores from the
-        next forwards (session 20: with a full window the refit took 15-20 ms a step and the forwards after it
+        next forwards (with a full window the refit took 15-20 ms a step and the forwards after it
         slowed; a run making the frozen model's very calls took 1.2x its time). torch's ops run on the models'
         threads."""
         cpu = torch.device("cpu")

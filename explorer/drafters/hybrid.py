@@ -4,7 +4,7 @@ recycled ones where the target repeats its own habits; a free branch costs targe
 
 When lookup finds a match, the step proposes lookup's branches alone; the draft model drafts (with the recycled
 branches beside its tree) where lookup has nothing to copy. Measured on the embedded pair, CPU, greedy, 3 prompts x
-128 tokens (docs/bench.md, session 11): a matched step's model forwards cost more than the tokens they add, even for
+128 tokens (docs/bench.md): a matched step's model forwards cost more than the tokens they add, even for
 one-token matches. Against an earlier rule that trusted lookup only on a run (the last step committed at least 4
 tokens of its best branch, or a match of the longest n-gram): HumanEval 0-2 31.6 against 25.2 tok/s, MT-bench 0-2
 7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward (its chain). The choice is a
