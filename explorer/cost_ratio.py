@@ -4,7 +4,8 @@ The goodput rule (``stopping.py``) drafts one more level while its expected gain
 ``r (1 + E) / (1 + D r)``, where r is what one draft level costs over the rest of a step (the target forward, the
 verification and the engine's host work). That ratio belongs to the machine, not to the method: 0.22 on the
 AVX-512-BF16 CPU the default was measured on, 0.18-0.31 on a 2-core AVX2 CPU in fp32 with a level's verification
-rows charged (docs/decision.md, "Measured r"), other values on a GPU. ``CostRatioMeter`` reads each finished step's timeline (``timeline.step_times``):
+rows charged (docs/decision.md, "Measured r"), other values on a GPU. ``CostRatioMeter`` reads each finished step's
+timeline (``timeline.step_times``):
 
     level_ms = draft_ms / draft forwards      (draft forwards plus the drafting host work, per level)
     rest_ms  = step_ms - draft_ms             (everything a step costs whether or not it drafts)

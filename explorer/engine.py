@@ -102,7 +102,7 @@ class EngineParts:
         drafter: who proposes the tree (``drafters/``).
         stop_policy: when the draft model stops drafting (``stopping.py``); its ``threshold`` follows the measured
             cost ratio where ``cost_meter`` is set.
-        verifier_name: the verification rule (``verify.VERIFIERS``) for this sampling.
+        verifier_name: the verification rule for this sampling (a ``verify.run_verifier`` name).
         decision_model: the learned model behind a learned stop policy, or None.
         free_rows / free_rows_run: the most target rows free branches may fill a tree to (None: no limit), and the
             same on a copy run (``config.free_row_budget``).

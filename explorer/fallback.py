@@ -22,8 +22,9 @@ A run can start from the rates an earlier run of the session measured (``state``
 as Token Recycling's matrix is carried: the run then skips the warm-up of ``warmup`` speculative steps and starts
 in the mode that paid. On the H100 a 128-token MT-bench run made 6-7 speculative steps (the warm-up and the
 probes), and those were its whole loss against plain decoding: plain steps cost what ``ar`` steps do
-(docs/bench.md). The carried rates count as stale: the first measurement of a mode after ``probe_every`` /
-``ar_probe_every`` steps of the other replaces them, so a prompt unlike the last one is noticed at the first probe.
+(docs/bench.md, "H100 with CUDA graphs"). The carried rates count as stale: the first measurement of a mode after
+``probe_every`` / ``ar_probe_every`` steps of the other replaces them, so a prompt unlike the last one is noticed at
+the first probe.
 
 The decision depends only on earlier steps (and earlier runs), never on this step's draws, so the output law is
 unchanged (a stop rule that reads the past). It is timing-driven, hence not reproducible across runs; a replay
@@ -45,7 +46,7 @@ def fallback_active(mode: str, device_type: str, rows_are_dear=None) -> bool:
     steps. On the AVX-512-BF16 CPU a 16-row verification costs 1.07x a plain step and speculation paid in every
     measured cell (docs/bench.md), so there a timing-driven rule would only make runs, tests and classroom demos
     differ from run to run; on a 2-core AVX2 CPU in fp32 it costs 2.8x and the default ``mcsd-improved`` ran
-    MT-bench at 0.77x plain decoding, 0.96x with the rule (docs/bench.md)."""
+    MT-bench at 0.77x plain decoding, 0.96x with the rule (docs/bench.md, "Plain-decoding fallback (goodput)")."""
     if mode not in FALLBACK_MODES:
         raise ValueError(f"unknown fallback mode {mode!r}; expected one of {', '.join(FALLBACK_MODES)}")
     if asks_row_costs(mode, device_type):
@@ -94,7 +95,8 @@ class GoodputFallback:
             (a replay of a run on a device where the rule is off, continued past the recorded steps).
         warmup: speculative steps measured before plain decoding is first tried. A run's first step is rarely
             typical: on HumanEval it committed 2 tokens in 735 ms and the next ones 17 in 1.7 s (2-core AVX2 CPU,
-            fp32), and judged on it alone the rule ran the next 8 steps plain (docs/bench.md).
+            fp32), and judged on it alone the rule ran the next 8 steps plain (docs/bench.md, "Plain-decoding
+            fallback (goodput)").
         carried: ``state()`` of an earlier run's fallback (the same method and sampling, on the same pair): its
             rates start this run's averages, and a speculation rate counts as warmed up.
 

@@ -1,13 +1,13 @@
 """Linear weights packed once for the CPU's matrix multiplies, instead of on every call.
 
-A float32 ``nn.Linear`` on the CPU hands its weight to the BLAS on each call, and for a query of two or more rows
-the BLAS copies the whole weight into its blocked layout first (packing), then multiplies. For a 1.5B target that
-copy is another pass over 6 GB per forward: measured on a 2-core AVX2 EPYC (docs/bench.md), the
-target's forward after a 200-token context takes 373 ms for one row and 733 ms for two, so a verified tree cost
-twice a plain step before its first extra row. oneDNN (PyTorch's ``mkldnn`` ops, the kernels ``torch.compile``'s
-CPU freezing uses) can keep a weight in its blocked layout: ``_reorder_linear_weight`` once at load time,
-``_linear_pointwise`` per call. Same machine and context, packed: 1 / 2 / 16 / 32 rows in 273 / 310 / 569 / 872 ms
-against 373 / 733 / 1052 / 1363 ms stock.
+A float32 ``nn.Linear`` on the CPU hands its weight to the BLAS on each call, and for a query of two or more rows the
+BLAS copies the whole weight into its blocked layout first (packing), then multiplies. For a 1.5B target that copy is
+another pass over 6 GB per forward: measured on a 2-core AVX2 EPYC (docs/bench.md, "Packed float32 weights"), the
+target's forward after a 200-token context takes 373 ms for one row and 733 ms for two, so a verified tree cost twice a
+plain step before its first extra row. oneDNN (PyTorch's ``mkldnn`` ops, the kernels ``torch.compile``'s CPU freezing
+uses) can keep a weight in its blocked layout: ``_reorder_linear_weight`` once at load time, ``_linear_pointwise`` per
+call. Same machine and context, packed: 1 / 2 / 16 / 32 rows in 273 / 310 / 569 / 872 ms against 373 / 733 / 1052 / 1363
+ms stock.
 
 It changes the order of the float additions, not the model: logits move by about 1e-4 (0.00012 measured, out of
 logits of magnitude ~10), the same for every method and baseline on the pair (transformers' ``generate`` runs the

@@ -2,17 +2,17 @@
 in one target pass. Lookup's branches win where the output copies the prompt, the model's where it does not, and
 recycled ones where the target repeats its own habits; a free branch costs target rows, never a forward.
 
-When lookup finds a match, the step proposes lookup's branches alone; the draft model drafts (with the recycled
-branches beside its tree) where lookup has nothing to copy. Measured on the embedded pair, CPU, greedy, 3 prompts x
-128 tokens (docs/bench.md): a matched step's model forwards cost more than the tokens they add, even for
-one-token matches. Against an earlier rule that trusted lookup only on a run (the last step committed at least 4
-tokens of its best branch, or a match of the longest n-gram): HumanEval 0-2 31.6 against 25.2 tok/s, MT-bench 0-2
-7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward (its chain). The choice is a
-function of the context, so the output law is unchanged: lossless.
+When lookup finds a match, the step proposes lookup's branches alone; the draft model drafts (with the recycled branches
+beside its tree) where lookup has nothing to copy. Measured on the embedded pair, CPU, greedy, 3 prompts x 128 tokens
+(docs/bench.md, "The hybrid: lookup alone wherever it has a match"): a matched step's model forwards cost more than the
+tokens they add, even for one-token matches. Against an earlier rule that trusted lookup only on a run (the last step
+committed at least 4 tokens of its best branch, or a match of the longest n-gram): HumanEval 0-2 31.6 against 25.2
+tok/s, MT-bench 0-2 7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward (its chain).
+The choice is a function of the context, so the output law is unchanged: lossless.
 
 Where a verification row costs time (a CPU without fast bf16 rows: ``forward_costs.row_prices``), the recycled
 branches beside the model's tree are priced like Token Recycling's own tree (``row_pricing.py``): only the slots
-whose measured acceptance pays for their rows join it. Lookup's copies are not priced (see ``engine._prices_rows``)."""
+whose measured acceptance pays for their rows join it. Lookup's copies are not priced (see ``factory.prices_rows``)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ START_TOKENS = 16
 the CPU a target row below the 32-row edge costs about 1 ms of a 200 ms forward (``config.FREE_ROWS_CPU``), and on
 HumanEval 0-2 (greedy) starting at 16 gave 7.08 tokens per target call against 6.43 (1.26x against 1.16x
 transformers' lookup in the same run), MT-bench 0-2 1.00x against 1.04x (lookup rarely matches there;
-docs/bench.md)."""
+docs/bench.md, "Prompt lookup: branches and copy length")."""
 
 
 def lookup_continuations(context: list[int], max_ngram: int, n_tokens: int, branches: int) -> list[tuple]:
