@@ -12,13 +12,24 @@ from __future__ import annotations
 import streamlit as st
 
 from explorer.ui.bench_page import benchmarks_page
+from explorer.ui.classroom_page import classroom_page
 from explorer.ui.compare_page import compare_page
 from explorer.ui.explorer_page import explorer_page
 from explorer.ui.sidebar import sidebar
 
-st.set_page_config(page_title="Speculative decoding explorer", page_icon="🌳", layout="wide")
+PAGES = ["Explorer", "Classroom", "Compare", "Benchmarks"]
 
-PAGES = ["Explorer", "Compare", "Benchmarks"]
+
+def page_from_url() -> str | None:
+    """``?page=classroom`` (any page's name, any case) opens that page on a new session: a teacher's bookmark."""
+    wanted = str(st.query_params.get("page", "")).lower()
+    return next((p for p in PAGES if p.lower() == wanted), None)
+
+
+if "page" not in st.session_state and page_from_url():
+    st.session_state["page"] = page_from_url()
+st.set_page_config(page_title="Speculative decoding explorer", page_icon="🌳", layout="wide",
+                   initial_sidebar_state="collapsed" if st.session_state.get("page") == "Classroom" else "auto")
 KEPT = ("prompt_text", "chat", "example", "cmp_prompt", "cmp_chat", "pair_spec", "draft_path", "target_path",
         "dtype", "method", "gamma", "lossy", "width", "max_depth", "stop", "decision_model", "verifier",
         "temperature", "top_k", "top_p", "seed", "max_new", "teach", "tree_template")
@@ -46,6 +57,9 @@ def main() -> None:
     page = st.sidebar.radio("Page", PAGES, horizontal=True, key="page")
     if page == "Benchmarks":
         benchmarks_page()
+        return
+    if page == "Classroom":  # recorded lessons: no model is loaded
+        classroom_page()
         return
     settings = sidebar()
     if page == "Compare":

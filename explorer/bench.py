@@ -24,6 +24,8 @@ settings (``VARIANT_KEYS``), so variants of one method run side by side in one b
 
 from __future__ import annotations
 
+import os
+
 import time
 
 import torch
@@ -73,10 +75,21 @@ def method_for_label(label: str) -> MethodConfig:
     return DEFAULTS[name].with_(**changes)
 
 
+def source_commit() -> str:
+    """The short git commit of the code that runs (``unknown`` outside a git checkout)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def run_facts(pair) -> dict:
-    """What a measurement ran on: the pair, dtype, device, machine, library versions, threads and the UTC date."""
+    """What a measurement ran on: the pair, dtype, device, machine, library versions, threads, the UTC date and the
+    code's commit."""
     import datetime
-    import os
     import platform
 
     import transformers
@@ -87,7 +100,7 @@ def run_facts(pair) -> dict:
             "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights,
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{gpu}", "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "commit": source_commit()}
 
 
 def hf_assisted_settings(draft) -> dict:

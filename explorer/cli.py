@@ -209,6 +209,25 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_lessons(args) -> int:
+    from .lessons import load_lesson, shipped_lessons
+
+    if args.action == "list":
+        for path in shipped_lessons():
+            lesson = load_lesson(path)
+            steps = sum(len(r.trace.steps) for r in lesson.runs)
+            print(f"{lesson.id}: {lesson.title} ({len(lesson.runs)} run(s), {steps} steps, "
+                  f"{len(lesson.phases())} phases; recorded {lesson.recorded.get('date', '?')[:10]} on "
+                  f"{lesson.recorded.get('machine', '?')}, {lesson.recorded.get('dtype', '?')})")
+        return 0
+    from .lessons_record import record_lessons
+
+    pair = load_pair_from_args(args)
+    record_lessons(pair, Path(args.out), only=args.only.split(",") if args.only else None,
+                   progress=lambda msg: print(msg, file=sys.stderr))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explorer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -273,6 +292,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="our forwards through CUDA graphs per query-size bucket (implies --kv-cache static)")
     add_model_args(bn)
     bn.set_defaults(func=cmd_bench)
+
+    from .lessons import LESSONS_DIR
+
+    les = sub.add_parser("lessons", help="the classroom's lessons: list them, or record them on a real pair")
+    les.add_argument("action", choices=["list", "record"])
+    les.add_argument("--only", help="comma-separated lesson ids to record (default: all)")
+    les.add_argument("--out", default=str(LESSONS_DIR), help="folder for the lesson files (default: assets/lessons)")
+    add_model_args(les)
+    les.set_defaults(func=cmd_lessons)
 
     from .decision.cli import add_decision_parser
 

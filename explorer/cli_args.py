@@ -60,7 +60,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                                                         "threshold (ROC refit) or last-layer (decision model)")
     g.add_argument("--fallback", choices=FALLBACK_MODES,
                    help="plain decoding steps when speculation measures slower (SmartSpec's goodput rule): auto "
-                        "(default: on CUDA only), goodput or off")
+                        "(default: on CUDA, and on CPUs where a verification's extra rows cost several plain steps), "
+                        "goodput or off")
     g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
                    help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
     g.add_argument("--lookup-tokens", type=int, help="prompt-lookup / hybrid: longest copy (the adaptive length's cap)")

@@ -13,11 +13,12 @@ import networkx as nx
 import plotly.graph_objects as go
 
 from .methods import SOURCE_LABELS
-from .trace import ACCEPTED, CONTEXT, REJECTED, UNVERIFIED, RunTrace, StepTrace
+from .trace import ACCEPTED, CONTEXT, DRAFTED, REJECTED, UNVERIFIED, RunTrace, StepTrace
 
-STATUS_COLORS = {CONTEXT: "#7f8c8d", ACCEPTED: "#2ca02c", REJECTED: "#d62728", UNVERIFIED: "#c7c7c7"}
-STATUS_LABELS = {CONTEXT: "last committed token", ACCEPTED: "accepted", REJECTED: "rejected",
-                 UNVERIFIED: "not verified"}
+STATUS_COLORS = {CONTEXT: "#7f8c8d", DRAFTED: "#f2b134", ACCEPTED: "#2ca02c", REJECTED: "#d62728",
+                 UNVERIFIED: "#c7c7c7"}
+STATUS_LABELS = {CONTEXT: "last committed token", DRAFTED: "drafted, not yet verified", ACCEPTED: "accepted",
+                 REJECTED: "rejected", UNVERIFIED: "not verified"}
 BONUS_COLOR = "#1f77b4"
 SOURCE_SYMBOLS = {CONTEXT: "circle", "draft": "circle", "target": "diamond", "lookup": "square",
                   "recycled": "triangle-up"}
@@ -133,41 +134,59 @@ def _hover(n) -> str:
 
 
 def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None,
-                color_by: str = "status", flagged: dict[int, str] | None = None) -> go.Figure:
+                color_by: str = "status", flagged: dict[int, str] | None = None, shown: dict[int, str] | None = None,
+                font: int | None = None) -> go.Figure:
     """The draft token tree of one step, coloured by verification status (``color_by="status"``) or by draft
     source (``"source"``: draft model, target root, prompt lookup, token recycling; rejected and unverified nodes
     faded). The marker's shape always tells the source (circle: draft model, diamond: target root, square: lookup,
     triangle: recycled). Committed nodes get a thick outline, and the bonus token hangs off the committed path as a
     blue star. Each node marker carries its node id as ``customdata`` (clicks select it); ``selected`` gets an
-    orange ring; ``flagged`` (node id -> why, e.g. the probe's flipped decisions) a magenta square."""
+    orange ring; ``flagged`` (node id -> why, e.g. the probe's flipped decisions) a magenta square.
+
+    ``shown`` (the classroom's phases, ``phases.shown_status``): node id -> the status to draw it with
+    (``phases.DRAFTED`` before its test); nodes absent are not drawn, and the commit's outline and bonus star
+    appear only once every drawn node shows its own status. The layout is the whole tree's, so nodes keep their
+    places from phase to phase. ``font``: the text size in px of labels, titles and legend (default: the desk
+    sizes); markers grow with it."""
     g = tree_graph(step)
     pos = tree_layout(g)
+    by_id = {n.id: n for n in step.nodes}
+    if shown is not None:
+        step_nodes = [by_id[i] for i in sorted(shown)]
+        status_of = dict(shown)
+        final = all(status_of[n.id] == n.status for n in step_nodes)
+    else:
+        step_nodes, status_of, final = step.nodes, {n.id: n.status for n in step.nodes}, True
+    drawn = {n.id for n in step_nodes}
+    scale = (font or 11) / 11
     fig = go.Figure()
     ex, ey = [], []
     for a, b in g.edges:
-        ex += [pos[a][0], pos[b][0], None]
-        ey += [pos[a][1], pos[b][1], None]
+        if a in drawn and b in drawn:
+            ex += [pos[a][0], pos[b][0], None]
+            ey += [pos[a][1], pos[b][1], None]
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=1), hoverinfo="skip",
                              showlegend=False))
     if color_by == "source":
-        groups = [(SOURCE_LABELS[src], SOURCE_COLORS[src], [n for n in step.nodes if n.source == src])
+        groups = [(SOURCE_LABELS[src], SOURCE_COLORS[src], [n for n in step_nodes if n.source == src])
                   for src in SOURCE_COLORS]
     else:
-        groups = [(STATUS_LABELS[status], STATUS_COLORS[status], [n for n in step.nodes if n.status == status])
-                  for status in (CONTEXT, ACCEPTED, REJECTED, UNVERIFIED)]
+        groups = [(STATUS_LABELS[status], STATUS_COLORS[status], [n for n in step_nodes if status_of[n.id] == status])
+                  for status in (CONTEXT, DRAFTED, ACCEPTED, REJECTED, UNVERIFIED)]
     for name, color, nodes in groups:
         if not nodes:
             continue
         faded = color_by == "source"
+        outlined = [final and n.committed and n.status != CONTEXT for n in nodes]
         fig.add_trace(go.Scatter(
             x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
             name=name, text=[token_label(n.text, 10) for n in nodes], textposition="top center",
-            textfont=dict(size=11),
+            textfont=dict(size=font or 11),
             customdata=[n.id for n in nodes], hovertext=[_hover(n) for n in nodes], hoverinfo="text",
-            marker=dict(size=16, color=color, symbol=[SOURCE_SYMBOLS.get(n.source, "circle") for n in nodes],
+            marker=dict(size=16 * scale, color=color, symbol=[SOURCE_SYMBOLS.get(n.source, "circle") for n in nodes],
                         opacity=[0.35 if faded and n.status in (REJECTED, UNVERIFIED) else 1.0 for n in nodes],
-                        line=dict(color=["#000" if n.committed and n.status != CONTEXT else "#fff" for n in nodes],
-                                  width=[3 if n.committed and n.status != CONTEXT else 1 for n in nodes]))))
+                        line=dict(color=["#000" if o else "#fff" for o in outlined],
+                                  width=[3 if o else 1 for o in outlined]))))
     if selected is not None and selected in pos:
         fig.add_trace(go.Scatter(x=[pos[selected][0]], y=[pos[selected][1]], mode="markers", hoverinfo="skip",
                                  name="inspected", marker=dict(size=30, color="rgba(0,0,0,0)", symbol="circle",
@@ -178,7 +197,7 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
                                  name="flips on plain decoding (probe)", hovertext=list(flagged.values()),
                                  hoverinfo="text", marker=dict(size=34, color="rgba(0,0,0,0)", symbol="square",
                                                                line=dict(color="#e377c2", width=4))))
-    if step.bonus_token is not None:
+    if step.bonus_token is not None and final:
         path = [n for n in step.nodes if n.committed]
         last = max(path, key=lambda n: n.depth)
         x, y = pos[last.id][0] + 1, pos[last.id][1]
@@ -187,9 +206,10 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         text = step.committed_text[-1]
         fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", name="bonus token (from target)",
                                  text=[token_label(text, 10)], textposition="middle right",
+                                 textfont=dict(size=font or 12),
                                  hovertext=[f"<b>{token_label(text, 40)}</b><br>bonus token sampled from the "
                                             "target after the accepted path"], hoverinfo="text",
-                                 marker=dict(size=18, color=BONUS_COLOR, symbol="star")))
+                                 marker=dict(size=18 * scale, color=BONUS_COLOR, symbol="star")))
     depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     fig.update_layout(
@@ -200,30 +220,50 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
         hoverlabel=dict(align="left"),
         clickmode="event+select")
+    if font:
+        fig.update_layout(font=dict(size=font), title_font=dict(size=font + 2), legend_font=dict(size=font),
+                          xaxis=dict(title_font=dict(size=font), tickfont=dict(size=font)),
+                          hoverlabel=dict(font_size=font))
     return fig
 
 
-def mask_figure(step: StepTrace, highlight: int | None = None) -> go.Figure:
+def mask_figure(step: StepTrace, highlight: int | None = None, rows: list[int] | None = None,
+                font: int | None = None, height: int | None = None) -> go.Figure:
     """The topology-aware attention mask sent to the target in this step (the step's own rows and columns; every
     row also attends to all ``mask_context_len`` cached context tokens, not drawn). ``highlight``: a node id whose
-    row is outlined in orange (the node inspector's)."""
+    row is outlined in orange (the node inspector's). ``rows``: draw only these node ids' rows and columns (the
+    classroom's slice of the levels drafted so far, ``phases.mask_rows``). ``font``: text size in px (default: the
+    desk sizes); where the rows are too many for labels of that size in ``height`` px, every k-th row is labelled."""
     by_id = {n.id: n for n in step.nodes}
-    labels = [f"{node_label(by_id[i])} @{p}" for i, p in zip(step.mask_node_ids, step.position_ids)]
-    cols = [node_label(by_id[i]) for i in step.mask_node_ids]
+    keep = [k for k, i in enumerate(step.mask_node_ids) if rows is None or i in set(rows)]
+    ids = [step.mask_node_ids[k] for k in keep]
+    z = [[step.mask[r][c] for c in keep] for r in keep]
+    labels = [f"{node_label(by_id[i])} @{step.position_ids[k]}" for i, k in zip(ids, keep)]
+    cols = [node_label(by_id[i]) for i in ids]
     hover = [[f"row {labels[r]}<br>col {cols[c]}<br>{'attends' if v else 'masked'}"
-              for c, v in enumerate(row)] for r, row in enumerate(step.mask)]
-    fig = go.Figure(go.Heatmap(z=step.mask, x=cols, y=labels, colorscale=[[0, "#f4f4f4"], [1, "#3b6fb6"]],
+              for c, v in enumerate(row)] for r, row in enumerate(z)]
+    fig = go.Figure(go.Heatmap(z=z, x=cols, y=labels, colorscale=[[0, "#f4f4f4"], [1, "#3b6fb6"]],
                                zmin=0, zmax=1, showscale=False, xgap=1, ygap=1, hovertext=hover,
                                hoverinfo="text"))
-    n = len(step.mask)
+    n, full = len(z), len(step.mask)
+    size = f"{n}×{n}" + (f" of {full}×{full}" if n < full else "")
+    tick = font or 10
+    height = height or max(300, min(900, 22 * n + 160))
     fig.update_layout(
-        title=f"Tree attention mask sent to the target: {n}×{n}<br><sup>+{step.mask_context_len} cached context "
+        title=f"Tree attention mask sent to the target: {size}<br><sup>+{step.mask_context_len} cached context "
               "columns, all attended (not drawn)</sup>",
-        height=max(300, min(900, 22 * n + 160)), margin=dict(l=10, r=10, t=70, b=10),
-        yaxis=dict(autorange="reversed", title="query (node @ position id)", tickfont=dict(size=10)),
-        xaxis=dict(title="key", tickangle=-60, tickfont=dict(size=10)))
-    if highlight in step.mask_node_ids:
-        r = step.mask_node_ids.index(highlight)
+        height=height, margin=dict(l=10, r=10, t=70, b=10),
+        yaxis=dict(autorange="reversed", title="query (node @ position id)", tickfont=dict(size=tick)),
+        xaxis=dict(title="key", tickangle=-60, tickfont=dict(size=tick)))
+    if font:
+        fig.update_layout(font=dict(size=font), title_font=dict(size=font + 2), hoverlabel=dict(font_size=font),
+                          xaxis=dict(title_font=dict(size=font)), yaxis=dict(title_font=dict(size=font)))
+        every = max(1, -(-n * (font + 4) // max(1, height - 200)))  # rows per label that still fit
+        if every > 1:
+            fig.update_yaxes(tickmode="array", tickvals=labels[::every], ticktext=labels[::every])
+            fig.update_xaxes(tickmode="array", tickvals=cols[::every], ticktext=cols[::every])
+    if highlight in ids:
+        r = ids.index(highlight)
         fig.add_shape(type="rect", x0=-0.5, x1=n - 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color="#ff7f0e", width=3))
     return fig
 

@@ -22,6 +22,7 @@ CONTEXT = "context"  # the anchor: the last committed token, root of the drawn t
 ACCEPTED = "accepted"  # verified and accepted (for the lossy rule: accepted within its own branch)
 REJECTED = "rejected"  # verified and rejected
 UNVERIFIED = "unverified"  # never reached by verification (below a rejection, or in another branch)
+DRAFTED = "drafted"  # shown only, never recorded: proposed and not judged yet (the classroom's phases)
 
 
 class TraceError(ValueError):

@@ -541,6 +541,113 @@ def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fi
     return report
 
 
+CLASSROOM_POS = "() => document.querySelector('[data-cls-pos]')?.getAttribute('data-cls-pos') ?? null"
+# Things a projector must show whole: no button, selectbox value, metric or label cut (scrollWidth > clientWidth).
+CUT_TEXT = """() => [...document.querySelectorAll('button p, button div, input[role=combobox], '
+  + '[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *, [data-testid="stWidgetLabel"] *')]
+  .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1).map(e => (e.innerText || e.value || '').slice(0, 40))"""
+# The smallest rendered text in the charts (px): Plotly sets each label's font size on its SVG text element.
+MIN_CHART_TEXT = """() => Math.min(...[...document.querySelectorAll('.js-plotly-plot text')]
+  .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0)
+  .map(t => parseFloat(getComputedStyle(t).fontSize)))"""
+BOXES = """() => Object.fromEntries([['tree', '.st-key-cls_tree'], ['mask', '.st-key-cls_mask'],
+  ['account', '.cls-account'], ['controls', '.st-key-cls_next']].map(([k, sel]) => {
+    const e = document.querySelector(sel); if (!e) return [k, null];
+    const r = e.getBoundingClientRect(); return [k, [r.left, r.top, r.right, r.bottom]]; }))"""
+
+
+def _classroom_moved(page, before, timeout_ms: int = 30_000) -> str:
+    """Wait until the classroom's phase marker differs from ``before`` and no script run is in progress."""
+    page.wait_for_function(f"b => ({CLASSROOM_POS})() !== b", arg=before, timeout=timeout_ms)
+    page.wait_for_selector(IDLE, timeout=timeout_ms)
+    return page.evaluate(CLASSROOM_POS)
+
+
+def _classroom_key(page, key: str) -> str:
+    before = page.evaluate(CLASSROOM_POS)
+    page.keyboard.press(key)
+    return _classroom_moved(page, before)
+
+
+def classroom_tour(url: str, out_dir: Path, sizes=((1280, 720), (1920, 1080)), bad_lesson: Path | None = None) -> dict:
+    """The Classroom as a projector shows it: for each screen size open ``?page=classroom`` in a new session (the
+    sidebar collapsed), time the first lesson's opening, press Right three times, then check that the tree, the mask
+    and the account lie inside the viewport, that no text is cut and the charts' smallest text; open every lesson
+    (the time each takes); Page Down / Page Up / Left; Play at 2 s a phase, then any key stops it; a malformed lesson
+    file gets a message. Screenshots in ``out_dir``."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for width, height in sizes:
+            r: dict = {}
+            report[f"{width}x{height}"] = r
+            page = browser.new_page(viewport={"width": width, "height": height})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            t0 = time.monotonic()
+            page.goto(url + "/?page=classroom")
+            page.wait_for_selector(".st-key-cls_tree .js-plotly-plot", timeout=120_000)
+            page.wait_for_selector(IDLE, timeout=120_000)
+            r["open_s"] = round(time.monotonic() - t0, 2)
+            r["sidebar_collapsed"] = page.evaluate(
+                "() => { const s = document.querySelector('[data-testid=stSidebar]');"
+                " return !s || s.getAttribute('aria-expanded') === 'false' || s.getBoundingClientRect().right <= 0; }")
+            r["positions"] = [page.evaluate(CLASSROOM_POS)] + [_classroom_key(page, "ArrowRight") for _ in range(3)]
+            time.sleep(0.5)  # let Plotly finish laying out
+            r["boxes"], r["viewport"] = page.evaluate(BOXES), [width, height]
+            r["cut"] = page.evaluate(CUT_TEXT)
+            r["min_chart_px"] = page.evaluate(MIN_CHART_TEXT)
+            page.screenshot(path=str(out_dir / f"classroom_{width}x{height}.png"))
+            r["page_down"] = _classroom_key(page, "PageDown")
+            r["page_up"] = _classroom_key(page, "PageUp")
+            r["left"] = _classroom_key(page, "ArrowLeft")
+            # Play at 2 s a phase: it advances on its own; any other key stops it
+            page.locator(".st-key-cls_pace input[role=combobox]").click()
+            page.get_by_role("option", name="2 s / phase").click()
+            page.wait_for_selector(IDLE)
+            before = page.evaluate(CLASSROOM_POS)
+            page.locator(".st-key-cls_play button").click()
+            time.sleep(6.5)
+            r["played"] = [before, page.evaluate(CLASSROOM_POS)]
+            page.keyboard.press("b")  # a clicker's "blank screen" key, or any other
+            page.wait_for_function("() => document.querySelector('.st-key-cls_play button')?.innerText.includes('Play')",
+                                   timeout=20_000)
+            page.wait_for_selector(IDLE)
+            stopped = page.evaluate(CLASSROOM_POS)
+            time.sleep(4.5)
+            r["stopped"] = [stopped, page.evaluate(CLASSROOM_POS)]
+            if (width, height) == sizes[0]:
+                r["lessons"] = {}
+                page.locator(".st-key-cls_lesson input[role=combobox]").click()
+                count = len(page.get_by_role("option").all())
+                page.keyboard.press("Escape")
+                for i in list(range(1, count)) + [0]:  # each pick a new lesson: it opens at its first phase
+                    page.locator(".st-key-cls_lesson input[role=combobox]").click()
+                    option = page.get_by_role("option").nth(i)
+                    name = option.inner_text()
+                    before = page.evaluate(CLASSROOM_POS)
+                    t0 = time.monotonic()
+                    option.click()
+                    page.wait_for_function(f"b => ({CLASSROOM_POS})() !== b && ({CLASSROOM_POS})().endsWith(':0')",
+                                           arg=before, timeout=30_000)
+                    page.wait_for_selector(".st-key-cls_tree .js-plotly-plot", timeout=30_000)
+                    page.wait_for_selector(IDLE)
+                    r["lessons"][name] = round(time.monotonic() - t0, 2)
+                if bad_lesson is not None:
+                    page.get_by_text("Open a lesson file").click()
+                    page.locator(".st-key-cls_upload input[type=file]").set_input_files(str(bad_lesson))
+                    page.wait_for_selector("[data-testid=stAlert]:has-text('Cannot open')", timeout=30_000)
+                    r["bad_lesson"] = page.locator("[data-testid=stAlert]").all_inner_texts()
+                    r["after_bad_lesson"] = page.evaluate(CLASSROOM_POS)
+            r["page_errors"] = errors
+            page.close()
+        browser.close()
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
@@ -551,7 +658,12 @@ def main() -> int:
     ap.add_argument("--what-if", action="store_true", help="also: a what-if edit, a new run from it, the timeline")
     ap.add_argument("--adaptation", action="store_true", help="also: online adaptation switched on, its chart")
     ap.add_argument("--fallback", action="store_true", help="also: the goodput fallback's plain decoding step")
+    ap.add_argument("--classroom", action="store_true", help="only the Classroom at 1280x720 and 1920x1080")
     args = ap.parse_args()
+    if args.classroom:
+        with running_app(args.pair) as url:
+            print(classroom_tour(url, Path(args.out) / "classroom"))
+        return 0
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))
         print(report)

@@ -156,7 +156,12 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     at.sidebar.radio(key="page").set_value("Benchmarks").run()
-    assert not at.exception and any("No report" in i.value for i in at.info)
+    # never empty: with no report of the user's, the reference reports shipped in assets/bench are shown
+    assert not at.exception and any("No report of yours" in i.value for i in at.info)
+    references = at.selectbox(key="bench_reference").options
+    assert {"cpu-humaneval", "cpu-mt-bench"} <= set(references) and len(at.dataframe) == 1
+    meta = load_report(Path(APP).parent / "assets" / "bench" / "cpu-humaneval.json")["meta"]
+    assert meta["machine"] and meta["date"] and meta["pair"].startswith("Embedded")
     write_reports(result, tmp_path)
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
     at = AppTest.from_file(APP, default_timeout=120)
@@ -166,6 +171,23 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     (tmp_path / "bench.json").write_text("{broken")
     at.run()
     assert any("Cannot show this report" in e.value for e in at.error)
+
+
+def test_the_page_runs_a_small_benchmark(tiny, tmp_path, monkeypatch):
+    """The page's button runs ar, mcsd-improved and transformers' assisted generation with a progress bar and
+    shows the report it wrote (the embedded pair's loader swapped for the tiny pair here)."""
+    from explorer.ui import common
+
+    monkeypatch.setattr(common, "load_pair_with_progress", lambda *a: tiny)
+    monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Benchmarks").run()
+    at.button(key="bench_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    report = load_report(tmp_path / "bench.json")
+    assert {r["method"] for r in report["summary"]} == {"ar", "mcsd-improved", "hf-assisted"}
+    assert len(at.dataframe) == 1 and report["meta"]["prompt_set"] == "humaneval:0:2"
 
 
 def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypatch):

@@ -172,3 +172,35 @@ def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
     assert (tmp_path / "timeline_panel.png").stat().st_size > 10_000
     assert any(t.startswith("Reliability") for t in r["calibration_titles"]), r["calibration_titles"]
     assert any(t.startswith("ROC") for t in r["calibration_titles"]) and r["calibration_metrics"]
+
+
+def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path):
+    """The Classroom at 1280x720 and 1920x1080, sidebar collapsed, no model loaded: after Right-arrow presses the
+    tree, the mask and the account lie inside the viewport, no text is cut, chart text is at least 16 px; Page
+    Down / Page Up / Left move phase by phase; Play advances and a key stops it; every lesson opens; a malformed
+    lesson file gets a message and the class goes on."""
+    from browser import classroom_tour
+
+    bad = tmp_path / "bad_lesson.json"
+    bad.write_text('{"lesson_schema": 99}')
+    with running_app("tiny") as url:
+        report = classroom_tour(url, tmp_path, bad_lesson=bad)
+    for size, r in report.items():
+        width, height = r["viewport"]
+        assert r["sidebar_collapsed"] and r["page_errors"] == [], (size, r)
+        lesson = r["positions"][0].split(":")[0]
+        assert r["positions"] == [f"{lesson}:{i}" for i in range(4)], r["positions"]
+        for name in ("tree", "mask", "account", "controls"):
+            left, top, right, bottom = r["boxes"][name]
+            assert 0 <= left and 0 <= top and right <= width and bottom <= height, (size, name, r["boxes"][name])
+        assert r["cut"] == [], (size, r["cut"])
+        assert r["min_chart_px"] >= 16, (size, r["min_chart_px"])
+        assert (r["page_down"], r["page_up"], r["left"]) == (f"{lesson}:4", f"{lesson}:3", f"{lesson}:2")
+        before, after = r["played"]
+        assert int(after.split(":")[1]) >= int(before.split(":")[1]) + 2, r["played"]  # Play advanced on its own
+        assert r["stopped"][0] == r["stopped"][1], r["stopped"]  # and the key stopped it
+        assert (tmp_path / f"classroom_{width}x{height}.png").stat().st_size > 20_000
+    first = report["1280x720"]
+    assert len(first["lessons"]) >= 6 and max(first["lessons"].values()) < 10, first["lessons"]
+    assert any("schema version 99" in m for m in first["bad_lesson"]), first["bad_lesson"]
+    assert first["after_bad_lesson"].endswith(":0")  # the lesson on screen stayed

@@ -54,7 +54,7 @@ def _reset() -> None:
             if state is not None:
                 st.session_state[key] = state
     for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running", "runs",
-                "run_index", "counterfactuals"):
+                "run_index", "counterfactuals", "continued"):
         st.session_state.pop(key, None)
     _forget_clicks()
     set_error(None)
@@ -99,6 +99,21 @@ def engine_lock() -> threading.Lock:
     """One lock per browser session around engine steps. Streamlit's fast reruns start the next script run while
     an interrupted one may still be inside ``engine.step()``; the lock keeps two steps of one engine apart."""
     return st.session_state.setdefault("engine_lock", threading.Lock())
+
+
+def _continue_lesson(pair, settings, lesson: dict) -> None:
+    """Replay a lesson's run (``lesson["trace"]``) on ``pair`` through step ``lesson["step"]`` and make it the
+    session's live run. Raises ReplayError (another pair, dtype or device than the recording's) or ValueError."""
+    from ..instruments.replay import replay_steps
+
+    if pair is None:
+        raise ValueError("no model pair is loaded: see the message above")
+    trace, step = lesson["trace"], int(lesson["step"])
+    with st.spinner(f"Replaying “{lesson['title']}” to step {step + 1} on the models…"):
+        *_, (_, engine) = replay_steps(pair, trace, step)
+    st.session_state.update(engine=engine, trace=engine.trace, cursor=None, replay=None,
+                            run_settings=_run_key(settings, trace.prompt, True))
+    st.session_state["continued"] = f"Continuing “{lesson['title']}” live from step {step + 1}: Step goes on."
 
 
 def _do_step(pair, settings, prompt_text, chat) -> None:
@@ -218,6 +233,10 @@ def explorer_page(settings) -> None:
                    f"through its steps. Files up to {MAX_TRACE_BYTES // 2**20} MB.")
         _load_trace(st.file_uploader("Load trace", type=["json"], key="trace_upload"))
 
+    lesson = st.session_state.pop("continue_lesson", None)
+    if lesson is not None:  # the Classroom's "Continue live": replay the lesson's run to its step, then go on
+        _reset()
+        guarded(_continue_lesson, pair_or_message(settings), settings, lesson)
     if st.session_state.pop("instrument_reset", None):  # "Run mcsd with this tree": a new run, straight away
         _reset()
         _request("run")
@@ -246,6 +265,8 @@ def explorer_page(settings) -> None:
         st.rerun()  # redraw the controls for the finished run
     if st.session_state.get("error"):
         st.error(st.session_state["error"])
+    elif st.session_state.get("continued") and st.session_state.get("engine") is not None:
+        st.success(st.session_state["continued"])
     if st.session_state.get("stopped") and st.session_state.get("engine") is not None:
         st.info(f"Stopped after {st.session_state['engine'].n_generated} tokens: Step or Run to end goes on.")
 

@@ -1,0 +1,233 @@
+"""The classroom: a step told in phases (pure functions of a trace), lesson files (recorded, validated, replayed),
+and the Classroom page opening a lesson with no model loaded."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from explorer import figures, phases
+from explorer.config import DEFAULTS, MethodConfig
+from explorer.factory import build_engine
+from explorer.lessons import LessonError, load_lesson, loads_lesson, shipped_lessons
+from explorer.lessons_record import LESSON_SPECS, record_lesson
+from explorer.sampling import SamplingConfig
+from explorer.trace import ACCEPTED, CONTEXT, DRAFTED, REJECTED
+
+EMBEDDED = ("Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder-1.5B-Instruct")
+
+
+def _run(tiny, config, temperature=0.0, tokens=12, prompt="def f(x):\n    return"):
+    engine = build_engine(tiny, config, SamplingConfig(temperature=temperature, seed=3))
+    engine.start(tiny.tokenizer.encode(prompt), tokens)
+    return engine.run()
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tiny):
+    return _run(tiny, MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs"), temperature=1.0)
+
+
+def test_a_step_is_told_draft_mask_verify_commit(sampled_run):
+    for step in sampled_run.steps:
+        seq = phases.step_phases(step)
+        kinds = [p.kind for p in seq]
+        depth = max(n.depth for n in step.nodes)
+        assert kinds == ["draft"] * depth + ["mask"] + ["verify"] * (len(seq) - depth - 2) + ["commit"]
+        assert [p.level for p in seq[:depth]] == list(range(1, depth + 1))
+        tested = [step.nodes[p.node] for p in seq if p.kind == "verify"]
+        assert tested and all(n.status in (ACCEPTED, REJECTED) for n in tested)
+        assert [n.depth for n in tested] == sorted(n.depth for n in tested)  # the walk goes down
+        # while drafting, nodes appear level by level, unjudged, and the mask is the top-left slice of the levels
+        first = seq[0]
+        shown = phases.shown_status(step, first)
+        assert {step.nodes[i].depth for i in shown} == {0, 1}
+        assert {s for i, s in shown.items() if i} == {DRAFTED} and shown[0] == CONTEXT
+        rows = phases.mask_rows(step, first)
+        assert rows == step.mask_node_ids[: len(rows)] and set(rows) <= set(shown)
+        # each verify phase reveals one more node; the commit shows every node as recorded
+        revealed = [sum(s != DRAFTED for s in phases.shown_status(step, p).values()) for p in seq if p.kind == "verify"]
+        assert revealed == sorted(revealed) and len(set(revealed)) == len(revealed)
+        assert phases.shown_status(step, seq[-1]) == {n.id: n.status for n in step.nodes}
+
+
+def test_the_account_says_what_the_phase_shows(sampled_run, tiny):
+    rejected = [(s, n) for s in sampled_run.steps for n in s.nodes if n.status == REJECTED and n.residual_top]
+    assert rejected, "the sampled run should have a rejection with a residual"
+    step, node = rejected[0]
+    text = " ".join(phases.account(step, phases.Phase("verify", step.index, node=node.id), greedy=False))
+    assert "rejected" in text and "residual" in text and f"{node.u:.2f}" in text
+    commit = " ".join(phases.account(step, phases.step_phases(step)[-1], greedy=False))
+    assert f"Committed {len(step.committed_ids)} token" in commit
+    ar = _run(tiny, DEFAULTS["ar"])
+    assert [p.kind for p in phases.step_phases(ar.steps[0])] == ["commit"]
+    assert "No draft" in " ".join(phases.account(ar.steps[0], phases.step_phases(ar.steps[0])[0], greedy=True))
+    greedy = _run(tiny, MethodConfig(method="sd", gamma=3))
+    step = next(s for s in greedy.steps if len(s.nodes) > 1)
+    verify = next(p for p in phases.step_phases(step) if p.kind == "verify")
+    assert "the target's own top token" in " ".join(phases.account(step, verify, greedy=True))
+
+
+def test_phase_figures_draw_only_what_the_phase_shows_in_large_type(sampled_run):
+    step = sampled_run.steps[0]
+    seq = phases.step_phases(step)
+    tree = figures.tree_figure(step, shown=phases.shown_status(step, seq[0]), font=18)
+    drawn = sum(len(t.x) for t in tree.data if t.mode == "markers+text")
+    assert drawn == len(phases.visible_nodes(step, seq[0]))
+    assert not any(t.name == "bonus token (from target)" for t in tree.data)  # the bonus comes at the commit
+    assert all(t.textfont.size >= 16 for t in tree.data if t.mode == "markers+text")
+    assert tree.layout.xaxis.title.font.size >= 16 and tree.layout.legend.font.size >= 16
+    final = figures.tree_figure(step, shown=phases.shown_status(step, seq[-1]), font=18)
+    assert (step.bonus_token is not None) == any(t.name == "bonus token (from target)" for t in final.data)
+    mask = figures.mask_figure(step, rows=phases.mask_rows(step, seq[0]), font=18, height=500)
+    assert len(mask.data[0].z) == len(phases.mask_rows(step, seq[0])) < len(step.mask)
+    assert mask.layout.yaxis.tickfont.size >= 16
+
+
+@pytest.fixture(scope="module")
+def tiny_lesson(tiny):
+    spec = next(s for s in LESSON_SPECS if s.id == "03-temperature-one")
+    return record_lesson(tiny, dataclasses.replace(spec, audit_samples=40, max_new_tokens=16), progress=lambda m: 0)
+
+
+def test_a_recorded_lesson_round_trips_with_its_notes_race_and_audit(tiny_lesson):
+    back = loads_lesson(tiny_lesson.to_json())
+    assert [r.trace.generated_ids for r in back.runs] == [r.trace.generated_ids for r in tiny_lesson.runs]
+    assert back.baseline is not None and back.baseline.settings["method"]["method"] == "ar"
+    assert back.baseline.generated_ids and back.audit["samples"] == 40
+    assert back.recorded["command"] == "python -m explorer lessons record --only 03-temperature-one"
+    marked = [(r, p) for r, p in back.phases() if back.note_at(r, p)]
+    assert len(marked) == len(back.notes) >= 1  # every note is shown at exactly one phase
+    assert back.notes[-1].text.startswith("The audit sampled")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(lesson_schema=99), "schema version 99"),
+    (lambda d: d.pop("title"), "'title'"),
+    (lambda d: d.update(runs=[]), "at least one run"),
+    (lambda d: d["runs"][0]["trace"].update(schema_version=7), "run 1 of the lesson"),
+    (lambda d: d["runs"][0]["trace"]["steps"][0].update(nodes="x"), "run 1 of the lesson"),
+    (lambda d: d["notes"].append({"run": 0, "step": 999, "phase": "commit", "text": "x"}), "step 1000"),
+    (lambda d: d["notes"].append({"run": 0, "step": 0, "phase": "lunch", "text": "x"}), "'lunch'"),
+    (lambda d: d["notes"].append({"run": "one"}), "malformed"),
+])
+def test_a_malformed_lesson_is_a_clear_error(tiny_lesson, change, message):
+    d = json.loads(tiny_lesson.to_json())
+    change(d)
+    with pytest.raises(LessonError, match=message):
+        loads_lesson(json.dumps(d))
+
+
+def test_unreadable_oversized_and_non_json_lessons_are_clear_errors(tmp_path, monkeypatch):
+    with pytest.raises(LessonError, match="cannot read"):
+        load_lesson(tmp_path / "missing.json")
+    with pytest.raises(LessonError, match="not valid JSON"):
+        loads_lesson(b"{not json")
+    monkeypatch.setattr("explorer.lessons.MAX_LESSON_BYTES", 10)
+    with pytest.raises(LessonError, match="limit"):
+        loads_lesson(b'{"lesson_schema": 1, "padding": "...."}')
+
+
+def test_shipped_lessons_cover_the_topics_and_draw_every_phase():
+    lessons = [load_lesson(p) for p in shipped_lessons()]
+    assert len(lessons) >= 6
+    methods = set()
+    for lesson in lessons:
+        assert lesson.notes and lesson.title and lesson.question and lesson.baseline is not None
+        for run in lesson.runs:
+            model = run.trace.model
+            assert (model["draft_id"], model["target_id"]) == EMBEDDED  # real traces of the embedded pair
+            m = run.trace.settings["method"]
+            methods.add(m["method"] + (" lossy" if m.get("lossy") else "")
+                        + (" T1" if run.trace.settings["sampling"]["temperature"] >= 1 else ""))
+        for r, phase in lesson.phases():
+            step = lesson.runs[r].trace.steps[phase.step]
+            figures.tree_figure(step, shown=phases.shown_status(step, phase), font=16)
+            if len(step.nodes) > 1:
+                figures.mask_figure(step, rows=phases.mask_rows(step, phase), font=16, height=500)
+            assert phases.account(step, phase, greedy=False)
+    assert {"mcsd-improved", "sd", "mcsd T1", "prompt-lookup", "mcsd-improved lossy T1"} <= methods
+    audits = {lesson.id: lesson.audit for lesson in lessons if lesson.audit}
+    assert audits["03-temperature-one"]["passed"]  # lossless at temperature 1
+    assert "06-lossy-roots" in audits  # the lossy lesson says what the audit found
+
+
+@pytest.mark.real
+def test_shipped_lessons_replay_token_for_token_on_the_embedded_pair(real_pair):
+    """A lesson no longer matching its trace (the engine changed) fails here: every step of every run is replayed
+    on the models and must commit the recorded tokens."""
+    from explorer.instruments.replay import replay_steps
+
+    for path in shipped_lessons():
+        lesson = load_lesson(path)
+        if lesson.recorded.get("dtype") != str(real_pair.dtype).removeprefix("torch."):
+            pytest.skip(f"the lessons were recorded in {lesson.recorded.get('dtype')}; this machine runs the pair "
+                        f"in {real_pair.dtype} (another rounding)")
+        for run in lesson.runs:
+            steps = [s for _, s in replay_steps(real_pair, run.trace, len(run.trace.steps) - 1)]
+            assert len(steps) == len(run.trace.steps)  # replay_steps raises where a step commits other tokens
+
+
+def test_the_classroom_opens_a_lesson_with_no_model_and_steps_through_phases(monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from explorer.ui import common
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the classroom must not load a model")
+
+    monkeypatch.setattr(common, "get_pair", no_model)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=60)
+    at.query_params["page"] = "classroom"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["page"] == "Classroom" and at.session_state["cls_pos"] == 0
+    at.button(key="cls_next").click().run()
+    at.button(key="cls_next").click().run()
+    assert at.session_state["cls_pos"] == 2 and not at.exception
+    at.button(key="cls_back").click().run()
+    assert at.session_state["cls_pos"] == 1
+    options = at.selectbox(key="cls_lesson").options
+    assert len(options) >= 6
+    at.selectbox(key="cls_lesson").select_index(len(options) - 1).run()
+    assert at.session_state["cls_pos"] == 0 and not at.exception
+    assert any("What to notice" in i.value for i in at.info)  # the last lesson marks its first phase
+
+
+def test_chain_speedup_follows_leviathan():
+    from explorer.race import chain_speedup
+
+    assert chain_speedup(0.0, 4, 0.25) == pytest.approx(1 / 2)  # nothing accepted: one token per 4 drafts + 1 target
+    assert chain_speedup(1.0, 4, 0.25) == pytest.approx(5 / 2)
+    assert chain_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8 ** 5) / 0.2)
+    assert chain_speedup(0.6, 3, 0.05) < chain_speedup(0.8, 3, 0.05)
+
+
+def test_the_race_lays_both_runs_on_one_clock(tiny_lesson):
+    from explorer.race import commit_times, lane_segments, measured_point, race_figure
+
+    run, baseline = tiny_lesson.runs[0].trace, tiny_lesson.baseline
+    for trace in (run, baseline):
+        segs = lane_segments(trace)
+        assert segs[0]["part"] == "prefill"
+        for a, b in zip(segs, segs[1:]):  # contiguous, no gaps
+            assert b["start_ms"] == pytest.approx(a["start_ms"] + a["ms"])
+        end, tokens = commit_times(trace)[-1]
+        assert end == pytest.approx(segs[-1]["start_ms"] + segs[-1]["ms"]) and tokens == len(trace.generated_ids)
+    fig = race_figure(run, baseline, "mcsd")
+    assert {a.y for a in fig.layout.annotations} == {"mcsd", "ar (plain decoding)"}  # both finishing times
+    point = measured_point(run, baseline)
+    rate = lambda t: len(t.generated_ids) / commit_times(t)[-1][0]  # noqa: E731
+    assert point["speedup"] == pytest.approx(rate(run) / rate(baseline))
+    assert 0 <= point["alpha"] <= 1 and point["gamma"] == 2 and point["c"] > 0
+
+
+def test_lessons_and_their_figures_need_no_torch():
+    """A lesson opens with no model: the modules that read and draw it never import torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, explorer.lessons, explorer.phases, explorer.race, explorer.figures, explorer.trace, "
+            "explorer.metrics, explorer.report; assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
