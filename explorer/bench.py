@@ -24,9 +24,10 @@ settings (``VARIANT_KEYS``), so variants of one method run side by side in one b
 
 from __future__ import annotations
 
+import contextlib
 import os
-
 import time
+from pathlib import Path
 
 import torch
 
@@ -95,10 +96,15 @@ def run_facts(pair) -> dict:
     import transformers
 
     gpu = f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""
+    cpu = ""
+    with contextlib.suppress(OSError):
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = f", {names[0]}" if names else ""
     return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
             "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
             "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights,
-            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{gpu}", "torch": torch.__version__,
+            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{cpu}{gpu}", "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "commit": source_commit()}
 

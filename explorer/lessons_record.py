@@ -73,8 +73,9 @@ def _unsure_notes(runs, audit):
         notes.append(Note(0, wide.index, "draft", "The draft's top candidate at the root was below 80 %: unsure, it "
                           "proposed a second candidate there (adaptive width). Each becomes a branch of the tree.",
                           level=1))
-    early = next((s for s in t.steps if s.stop_signals and not s.stop_signals[-1].keep_drafting
-                  and s.stop_signals[-1].level < s.max_draft_len), None)
+    stopped = [s for s in t.steps if s.stop_signals and not s.stop_signals[-1].keep_drafting
+               and s.stop_signals[-1].level < s.max_draft_len]
+    early = min(stopped, key=lambda s: (s.stop_signals[-1].level, s.index)) if stopped else None  # the earliest stop
     if early is not None:
         sig = early.stop_signals[-1]
         notes.append(Note(0, early.index, "draft", f"The decision model's score fell to {sig.score:.2f}, below τ "
@@ -103,30 +104,53 @@ def _sampling_notes(runs, audit):
 
 def _chain_tree_notes(runs, audit):
     sd, tree = runs
-    return [Note(0, 0, "draft", "Speculative decoding (SD): the draft proposes one chain of 4 tokens. One wrong "
-                 "token and everything after it is lost."),
-            Note(1, 0, "draft", "MCSD: two candidates at every node, a tree of 14 tokens, all verified in the same "
-                 "single target pass: where the first guess is wrong, its sibling may be right."),
-            Note(0, len(sd.steps) - 1, "commit", f"SD over the run: {_per_call(sd):.2f} tokens per target call in "
-                 f"{len(sd.steps)} steps."),
-            Note(1, len(tree.steps) - 1, "commit", f"MCSD over the run: {_per_call(tree):.2f} tokens per target call "
-                 f"in {len(tree.steps)} steps, against SD's {_per_call(sd):.2f}. The tree costs more target rows per "
-                 "pass; on this CPU a row is nearly free, on others it is not (docs/bench.md).")]
+    a, b = _per_call(sd), _per_call(tree)
+    verdict = ("The tree wins here: where the draft's first guess was wrong, a sibling was often right." if b > a else
+               "The chain wins here: the tree is 3 levels deep against the chain's 4, and where the draft's first "
+               "guess is right its siblings add nothing.")
+    notes = [Note(0, 0, "draft", "Speculative decoding (SD): the draft proposes one chain of 4 tokens. One wrong "
+                  "token and everything after it is lost."),
+             Note(1, 0, "draft", "MCSD: two candidates at every node, a tree of 14 tokens, all verified in the same "
+                  "single target pass: where the first guess is wrong, its sibling may be right."),
+             Note(0, len(sd.steps) - 1, "commit", f"SD over the run: {a:.2f} tokens per target call in "
+                  f"{len(sd.steps)} steps."),
+             Note(1, len(tree.steps) - 1, "commit", f"MCSD over the run: {b:.2f} tokens per target call in "
+                  f"{len(tree.steps)} steps, against SD's {a:.2f}. {verdict}")]
+    common = next((i for i, (x, y) in enumerate(zip(sd.generated_ids, tree.generated_ids)) if x != y), None)
+    if common is not None:
+        step, done = 0, 0
+        for s in tree.steps:
+            if done + len(s.committed_ids) > common:
+                step = s.index
+                break
+            done += len(s.committed_ids)
+        notes.append(Note(1, step, "commit", f"Both runs are greedy and lossless, yet the texts part at token "
+                          f"{common + 1} ({_tok(_piece(sd, common))} in the chain, "
+                          f"{_tok(_piece(tree, common))} here). A forward over many rows rounds bf16 differently "
+                          "from one over few; where the target's two best tokens are nearly tied, that can pick the "
+                          "other one (README, \"Numerics\"; `python -m explorer probe` shows it node by node)."))
+    return notes
+
+
+def _piece(trace: RunTrace, index: int) -> str:
+    """The text the token at ``index`` of the run's output added."""
+    pieces = [t for s in trace.steps for t in s.committed_text]
+    return pieces[index] if index < len(pieces) else ""
 
 
 def _lookup_notes(runs, audit):
     t, notes = runs[0], []
-    for s in t.steps:
-        node = next((n for n in s.nodes if n.source == "lookup" and n.committed and n.provenance), None)
-        if node is not None:
-            prov = node.provenance
-            where = "the prompt" if prov.get("in_prompt") else "the text so far"
-            notes.append(Note(0, s.index, "draft", f"No draft model: the last {prov.get('ngram', '?')} token(s) "
-                              f"{_tok(str(prov.get('match_text', '')))} occurred earlier in {where}, so the tokens "
-                              f"that followed there are proposed, for free (position {prov.get('copied_from')})."))
-            notes.append(Note(0, s.index, "commit", f"{s.accepted_draft_len} copied tokens accepted in one target "
-                              "call: the answer repeats the prompt's code."))
-            break
+    copied = [s for s in t.steps if any(n.source == "lookup" and n.committed and n.provenance for n in s.nodes)]
+    if copied:
+        s = max(copied, key=lambda s: (s.accepted_draft_len, -s.index))  # the longest copy taken
+        node = next(n for n in s.nodes if n.source == "lookup" and n.committed and n.provenance)
+        prov = node.provenance
+        where = "the prompt" if prov.get("in_prompt") else "the text so far"
+        notes.append(Note(0, s.index, "draft", f"No draft model: the last {prov.get('ngram', '?')} token(s) "
+                          f"{_tok(str(prov.get('match_text', '')))} occurred earlier in {where}, so the tokens that "
+                          f"followed there are proposed, for free (copied from position {prov.get('copied_from')})."))
+        notes.append(Note(0, s.index, "commit", f"{s.accepted_draft_len} copied tokens accepted in one target "
+                          "call: the answer repeats the prompt's code."))
     notes.append(Note(0, len(t.steps) - 1, "commit", f"Over the run: {_per_call(t):.2f} tokens per target call, "
                       "with no draft model at all."))
     return notes
@@ -167,10 +191,10 @@ LESSON_SPECS = (
                _chain_tree_notes, max_new_tokens=40),
     LessonSpec("05-prompt-lookup", "Prompt lookup: drafting by copying",
                "Can we draft without any draft model?",
-               "Add a docstring to this function and return the code otherwise unchanged:\n\n```python\n"
+               "Rename the variable `out` to `result` in this function and return the whole function:\n\n```python\n"
                "def moving_average(values, window):\n    out = []\n    for i in range(len(values) - window + 1):\n"
                "        out.append(sum(values[i:i + window]) / window)\n    return out\n```",
-               (("prompt-lookup", DEFAULTS["prompt-lookup"], GREEDY),), _lookup_notes, max_new_tokens=64),
+               (("prompt-lookup", DEFAULTS["prompt-lookup"], GREEDY),), _lookup_notes, max_new_tokens=80),
     LessonSpec("06-lossy-roots", "The seed's target-initialised roots, and what the audit says",
                "Is the seed paper's longest-branch rule still exact?",
                "Tell me a short story about a robot who learns to paint.",

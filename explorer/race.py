@@ -68,7 +68,8 @@ def race_figure(run: RunTrace, baseline: RunTrace, label: str, font: int = 16, m
             hover = []
             for seg in segs:
                 step = seg["step"]
-                text = f"{name}<br>{part}" + (f", step {step + 1}" if step is not None else "") + f": {seg['ms']:.0f} ms"
+                where = f", step {step + 1}" if step is not None else ""
+                text = f"{name}<br>{part}{where}: {seg['ms']:.0f} ms"
                 hover.append(text + (f"<br>plain step (fallback): {reasons[step]}" if step in reasons else ""))
             fig.add_trace(go.Bar(y=[name] * len(segs), x=[seg["ms"] for seg in segs],
                                  base=[seg["start_ms"] for seg in segs], orientation="h", name=part,

@@ -29,15 +29,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(pair: str, port: int | None = None, timeout: float = 600, log: list | None = None):
+def running_app(pair: str, port: int | None = None, timeout: float = 600, log: list | None = None,
+                procs: list | None = None):
     """Start ``streamlit run app.py`` on localhost with the given initial pair; yield its URL. ``log``: a list
-    that gets the server's whole output (stdout and stderr) appended once the server has stopped."""
+    that gets the server's whole output (stdout and stderr) appended once the server has stopped; ``procs``: a list
+    that gets the server's ``Popen`` (its pid, for memory readings)."""
     port = port or free_port()
     env = dict(os.environ, SPEC_EXPLORER_PAIR=pair)
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port",
                              str(port), "--server.address", "127.0.0.1", "--server.headless", "true"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
+    if procs is not None:
+        procs.append(proc)
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -545,7 +549,8 @@ CLASSROOM_POS = "() => document.querySelector('[data-cls-pos]')?.getAttribute('d
 # Things a projector must show whole: no button, selectbox value, metric or label cut (scrollWidth > clientWidth).
 CUT_TEXT = """() => [...document.querySelectorAll('button p, button div, input[role=combobox], '
   + '[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *, [data-testid="stWidgetLabel"] *')]
-  .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1).map(e => (e.innerText || e.value || '').slice(0, 40))"""
+  .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1)
+  .map(e => (e.innerText || e.value || '').slice(0, 40))"""
 # The smallest rendered text in the charts (px): Plotly sets each label's font size on its SVG text element.
 MIN_CHART_TEXT = """() => Math.min(...[...document.querySelectorAll('.js-plotly-plot text')]
   .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0)
@@ -613,8 +618,8 @@ def classroom_tour(url: str, out_dir: Path, sizes=((1280, 720), (1920, 1080)), b
             time.sleep(6.5)
             r["played"] = [before, page.evaluate(CLASSROOM_POS)]
             page.keyboard.press("b")  # a clicker's "blank screen" key, or any other
-            page.wait_for_function("() => document.querySelector('.st-key-cls_play button')?.innerText.includes('Play')",
-                                   timeout=20_000)
+            page.wait_for_function(
+                "() => document.querySelector('.st-key-cls_play button')?.innerText.includes('Play')", timeout=20_000)
             page.wait_for_selector(IDLE)
             stopped = page.evaluate(CLASSROOM_POS)
             time.sleep(4.5)
@@ -648,6 +653,78 @@ def classroom_tour(url: str, out_dir: Path, sizes=((1280, 720), (1920, 1080)), b
     return report
 
 
+def memory_mb(pid: int) -> dict:
+    """The process's resident memory now and its peak (``VmRSS`` / ``VmHWM`` of /proc, MB)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {k: int(fields[v].split()[0]) / 1024 for k, v in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def whole_class(url: str, out_dir: Path, pid: int, students: int = 10, rounds: int = 4,
+                prompts=("def add(a, b):", "The capital of France is", "import numpy as np", "for i in range(",
+                         "Once upon a time")) -> dict:
+    """``students`` browser sessions on one server at once: half replay a lesson on the Classroom page and press
+    Right together, half step live runs (one prompt each) on the Explorer page and press Step together, ``rounds``
+    times. Latency of each action (click to the page showing its result, ms), the server's memory after each round,
+    and every live session's downloaded trace (to compare with the same steps run alone)."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"step_ms": [], "phase_ms": [], "memory": [], "positions": [], "errors": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        classroom, live = [], []
+        for i in range(students):
+            page = browser.new_context(viewport={"width": 1280, "height": 720}, accept_downloads=True).new_page()
+            page.on("pageerror", lambda e: report["errors"].append(str(e)))
+            if i % 2 == 0:
+                page.goto(url + "/?page=classroom")
+                page.wait_for_selector(".st-key-cls_tree .js-plotly-plot", timeout=120_000)
+                page.wait_for_selector(IDLE, timeout=120_000)
+                classroom.append(page)
+            else:
+                live.append(_open(browser, url, prompts[len(live) % len(prompts)], 120, page=page))
+        report["memory"].append(memory_mb(pid))
+        for _ in range(rounds):
+            pending = []
+            for page in classroom:
+                pending.append(("phase", page, page.evaluate(CLASSROOM_POS), time.monotonic()))
+                page.keyboard.press("ArrowRight")
+            for page in live:
+                pending.append(("step", page, runs(page), time.monotonic()))
+                page.get_by_role("button", name="Step", exact=True).click(no_wait_after=True)
+            deadline = time.monotonic() + 300
+            while pending and time.monotonic() < deadline:
+                for item in list(pending):
+                    kind, page, before, t0 = item
+                    now = page.evaluate(CLASSROOM_POS) if kind == "phase" else runs(page)
+                    idle = page.evaluate("() => document.querySelector(\"[data-testid='stApp']\")"
+                                         "?.getAttribute('data-test-script-state') === 'notRunning'")
+                    if now != before and idle:
+                        report[f"{kind}_ms"].append((time.monotonic() - t0) * 1e3)
+                        pending.remove(item)
+                time.sleep(0.02)
+            report["memory"].append(memory_mb(pid))
+        report["positions"] = [page.evaluate(CLASSROOM_POS) for page in classroom]
+        report["traces"] = []
+        for i, page in enumerate(live):
+            with page.expect_download() as dl:
+                page.get_by_role("button", name="Download trace").click()
+            path = out_dir / f"student{i}.json"
+            dl.value.save_as(path)
+            report["traces"].append(str(path))
+        browser.close()
+    for kind in ("step_ms", "phase_ms"):
+        values = report[kind]
+        report[kind.replace("_ms", "")] = {"n": len(values), "p50_ms": round(_percentile(values, 0.5)),
+                                           "p95_ms": round(_percentile(values, 0.95))} if values else {}
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])
@@ -659,10 +736,17 @@ def main() -> int:
     ap.add_argument("--adaptation", action="store_true", help="also: online adaptation switched on, its chart")
     ap.add_argument("--fallback", action="store_true", help="also: the goodput fallback's plain decoding step")
     ap.add_argument("--classroom", action="store_true", help="only the Classroom at 1280x720 and 1920x1080")
+    ap.add_argument("--whole-class", type=int, metavar="N", help="only: N sessions at once (lessons and live steps)")
     args = ap.parse_args()
     if args.classroom:
         with running_app(args.pair) as url:
             print(classroom_tour(url, Path(args.out) / "classroom"))
+        return 0
+    if args.whole_class:
+        procs: list = []
+        with running_app(args.pair, procs=procs) as url:
+            r = whole_class(url, Path(args.out) / "class", procs[0].pid, students=args.whole_class)
+        print({k: v for k, v in r.items() if k not in ("step_ms", "phase_ms")})
         return 0
     with running_app(args.pair) as url:
         report = step_twice(url, Path(args.out))

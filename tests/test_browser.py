@@ -204,3 +204,33 @@ def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path):
     assert len(first["lessons"]) >= 6 and max(first["lessons"].values()) < 10, first["lessons"]
     assert any("schema version 99" in m for m in first["bad_lesson"]), first["bad_lesson"]
     assert first["after_bad_lesson"].endswith(":0")  # the lesson on screen stayed
+
+
+def test_a_whole_class_on_one_app(tmp_path, tiny):
+    """Ten browser sessions at once on one server: five replay a lesson and press Right together, five step live
+    runs on the tiny pair together. No error; every classroom is where its own presses took it; every live trace is
+    the one its own steps give when run alone; the server's memory stays flat from round to round."""
+    from browser import whole_class
+
+    from explorer.config import MethodConfig
+    from explorer.factory import build_engine
+    from explorer.sampling import SamplingConfig
+    from explorer.trace import load_run
+
+    procs: list = []
+    with running_app("tiny", procs=procs) as url:
+        r = whole_class(url, tmp_path, procs[0].pid, students=10, rounds=3)
+    assert r["errors"] == [], r["errors"]
+    assert r["phase"]["n"] == 15 and r["step"]["n"] == 15, (r["phase"], r["step"])
+    assert all(pos.endswith(":3") for pos in r["positions"]), r["positions"]
+    for path in r["traces"]:
+        trace = load_run(path)
+        assert len(trace.steps) == 3
+        solo = build_engine(tiny, MethodConfig(**trace.settings["method"]),
+                            SamplingConfig(**trace.settings["sampling"]))
+        solo.start(trace.prompt_ids, trace.settings["max_new_tokens"])
+        solo.run(max_steps=3)
+        assert solo.trace.generated_ids == trace.generated_ids
+    assert len({load_run(p).prompt for p in r["traces"]}) == 5  # each session its own run
+    first, last = r["memory"][1]["rss"], r["memory"][-1]["rss"]
+    assert last <= first * 1.15 + 50, r["memory"]  # flat: rounds do not pile up memory

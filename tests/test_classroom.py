@@ -231,3 +231,30 @@ def test_lessons_and_their_figures_need_no_torch():
     code = ("import sys, explorer.lessons, explorer.phases, explorer.race, explorer.figures, explorer.trace, "
             "explorer.metrics, explorer.report; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+@pytest.mark.real
+def test_continue_live_replays_the_lesson_to_its_step_and_steps_on(real_pair, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from explorer.ui import common
+
+    lesson = load_lesson(shipped_lessons()[0])
+    if lesson.recorded.get("dtype") != str(real_pair.dtype).removeprefix("torch."):
+        pytest.skip(f"the lessons were recorded in {lesson.recorded.get('dtype')}; this machine runs {real_pair.dtype}")
+    monkeypatch.setattr(common, "get_pair", lambda *args, **kwargs: real_pair)  # the pair the fixture loaded
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)
+    at.query_params["page"] = "classroom"
+    at.run()
+    order = lesson.phases()
+    pos = next(i for i, (_, p) in enumerate(order) if p.step == 1)  # the first phase of the second step
+    at.session_state["cls_pos"] = pos
+    at.run()
+    at.button(key="cls_live").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.session_state["page"] == "Explorer"
+    engine = at.session_state["engine"]
+    recorded = lesson.runs[0].trace
+    assert [s.committed_ids for s in engine.trace.steps] == [s.committed_ids for s in recorded.steps[:2]]
+    at.button(key="step_btn").click().run()  # and it goes on live
+    assert len(at.session_state["engine"].trace.steps) == 3 and not at.error
