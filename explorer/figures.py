@@ -135,7 +135,7 @@ def _hover(n) -> str:
 
 def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None,
                 color_by: str = "status", flagged: dict[int, str] | None = None, shown: dict[int, str] | None = None,
-                font: int | None = None) -> go.Figure:
+                font: int | None = None, final: bool | None = None) -> go.Figure:
     """The draft token tree of one step, coloured by verification status (``color_by="status"``) or by draft
     source (``"source"``: draft model, target root, prompt lookup, token recycling; rejected and unverified nodes
     faded). The marker's shape always tells the source (circle: draft model, diamond: target root, square: lookup,
@@ -144,17 +144,18 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     orange ring; ``flagged`` (node id -> why, e.g. the probe's flipped decisions) a magenta square.
 
     ``shown`` (the classroom's phases, ``phases.shown_status``): node id -> the status to draw it with
-    (``phases.DRAFTED`` before its test); nodes absent are not drawn, and the commit's outline and bonus star
-    appear only once every drawn node shows its own status. The layout is the whole tree's, so nodes keep their
-    places from phase to phase. ``font``: the text size in px of labels, titles and legend (default: the desk
-    sizes); markers grow with it."""
+    (``phases.DRAFTED`` before its test); nodes absent are not drawn, and the commit's outline and bonus star appear
+    only when ``final`` (default: once every drawn node shows its own status). The layout is the whole tree's, so
+    nodes keep their places from phase to phase. ``font``: the text size in px of labels, titles and legend
+    (default: the desk sizes); markers grow with it."""
     g = tree_graph(step)
     pos = tree_layout(g)
     by_id = {n.id: n for n in step.nodes}
     if shown is not None:
         step_nodes = [by_id[i] for i in sorted(shown)]
         status_of = dict(shown)
-        final = all(status_of[n.id] == n.status for n in step_nodes)
+        if final is None:
+            final = all(status_of[n.id] == n.status for n in step_nodes)
     else:
         step_nodes, status_of, final = step.nodes, {n.id: n.status for n in step.nodes}, True
     drawn = {n.id for n in step_nodes}

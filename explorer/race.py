@@ -91,7 +91,13 @@ def race_figure(run: RunTrace, baseline: RunTrace, label: str, font: int = 16, m
         xaxis=dict(title="wall clock (ms)", range=[0, max(ends, default=1) * 1.3]),
         yaxis=dict(autorange="reversed"),
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.5, font=dict(size=font)))
-    return fig
+    return _sized(fig, font)
+
+
+def _sized(fig: go.Figure, font: int) -> go.Figure:
+    """Every text of ``fig`` at ``font`` px: axis ticks and titles too (a page's chart theme sets its own)."""
+    axis = dict(tickfont=dict(size=font), title_font=dict(size=font))
+    return fig.update_layout(font=dict(size=font), legend_font=dict(size=font), xaxis=axis, yaxis=axis)
 
 
 def chain_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -144,7 +150,7 @@ def speedup_figure(point: dict, c: float, font: int = 16) -> go.Figure:
                                  font=dict(size=font + 2)),
                       xaxis=dict(title="acceptance rate α", range=[0, 1]), yaxis=dict(title="speedup over ar"),
                       legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, font=dict(size=font)))
-    return fig
+    return _sized(fig, font)
 
 
 __all__ = ["chain_speedup", "commit_times", "lane_segments", "measured_point", "race_figure", "speedup_figure"]

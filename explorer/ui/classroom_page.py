@@ -202,8 +202,9 @@ def _view(lessons: dict[str, Lesson]) -> None:
     left, middle, right = st.columns([5, 3.6, 3.4])
     shown = phases.shown_status(step, phase)
     highlight = phase.node if phase.kind == "verify" else None
-    left.plotly_chart(figures.tree_figure(step, height=FIGURE_HEIGHT, shown=shown, font=font, selected=highlight),
-                      width="stretch", key="cls_tree", config={"displayModeBar": False})
+    tree = figures.tree_figure(step, height=FIGURE_HEIGHT, shown=shown, font=font, selected=highlight,
+                               final=phase.kind == "commit")
+    left.plotly_chart(tree, width="stretch", key="cls_tree", config={"displayModeBar": False})
     if len(step.nodes) > 1:
         rows = phases.mask_rows(step, phase)
         mask = figures.mask_figure(step, highlight=highlight, rows=rows, font=font, height=FIGURE_HEIGHT)
