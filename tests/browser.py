@@ -547,9 +547,9 @@ def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fi
 
 CLASSROOM_POS = "() => document.querySelector('[data-cls-pos]')?.getAttribute('data-cls-pos') ?? null"
 # Things a projector must show whole: no button, selectbox value, metric or label cut (scrollWidth > clientWidth).
-CUT_TEXT = """() => [...document.querySelectorAll('button p, button div, input[role=combobox], '
+CUT_TEXT = """() => [...document.querySelectorAll('button *, input[role=combobox], '
   + '[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *, [data-testid="stWidgetLabel"] *')]
-  .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1)
+  .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth)
   .map(e => (e.innerText || e.value || '').slice(0, 40))"""
 # The smallest rendered text in the charts (px): Plotly sets each label's font size on its SVG text element.
 MIN_CHART_TEXT = """() => Math.min(...[...document.querySelectorAll('.js-plotly-plot text')]

@@ -177,7 +177,7 @@ def _view(lessons: dict[str, Lesson]) -> None:
     run_i, phase = order[pos]
     run = lesson.runs[run_i]
     step = run.trace.steps[phase.step]
-    c = st.columns([3.2, 1, 1, 1.1, 1.25, 1.25, 1.5], vertical_alignment="bottom")
+    c = st.columns([2.7, 1.3, 1.3, 1.25, 1.25, 1.05, 1.5], vertical_alignment="bottom")
     c[0].selectbox("Lesson", list(lessons), key="cls_lesson", on_change=_new_lesson,
                    format_func=lambda k: lessons[k].title)
     c[1].button("Back", key="cls_back", on_click=_move, args=(-1, n), disabled=pos == 0, shortcut="Left",
