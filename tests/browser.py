@@ -127,6 +127,7 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
             "metrics": page.locator("[data-testid='stMetric']").all_inner_texts(),
             "what_if": [t for t in page.locator("[data-testid='stCaptionContainer']").all_inner_texts()
                         if t.startswith("With ")],
+            "cut": page.evaluate(CUT_TEXT),  # a button, metric, label or selectbox value cut short
         }
         browser.close()
     return report
@@ -535,7 +536,7 @@ def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fi
     with its caption. Returns what it showed."""
     report: dict = {}
     with _app_page(url, out_dir, prompt, load_timeout_s, report) as page:
-        choose(page, "Fall back to plain decoding", "when speculation measures slower")
+        choose(page, "Fall back to plain decoding", "when slower")
         for _ in range(steps):
             _press(page, "Step")
         report["captions"] = [t for t in page.locator("[data-testid='stCaptionContainer']").all_inner_texts()

@@ -16,6 +16,7 @@ def test_step_twice_in_a_real_browser(tmp_path):
     with running_app("tiny", log=log) as url:
         report = step_twice(url, tmp_path, load_timeout_s=120)
     assert report["prompt"].strip() and report["exceptions"] == 0 and report["errors"] == []
+    assert report["cut"] == [], report["cut"]  # no "For..." buttons or "Generat..." metric labels
     # the server's log is clean too: no traceback, and no widget warning (every kept widget's value is written back
     # each run, app.keep_widget_values, and the tiny pair is not the radio's first option: .streamlit/config.toml)
     assert "Traceback" not in log[0] and "Session State API" not in log[0], log[0]

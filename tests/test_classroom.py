@@ -15,7 +15,7 @@ from explorer.lessons_record import LESSON_SPECS, record_lesson
 from explorer.sampling import SamplingConfig
 from explorer.trace import ACCEPTED, CONTEXT, DRAFTED, REJECTED
 
-EMBEDDED = ("Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder-1.5B-Instruct")
+EMBEDDED = ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
 
 
 def _run(tiny, config, temperature=0.0, tokens=12, prompt="def f(x):\n    return"):
@@ -153,19 +153,30 @@ def test_shipped_lessons_cover_the_topics_and_draw_every_phase():
     assert "06-lossy-roots" in audits  # the lossy lesson says what the audit found
 
 
+@pytest.fixture(scope="module")
+def lesson_pair():
+    """The embedded pair as the app and the recorder load it (the draft in int8 on a CPU), when this machine runs it
+    in the lessons' dtype; else the lessons cannot be replayed here (another rounding)."""
+    from explorer.models import default_dtype, load_named_pair
+
+    recorded = load_lesson(shipped_lessons()[0]).recorded
+    if recorded.get("dtype") != str(default_dtype()).removeprefix("torch."):
+        pytest.skip(f"the lessons were recorded in {recorded.get('dtype')}; this machine runs the pair in "
+                    f"{default_dtype()} (another rounding)")
+    return load_named_pair("default")
+
+
 @pytest.mark.real
-def test_shipped_lessons_replay_token_for_token_on_the_embedded_pair(real_pair):
+def test_shipped_lessons_replay_token_for_token_on_the_embedded_pair(lesson_pair):
     """A lesson no longer matching its trace (the engine changed) fails here: every step of every run is replayed
     on the models and must commit the recorded tokens."""
     from explorer.instruments.replay import replay_steps
 
     for path in shipped_lessons():
         lesson = load_lesson(path)
-        if lesson.recorded.get("dtype") != str(real_pair.dtype).removeprefix("torch."):
-            pytest.skip(f"the lessons were recorded in {lesson.recorded.get('dtype')}; this machine runs the pair "
-                        f"in {real_pair.dtype} (another rounding)")
+        assert lesson.recorded["draft_quant"] == lesson_pair.draft_quant
         for run in lesson.runs:
-            steps = [s for _, s in replay_steps(real_pair, run.trace, len(run.trace.steps) - 1)]
+            steps = [s for _, s in replay_steps(lesson_pair, run.trace, len(run.trace.steps) - 1)]
             assert len(steps) == len(run.trace.steps)  # replay_steps raises where a step commits other tokens
 
 
@@ -234,15 +245,13 @@ def test_lessons_and_their_figures_need_no_torch():
 
 
 @pytest.mark.real
-def test_continue_live_replays_the_lesson_to_its_step_and_steps_on(real_pair, monkeypatch):
+def test_continue_live_replays_the_lesson_to_its_step_and_steps_on(lesson_pair, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     from explorer.ui import common
 
     lesson = load_lesson(shipped_lessons()[0])
-    if lesson.recorded.get("dtype") != str(real_pair.dtype).removeprefix("torch."):
-        pytest.skip(f"the lessons were recorded in {lesson.recorded.get('dtype')}; this machine runs {real_pair.dtype}")
-    monkeypatch.setattr(common, "get_pair", lambda *args, **kwargs: real_pair)  # the pair the fixture loaded
+    monkeypatch.setattr(common, "get_pair", lambda *args, **kwargs: lesson_pair)  # the pair the fixture loaded
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)
     at.query_params["page"] = "classroom"
     at.run()
@@ -258,3 +267,18 @@ def test_continue_live_replays_the_lesson_to_its_step_and_steps_on(real_pair, mo
     assert [s.committed_ids for s in engine.trace.steps] == [s.committed_ids for s in recorded.steps[:2]]
     at.button(key="step_btn").click().run()  # and it goes on live
     assert len(at.session_state["engine"].trace.steps) == 3 and not at.error
+
+
+def test_a_replay_on_another_dtype_or_draft_quantization_is_a_clear_error(tiny, tiny_lesson):
+    """Continue live replays a lesson's run: on a pair loaded another way it would round or draft otherwise, so it
+    refuses up front and says how the trace was recorded."""
+    from explorer.instruments.replay import ReplayError, engine_for_trace
+
+    trace = loads_lesson(tiny_lesson.to_json()).runs[0].trace
+    engine_for_trace(tiny, trace)  # as recorded: fine
+    trace.model["draft_quant"] = "int8"
+    with pytest.raises(ReplayError, match="draft_quant int8 \\(loaded: none\\)"):
+        engine_for_trace(tiny, trace)
+    trace.model.update(draft_quant="none", dtype="bfloat16")
+    with pytest.raises(ReplayError, match="dtype bfloat16 \\(loaded: float32\\)"):
+        engine_for_trace(tiny, trace)

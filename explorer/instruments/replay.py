@@ -21,7 +21,8 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     """A started ``Engine`` with the trace's method, sampling, length, starting Token Recycling matrix and carried
     stop-policy adaptation.
 
-    Raises ReplayError when the trace was recorded on another model pair or its settings do not parse.
+    Raises ReplayError when the trace was recorded on another model pair, dtype or draft quantization, or its
+    settings do not parse.
     """
     from ..engine import EngineError
     from ..factory import build_engine
@@ -30,6 +31,11 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
             None, pair.draft_id):
         raise ReplayError(f"the trace was recorded with {trace.model.get('draft_id')} -> "
                           f"{trace.model.get('target_id')}; the loaded pair is {pair.draft_id} -> {pair.target_id}")
+    recorded = {k: str(trace.model[k]).removeprefix("torch.") for k in ("dtype", "draft_quant") if k in trace.model}
+    loaded = {"dtype": str(pair.dtype).removeprefix("torch."), "draft_quant": pair.draft_quant}
+    differ = [f"{k} {recorded[k]} (loaded: {loaded[k]})" for k in recorded if recorded[k] != loaded[k]]
+    if differ:  # the replay would round or draft otherwise and leave the recorded run
+        raise ReplayError(f"the trace was recorded with {', '.join(differ)}: load the pair that way to replay it")
     try:
         config = MethodConfig(**trace.settings["method"])
         sampling = SamplingConfig(**trace.settings["sampling"])

@@ -188,17 +188,17 @@ def controls(trace, replaying: bool) -> None:
     the next run sees the ``running`` flag still set."""
     c = _cursor()
     n = len(trace.steps) if trace is not None else 0
-    b = st.columns([1, 1, 1, 1.3, 1, 1, 1.6])
+    b = st.columns([1, 1, 1, 1.3, 1, 1, 1.6])  # labels wrap where a column is narrow: never cut to "For..."
     b[0].button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
-                help="draft and verify one speculative round on the real models")
-    b[1].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0)
-    b[2].button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1)
-    b[3].button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying)
-    b[4].button("Stop", key="stop_btn", help="interrupts Run to end after the current step")
-    b[5].button("Reset", key="reset_btn", on_click=_reset)
+                help="draft and verify one speculative round on the real models", wrap=True)
+    b[1].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0, wrap=True)
+    b[2].button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1, wrap=True)
+    b[3].button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying, wrap=True)
+    b[4].button("Stop", key="stop_btn", help="interrupts Run to end after the current step", wrap=True)
+    b[5].button("Reset", key="reset_btn", on_click=_reset, wrap=True)
     b[6].download_button("Download trace", data=(lambda t=trace: t.to_json()) if trace is not None else "",
                          file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
-                         disabled=trace is None, on_click="ignore",
+                         disabled=trace is None, on_click="ignore", wrap=True,
                          help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
     if n >= 2:
         if st.session_state.get("step_slider") != c + 1:

@@ -19,6 +19,13 @@ h1 { font-size: 2.6rem !important; } h2, h3 { font-size: 2rem !important; }
 </style>"""
 
 
+# Metric labels wrap onto a second line where seven columns are narrow, instead of being cut to "Generat...".
+METRIC_CSS = """<style>
+[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important;}
+</style>"""
+
+
 def code(text: str) -> str:
     """A token or text as a Markdown code span for ``st.markdown`` without HTML (Streamlit shows any markup in it
     as text; HTML entities would show literally inside a code span, so nothing is escaped, only backticks)."""
@@ -31,6 +38,7 @@ def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
                                                 prompt_ids=trace.prompt_ids, steps=trace.steps[: upto + 1],
                                                 prefill_ms=trace.prefill_ms)
     m = run_metrics(shown)
+    st.markdown(METRIC_CSS, unsafe_allow_html=True)
     cols = st.columns(7)
     acc, mcsd_acc = m["acceptance_rate"], m["mcsd_acceptance_rate"]
     cols[0].metric("Generated tokens", m["generated_tokens"])

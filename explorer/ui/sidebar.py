@@ -14,13 +14,14 @@ from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHO
                         STOP_POLICY_LABELS, STOP_POLICY_NAMES)
 from .common import PAIRS
 
-FALLBACK_LABELS = {"auto": "auto (GPU, or a CPU where verifying costs many plain steps)",
-                   "goodput": "when speculation measures slower", "off": "never"}
+FALLBACK_LABELS = {"auto": "auto", "goodput": "when slower", "off": "never"}
 ADAPT_LABELS = {"off": "off (frozen)", "threshold": "threshold (ROC refit)",
                 "last-layer": "decision model's last layer"}
-DECISION_MODEL_LABELS = {"hidden": "MLP on the draft's hidden state", "dist": "MLP on entropy + top-10 of q",
-                         "path": "MLP on entropy + top-10 + q(x), depth, path prob",
-                         "context": "MLP on path features + context matches + target's earlier picks"}
+# Short labels (a sidebar selectbox cuts long ones); the widget's help says what each model reads.
+DECISION_MODEL_LABELS = {"hidden": "hidden state", "dist": "q's top-10", "path": "path", "context": "context"}
+DECISION_MODEL_HELP = ("what the learned model reads: hidden = the draft's last hidden state; q's top-10 = entropy + "
+                       "top-10 of q; path = those + q(x), depth, path probability; context (default) = path + matches "
+                       "in the context + the target's earlier picks (docs/decision.md)")
 
 
 def method_widgets(box, method: str, prefix: str = "") -> dict:
@@ -81,7 +82,8 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
             if stop in LEARNED_POLICIES:
                 changes["decision_model"] = box.selectbox("Decision model", DECISION_MODELS,
                                                           key=f"{prefix}decision_model",
-                                                          format_func=DECISION_MODEL_LABELS.get)
+                                                          format_func=DECISION_MODEL_LABELS.get,
+                                                          help=DECISION_MODEL_HELP)
             modes = [m for m in ADAPT_MODES if stop in ADAPTABLE[m]]
             changes["adapt"] = box.selectbox(
                 "Online adaptation", modes, index=modes.index(d.adapt) if d.adapt in modes else 0,
@@ -116,7 +118,8 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
         changes["fallback"] = box.selectbox(
             "Fall back to plain decoding", FALLBACK_MODES, format_func=FALLBACK_LABELS.get, key=f"{prefix}fallback",
             help="SmartSpec's goodput rule: take plain decoding steps while speculation measures slower than plain "
-                 "decoding on this machine (probing speculation now and then); never changes the output law")
+                 "decoding on this machine (probing speculation now and then); never changes the output law. auto: "
+                 "on a GPU, and on a CPU where verifying costs many plain steps; when slower: always; never: off")
         changes["verifier"] = box.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
                                             key=f"{prefix}verifier",
                                             help="at temperature 0 every rule is greedy matching; free drafts "
