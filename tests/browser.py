@@ -645,7 +645,7 @@ def classroom_tour(url: str, out_dir: Path, sizes=((1280, 720), (1920, 1080)), b
                 if bad_lesson is not None:
                     page.get_by_text("Open a lesson file").click()
                     page.locator(".st-key-cls_upload input[type=file]").set_input_files(str(bad_lesson))
-                    page.wait_for_selector("[data-testid=stAlert]:has-text('Cannot open')", timeout=30_000)
+                    page.wait_for_selector("[data-testid=stAlert]:has-text('Cannot load')", timeout=30_000)
                     r["bad_lesson"] = page.locator("[data-testid=stAlert]").all_inner_texts()
                     r["after_bad_lesson"] = page.evaluate(CLASSROOM_POS)
             r["page_errors"] = errors

@@ -22,6 +22,7 @@ import streamlit as st
 
 from .. import figures, phases
 from ..lessons import MAX_LESSON_BYTES, Lesson, LessonError, load_lesson, loads_lesson, shipped_lessons
+from .common import parse_upload
 
 PACES = (2, 3, 5, 8)  # seconds a phase stays on screen while playing
 TEXT_SIZES = (16, 18, 20, 24)  # px of every chart text; 16 is the floor for a 1280x720 projector
@@ -110,22 +111,12 @@ def _continue_live(lesson: Lesson, run: int, step: int) -> None:
 
 
 def _open_file(upload) -> None:
-    if upload is None or st.session_state.get("cls_file") == upload.file_id:
-        return
-    st.session_state["cls_file"] = upload.file_id
-    try:
-        if upload.size > MAX_LESSON_BYTES:
-            raise LessonError(f"the file is {upload.size / 1e6:.1f} MB; lessons are limited to "
-                              f"{MAX_LESSON_BYTES / 1e6:.0f} MB")
-        lesson = loads_lesson(upload.getvalue(), f"the lesson {upload.name}")
-    except LessonError as exc:
-        st.session_state["cls_error"] = f"Cannot open {upload.name}: {exc}"
-        return
-    except Exception as exc:  # noqa: BLE001 - whatever a hostile file does, the class goes on
-        st.session_state["cls_error"] = f"Cannot open {upload.name}: malformed lesson ({type(exc).__name__}: {exc})"
-        return
-    st.session_state.update(cls_uploaded=lesson, cls_lesson="file:" + lesson.id, cls_pos=0, cls_playing=False,
-                            cls_error=None)
+    lesson, problem = parse_upload(upload, "cls_file", MAX_LESSON_BYTES, loads_lesson, LessonError, "lesson")
+    if problem:
+        st.session_state["cls_error"] = problem
+    if lesson is not None:
+        st.session_state.update(cls_uploaded=lesson, cls_lesson="file:" + lesson.id, cls_pos=0, cls_playing=False,
+                                cls_error=None)
 
 
 def classroom_page() -> None:

@@ -75,6 +75,23 @@ def pair_or_message(settings):
         return None
 
 
+def parse_upload(upload, seen_key: str, max_bytes: int, parse, error: type[Exception], what: str):
+    """A newly uploaded file, parsed once: ``(parse(bytes), None)``; ``(None, message)`` for a file that is too
+    large or does not parse, whatever it raises (the page goes on); ``(None, None)`` when there is no new file
+    (``seen_key`` in the session holds the last file's id)."""
+    if upload is None or st.session_state.get(seen_key) == upload.file_id:
+        return None, None
+    st.session_state[seen_key] = upload.file_id
+    try:
+        if upload.size > max_bytes:
+            raise error(f"the file is {upload.size / 1e6:.1f} MB; {what}s are limited to {max_bytes / 1e6:.0f} MB")
+        return parse(upload.getvalue()), None
+    except error as exc:
+        return None, f"Cannot load {upload.name}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - whatever a hostile file does, the session stays
+        return None, f"Cannot load {upload.name}: malformed {what} ({type(exc).__name__}: {exc})"
+
+
 def set_error(message: str | None, key: str = "error") -> None:
     st.session_state[key] = message
 

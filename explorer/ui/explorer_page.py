@@ -21,7 +21,7 @@ import streamlit as st
 
 from ..trace import MAX_TRACE_BYTES, TraceError, loads_run
 from . import panels
-from .common import guarded, make_engine, pair_or_message, set_error
+from .common import guarded, make_engine, pair_or_message, parse_upload, set_error
 
 
 def _trace():
@@ -160,19 +160,10 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
 
 def _load_trace(upload) -> None:
     """Validate and replay an uploaded trace; a bad file leaves the current session untouched."""
-    if upload is None or st.session_state.get("loaded_file") == upload.file_id:
-        return
-    st.session_state["loaded_file"] = upload.file_id
-    try:
-        if upload.size > MAX_TRACE_BYTES:
-            raise TraceError(f"the file is {upload.size / 1e6:.1f} MB; traces are limited to "
-                             f"{MAX_TRACE_BYTES / 1e6:.0f} MB")
-        trace = loads_run(upload.getvalue())
-    except TraceError as exc:
-        set_error(f"Cannot load {upload.name}: {exc}")
-        return
-    except Exception as exc:  # noqa: BLE001 - whatever a hostile file does, the session stays
-        set_error(f"Cannot load {upload.name}: malformed trace ({type(exc).__name__}: {exc})")
+    trace, problem = parse_upload(upload, "loaded_file", MAX_TRACE_BYTES, loads_run, TraceError, "trace")
+    if problem:
+        set_error(problem)
+    if trace is None:
         return
     _forget_clicks()
     for key in ("runs", "run_index", "counterfactuals", "probes"):  # the live session's runs end with it
