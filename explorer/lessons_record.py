@@ -9,7 +9,7 @@ with a residual, the first early stop, ...), so a lesson re-recorded on another 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +35,6 @@ class LessonSpec:
     max_new_tokens: int = 48
     audit_samples: int = 0
     audit_run: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def _tok(text: str) -> str:
