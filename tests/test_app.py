@@ -408,3 +408,21 @@ def test_the_goodput_fallback_carries_its_rates_to_the_sessions_next_run(app):
     engine = app.session_state["engine"]
     assert engine.trace.settings["fallback_carried"] == engine.fallback.carried
     assert engine.trace.steps[0].fallback["carried"]
+
+
+def test_the_adaptation_panel_speaks_of_a_step_that_drafted_nothing(tiny, monkeypatch):
+    """A plain step of the goodput fallback (or one of only free drafts) labels no token: its adaptation record has
+    no refit to report, and the panel says so instead of failing (it did, where the fallback measured rows dear)."""
+    from explorer.config import DEFAULTS
+    from explorer.factory import build_engine
+    from explorer.sampling import SamplingConfig
+    from explorer.ui import panels
+
+    engine = build_engine(tiny, DEFAULTS["mcsd-improved"].with_(adapt="last-layer", fallback="off"), SamplingConfig())
+    engine.start(tiny.tokenizer.encode("def add(a, b):"), 8)
+    step = engine.step()
+    step.adaptation = {"mode": "last-layer", "tokens": 0, "threshold": 0.75}  # what a plain step records
+    captions = []
+    monkeypatch.setattr(panels.st, "caption", lambda text, *a, **k: captions.append(text))
+    panels.adaptation_panel(engine.trace, step, teach=False)
+    assert captions and "drafted nothing" in captions[0]

@@ -162,7 +162,10 @@ def adaptation_panel(trace, step: StepTrace, teach: bool, prefix: str = "") -> N
     a = step.adaptation
     st.plotly_chart(figures.adaptation_figure(trace, current=step.index), width="stretch",
                     key=f"{prefix}adaptation_chart")
-    if a["mode"] == "threshold":
+    if not a.get("tokens"):  # nothing drafted by the model (a plain step of the fallback, or only free drafts)
+        note = (f"This step drafted nothing for the stop policy to learn from; the threshold stays "
+                f"{a['threshold']:.3f}.")
+    elif a["mode"] == "threshold":
         note = (f"This step labelled {a['tokens']} drafted tokens (mean acceptance {_num(a.get('label_mean'))}); "
                 f"refitted from the latest {a['records']}, the threshold for the next step is {a['threshold']:.3f}.")
     else:
