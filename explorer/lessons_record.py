@@ -15,6 +15,7 @@ from typing import Callable
 
 from .config import DEFAULTS, MethodConfig
 from .lessons import LESSONS_DIR, Lesson, LessonRun, Note
+from .phases import quote_token
 from .sampling import SamplingConfig
 from .trace import REJECTED, RunTrace
 
@@ -35,10 +36,6 @@ class LessonSpec:
     max_new_tokens: int = 48
     audit_samples: int = 0
     audit_run: int = 0
-
-
-def _tok(text: str) -> str:
-    return "‘" + text.replace("\n", "↵") + "’"
 
 
 def _per_call(trace: RunTrace) -> float:
@@ -91,7 +88,7 @@ def _sampling_notes(runs, audit):
     for s in t.steps:
         node = next((n for n in s.nodes if n.status == REJECTED and n.residual_top), None)
         if node is not None:
-            notes.append(Note(0, s.index, "verify", f"{_tok(node.text)} is rejected: u ≥ p/q. The next test (its "
+            notes.append(Note(0, s.index, "verify", f"{quote_token(node.text)} is rejected: u ≥ p/q. The next test (its "
                               "sibling, or the token that replaces it) draws from the residual norm(max(p − q, 0)): "
                               "what the target wanted and the draft under-proposed. Accept with min(1, p/q), "
                               "correct with the residual: together they give exactly p.", node=node.id))
@@ -124,8 +121,8 @@ def _chain_tree_notes(runs, audit):
                 break
             done += len(s.committed_ids)
         notes.append(Note(1, step, "commit", f"Both runs are greedy and lossless, yet the texts part at token "
-                          f"{common + 1} ({_tok(_piece(sd, common))} in the chain, "
-                          f"{_tok(_piece(tree, common))} here). A forward over many rows rounds bf16 differently "
+                          f"{common + 1} ({quote_token(_piece(sd, common))} in the chain, "
+                          f"{quote_token(_piece(tree, common))} here). A forward over many rows rounds bf16 differently "
                           "from one over few; where the target's two best tokens are nearly tied, that can pick the "
                           "other one (README, \"Numerics\"; `python -m explorer probe` shows it node by node)."))
     return notes
@@ -146,7 +143,7 @@ def _lookup_notes(runs, audit):
         prov = node.provenance
         where = "the prompt" if prov.get("in_prompt") else "the text so far"
         notes.append(Note(0, s.index, "draft", f"No draft model: the last {prov.get('ngram', '?')} token(s) "
-                          f"{_tok(str(prov.get('match_text', '')))} occurred earlier in {where}, so the tokens that "
+                          f"{quote_token(str(prov.get('match_text', '')))} occurred earlier in {where}, so the tokens that "
                           f"followed there are proposed, for free (copied from position {prov.get('copied_from')})."))
         notes.append(Note(0, s.index, "commit", f"{s.accepted_draft_len} copied tokens accepted in one target "
                           "call: the answer repeats the prompt's code."))

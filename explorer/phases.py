@@ -107,13 +107,14 @@ def committed_path(step: StepTrace) -> list:
     return sorted((n for n in step.nodes if n.committed and n.status != CONTEXT), key=lambda n: n.depth)
 
 
-def _tok(text: str) -> str:
+def quote_token(text: str) -> str:
+    """A token quoted for the classroom's words: newlines, tabs and a blank token's spaces made visible."""
     shown = text.replace("\n", "↵").replace("\t", "⇥")
     return f"‘{shown if shown.strip() else shown.replace(' ', '␣')}’"
 
 
 def _top(rows: list, k: int = 3) -> str:
-    return ", ".join(f"{_tok(text)} {prob:.0%}" for _, text, prob in rows[:k])
+    return ", ".join(f"{quote_token(text)} {prob:.0%}" for _, text, prob in rows[:k])
 
 
 def account(step: StepTrace, phase: Phase, greedy: bool) -> list[str]:
@@ -140,15 +141,15 @@ def _draft_account(step: StepTrace, phase: Phase, by_id: dict, anchor) -> list[s
     sources = sorted({n.source for n in new})
     lines = []
     if phase.level == 1:
-        lines.append(f"The last committed token is {_tok(anchor.text)}. Drafting starts there.")
+        lines.append(f"The last committed token is {quote_token(anchor.text)}. Drafting starts there.")
     words = ", ".join(SOURCE_WORDS.get(s, s) for s in sources)
     lines.append(f"Level {phase.level}: {len(new)} new token{'s' if len(new) != 1 else ''} from {words}: "
-                 + ", ".join(_tok(n.text) for n in new[:6]) + (" …" if len(new) > 6 else "") + ".")
+                 + ", ".join(quote_token(n.text) for n in new[:6]) + (" …" if len(new) > 6 else "") + ".")
     parents = sorted({n.parent for n in new if n.source == "draft"})
     for pid in parents[:2]:
         q_top = next((n.q_top for n in new if n.parent == pid and n.q_top), [])
         if q_top:
-            lines.append(f"After {_tok(by_id[pid].text)} the draft's top candidates: {_top(q_top)}.")
+            lines.append(f"After {quote_token(by_id[pid].text)} the draft's top candidates: {_top(q_top)}.")
     signal = next((s for s in step.stop_signals if s.level == phase.level), None)
     if signal is not None and signal.policy != "none":
         verdict = "keep drafting" if signal.keep_drafting else "**stop drafting**"
@@ -163,12 +164,12 @@ def _verify_account(step: StepTrace, node, greedy: bool) -> list[str]:
     ok = node.status == ACCEPTED
     lines = []
     if node.source in ("lookup", "recycled"):
-        lines.append(f"{_tok(node.text)} was proposed for free by {SOURCE_WORDS[node.source]}: its q is a point "
+        lines.append(f"{quote_token(node.text)} was proposed for free by {SOURCE_WORDS[node.source]}: its q is a point "
                      "mass, so the test accepts it with probability p.")
     if greedy:
         best = node.p_top[0][1] if node.p_top else None
-        lines.append(f"Testing {_tok(node.text)}: the target's own top token here is "
-                     f"{_tok(best) if best is not None else '?'}"
+        lines.append(f"Testing {quote_token(node.text)}: the target's own top token here is "
+                     f"{quote_token(best) if best is not None else '?'}"
                      + (f" (p {node.p_top[0][2]:.0%})." if node.p_top else "."))
         lines.append("Same token: **accepted**, the walk goes one level deeper." if ok else
                      "Different: **rejected**. Nothing below it can be committed.")
@@ -177,7 +178,7 @@ def _verify_account(step: StepTrace, node, greedy: bool) -> list[str]:
     q = f"{node.q:.3f}" if node.q is not None else "?"
     ratio = f"{node.ratio:.2f}" if node.ratio is not None else "?"
     u = f"{node.u:.2f}" if node.u is not None else "?"
-    lines.append(f"Testing {_tok(node.text)}: target p = {p}, draft q = {q}, so it is accepted with probability "
+    lines.append(f"Testing {quote_token(node.text)}: target p = {p}, draft q = {q}, so it is accepted with probability "
                  f"min(1, p/q) = min(1, {ratio}).")
     lines.append(f"The uniform draw is u = {u}: " + ("u < p/q, **accepted**." if ok else "u ≥ p/q, **rejected**."))
     if not ok and node.residual_top:
@@ -193,12 +194,12 @@ def _commit_account(step: StepTrace) -> list[str]:
     text = "".join(step.committed_text)
     lines = []
     if not _has_tree(step):
-        lines.append(f"No draft this step: the target wrote one token, {_tok(text)}, as plain decoding does.")
+        lines.append(f"No draft this step: the target wrote one token, {quote_token(text)}, as plain decoding does.")
     else:
         lines.append(f"Committed {len(step.committed_ids)} token{'s' if len(step.committed_ids) != 1 else ''} "
-                     f"from one target call: {_tok(text)}.")
+                     f"from one target call: {quote_token(text)}.")
         if step.bonus_token is not None:
-            lines.append(f"{len(path)} came from the draft tree; the last, {_tok(step.committed_text[-1])}, is the "
+            lines.append(f"{len(path)} came from the draft tree; the last, {quote_token(step.committed_text[-1])}, is the "
                          "**bonus token**, drawn from the target's own distribution after the accepted path.")
         lines.append(f"Both KV caches keep the context plus the accepted path; the rows of {rejected} rejected and "
                      f"{unverified} unverified tokens are dropped.")
@@ -208,4 +209,4 @@ def _commit_account(step: StepTrace) -> list[str]:
 
 
 __all__ = ["DRAFTED", "PHASE_KINDS", "Phase", "account", "committed_path", "mask_rows", "run_phases",
-           "shown_status", "step_phases", "visible_nodes"]
+           "quote_token", "shown_status", "step_phases", "visible_nodes"]
