@@ -32,6 +32,7 @@ from .drafters import Drafted
 from .drafters.base import Drafter, empty_draft
 from .drafters.row_pricing import RowPricing
 from .fallback import GoodputFallback
+from .attention import sliding_window
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
 from .methods import DRAFT_SOURCES
@@ -162,6 +163,10 @@ class Engine:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
             raise EngineError("CUDA graphs need fixed shapes: use kv_cache='static' with graphs")
+        if kv_cache == "static" and any(sliding_window(m) for m in (pair.target, pair.draft)):
+            # transformers' static sliding layers keep only the window: rows past it could not be kept or rewound
+            raise EngineError("the static KV cache (and CUDA graphs) do not serve models with sliding-window "
+                              "attention yet: use the dynamic cache")
         self.kv_cache, self.graphs = kv_cache, bool(graphs)
         self.count_syncs = count_syncs  # count each step's host synchronisations (timeline.py; opt-in)
         self._runners: dict = {}  # role -> GraphRunner (graphs only)
@@ -250,7 +255,9 @@ class Engine:
                       **self.drafter.state_for_trace(),
                       **({"fallback_carried": self.fallback.carried} if self.fallback and self.fallback.carried
                          else {}),
-                      **({"adaptation_carried": self._adapter_carried} if self._adapter_carried else {})},
+                      **({"adaptation_carried": self._adapter_carried} if self._adapter_carried else {}),
+                      **({"decision_model": {"kind": self.decision_model.kind, **self.decision_model.source}}
+                         if getattr(self.decision_model, "source", None) else {})},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
                    "draft_quant": self.pair.draft_quant, "packed_weights": self.pair.packed_weights,

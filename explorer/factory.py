@@ -4,8 +4,9 @@
 steps with are built here:
 
 * the drafter (``drafters.make_drafter``) and the free rows its branches may fill (``config.free_row_budget``);
-* the stop policy (``stopping.make_stop_policy``) and, for the learned ones, the decision model shipped for the
-  pair (``decision/model.py``);
+* the stop policy (``stopping.make_stop_policy``) and, for the learned ones, the decision model that serves the
+  pair (``resolve_decision``: its own, shipped or calibrated, else the embedded pair's, transferred, with online
+  adaptation switched on);
 * the stop policy's online adaptation (``decision/online.py``), started from an earlier run's state when that run
   had the same pair, method, sampling and decision model;
 * the goodput fallback to plain decoding steps (``fallback.py``), with an earlier run's rates on the same terms;
@@ -29,7 +30,11 @@ from .fallback import GoodputFallback, asks_row_costs, fallback_active
 from .forward_costs import row_ms, row_prices, rows_are_dear
 from .pair import ModelPair
 from .sampling import SamplingConfig
-from .stopping import LEARNED_POLICIES, make_stop_policy
+from .stopping import LEARNED_POLICIES, adapt_problem, make_stop_policy
+
+# The online adaptation a run gets where its decision model was trained on another pair and the method asks for
+# none: the transferred model is a prior, and the last-layer refit learns this pair's acceptance as the run goes.
+TRANSFER_ADAPT = "last-layer"
 
 
 def can_fall_back(config: MethodConfig) -> bool:
@@ -64,24 +69,49 @@ def carry_key(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, m
                        **({"decision_model": model} if model else {})}, sort_keys=True, default=str)
 
 
+def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None) -> tuple[MethodConfig, object]:
+    """The decision model a learned stop policy of ``config`` reads on ``pair``, and the config the run takes.
+
+    The model is ``decision_model`` when given, else ``decision.model.decision_model_for`` (the pair's own, shipped
+    or calibrated, else the embedded pair's for the kinds that transfer; its ``source`` says which). Where it is
+    transferred and ``config`` asks for no online adaptation, the returned config has ``adapt`` set to
+    ``TRANSFER_ADAPT``; otherwise ``config`` comes back as it is. A method without a learned stop policy gets
+    ``(config, decision_model)`` unchanged.
+
+    Raises:
+        EngineError: no decision model can serve the pair (``hidden`` on a pair not calibrated), or its files are
+            unreadable.
+    """
+    policy = config.stop_policy_name()
+    if policy not in LEARNED_POLICIES:
+        return config, decision_model
+    if decision_model is None:
+        from .decision.model import DecisionModelError, decision_model_for
+
+        try:
+            decision_model = decision_model_for(pair.draft_id, pair.target_id, config.decision_model)
+        except DecisionModelError as exc:
+            raise EngineError(str(exc)) from None
+    transferred = getattr(decision_model, "source", {}).get("how") == "transferred"
+    if transferred and config.adapt == "off" and adapt_problem(TRANSFER_ADAPT, policy) is None:
+        config = config.with_(adapt=TRANSFER_ADAPT)
+    return config, decision_model
+
+
 def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                 recycling_state: dict | None = None, fallback_state: dict | None = None,
                 adapter_state: dict | None = None) -> EngineParts:
-    """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s).
+    """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
+    ``resolve_decision``'s config (a transferred decision model adapts online); ``build_engine`` gives the engine
+    that config too.
 
     Raises:
         EngineError: a learned stop policy with no decision model for this pair, or a carried adaptation state
             that does not fit the adapter.
         ValueError: a stop policy threshold outside [0, 1] (``stopping.make_stop_policy``).
     """
+    config, decision_model = resolve_decision(pair, config, decision_model)
     policy = config.stop_policy_name()
-    if policy in LEARNED_POLICIES and decision_model is None:
-        from .decision.model import DecisionModelError, shipped_decision_model
-
-        try:
-            decision_model = shipped_decision_model(pair.draft_id, pair.target_id, config.decision_model)
-        except DecisionModelError as exc:
-            raise EngineError(str(exc)) from None
     stop_policy = make_stop_policy(policy, config.threshold, decision_model)
     parts = EngineParts(
         drafter=make_drafter(config, recycling_state), stop_policy=stop_policy,
@@ -136,9 +166,11 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
         EngineError: as ``build_parts`` and ``Engine`` do (no decision model for a learned stop policy, an unknown
             ``kv_cache``, graphs without a static cache).
     """
+    config, decision_model = resolve_decision(pair, config, decision_model)
     parts = build_parts(pair, config, sampling, decision_model, recycling_state, fallback_state, adapter_state)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
                   graphs=graphs, count_syncs=count_syncs)
 
 
-__all__ = ["build_engine", "build_parts", "can_fall_back", "carry_key", "prices_rows", "times_verification"]
+__all__ = ["TRANSFER_ADAPT", "build_engine", "build_parts", "can_fall_back", "carry_key", "prices_rows",
+           "resolve_decision", "times_verification"]

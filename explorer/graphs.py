@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .attention import forward_mask
 from .kv_cache import KVCache, StaticKVCache
-from .tree import to_float_mask
 
 # Query sizes forwards are padded to. Up to 256: prompt lookup's default tree is 64 nodes plus the anchor, and the
 # hybrid's reaches about 130; a forward past the largest bucket ran eagerly (3x a replay on the H100).
@@ -39,7 +39,7 @@ def eager_forward(model, kv: KVCache, input_ids: list[int], position_ids: list[i
     model dtype and, with ``hidden``, the last hidden state ``(rows, hidden_size)`` float32 of the last
     ``hidden_rows`` rows (default ``keep``; more rows than ``keep`` leave the logits' kernels as they are)."""
     device = next(model.parameters()).device
-    attn = None if mask is None else to_float_mask(kv.pad_mask(mask), model.dtype, device)
+    attn = None if mask is None else forward_mask(model, kv.pad_mask(mask), kv.length, position_ids, device)
     cache_position = kv.before_forward(len(input_ids))
     out = model(input_ids=torch.tensor([input_ids], dtype=torch.long, device=device),
                 position_ids=torch.tensor([position_ids], dtype=torch.long, device=device), attention_mask=attn,

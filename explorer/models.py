@@ -273,23 +273,40 @@ def _load_lm(source: str, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(source).expanduser()
-    kwargs: dict = {"dtype": dtype, "attn_implementation": "sdpa"}
-    try:
+
+    def load(attention: str):
+        kwargs: dict = {"dtype": dtype, "attn_implementation": attention}
         if path.suffix == ".gguf":
             if not path.is_file():
                 raise ModelPairError(f"GGUF file not found: {source}")
-            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                      quantization_config=_dequantize_config(), **kwargs)
-        else:
-            tok = AutoTokenizer.from_pretrained(source)
-            lm = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            return (AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name),
+                    AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                         quantization_config=_dequantize_config(), **kwargs))
+        return AutoTokenizer.from_pretrained(source), AutoModelForCausalLM.from_pretrained(source, **kwargs)
+
+    try:
+        try:
+            tok, lm = load("sdpa")
+        except ValueError as exc:
+            if not _no_sdpa(exc):
+                raise
+            tok, lm = load(FALLBACK_ATTENTION)
     except ModelPairError:
         raise
     except (OSError, ValueError, KeyError) as exc:
         raise ModelPairError(f"cannot load model {source!r}: {exc}") from exc
     lm.to(device).eval()
     return lm, tok
+
+
+# Where transformers has no SDPA attention for a family (Gemma 2: its logit soft-capping), the eager one: it takes
+# the engine's 4D float masks the same way (``attention.py``), a little slower on long contexts.
+FALLBACK_ATTENTION = "eager"
+
+
+def _no_sdpa(exc: ValueError) -> bool:
+    """Whether transformers refused SDPA attention for this architecture (it names the function it lacks)."""
+    return "scaled_dot_product_attention" in str(exc) or "sdpa" in str(exc).lower()
 
 
 def check_same_tokenizer(draft_tok, target_tok) -> None:
@@ -375,7 +392,25 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
     if how != "none":
         progress("quantizing the draft to int8", 0.0)
         pair = quantize_draft(pair, how, keep_unquantized=keep_unquantized)
-    return pack_weights(pair, packed or "auto", progress)
+    pair = pack_weights(pair, packed or "auto", progress)
+    freeze_heap()
+    return pair
+
+
+def freeze_heap() -> None:
+    """Put every object alive now (the models' modules and parameters, the imported libraries) out of the cyclic
+    garbage collector's reach: ``gc.collect()``, then ``gc.freeze()``.
+
+    Why: a full (generation 2) collection walks every tracked object. With transformers, Streamlit and Plotly
+    loaded that took 250-375 ms on the 2-core AVX-512-BF16 CPU, and in the app each rerun allocates enough to set
+    one off inside the next Step: the draft of steps 2-4 took 255-365 ms in the app against 35-39 ms from the CLI
+    (``scripts/app_step_bench.py``, gc callbacks logging the pauses). Frozen objects are still freed by reference
+    counting; only reference cycles among them are never collected, and a loaded model makes none worth having.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def pack_weights(pair: ModelPair, mode: str = "auto", progress: ProgressFn = _noop_progress) -> ModelPair:

@@ -6,8 +6,12 @@
   with its reason.
 * **The speedup curve**: the expected speedup of a chain of gamma draft tokens against the acceptance rate alpha,
   for a cost ratio c (a draft forward over a target forward): ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``
-  (Leviathan et al. 2023, Theorem 3.8), with the run's measured point (its acceptance and its speedup over the
-  recorded ``ar`` run).
+  (Leviathan et al. 2023, Theorem 3.8). For a tree, the expected tokens of the run's mean tree shape (``widths``:
+  candidates per parent at each level) where each candidate is accepted with probability alpha independently, as
+  MCSD's analysis treats its k candidates (Yang et al. 2024): a level is passed with probability
+  ``1 - (1 - alpha)^width``, so tokens per target call ``= 1 + sum_l prod_{j<=l} (1 - (1 - alpha)^w_j)`` over
+  ``len(widths) c + 1`` target-forward costs (one draft forward per level). With every width 1 this is Leviathan's
+  chain. The run's measured point: its acceptance and its speedup over the recorded ``ar`` run.
 """
 
 from __future__ import annotations
@@ -100,20 +104,76 @@ def _sized(fig: go.Figure, font: int) -> go.Figure:
     return fig.update_layout(font=dict(size=font), legend_font=dict(size=font), xaxis=axis, yaxis=axis)
 
 
+def expected_tokens(alpha: float, widths: list[float]) -> float:
+    """Expected tokens per target call (accepted draft tokens plus the bonus token) of a draft tree with
+    ``widths[l]`` candidates per parent at level ``l + 1`` (floats allowed: a mean shape), each candidate accepted
+    with probability ``alpha`` (0..1) independently of the others: ``1 + sum_l prod_{j<=l} (1 - (1 - alpha)^w_j)``.
+    A chain (every width 1) gives Leviathan et al.'s ``(1 - alpha^(gamma+1)) / (1 - alpha)``."""
+    tokens, reach = 1.0, 1.0
+    for width in widths:
+        reach *= 1.0 - (1.0 - alpha) ** width
+        tokens += reach
+    return tokens
+
+
+def tree_speedup(alpha: float, widths: list[float], c: float) -> float:
+    """Expected speedup over plain decoding of a tree with ``widths`` per level (``expected_tokens``) at cost ratio
+    ``c`` (a draft forward over a target forward; one draft forward per level, the tree verified in one target
+    forward costed as one plain target forward)."""
+    return expected_tokens(alpha, widths) / (len(widths) * c + 1)
+
+
 def chain_speedup(alpha: float, gamma: int, c: float) -> float:
     """Expected speedup of a chain of ``gamma`` draft tokens, i.i.d. acceptance ``alpha`` (0..1), cost ratio ``c``
     (a draft forward over a target forward): Leviathan et al. 2023, Theorem 3.8."""
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * c + 1)
+    return tree_speedup(alpha, [1] * gamma, c)
+
+
+def _fitted_alpha(widths: list[float], accepted_per_step: float) -> float:
+    """The per-candidate acceptance under which a tree of ``widths`` accepts ``accepted_per_step`` draft tokens per
+    step on average (``expected_tokens`` is increasing in alpha: bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, widths) - 1 < accepted_per_step else (lo, mid)
+    return (lo + hi) / 2
+
+
+def mean_widths(run: RunTrace) -> list[float]:
+    """The run's mean tree shape: for each level up to the rounded mean depth of the steps that drafted, the mean
+    number of candidates per parent (nodes at that level over nodes at the level above) over the steps that
+    reached it. A chain gives ``[1.0] * gamma``; ``[]`` when no step drafted."""
+    trees = [s.nodes for s in run.steps if len(s.nodes) > 1]
+    if not trees:
+        return []
+    depth = round(sum(max(n.depth for n in nodes) for nodes in trees) / len(trees))
+    widths = []
+    for level in range(1, depth + 1):
+        ratios = []
+        for nodes in trees:
+            above = sum(n.depth == level - 1 for n in nodes)
+            here = sum(n.depth == level for n in nodes)
+            if here and above:
+                ratios.append(here / above)
+        widths.append(sum(ratios) / len(ratios) if ratios else 1.0)
+    return widths
 
 
 def measured_point(run: RunTrace, baseline: RunTrace) -> dict:
-    """What the run measured: ``alpha`` (accepted over drafted tokens), ``gamma`` (mean draft depth of the steps
-    that drafted), ``c`` (mean draft forward over mean target forward, from the timelines; None without draft
-    forwards) and ``speedup`` (its tokens per second over the baseline's)."""
+    """What the run measured: ``widths`` (``mean_widths``), ``gamma`` (their number: the mean draft depth),
+    ``alpha`` (for a chain, accepted over drafted tokens; for a tree, the per-candidate acceptance under which the
+    mean tree accepts the run's mean accepted tokens per drafting step: ``alpha_fitted`` True), ``c`` (mean draft
+    forward over mean target forward, from the timelines; None without draft forwards) and ``speedup`` (its tokens
+    per second over the baseline's)."""
     drafted = sum(s.drafted for s in run.steps)
     accepted = sum(s.accepted_draft_len for s in run.steps)
-    depths = [max(n.depth for n in s.nodes) for s in run.steps if len(s.nodes) > 1]
+    widths = mean_widths(run)
+    chain = all(abs(w - 1.0) < 1e-9 for w in widths)
+    if chain or not widths:
+        alpha = accepted / drafted if drafted else 0.0
+    else:
+        drafting = [s for s in run.steps if len(s.nodes) > 1]
+        alpha = _fitted_alpha(widths, sum(s.accepted_draft_len for s in drafting) / len(drafting))
     forwards = {"draft forward": [], "target forward": []}
     for s in run.steps + baseline.steps:
         for seg in s.timeline:
@@ -126,31 +186,42 @@ def measured_point(run: RunTrace, baseline: RunTrace) -> dict:
         end = commit_times(trace)[-1][0] if trace.steps else 0.0
         return len(trace.generated_ids) / end if end > 0 else 0.0
 
-    return {"alpha": accepted / drafted if drafted else 0.0, "gamma": round(sum(depths) / len(depths)) if depths
-            else 0, "c": c, "speedup": rate(run) / rate(baseline) if rate(baseline) else 0.0}
+    return {"alpha": alpha, "alpha_fitted": not chain and bool(widths), "widths": widths, "gamma": len(widths),
+            "c": c, "speedup": rate(run) / rate(baseline) if rate(baseline) else 0.0}
+
+
+def _shape(widths: list[float]) -> str:
+    """``γ = 4`` for a chain, ``widths 2, 1.5, 1`` for a tree."""
+    if all(abs(w - 1.0) < 1e-9 for w in widths):
+        return f"γ = {len(widths)}"
+    return "widths " + ", ".join(f"{w:.2g}" for w in widths)
 
 
 def speedup_figure(point: dict, c: float, font: int = 16) -> go.Figure:
-    """Expected speedup against acceptance for the run's ``gamma`` at cost ratio ``c``, beside the same curve at the
-    run's measured c (where it differs), and the run's measured point."""
-    gamma = max(1, point["gamma"])
+    """Expected speedup against acceptance for the run's mean tree shape (a chain: Leviathan's curve) at cost ratio
+    ``c``, beside the same curve at the run's measured c (where it differs), and the run's measured point."""
+    widths = point["widths"] or [1.0]
     xs = [i / 100 for i in range(0, 100)] + [0.999]
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xs, y=[chain_speedup(a, gamma, c) for a in xs], mode="lines",
-                             name=f"expected, γ = {gamma}, c = {c:.2f}", line=dict(width=3, color="#3b6fb6")))
+    fig.add_trace(go.Scatter(x=xs, y=[tree_speedup(a, widths, c) for a in xs], mode="lines",
+                             name=f"expected, {_shape(widths)}, c = {c:.2f}", line=dict(width=3, color="#3b6fb6")))
     if point["c"] is not None and abs(point["c"] - c) > 1e-3:
-        fig.add_trace(go.Scatter(x=xs, y=[chain_speedup(a, gamma, point["c"]) for a in xs], mode="lines",
+        fig.add_trace(go.Scatter(x=xs, y=[tree_speedup(a, widths, point["c"]) for a in xs], mode="lines",
                                  name=f"at the measured c = {point['c']:.2f}", line=dict(dash="dot", color="#888")))
     fig.add_trace(go.Scatter(x=[point["alpha"]], y=[point["speedup"]], mode="markers+text", name="this run",
                              text=[f"{point['speedup']:.2f}x"], textposition="top center",
                              marker=dict(size=16, color="#d62728", symbol="star")))
     fig.add_hline(y=1.0, line=dict(color="#000", width=1, dash="dash"))
+    tree = point.get("alpha_fitted")
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=60, b=10), font=dict(size=font),
-                      title=dict(text="Speedup against acceptance rate (Leviathan et al. 2023)",
-                                 font=dict(size=font + 2)),
-                      xaxis=dict(title="acceptance rate α", range=[0, 1]), yaxis=dict(title="speedup over ar"),
+                      title=dict(text="Speedup against acceptance rate" + (
+                          " (a tree: MCSD's independent candidates)" if tree else " (Leviathan et al. 2023)"),
+                          font=dict(size=font + 2)),
+                      xaxis=dict(title="acceptance rate α" + (" per candidate" if tree else ""), range=[0, 1]),
+                      yaxis=dict(title="speedup over ar"),
                       legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, font=dict(size=font)))
     return _sized(fig, font)
 
 
-__all__ = ["chain_speedup", "commit_times", "lane_segments", "measured_point", "race_figure", "speedup_figure"]
+__all__ = ["chain_speedup", "commit_times", "expected_tokens", "lane_segments", "mean_widths", "measured_point",
+           "race_figure", "speedup_figure", "tree_speedup"]

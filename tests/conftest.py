@@ -3,8 +3,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("SPEC_EXPLORER_PAIR", "tiny")
+# The app leaves a core to the browser (ui.common.app_threads); in the test process, where Streamlit's AppTest runs
+# the app, that setting would hold for every later test: keep torch's own default here.
+os.environ.setdefault("SPEC_EXPLORER_THREADS", str(torch.get_num_threads()))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py helpers
 
 

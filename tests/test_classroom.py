@@ -215,6 +215,18 @@ def test_chain_speedup_follows_leviathan():
     assert chain_speedup(0.6, 3, 0.05) < chain_speedup(0.8, 3, 0.05)
 
 
+def test_tree_speedup_is_the_chain_at_width_one_and_gains_from_width():
+    from explorer.race import chain_speedup, expected_tokens, tree_speedup
+
+    for alpha in (0.0, 0.3, 0.77, 1.0):
+        assert tree_speedup(alpha, [1, 1, 1], 0.1) == pytest.approx(chain_speedup(alpha, 3, 0.1))
+    # two candidates per level: a level passes with 1 - (1 - a)^2
+    a = 0.5
+    assert expected_tokens(a, [2, 2]) == pytest.approx(1 + 0.75 + 0.75 ** 2)
+    assert tree_speedup(a, [2, 2], 0.1) > tree_speedup(a, [1, 1], 0.1)
+    assert expected_tokens(0.0, [3, 2]) == 1.0 and expected_tokens(1.0, [3, 2]) == 3.0
+
+
 def test_the_race_lays_both_runs_on_one_clock(tiny_lesson):
     from explorer.race import commit_times, lane_segments, measured_point, race_figure
 
@@ -232,6 +244,12 @@ def test_the_race_lays_both_runs_on_one_clock(tiny_lesson):
     rate = lambda t: len(t.generated_ids) / commit_times(t)[-1][0]  # noqa: E731
     assert point["speedup"] == pytest.approx(rate(run) / rate(baseline))
     assert 0 <= point["alpha"] <= 1 and point["gamma"] == 2 and point["c"] > 0
+    if point["alpha_fitted"]:  # a tree: the fitted alpha gives back the run's accepted tokens per drafting step
+        from explorer.race import expected_tokens
+
+        drafting = [s for s in run.steps if len(s.nodes) > 1]
+        mean = sum(s.accepted_draft_len for s in drafting) / len(drafting)
+        assert expected_tokens(point["alpha"], point["widths"]) - 1 == pytest.approx(mean, abs=1e-6)
 
 
 def test_lessons_and_their_figures_need_no_torch():

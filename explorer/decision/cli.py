@@ -40,6 +40,24 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    import sys
+
+    from .calibrate import calibrate
+
+    pair = load_pair_from_args(args)
+
+    def say(message: str, fraction: float) -> None:
+        if not args.quiet:
+            print(f"[calibrate {fraction:4.0%}] {message}", file=sys.stderr, flush=True)
+
+    card = calibrate(pair, prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed, on_progress=say)
+    print(json.dumps({"folder": card["folder"], "pair": card["pair"], "records": card["data"]["records"],
+                      "models": {k: {m: card["models"][k][m] for m in ("roc_auc", "threshold")}
+                                 for k in card["models"]}}, indent=1))
+    return 0
+
+
 def cmd_eval(args) -> int:
     from .evaluate import evaluate
 
@@ -143,12 +161,21 @@ def add_decision_parser(sub) -> None:
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(func=cmd_train)
 
+    ca = dsub.add_parser("calibrate", help="collect and train decision models for this pair and keep them in the "
+                                           "model cache, where the learned stop policies find them")
+    ca.add_argument("--prompts", type=int, default=24, help="prompts of the calibration mix (at least 4)")
+    ca.add_argument("--max-new-tokens", type=int, default=32)
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--quiet", action="store_true")
+    add_model_args(ca)
+    ca.set_defaults(func=cmd_calibrate)
+
     ev = dsub.add_parser("eval", help="ROC-AUC, precision/recall at the threshold and calibration on new prompts")
     src = ev.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt-file", help="humaneval, mt-bench or a JSONL file (collected on the fly)")
     src.add_argument("--data", action="append", help="evaluate on already collected data folders instead")
     ev.add_argument("--range", default="", metavar="START:STOP", help="slice of the prompt file")
-    ev.add_argument("--model", help="decision-model folder (default: the one shipped for the pair)")
+    ev.add_argument("--model", help="decision-model folder (default: the one shipped or calibrated for the pair)")
     ev.add_argument("--keep-data", help="keep the collected features in this folder (default: a temp folder)")
     ev.add_argument("--max-new-tokens", type=int, default=40)
     ev.add_argument("--temperatures", default="0,1")

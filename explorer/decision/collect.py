@@ -127,11 +127,12 @@ def open_data_dir(out: Path, meta: dict) -> None:
 
 def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int = 40,
             config: MethodConfig = COLLECT_CONFIG, temperatures=(0.0, 1.0), seed: int = 0, chat_template=True,
-            progress: bool = True) -> dict:
+            progress: bool = True, on_prompt=None) -> dict:
     """Run ``pair`` over ``prompts`` and write one shard per prompt into ``out`` (skipping prompts already done).
 
     Returns ``{"prompts_done", "prompts_skipped", "records", "too_long"}``: prompts written, prompts already done,
     records written by this call, and prompts skipped because they do not fit the models' context window.
+    ``on_prompt(done, total)``, when given, is called after each prompt (done, skipped or too long).
     Raises DataError when ``out`` holds data of another pair or other settings.
     """
     from safetensors.torch import save_file
@@ -148,6 +149,8 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
     too_long: list[str] = []
     bar = tqdm(prompts, desc="decision collect", unit="prompt", disable=not progress)
     for n, prompt in enumerate(bar):
+        if on_prompt is not None and n:
+            on_prompt(n, len(prompts))
         path = out / shard_name(prompt)
         if path.exists():
             skipped += 1
@@ -175,6 +178,8 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
         done += 1
         records += int(tensors["depth"].shape[0])
         bar.set_postfix(records=records)
+    if on_prompt is not None:
+        on_prompt(len(prompts), len(prompts))
     return {"prompts_done": done, "prompts_skipped": skipped, "records": records, "too_long": too_long}
 
 

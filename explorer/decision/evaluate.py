@@ -54,6 +54,7 @@ def evaluate(args, load_pair) -> dict:
     """``decision eval``: collect features on ``args.prompt_file`` (or read ``args.data``) and score the models."""
     from ..prompts import range_spec, select_prompts
     from .collect import collect
+    from .calibrate import find_calibrated
     from .model import DecisionModelError, find_shipped
 
     if args.data:
@@ -63,9 +64,12 @@ def evaluate(args, load_pair) -> dict:
             raise DecisionModelError("with --data, name the decision-model folder with --model")
         return evaluate_on(model_dir, folders)
     pair = load_pair()
-    model_dir = args.model or find_shipped(pair.draft_id, pair.target_id)
+    model_dir = (args.model or find_shipped(pair.draft_id, pair.target_id)
+                 or find_calibrated(pair.draft_id, pair.target_id))
     if model_dir is None:
-        raise DecisionModelError(f"no decision model ships for {pair.name}: pass --model")
+        raise DecisionModelError(f"no decision model ships or is calibrated for {pair.name}: run decision calibrate "
+                                 "or pass --model (e.g. assets/decision/qwen2.5-coder-0.5b-1.5b, the embedded "
+                                 "pair's, to measure how it transfers)")
     prompts = select_prompts([range_spec(args.prompt_file, args.range)])
     temps = tuple(float(x) for x in args.temperatures.split(","))
     with tempfile.TemporaryDirectory(prefix="decision-eval-") as tmp:

@@ -29,6 +29,10 @@ from ..jsonfile import parse_json, read_file
 from .features import N_DIST_FEATURES
 
 KINDS = ("hidden", "dist", "path", "context")  # training order; stopping.DECISION_MODELS lists them default first
+# Kinds whose inputs do not depend on the pair (probabilities, entropies, depth, path and run features): a model of
+# these trained on one pair can serve another. ``hidden`` reads the draft's hidden state: its own pair only.
+TRANSFERABLE_KINDS = ("dist", "path", "context")
+EMBEDDED_MODELS = "qwen2.5-coder-0.5b-1.5b"  # the folder under assets/decision a pair without its own borrows
 DEFAULT_LAYERS = {"hidden": (512, 256), "dist": (64, 32), "path": (64, 32), "context": (128, 64)}
 CARD_FORMAT = 1
 ASSETS_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "decision"
@@ -72,6 +76,8 @@ class DecisionModel:
         self.kind, self.net, self.mean, self.std = kind, net.eval(), mean.float(), std.float()
         self.info = dict(info or {})
         self.pair = dict(pair or {})
+        # how it came to serve the pair it runs on (``decision_model_for``): plain data for traces and the UI
+        self.source = {"how": "given", "trained_on": self.pair.get("name", "?")}
 
     @property
     def in_features(self) -> int:
@@ -171,9 +177,40 @@ def shipped_decision_model(draft_id: str, target_id: str, kind: str = "hidden") 
     if folder is None:
         raise DecisionModelError(
             f"no decision model ships for the pair {draft_id} -> {target_id}; train one with "
-            "`python -m explorer decision collect` and `decision train`, or pick the stop policy none or confidence")
+            "`python -m explorer decision calibrate`, or pick the stop policy none or confidence")
     return load_decision_model(folder, kind)
 
 
-__all__ = ["KINDS", "DEFAULT_LAYERS", "N_DIST_FEATURES", "DecisionMLP", "DecisionModel", "DecisionModelError",
-           "load_decision_model", "read_card", "find_shipped", "shipped_decision_model"]
+def decision_model_for(draft_id: str, target_id: str, kind: str = "context") -> DecisionModel:
+    """The decision model of ``kind`` that serves a draft/target pair, first found of:
+
+    1. ``shipped``: trained for this pair, in ``assets/decision``;
+    2. ``calibrated``: trained on this machine for this pair by ``decision calibrate`` (``calibrate.py``: the
+       cache's ``decision/<pair>`` folder);
+    3. ``transferred``: the embedded pair's model, for the kinds whose inputs do not depend on the pair
+       (``TRANSFERABLE_KINDS``). Its predictions are a prior, not a measurement of this pair: callers switch on
+       online adaptation for it (``factory.resolve_decision``).
+
+    The model's ``source`` says which (``{"how", "trained_on"}``). Raises DecisionModelError for ``hidden`` on a
+    pair with neither its own nor a calibrated model, or unreadable files."""
+    from .calibrate import find_calibrated
+
+    for how, folder in (("shipped", find_shipped(draft_id, target_id)),
+                        ("calibrated", find_calibrated(draft_id, target_id))):
+        if folder is not None:
+            model = load_decision_model(folder, kind)
+            model.source = {"how": how, "trained_on": model.pair.get("name", "?")}
+            return model
+    if kind not in TRANSFERABLE_KINDS:
+        raise DecisionModelError(
+            f"the {kind} decision model reads the draft's hidden states, so it serves only the pair it was trained "
+            f"on, and none is trained for {draft_id} -> {target_id}: run `python -m explorer decision calibrate` "
+            f"(or the app's Calibrate button), or pick {', '.join(TRANSFERABLE_KINDS)}")
+    model = load_decision_model(ASSETS_DIR / EMBEDDED_MODELS, kind)
+    model.source = {"how": "transferred", "trained_on": model.pair.get("name", "?")}
+    return model
+
+
+__all__ = ["KINDS", "DEFAULT_LAYERS", "N_DIST_FEATURES", "TRANSFERABLE_KINDS", "DecisionMLP", "DecisionModel",
+           "DecisionModelError", "decision_model_for", "load_decision_model", "read_card", "find_shipped",
+           "shipped_decision_model"]

@@ -26,13 +26,15 @@ from .common import parse_upload
 
 PACES = (2, 3, 5, 8)  # seconds a phase stays on screen while playing
 TEXT_SIZES = (16, 18, 20, 24)  # px of every chart text; 16 is the floor for a 1280x720 projector
-FIGURE_HEIGHT = 500  # px: the tree and the mask fit one 1280x720 screen under the control row
+FIGURE_HEIGHT = 500  # px: the figures' own height, which sizes the mask's row labels; on screen they fill
+# the viewport under the control row (CLASSROOM_CSS): 500 px at 720 px high, 860 px at 1080
 
 CLASSROOM_CSS = """<style>
 [data-testid="stMainBlockContainer"] {padding-top: 2.6rem; padding-bottom: 0.5rem; max-width: 100%;}
 .cls-head {font-size: 1.05rem; margin: 0 0 0.2rem 0;}
 .cls-where {font-size: 1rem; color: #555; margin: 0;}
 .cls-account p, .cls-account li {font-size: 1.15rem; line-height: 1.45;}
+.st-key-cls_tree_box, .st-key-cls_mask_box {height: max(420px, calc(100vh - 220px));}
 </style>"""
 
 # Page Down / Page Up click Next / Back (Right / Left are the buttons' own shortcuts); any other key pauses Play.
@@ -195,13 +197,17 @@ def _view(lessons: dict[str, Lesson]) -> None:
     highlight = phase.node if phase.kind == "verify" else None
     tree = figures.tree_figure(step, height=FIGURE_HEIGHT, shown=shown, font=font, selected=highlight,
                                final=phase.kind == "commit")
-    left.plotly_chart(tree, width="stretch", key="cls_tree", config={"displayModeBar": False})
+    tree.update_layout(height=None, autosize=True)  # the box's height (CSS), whatever the screen
+    left.container(key="cls_tree_box").plotly_chart(tree, width="stretch", height="stretch", key="cls_tree",
+                                                    config={"displayModeBar": False, "responsive": True})
     if len(step.nodes) > 1:
         rows = phases.mask_rows(step, phase)
         mask = figures.mask_figure(step, highlight=highlight, rows=rows, font=font, height=FIGURE_HEIGHT)
         mask.update_layout(title=f"Tree attention mask: {len(rows)}×{len(rows)}<br><sup>+{step.mask_context_len} "
                                  "cached context columns (not drawn)</sup>")
-        middle.plotly_chart(mask, width="stretch", key="cls_mask", config={"displayModeBar": False})
+        mask.update_layout(height=None, autosize=True)
+        middle.container(key="cls_mask_box").plotly_chart(mask, width="stretch", height="stretch", key="cls_mask",
+                                                          config={"displayModeBar": False, "responsive": True})
     else:
         middle.info("No tree this step: no mask to send.")
     with right:
@@ -232,10 +238,13 @@ def _race(lesson: Lesson, run, font: int) -> None:
     measured = round(1 / point["c"]) if point["c"] else 5
     ratio = left.slider("What if the target cost this many draft forwards?", 1, 50, max(1, min(50, measured)),
                         key=f"cls_ratio_{lesson.id}")
-    left.caption(f"Measured here: a draft forward costs {point['c']:.2f} of a target forward (c), the run's "
-                 f"acceptance is {point['alpha']:.0%} over {point['gamma']} drafted levels on average, and it ran "
-                 f"{point['speedup']:.2f}x as fast as ar. Timings: {machine}." if point["c"] else
-                 f"No draft forwards (free drafts): c = 0. Acceptance {point['alpha']:.0%}, "
+    acceptance = (f"its mean tree ({', '.join(f'{w:.2g}' for w in point['widths'])} candidates per parent, level "
+                  f"by level) accepts as many tokens as candidates each accepted with probability "
+                  f"{point['alpha']:.0%} would" if point["alpha_fitted"] else
+                  f"the run's acceptance is {point['alpha']:.0%} over {point['gamma']} drafted levels on average")
+    left.caption(f"Measured here: a draft forward costs {point['c']:.2f} of a target forward (c), {acceptance}, "
+                 f"and it ran {point['speedup']:.2f}x as fast as ar. Timings: {machine}." if point["c"] else
+                 f"No draft forwards (free drafts): c = 0. {acceptance[0].upper() + acceptance[1:]}; "
                  f"{point['speedup']:.2f}x ar. Timings: {machine}.")
     right.plotly_chart(speedup_figure(point, 1 / ratio, font=font), width="stretch", key="cls_speedup",
                        config={"displayModeBar": False})

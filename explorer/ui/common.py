@@ -19,11 +19,35 @@ def get_pair(spec: str, draft: str, target: str, dtype: str):
     """Models are shared by every browser session: read-only, forwards serialised by ``pair.lock``; each session
     keeps its own engine and KV caches. No Streamlit calls in here: a cached function may not touch page elements
     created outside it."""
+    import torch
+
     from ..models import load_named_pair
 
+    torch.set_num_threads(app_threads())
     return load_named_pair(spec, dtype=dtype, draft=draft or None, target=target or None,
                            draft_quant=os.environ.get("SPEC_EXPLORER_DRAFT_QUANT") or None,
                            packed=os.environ.get("SPEC_EXPLORER_PACKED_WEIGHTS") or None)
+
+
+def app_threads() -> int:
+    """The intra-op threads the app's forwards use: ``$SPEC_EXPLORER_THREADS``, else one fewer than PyTorch's
+    default (its physical cores), at least 1.
+
+    Why: the browser showing the app re-renders the page while the script runs a Step (headless chromium took
+    100-160 % of a core during the Step's first half second, 14 charts on the page). With every core in torch's
+    thread team, each parallel region then waits for the thread whose core the browser holds: on the 2-core
+    AVX-512-BF16 CPU the app's draft took 255-480 ms against the CLI's 35-39 ms. With one thread the app's steps
+    took draft 47-64 / verify 317-405 ms, the CLI's at one thread 48-54 / 359-379 ms (``scripts/app_step_bench.py``,
+    docs/bench.md "The app's steps against the CLI's")."""
+    import torch
+
+    value = os.environ.get("SPEC_EXPLORER_THREADS", "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            pass  # a malformed setting is ignored: the default below
+    return max(1, torch.get_num_threads() - 1)
 
 
 # What the prompt boxes hold on a fresh start, so that the first press of Step drafts a tree.
