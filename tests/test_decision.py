@@ -349,12 +349,17 @@ def test_model_files_are_checked_and_never_unpickled(tmp_path):
         shipped_decision_model("someone/draft", "someone/target")
 
 
-def test_learned_policy_without_a_model_is_a_clear_error(tiny):
+def test_learned_policy_without_a_model_of_its_kind_is_a_clear_error(tiny):
+    """A pair with no model of its own borrows the embedded pair's pair-independent kinds (test_families.py); the
+    hidden-state model cannot be borrowed, and the message says how to get one."""
     from explorer.pair import make_pair
 
     other = make_pair(tiny.draft, tiny.target, tiny.tokenizer, name="other", draft_id="x", target_id="y")
-    with pytest.raises(EngineError, match="no decision model ships"):
-        build_engine(other, MethodConfig(method="mcsd-improved", stop="prune"), SamplingConfig())
+    with pytest.raises(EngineError, match="decision calibrate"):
+        build_engine(other, MethodConfig(method="mcsd-improved", stop="prune", decision_model="hidden"),
+                     SamplingConfig())
+    engine = build_engine(other, MethodConfig(method="mcsd-improved", stop="prune"), SamplingConfig())
+    assert engine.decision_model.source["how"] == "transferred"
 
 
 def _sig(level, scores, policy="prune", threshold=0.5):

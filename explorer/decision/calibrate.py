@@ -11,38 +11,15 @@ under the pair's folder name (``calibration_dir``), where ``decision_model_for``
 
 from __future__ import annotations
 
-import hashlib
-import re
 import shutil
-from pathlib import Path
 from typing import Callable
+
+from .model import calibration_dir, find_calibrated
 
 CALIBRATION_PROMPTS = 24
 CALIBRATION_TOKENS = 32
 # The prompt mix a calibration drafts on, taken in turn so that a few prompts already cover every kind.
 CALIBRATION_SOURCES = ("prompt-mix", "humaneval", "mt-bench")
-
-
-def calibration_dir(draft_id: str, target_id: str) -> Path:
-    """The cache folder of a pair's calibrated models: ``<cache>/decision/<draft>--<target>-<hash>`` (the hash
-    of both ids, which may be long paths)."""
-    from ..models import cache_dir
-
-    digest = hashlib.sha256(f"{draft_id}\0{target_id}".encode()).hexdigest()[:10]
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{Path(draft_id).name}--{Path(target_id).name}")[:80]
-    return cache_dir() / "decision" / f"{name}-{digest}"
-
-
-def find_calibrated(draft_id: str, target_id: str) -> Path | None:
-    """The pair's calibrated models' folder when a calibration finished (its ``card.json`` names this pair)."""
-    from .model import DecisionModelError, read_card
-
-    folder = calibration_dir(draft_id, target_id) / "model"
-    try:
-        pair = read_card(folder).get("pair", {}) if (folder / "card.json").is_file() else {}
-    except DecisionModelError:
-        return None
-    return folder if pair.get("draft_id") == draft_id and pair.get("target_id") == target_id else None
 
 
 def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list:
@@ -93,4 +70,4 @@ def calibrate(pair, *, prompts: int = CALIBRATION_PROMPTS, max_new_tokens: int =
 
 
 __all__ = ["CALIBRATION_PROMPTS", "CALIBRATION_TOKENS", "calibrate", "calibration_dir", "calibration_prompts",
-           "find_calibrated"]
+           "find_calibrated"]  # the last two live in model.py (the lookup needs them without collect's imports)

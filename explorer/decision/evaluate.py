@@ -54,8 +54,7 @@ def evaluate(args, load_pair) -> dict:
     """``decision eval``: collect features on ``args.prompt_file`` (or read ``args.data``) and score the models."""
     from ..prompts import range_spec, select_prompts
     from .collect import collect
-    from .calibrate import find_calibrated
-    from .model import DecisionModelError, find_shipped
+    from .model import DecisionModelError, find_calibrated, find_shipped
 
     if args.data:
         folders = args.data

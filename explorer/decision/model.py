@@ -20,6 +20,8 @@ and ``<dir>/card.json`` (model pair, features, data size, validation loss, ROC-A
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import torch
@@ -181,6 +183,26 @@ def shipped_decision_model(draft_id: str, target_id: str, kind: str = "hidden") 
     return load_decision_model(folder, kind)
 
 
+def calibration_dir(draft_id: str, target_id: str) -> Path:
+    """The cache folder of a pair's calibrated models: ``<cache>/decision/<draft>--<target>-<hash>`` (the hash
+    of both ids, which may be long paths)."""
+    from ..models import cache_dir
+
+    digest = hashlib.sha256(f"{draft_id}\0{target_id}".encode()).hexdigest()[:10]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{Path(draft_id).name}--{Path(target_id).name}")[:80]
+    return cache_dir() / "decision" / f"{name}-{digest}"
+
+
+def find_calibrated(draft_id: str, target_id: str) -> Path | None:
+    """The pair's calibrated models' folder when a calibration finished (its ``card.json`` names this pair)."""
+    folder = calibration_dir(draft_id, target_id) / "model"
+    try:
+        pair = read_card(folder).get("pair", {}) if (folder / "card.json").is_file() else {}
+    except DecisionModelError:
+        return None
+    return folder if pair.get("draft_id") == draft_id and pair.get("target_id") == target_id else None
+
+
 def decision_model_for(draft_id: str, target_id: str, kind: str = "context") -> DecisionModel:
     """The decision model of ``kind`` that serves a draft/target pair, first found of:
 
@@ -193,8 +215,6 @@ def decision_model_for(draft_id: str, target_id: str, kind: str = "context") -> 
 
     The model's ``source`` says which (``{"how", "trained_on"}``). Raises DecisionModelError for ``hidden`` on a
     pair with neither its own nor a calibrated model, or unreadable files."""
-    from .calibrate import find_calibrated
-
     for how, folder in (("shipped", find_shipped(draft_id, target_id)),
                         ("calibrated", find_calibrated(draft_id, target_id))):
         if folder is not None:
@@ -212,5 +232,5 @@ def decision_model_for(draft_id: str, target_id: str, kind: str = "context") -> 
 
 
 __all__ = ["KINDS", "DEFAULT_LAYERS", "N_DIST_FEATURES", "TRANSFERABLE_KINDS", "DecisionMLP", "DecisionModel",
-           "DecisionModelError", "decision_model_for", "load_decision_model", "read_card", "find_shipped",
-           "shipped_decision_model"]
+           "DecisionModelError", "calibration_dir", "decision_model_for", "find_calibrated", "find_shipped",
+           "load_decision_model", "read_card", "shipped_decision_model"]
