@@ -17,7 +17,6 @@ the mask (``models._load_lm`` picks eager attention where SDPA is not supported)
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from .tree import to_float_mask
 

@@ -34,11 +34,12 @@ def fallback_rates(fallback: dict) -> str:
     return f"speculation {rate(fallback.get('spec_tok_s'))}, plain decoding {rate(fallback.get('ar_tok_s'))}"
 
 
-def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
+def explain_step(step: StepTrace, method: dict | None = None, decision: dict | None = None) -> list[str]:
     """Sentences describing ``step``, in order: drafting, stopping, verification, the bonus token, the outcome.
 
     Works for every method (``ar`` has no draft) and for saved traces (no model needed). ``method``: the run's
-    method settings (``RunTrace.settings["method"]``), which let it explain the adaptive width.
+    method settings (``RunTrace.settings["method"]``), which let it explain the adaptive width; ``decision``: where
+    its stop model came from (``RunTrace.settings["decision_model"]``: ``{"kind", "how", "trained_on"}``).
     """
     nodes = {n.id: n for n in step.nodes}
     anchor = nodes[0]
@@ -72,6 +73,7 @@ def explain_step(step: StepTrace, method: dict | None = None) -> list[str]:
         out.extend(_room_left(step))
         if model or step.stop_signals:
             out.extend(_stopping(step, levels))
+            out.extend(_borrowed_model(step, decision or {}))
         out.append(f"Verification: the target model scored all {len(step.mask_node_ids)} tokens in one forward pass. "
                    "The tree attention mask lets each token see only its own ancestors, and each gets the position "
                    "id of its depth, so every branch is scored as if it were the only text.")
@@ -164,6 +166,16 @@ def _goodput_words(last, levels: int) -> str:
     if not last.keep_drafting:
         return f"Drafting stopped after level {last.level}: {gain}, so it would have lowered tokens per second."
     return f"Drafting went on to the maximum depth ({levels} level(s)): at the last check {gain}, and it did."
+
+
+def _borrowed_model(step: StepTrace, decision: dict) -> list[str]:
+    """A stop model trained on another pair, said where its predictions were used."""
+    if decision.get("how") != "transferred" or not any(s.policy in POLICY_WORDS or s.policy == "goodput"
+                                                        for s in step.stop_signals):
+        return []
+    return [f"This pair has no decision model of its own: the one used was trained on {decision.get('trained_on')}. "
+            "Its inputs (probabilities, depth, what the run has seen) mean the same for any pair, so it serves as "
+            "a prior, and online adaptation refits its last layer to this pair's verdicts as the run goes."]
 
 
 def _stopping(step: StepTrace, levels: int) -> list[str]:

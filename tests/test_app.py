@@ -91,6 +91,33 @@ def test_custom_pair_errors_are_messages(app, tiny, tmp_path):
     assert not app.error
 
 
+def test_a_custom_pair_steps_with_a_borrowed_stop_model_and_calibrates_one(app, tmp_path, monkeypatch):
+    """The default method on a pair that ships no decision model: the app says whose model it borrowed, teach mode
+    too, and the Calibrate button trains one for the pair that the next run uses."""
+    from explorer.tiny import save_pair, tiny_family_pair
+
+    monkeypatch.setenv("SPEC_EXPLORER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("explorer.decision.calibrate.CALIBRATION_PROMPTS", 4)
+    draft, target = save_pair(tiny_family_pair("gemma2"), tmp_path / "pair")
+    app.sidebar.radio(key="pair_spec").set_value("custom").run()
+    app.sidebar.text_input(key="draft_path").set_value(draft)
+    app.sidebar.text_input(key="target_path").set_value(target).run()
+    app.sidebar.toggle(key="teach").set_value(True).run()
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    assert not app.error, [e.value for e in app.error]
+    assert any("trained on" in i.value and "not on this pair" in i.value for i in app.info)
+    trace = app.session_state["engine"].trace
+    assert trace.settings["decision_model"]["how"] == "transferred"
+    assert any("has no decision model of its own" in m.value for m in app.markdown)  # teach mode says it too
+    click(app, "calibrate_btn")
+    assert any("Calibrated on" in s.value for s in app.success), [e.value for e in app.error]
+    click(app, "reset_btn")
+    click(app, "step_btn")
+    assert app.session_state["engine"].trace.settings["decision_model"]["how"] == "calibrated"
+    assert not any("not on this pair" in i.value for i in app.info)
+
+
 def test_every_method_steps_in_the_app(app):
     app.text_area(key="prompt_text").set_value("x = ")
     for method in ("ar", "sd", "mcsd", "mcsd-improved"):

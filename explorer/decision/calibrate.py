@@ -38,10 +38,10 @@ def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list:
     return out[:n]
 
 
-def calibrate(pair, *, prompts: int = CALIBRATION_PROMPTS, max_new_tokens: int = CALIBRATION_TOKENS, seed: int = 0,
+def calibrate(pair, *, prompts: int | None = None, max_new_tokens: int | None = None, seed: int = 0,
               on_progress: Callable[[str, float], None] | None = None) -> dict:
     """Collect on ``prompts`` prompts of the calibration mix (``max_new_tokens`` each, greedy and temperature 1 in
-    turn), train every model kind and save them for ``pair`` (``calibration_dir``); a calibration already in the
+    turn; None: ``CALIBRATION_PROMPTS`` and ``CALIBRATION_TOKENS``), train every model kind and save them for ``pair`` (``calibration_dir``); a calibration already in the
     cache is replaced. Returns the models' card (``train.train_models``) with ``"folder"`` added.
 
     ``on_progress(message, fraction)``: called after each prompt and before training (fraction 0..1).
@@ -50,6 +50,8 @@ def calibrate(pair, *, prompts: int = CALIBRATION_PROMPTS, max_new_tokens: int =
     from .collect import collect
     from .train import train_models
 
+    prompts = CALIBRATION_PROMPTS if prompts is None else prompts
+    max_new_tokens = CALIBRATION_TOKENS if max_new_tokens is None else max_new_tokens
     if prompts < 4:
         raise ValueError(f"calibration needs at least 4 prompts, got {prompts}")
     report = on_progress or (lambda message, fraction: None)

@@ -158,6 +158,33 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
     bar.empty()
 
 
+def _borrowed_stop_model(pair, trace) -> None:
+    """Where the run's stop model was trained on another pair: say so, and offer to calibrate one for this pair
+    (``decision/calibrate.py``; the next run uses it)."""
+    source = (trace.settings.get("decision_model") or {}) if trace is not None else {}
+    if source.get("how") != "transferred":
+        return
+    st.info(f"The stop model was trained on **{html.escape(str(source.get('trained_on')))}**, not on this pair: "
+            "its predictions are a prior, and online adaptation (last layer) learns this pair's acceptance as the "
+            "run goes. Calibrating drafts on 24 prompts and trains a model for this pair (about two minutes for a "
+            "1.5B target on a 2-core CPU); the next run uses it.")
+    if pair is None or not st.button("Calibrate the stop model for this pair", key="calibrate_btn"):
+        return
+    from ..decision.calibrate import calibrate
+
+    bar = st.progress(0.0, text="Calibrating…")
+    try:
+        with engine_lock():
+            card = calibrate(pair, on_progress=lambda message, fraction: bar.progress(fraction, text=message))
+    except (ValueError, OSError) as exc:
+        set_error(f"Calibration failed: {exc}")
+        return
+    auc = card["models"].get(source.get("kind", "context"), {}).get("roc_auc")
+    st.success(f"Calibrated on {card['data']['records']} drafted tokens"
+               + (f" (ROC-AUC {auc:.2f} on held-out prompts)" if auc is not None else "")
+               + ". Reset starts a run with this pair's own stop model.")
+
+
 def _load_trace(upload) -> None:
     """Validate and replay an uploaded trace; a bad file leaves the current session untouched."""
     trace, problem = parse_upload(upload, "loaded_file", MAX_TRACE_BYTES, loads_run, TraceError, "trace")
@@ -254,6 +281,7 @@ def explorer_page(settings) -> None:
     if pending == "run":
         guarded(_do_run, pair, settings, prompt_text, chat)
         st.rerun()  # redraw the controls for the finished run
+    _borrowed_stop_model(pair, trace)
     if st.session_state.get("error"):
         st.error(st.session_state["error"])
     elif st.session_state.get("continued") and st.session_state.get("engine") is not None:

@@ -70,10 +70,10 @@ def step_caption(step: StepTrace, total: int) -> None:
                    f"target wrote one token. Measured so far on this machine: {fallback_rates(fb)}.")
 
 
-def teach_box(step: StepTrace, method: dict | None = None) -> None:
+def teach_box(step: StepTrace, method: dict | None = None, decision: dict | None = None) -> None:
     """The plain-language account of the step (escaped: token text is user data); ``method``: the run's method
-    settings."""
-    sentences = explain_step(step, method)
+    settings; ``decision``: where its stop model came from (``teach.explain_step``)."""
+    sentences = explain_step(step, method, decision)
     st.markdown("<div class='teach-box'>" + "".join(f"<p>{html.escape(s)}</p>" for s in sentences) + "</div>",
                 unsafe_allow_html=True)
 
@@ -102,7 +102,7 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
 
     step_caption(step, len(trace.steps))
     if teach:
-        teach_box(step, trace.settings.get("method"))
+        teach_box(step, trace.settings.get("method"), trace.settings.get("decision_model"))
     inspect_key = f"{prefix}inspect_{step.index}"
     chart_key = f"{prefix}tree_chart_{step.index}"  # per step: a click on one step's tree stays with that step
     chosen = selected_node(st.session_state.get(chart_key), inspect_key)  # the click that caused this rerun
