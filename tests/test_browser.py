@@ -194,6 +194,8 @@ def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path):
         for name in ("tree", "mask", "account", "controls"):
             left, top, right, bottom = r["boxes"][name]
             assert 0 <= left and 0 <= top and right <= width and bottom <= height, (size, name, r["boxes"][name])
+        tree_top, tree_bottom = r["boxes"]["tree"][1], r["boxes"]["tree"][3]
+        assert tree_bottom - tree_top >= 0.6 * height, (size, r["boxes"]["tree"])  # the charts fill the screen
         assert r["cut"] == [], (size, r["cut"])
         assert r["min_chart_px"] >= 16, (size, r["min_chart_px"])
         assert (r["page_down"], r["page_up"], r["left"]) == (f"{lesson}:4", f"{lesson}:3", f"{lesson}:2")

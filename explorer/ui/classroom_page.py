@@ -26,15 +26,19 @@ from .common import parse_upload
 
 PACES = (2, 3, 5, 8)  # seconds a phase stays on screen while playing
 TEXT_SIZES = (16, 18, 20, 24)  # px of every chart text; 16 is the floor for a 1280x720 projector
-FIGURE_HEIGHT = 500  # px: the figures' own height, which sizes the mask's row labels; on screen they fill
-# the viewport under the control row (CLASSROOM_CSS): 500 px at 720 px high, 860 px at 1080
+FIGURE_HEIGHT = 500  # px: the height the mask's row labels are thinned for; on screen the tree and the mask
+# fill the viewport under the control row (CLASSROOM_CSS): 500 px at 720 px high, 860 px at 1080
 
 CLASSROOM_CSS = """<style>
 [data-testid="stMainBlockContainer"] {padding-top: 2.6rem; padding-bottom: 0.5rem; max-width: 100%;}
 .cls-head {font-size: 1.05rem; margin: 0 0 0.2rem 0;}
 .cls-where {font-size: 1rem; color: #555; margin: 0;}
 .cls-account p, .cls-account li {font-size: 1.15rem; line-height: 1.45;}
-.st-key-cls_tree_box, .st-key-cls_mask_box {height: max(420px, calc(100vh - 220px));}
+div.st-key-cls_tree_box, div.st-key-cls_mask_box {flex: none !important; height: max(420px, calc(100vh - 220px)) !important;}
+div.st-key-cls_tree_box > div, div.st-key-cls_mask_box > div,
+div.st-key-cls_tree_box [data-testid=stFullScreenFrame], div.st-key-cls_mask_box [data-testid=stFullScreenFrame],
+div.st-key-cls_tree_box [data-testid=stPlotlyChart], div.st-key-cls_mask_box [data-testid=stPlotlyChart],
+div.st-key-cls_tree_box .js-plotly-plot, div.st-key-cls_mask_box .js-plotly-plot {height: 100% !important;}
 </style>"""
 
 # Page Down / Page Up click Next / Back (Right / Left are the buttons' own shortcuts); any other key pauses Play.
@@ -203,8 +207,8 @@ def _view(lessons: dict[str, Lesson]) -> None:
     if len(step.nodes) > 1:
         rows = phases.mask_rows(step, phase)
         mask = figures.mask_figure(step, highlight=highlight, rows=rows, font=font, height=FIGURE_HEIGHT)
-        mask.update_layout(title=f"Tree attention mask: {len(rows)}×{len(rows)}<br><sup>+{step.mask_context_len} "
-                                 "cached context columns (not drawn)</sup>")
+        mask.update_layout(title_text=f"Tree attention mask: {len(rows)}×{len(rows)}<br>+{step.mask_context_len} "
+                                      "cached context columns (not drawn)")  # title_text: keeps the title's size
         mask.update_layout(height=None, autosize=True)
         middle.container(key="cls_mask_box").plotly_chart(mask, width="stretch", height="stretch", key="cls_mask",
                                                           config={"displayModeBar": False, "responsive": True})
