@@ -274,4 +274,5 @@ DEFAULTS = {
     "prompt-lookup": MethodConfig(method="prompt-lookup"),
     "token-recycling": MethodConfig(method="token-recycling"),
     "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
+    "layer-skip": MethodConfig(method="layer-skip", gamma=4),
 }

@@ -167,6 +167,15 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             ``kv_cache``, graphs without a static cache).
     """
     config, decision_model = resolve_decision(pair, config, decision_model)
+    if config.spec.self_draft:  # the target drafts with its own first layers, whatever the pair's draft model
+        from .layer_skip import LayerSkipError, self_draft_pair
+
+        if kv_cache != "dynamic":
+            raise EngineError("layer-skip moves its exit layer between steps: it runs on the dynamic KV cache")
+        try:
+            pair = self_draft_pair(pair)
+        except LayerSkipError as exc:
+            raise EngineError(str(exc)) from None
     parts = build_parts(pair, config, sampling, decision_model, recycling_state, fallback_state, adapter_state)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
                   graphs=graphs, count_syncs=count_syncs)

@@ -150,6 +150,27 @@ class StaticKVCache(KVCache):
         return self.length
 
 
+def copy_layers(src: KVCache, dst: "DynamicKVCache", layers: range) -> None:
+    """Layers ``layers`` of ``dst`` become copies of ``src``'s first ``dst.length`` positions in those layers.
+
+    For a draft that computes what the target computes in those layers (``layer_skip.EarlyExitDraft``): its keys
+    and values of the committed tokens are the target's, so a layer it starts running needs no prefill. Raises
+    KVCacheError where ``src`` holds fewer positions or layers."""
+    if src.length < dst.length or len(src.hf.layers) < layers.stop:
+        raise KVCacheError(f"the source cache holds {src.length} positions in {len(src.hf.layers)} layers; "
+                           f"{dst.length} positions of layers {layers.start}-{layers.stop - 1} were asked for")
+    cache = dst.hf
+    while len(cache.layers) < layers.stop:
+        cache.layers.append(cache.layer_class_to_replicate())
+    with torch.inference_mode():
+        for i in layers:
+            keys = src.hf.layers[i].keys[:, :, : dst.length].clone()
+            values = src.hf.layers[i].values[:, :, : dst.length].clone()
+            layer = cache.layers[i]
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+
+
 def new_kv_cache(kind: str, model, max_len: int) -> KVCache:
     """A cache of ``kind`` (``KV_CACHES``) for ``model``; ``max_len`` positions for a static one.
     Raises KVCacheError for an unknown kind."""

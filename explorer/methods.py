@@ -38,6 +38,7 @@ class MethodSpec:
             ``tree`` (``k_config``) or ``stoppable`` (``k_config`` then chains to ``max_depth``, with a stop policy).
         free: the free drafters whose branches join the tree, in verification order (``lookup``, ``recycling``).
         summary: one line for help texts and teach mode.
+        self_draft: the draft model is the target's own first layers (``layer_skip.py``), whatever the pair's draft.
     """
 
     name: str
@@ -45,6 +46,7 @@ class MethodSpec:
     model_tree: str
     free: tuple[str, ...] = ()
     summary: str = ""
+    self_draft: bool = False
 
     @property
     def uses_draft_model(self) -> bool:
@@ -68,6 +70,8 @@ METHOD_SPECS = {s.name: s for s in (
                summary="a static tree read from the target's own earlier top-k candidates, no draft model"),
     MethodSpec("hybrid", "Hybrid: draft tree + free branches", "stoppable", ("lookup", "recycling"),
                summary="the improved MCSD tree plus lookup and recycled branches, one target pass for all"),
+    MethodSpec("layer-skip", "Layer skip (the target drafts for itself)", "chain", self_draft=True,
+               summary="a chain drafted by the target's own first layers, the exit chosen from measured acceptance"),
 )}
 METHODS = tuple(METHOD_SPECS)
 METHOD_LABELS = {name: s.label for name, s in METHOD_SPECS.items()}

@@ -109,13 +109,17 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
-    """bf16 on CUDA and on CPUs with native bf16 (``cpu_has_native_bf16``), fp32 on other CPUs.
+    """bf16 on CUDA and on CPUs with native bf16 (``cpu_has_native_bf16``), fp32 on other CPUs;
+    ``$SPEC_EXPLORER_DTYPE`` (a name ``parse_dtype`` takes) overrides the choice, for the CLI and the app alike.
 
     Measured (docs/bench.md, "CPUs without native bf16"): on an AVX-512-BF16 CPU fp32 is 2-3x slower and its
     matrix-vector kernels make verifying k tokens cost several single steps (GUIDE.md section 3); on a 2-core AVX2
     CPU bf16 has no matrix kernels and a 16-row target forward took 2563 ms in bf16 against 1318 ms in fp32 (one
     row: 230 against 399 ms), so tree verification, the point of this tool, is twice as fast in fp32 there.
     """
+    forced = os.environ.get("SPEC_EXPLORER_DTYPE", "").strip()
+    if forced and forced != "auto":
+        return parse_dtype(forced)
     device = torch.device(device) if device is not None else default_device()
     if device.type == "cpu" and not cpu_has_native_bf16():
         return torch.float32
@@ -345,6 +349,28 @@ def load_pair(draft: str, target: str, *, dtype=None, device=None, progress: Pro
                      draft_id=draft, target_id=target)
 
 
+def load_target_alone(target: str, *, dtype=None, device=None, progress: ProgressFn = _noop_progress) -> ModelPair:
+    """A target with no draft model: the pair's draft is the target's own first layers (``layer_skip.py``), which
+    ``layer-skip`` moves step by step and every other method drafts with at half depth. Nothing is loaded twice.
+
+    Raises:
+        ModelPairError: the model cannot be loaded, or it has no list of decoder layers to exit from.
+    """
+    from .layer_skip import EarlyExitDraft, LayerSkipError
+
+    device = torch.device(device) if device else default_device()
+    dtype = parse_dtype(dtype, device)
+    progress(f"loading target {target}", 0.0)
+    lm, tok = _load_lm(target, dtype, device)
+    try:
+        draft = EarlyExitDraft(lm)
+    except LayerSkipError as exc:
+        raise ModelPairError(f"{target} cannot draft for itself: {exc}") from None
+    progress("model loaded", 1.0)
+    return make_pair(draft, lm, tok, name=f"{Path(target).name} (drafting with its own layers)",
+                     draft_id=f"{target} (its own first layers)", target_id=target)
+
+
 def prepare_default_pair(dtype=None, progress: ProgressFn = _noop_progress) -> list[Path]:
     """Assemble, check and convert both embedded models for ``dtype`` (once; later calls return at once).
     Returns the draft's and the target's converted folders."""
@@ -383,15 +409,19 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
         draft_quant = "none" if draft_quant in (None, "auto") else draft_quant
         packed = "off" if packed in (None, "auto") else packed
     elif spec == "custom":
-        if not draft or not target:
-            raise ModelPairError("a custom pair needs both a draft and a target (folder, hub id or .gguf file)")
-        pair = load_pair(draft, target, dtype=dtype, device=device, progress=progress)
+        if not target:
+            raise ModelPairError("a custom pair needs a target (folder, hub id or .gguf file), and a draft unless "
+                                 "the target drafts for itself")
+        pair = (load_pair(draft, target, dtype=dtype, device=device, progress=progress) if draft else
+                load_target_alone(target, dtype=dtype, device=device, progress=progress))
     else:
         raise ModelPairError(f"unknown model pair {spec!r}; use default, tiny or custom")
     how = default_draft_quant(pair.device) if draft_quant in (None, "auto") else draft_quant
+    if getattr(pair.draft, "shares_target", False):
+        how = "none"  # the target's own layers: nothing of its own to quantize
     if how != "none":
         progress("quantizing the draft to int8", 0.0)
-        pair = quantize_draft(pair, how, keep_unquantized=keep_unquantized)
+        pair = quantize_draft(pair, how, keep_unquantized=keep_unquantized, consume=True)
     pair = pack_weights(pair, packed or "auto", progress)
     freeze_heap()
     return pair
@@ -433,10 +463,23 @@ def pack_weights(pair: ModelPair, mode: str = "auto", progress: ProgressFn = _no
         return pair
     progress("packing the float32 weights for oneDNN", 0.0)
     for model in (pair.target, pair.draft, pair.unquantized_draft):
-        if model is not None and can_pack(model):
+        if model is not None and not getattr(model, "shares_target", False) and can_pack(model):
             pack_linear_weights(model)
+            _own_memory(model)
     pair.packed_weights = True
     return pair
+
+
+def _own_memory(model: torch.nn.Module) -> None:
+    """Copy the parameters and buffers packing left (embeddings, norms, biases) out of the weights file.
+
+    transformers maps a safetensors file into memory and its tensors are views of the mapping; packing reads every
+    linear weight once (the pages become resident) and keeps its own copy. While any tensor still views the file,
+    the whole mapping stays resident: the fp32 target held 6.1 GB of file pages beside 6.4 GB of packed weights
+    (12.5 GB); with the rest copied out the mapping goes and it holds 7.4 GB."""
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            tensor.data = tensor.data.clone()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -452,7 +495,8 @@ def default_draft_quant(device: torch.device) -> str:
     return "int8" if torch.device(device).type == "cpu" and engines & {"fbgemm", "x86"} else "none"
 
 
-def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = False) -> ModelPair:
+def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = False,
+                   consume: bool = False) -> ModelPair:
     """A copy of ``pair`` whose draft has int8 weights: PyTorch's dynamic quantization (``quantize_dynamic``,
     fbgemm kernels, per-output-channel weight scales, activations quantized per call) of every ``nn.Linear``;
     the rest of the draft (embeddings, norms) runs in float32, and its logits come out float32.
@@ -465,6 +509,9 @@ def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = 
     Args:
         how: ``none`` (returns ``pair``) or ``int8``.
         keep_unquantized: keep the original draft in ``unquantized_draft`` (memory: one more draft).
+        consume: quantize ``pair``'s own draft in place, one linear layer at a time, instead of a float32 copy of
+            the whole draft: the peak holds the draft once (2 GB less for the embedded pair in fp32). ``pair`` must
+            not be used afterwards (``load_named_pair`` drops it). Ignored with ``keep_unquantized``.
     Raises:
         ModelPairError: unknown ``how``, or int8 asked for on a device other than the CPU.
     """
@@ -485,11 +532,20 @@ def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = 
     except ImportError as exc:  # a future torch without the eager-mode API
         raise ModelPairError(f"this torch has no dynamic quantization ({exc}); use --draft-quant none") from exc
 
+    spec = {torch.nn.Linear: per_channel_dynamic_qconfig}
     try:
         with warnings.catch_warnings():  # torch.ao.quantization warns that it moves to torchao; torchao's int8
             warnings.simplefilter("ignore")  # CPU path was 2.5x slower than bf16 here (docs/bench.md)
-            draft = quantize_dynamic(copy.deepcopy(pair.draft).float(),
-                                     {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8).eval()
+            if consume and not keep_unquantized:
+                draft = pair.draft
+                for module in list(draft.modules()):  # each linear: to float32, then int8, then the next one
+                    for name, child in list(module.named_children()):
+                        if type(child) is torch.nn.Linear:
+                            wrapped = torch.nn.Sequential(child.float())
+                            setattr(module, name, quantize_dynamic(wrapped, spec, dtype=torch.qint8)[0])
+                draft = draft.float().eval()  # embeddings and norms compute in float32 around the int8 linears
+            else:
+                draft = quantize_dynamic(copy.deepcopy(pair.draft).float(), spec, dtype=torch.qint8).eval()
     except (RuntimeError, NotImplementedError, AttributeError) as exc:
         raise ModelPairError(f"int8 draft quantization failed on this machine ({exc}); use --draft-quant none") \
             from exc

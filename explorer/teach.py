@@ -63,6 +63,8 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
             out.append(f"Drafting: after the last committed token {_tok(anchor.text)}, the small draft model proposed "
                        f"{len(model)} token(s) over {levels} level(s) in {step.draft_calls} draft call(s) "
                        f"(one call per level: every branch of a level is fed at once).")
+        if step.drafter.get("layer_skip"):
+            out.append(layer_skip_words(step.drafter["layer_skip"]))
         out.extend(_free_drafts(step, anchor, bool(model)))
         if len(roots) > 1:
             firsts = ", ".join(f"branch {n.branch} starts with {_tok(n.text)}" for n in roots)
@@ -166,6 +168,17 @@ def _goodput_words(last, levels: int) -> str:
     if not last.keep_drafting:
         return f"Drafting stopped after level {last.level}: {gain}, so it would have lowered tokens per second."
     return f"Drafting went on to the maximum depth ({levels} level(s)): at the last check {gain}, and it did."
+
+
+def layer_skip_words(skip: dict) -> str:
+    """Which of the target's layers drafted a ``layer-skip`` step (``StepTrace.drafter["layer_skip"]``), and why
+    that exit."""
+    exit_layer, layers = skip["exit_layer"], skip["layers"]
+    rates = ", ".join(f"{e} layers: {c['alpha']:.0%} accepted, {c['speedup']:.2f}x expected"
+                      for e, c in skip.get("candidates", {}).items())
+    return (f"The target drafted for itself with its first {exit_layer} of {layers} layers, then its final norm and "
+            f"LM head (an early exit; the other {layers - exit_layer} layers were skipped). The exit is chosen from "
+            f"each exit's measured acceptance against its cost, {exit_layer}/{layers} of a target forward: {rates}.")
 
 
 def _borrowed_model(step: StepTrace, decision: dict) -> list[str]:

@@ -62,8 +62,9 @@ FAMILIES = {
 }
 
 
-def tiny_family_pair(family: str, seed: int = 0, dtype=torch.float32) -> ModelPair:
-    """A tiny random pair of one transformers family (``FAMILIES``), built from its config: a 2-layer target and
+def tiny_family_pair(family: str, seed: int = 0, dtype=torch.float32, target_layers: int = 2) -> ModelPair:
+    """A tiny random pair of one transformers family (``FAMILIES``), built from its config: a 2-layer (or
+    ``target_layers``) target and
     a 1-layer draft holding copies of the target's embeddings, first layer, final norm and head (so the two
     distributions agree often but not always, as ``tiny_pair``'s do), on the byte tokenizer. fp32, CPU.
 
@@ -81,7 +82,8 @@ def tiny_family_pair(family: str, seed: int = 0, dtype=torch.float32) -> ModelPa
     config_class = getattr(transformers, config_name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        target = AutoModelForCausalLM.from_config(config_class(**kwargs, **ids, **{layers: 2}), dtype=dtype)
+        target = AutoModelForCausalLM.from_config(config_class(**kwargs, **ids, **{layers: target_layers}),
+                                                  dtype=dtype)
         draft = AutoModelForCausalLM.from_config(config_class(**kwargs, **ids, **{layers: 1}), dtype=dtype)
     shapes = {k: v.shape for k, v in draft.state_dict().items()}
     draft.load_state_dict({k: v.clone() for k, v in target.state_dict().items()

@@ -1,5 +1,6 @@
 """Drafters: who proposes a step's draft tree (``base.Drafter``). ``make_drafter`` builds the one a method names
-(``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, or the hybrid."""
+(``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, the hybrid, or the target's
+own first layers (``layer-skip``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def make_drafter(config, recycling_state: dict | None = None) -> Drafter:
             free.append(LookupDrafter(config.lookup_ngram, config.lookup_tokens, config.lookup_branches))
         elif name == "recycling":
             free.append(RecyclingDrafter(config.recycling_widths, config.recycling_k, recycling_state))
+    if spec.self_draft:
+        from .layer_skip import LayerSkipDrafter
+
+        return LayerSkipDrafter(config.gamma)
     model = ModelDrafter() if spec.uses_draft_model else None
     if model is not None and free:
         return HybridDrafter(model, free)

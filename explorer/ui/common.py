@@ -89,8 +89,9 @@ def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
 
 def pair_or_message(settings):
     """The sidebar's pair, loaded; None (with a message on the page) when it cannot be."""
-    if settings["spec"] == "custom" and not (settings["draft"] and settings["target"]):
-        st.info("Enter a draft and a target model in the sidebar (local folders, hub ids or .gguf files).")
+    if settings["spec"] == "custom" and not settings["target"]:
+        st.info("Enter a target model in the sidebar (a local folder, hub id or .gguf file), and a draft model "
+                "that shares its tokenizer; with the draft left empty the target drafts with its own first layers.")
         return None
     try:
         return load_pair_with_progress(settings["spec"], settings["draft"], settings["target"], settings["dtype"])

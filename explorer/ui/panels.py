@@ -10,7 +10,7 @@ import streamlit as st
 from .. import figures
 from ..methods import FREE_SOURCES, SOURCE_LABELS
 from ..metrics import run_metrics
-from ..teach import explain_step, fallback_rates
+from ..teach import explain_step, fallback_rates, layer_skip_words
 from ..trace import RunTrace, StepTrace
 
 TEACH_CSS = """<style>
@@ -64,6 +64,9 @@ def step_caption(step: StepTrace, total: int) -> None:
         f"{code(committed)} · accepted draft tokens {step.accepted_draft_len}/{step.max_draft_len}"
         f" · draft {step.draft_ms:.0f} ms ({step.draft_calls} calls) · verify {step.verify_ms:.0f} ms · "
         f"verifier `{step.verifier}`")
+    skip = step.drafter.get("layer_skip")
+    if skip:
+        st.caption(layer_skip_words(skip))
     fb = step.fallback
     if fb and not fb.get("speculate", True):
         st.caption(f"Plain decoding step (goodput fallback: {fb.get('reason')}): this step drafted nothing and the "

@@ -137,7 +137,9 @@ def sidebar() -> dict:
                     format_func=PAIRS.get, key="pair_spec")
     draft = target = ""
     if spec == "custom":
-        draft = sb.text_input("Draft model", key="draft_path", placeholder="path, hub id or file.gguf")
+        draft = sb.text_input("Draft model", key="draft_path", placeholder="empty: the target's own layers",
+                              help="a folder, hub id or .gguf file sharing the target's tokenizer; left empty, the "
+                                   "target drafts with its own first layers (an early exit)")
         target = sb.text_input("Target model", key="target_path", placeholder="path, hub id or file.gguf")
     auto = str(default_dtype()).removeprefix("torch.")
     dtype = sb.selectbox("dtype", ["auto", "bf16", "fp32"], key="dtype", disabled=spec == "tiny",
