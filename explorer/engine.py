@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import expectation, verify
+from .attention import sliding_window
 from .config import MethodConfig
 from .cost_ratio import CostRatioMeter
 from .decision.features import model_inputs, top_candidates
@@ -32,7 +33,6 @@ from .drafters import Drafted
 from .drafters.base import Drafter, empty_draft
 from .drafters.row_pricing import RowPricing
 from .fallback import GoodputFallback
-from .attention import sliding_window
 from .graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .kv_cache import KV_CACHES, new_kv_cache
 from .methods import DRAFT_SOURCES

@@ -14,7 +14,8 @@ moves deeper, the layers it adds take the target's cached rows (``kv_cache.copy_
 Which exit drafts is chosen as the run goes (``ExitChooser``): each candidate exit's acceptance is measured on the
 steps it drafted, and the exit with the best expected speedup ``tokens(alpha, gamma) / (gamma c + 1)`` is taken,
 ``c`` being the exit's share of the target's layers (Leviathan et al.'s formula, as DEL picks its exit layer from
-measured acceptance); an exit not tried for a while is tried again.
+measured acceptance); an exit not tried for a while is tried again, and where no exit is expected to beat plain
+decoding the step drafts nothing (a plain decoding step) until the next exit is due to be tried again.
 """
 
 from __future__ import annotations
@@ -164,10 +165,18 @@ class ExitChooser:
         tokens = g + 1 if a >= 1 else (1 - a ** (g + 1)) / (1 - a)
         return tokens / (g * c + 1)
 
-    def choose(self) -> int:
-        """The exit for the next step: an untried or long-unused exit first (deepest first), else the best."""
+    def choose(self) -> int | None:
+        """The exit for the next step: an untried or long-unused exit first (deepest first), else the best; None
+        (a plain decoding step, no draft) when no exit is expected to beat plain decoding."""
         stale = [e for e in reversed(self.candidates) if self.steps - self.last_used[e] > self.revisit]
-        return stale[0] if stale else max(self.candidates, key=self.speedup)
+        if stale:
+            return stale[0]
+        best = max(self.candidates, key=self.speedup)
+        return best if self.speedup(best) > 1.0 else None
+
+    def plain_step(self) -> None:
+        """A step that drafted nothing (``choose`` returned None): it counts towards revisiting every exit."""
+        self.steps += 1
 
     def record(self, exit_layer: int, accepted: int, drafted: int) -> None:
         self.accepted[exit_layer] += accepted

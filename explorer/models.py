@@ -435,10 +435,12 @@ def freeze_heap() -> None:
     loaded that took 250-375 ms on the 2-core AVX-512-BF16 CPU, and in the app each rerun allocates enough to set
     one off inside the next Step: the draft of steps 2-4 took 255-365 ms in the app against 35-39 ms from the CLI
     (``scripts/app_step_bench.py``, gc callbacks logging the pauses). Frozen objects are still freed by reference
-    counting; only reference cycles among them are never collected, and a loaded model makes none worth having.
+    counting; cycles among them wait for the next load, which first unfreezes everything (so a pair the app let go
+    of is collected then).
     """
     import gc
 
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 

@@ -174,6 +174,10 @@ def layer_skip_words(skip: dict) -> str:
     """Which of the target's layers drafted a ``layer-skip`` step (``StepTrace.drafter["layer_skip"]``), and why
     that exit."""
     exit_layer, layers = skip["exit_layer"], skip["layers"]
+    if exit_layer is None:
+        return (f"No exit of the target's {layers} layers was expected to beat plain decoding from the acceptance "
+                "measured so far, so this step drafted nothing (a plain decoding step); each exit is tried again "
+                "after a while.")
     rates = ", ".join(f"{e} layers: {c['alpha']:.0%} accepted, {c['speedup']:.2f}x expected"
                       for e, c in skip.get("candidates", {}).items())
     return (f"The target drafted for itself with its first {exit_layer} of {layers} layers, then its final norm and "

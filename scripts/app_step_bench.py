@@ -4,7 +4,9 @@ process; prints each step's draft / verify milliseconds from both, and their rat
 
     python scripts/app_step_bench.py --pair default --steps 4 --idle 12
 
-A measurement, not a test: timings drift on shared machines, so compare the two columns of one run.
+A measurement, not a test: timings drift on shared machines, so compare the two columns of one run. The app steps
+with ``app_threads`` intra-op threads (one core left to the browser; ``SPEC_EXPLORER_THREADS`` sets it), the CLI
+with all of them (docs/bench.md, "The app's steps against the CLI's").
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -72,7 +76,10 @@ def main() -> int:
     rows = [{"step": i + 1, "app": a, "cli": c,
              "draft_ratio": round(a["draft_ms"] / max(c["draft_ms"], 1), 2),
              "verify_ratio": round(a["verify_ms"] / max(c["verify_ms"], 1), 2)} for i, (a, c) in enumerate(zip(app, cli))]
-    print(json.dumps({"prompt": PROMPT, "pair": args.pair, "idle_s": args.idle, "steps": rows}, indent=1))
+    from explorer.ui.common import app_threads
+
+    print(json.dumps({"prompt": PROMPT, "pair": args.pair, "idle_s": args.idle, "app_threads": app_threads(),
+                      "cli_threads": torch.get_num_threads(), "steps": rows}, indent=1))
     return 0
 
 

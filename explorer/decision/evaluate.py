@@ -15,28 +15,31 @@ from .scores import score_metrics
 def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
     """Every model of ``model_dir`` on the data in ``folders``, leaving out prompts the models were trained or
     validated on (listed in their card): ``{"models": {kind: score_metrics}, "by_kind": {prompt kind: {"records",
-    model kind: roc_auc}}, ...}``. Raises DataError / DecisionModelError for unusable inputs."""
+    model kind: roc_auc}}, ...}``. Data of another pair than the models' measures how they transfer: only the
+    kinds that can (``model.TRANSFERABLE_KINDS``) are scored, and ``"transferred_from"`` names the models' pair.
+    Raises DataError / DecisionModelError for unusable inputs."""
     from .collect import DataError, load_data
-    from .model import load_decision_model, read_card
+    from .model import TRANSFERABLE_KINDS, load_decision_model, read_card
     from .train import kind_inputs
 
     card = read_card(model_dir)
     meta, t, owners = load_data(folders)
-    if meta["pair"].get("draft_id") != card.get("pair", {}).get("draft_id"):
-        raise DataError(f"the data was collected with draft {meta['pair'].get('draft_id')}, the model was trained "
-                        f"for {card.get('pair', {}).get('draft_id')}")
+    transferred = meta["pair"].get("draft_id") != card.get("pair", {}).get("draft_id")
     seen = set(card.get("data", {}).get("train_prompts", [])) | set(card.get("data", {}).get("val_prompts", []))
     rows = np.array([o not in seen for o in owners])
     if not rows.any():
         raise DataError("every prompt of this data was used to train the model: evaluate on other prompts")
     prompts = sorted({o for o, r in zip(owners, rows) if r})
     report = {"model": str(model_dir), "data": [str(f) for f in folders], "prompts": len(prompts),
-              "excluded_prompts": len({o for o in owners if o in seen}), "models": {}}
+              "excluded_prompts": len({o for o in owners if o in seen}), "models": {},
+              **({"transferred_from": card.get("pair", {}).get("name")} if transferred else {})}
     idx = np.flatnonzero(rows)
     kind_of = meta["prompt_kinds"]
     prompt_kinds = np.array([kind_of.get(owners[i], "other") for i in idx])
     report["by_kind"] = {}
     for kind in card["models"]:
+        if transferred and kind not in TRANSFERABLE_KINDS:
+            continue
         model = load_decision_model(model_dir, kind)
         pred = model.predict(**{kind: kind_inputs(kind, t)[idx]}).numpy()
         soft, greedy = t["soft"][idx].numpy(), t["greedy"][idx].numpy()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..kv_cache import copy_layers
 from ..layer_skip import ExitChooser
-from .base import Drafted
+from .base import Drafted, empty_draft
 from .model import ModelDrafter
 
 
@@ -40,13 +40,19 @@ class LayerSkipDrafter(ModelDrafter):
     def draft(self, engine) -> Drafted:
         draft, kv = engine.pair.draft, engine.draft_kv
         exit_layer = self.chooser.choose()
+        self._exit = exit_layer
+        if exit_layer is None:  # no exit pays: a plain decoding step (the draft cache is fed at the next draft)
+            self.chooser.plain_step()
+            drafted = empty_draft(engine)
+            drafted.info["layer_skip"] = {"exit_layer": None, "layers": draft.n_layers,
+                                          "candidates": self.chooser.summary()}
+            return drafted
         held = len(kv.hf.layers)  # every layer the draft cache holds is current (the others are dropped)
         if exit_layer > held:
             copy_layers(engine.target_kv, kv, range(held, exit_layer))
         else:  # layers past the exit would miss this step's rows: drop them (copied back if needed again)
             del kv.hf.layers[exit_layer:]
         draft.set_exit(exit_layer)
-        self._exit = exit_layer
         drafted = super().draft(engine)
         drafted.info["layer_skip"] = {"exit_layer": exit_layer, "layers": draft.n_layers,
                                       "candidates": self.chooser.summary()}
@@ -55,7 +61,7 @@ class LayerSkipDrafter(ModelDrafter):
     def learn(self, engine, drafted: Drafted, verified) -> None:
         super().learn(engine, drafted, verified)
         n = sum(1 for s in drafted.tree.source if s == "draft")
-        if n:
+        if n and self._exit is not None:
             self.chooser.record(self._exit, len(verified.result.path), n)
 
     def state_for_trace(self) -> dict:
