@@ -14,8 +14,9 @@ moves deeper, the layers it adds take the target's cached rows (``kv_cache.copy_
 Which exit drafts is chosen as the run goes (``ExitChooser``): each candidate exit's acceptance is measured on the
 steps it drafted, and the exit with the best expected speedup ``tokens(alpha, gamma) / (gamma c + 1)`` is taken,
 ``c`` being the exit's share of the target's layers (Leviathan et al.'s formula, as DEL picks its exit layer from
-measured acceptance); an exit not tried for a while is tried again, and where no exit is expected to beat plain
-decoding the step drafts nothing (a plain decoding step) until the next exit is due to be tried again.
+measured acceptance); an exit not tried for a while is tried again (an exit that did not pay waits twice as long
+each time), and where no exit is expected to beat plain decoding the step drafts nothing (a plain decoding step)
+until the next exit is due to be tried again.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class ExitChooser:
     For exit ``e``: ``alpha_e`` = accepted over drafted tokens of the steps it drafted (a prior of 1 accepted in 2
     drafted until it has data), ``c_e = e / layers`` (a draft forward's cost against the target's, by layers run),
     expected speedup ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c_e + 1))``. An exit not drafted in the last
-    ``revisit`` steps is tried again (acceptance drifts with the text). Deterministic: the trace can be replayed.
+    ``revisit`` steps is tried again (acceptance drifts with the text); one that did not pay waits twice as long
+    after each try. Deterministic: the trace can be replayed.
     """
 
     def __init__(self, n_layers: int, gamma: int, revisit: int = 16):
@@ -155,6 +157,7 @@ class ExitChooser:
         self.accepted = {e: 0 for e in self.candidates}
         self.drafted = {e: 0 for e in self.candidates}
         self.last_used = {e: -math.inf for e in self.candidates}
+        self.wait = {e: self.revisit for e in self.candidates}  # steps before an unused exit is tried again
         self.steps = 0
 
     def alpha(self, e: int) -> float:
@@ -168,7 +171,7 @@ class ExitChooser:
     def choose(self) -> int | None:
         """The exit for the next step: an untried or long-unused exit first (deepest first), else the best; None
         (a plain decoding step, no draft) when no exit is expected to beat plain decoding."""
-        stale = [e for e in reversed(self.candidates) if self.steps - self.last_used[e] > self.revisit]
+        stale = [e for e in reversed(self.candidates) if self.steps - self.last_used[e] > self.wait[e]]
         if stale:
             return stale[0]
         best = max(self.candidates, key=self.speedup)
@@ -179,9 +182,13 @@ class ExitChooser:
         self.steps += 1
 
     def record(self, exit_layer: int, accepted: int, drafted: int) -> None:
+        """What a step drafted at ``exit_layer`` measured. An exit that still does not pay waits twice as long
+        before its next try (a try costs gamma draft forwards); one that pays is watched at the base interval."""
         self.accepted[exit_layer] += accepted
         self.drafted[exit_layer] += drafted
         self.last_used[exit_layer] = self.steps
+        pays = self.speedup(exit_layer) > 1.0
+        self.wait[exit_layer] = self.revisit if pays else 2 * self.wait[exit_layer]
         self.steps += 1
 
     def summary(self) -> dict:

@@ -77,20 +77,26 @@ def test_the_chooser_takes_the_exit_with_the_best_expected_speedup():
     assert chooser.candidates == [6, 8, 10, 12]
     for e in reversed(chooser.candidates):  # untried exits come first, deepest first
         assert chooser.choose() == e
-        chooser.record(e, accepted={6: 0, 8: 1, 10: 4, 12: 4}[e] * 5, drafted=20)
+        chooser.record(e, accepted={6: 0, 8: 5, 10: 20, 12: 20}[e], drafted=20)
     assert chooser.choose() == 10  # as accepted as 12, and cheaper
-    chooser.revisit = 2
-    chooser.record(10, 4, 4)
-    chooser.record(10, 4, 4)
-    assert chooser.choose() == 12  # not drafted for more than two steps: tried again
-    poor = ExitChooser(n_layers=16, gamma=4, revisit=5)
-    for e in reversed(poor.candidates):
+
+
+def test_exits_that_do_not_pay_give_plain_steps_and_are_tried_ever_less_often():
+    poor = ExitChooser(n_layers=16, gamma=4, revisit=2)
+    for _ in range(4):
         poor.record(poor.choose(), accepted=0, drafted=40)
     assert poor.choose() is None  # no exit beats plain decoding: a plain step
     poor.plain_step()
-    assert poor.choose() is None
-    poor.plain_step()
-    assert poor.choose() == 12  # until the deepest exit is due to be tried again
+    assert poor.choose() == 12  # the deepest exit is due again (2 x 2 steps after its try)
+    for _ in range(4):
+        exit_layer = poor.choose()
+        assert exit_layer is not None
+        poor.record(exit_layer, accepted=0, drafted=40)
+    plain = 0
+    while (exit_layer := poor.choose()) is None:
+        poor.plain_step()
+        plain += 1
+    assert exit_layer == 12 and plain == 5  # it failed again: now it waits 8 steps
 
 
 def test_a_target_alone_drafts_for_itself_on_the_command_line(tmp_path, capsys):
