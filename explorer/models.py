@@ -546,6 +546,7 @@ def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = 
                             wrapped = torch.nn.Sequential(child.float())
                             setattr(module, name, quantize_dynamic(wrapped, spec, dtype=torch.qint8)[0])
                 draft = draft.float().eval()  # embeddings and norms compute in float32 around the int8 linears
+                _own_memory(draft)  # a float32 draft's embeddings still viewed its weights file: let it go
             else:
                 draft = quantize_dynamic(copy.deepcopy(pair.draft).float(), spec, dtype=torch.qint8).eval()
     except (RuntimeError, NotImplementedError, AttributeError) as exc:

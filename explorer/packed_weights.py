@@ -18,6 +18,9 @@ their stock kernels (bf16 linears already go through oneDNN there). An int8 draf
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import torch
 
 PACK_MODES = ("auto", "on", "off")
@@ -58,9 +61,56 @@ def pack_linear_weights(model: torch.nn.Module) -> int:
     if not can_pack(model):
         raise ValueError("packed weights need float32 weights on the CPU and a PyTorch built with oneDNN (mkldnn)")
     n = 0
+    mapped = file_mappings()
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear:  # exactly nn.Linear: not quantized or other subclasses
                 setattr(module, name, PackedLinear(child))
+                drop_file_pages(child.weight, mapped)
                 n += 1
     return n
+
+
+# Weights loaded from safetensors are views of the file mapped into memory. Packing reads each weight once, making
+# its pages resident, and keeps its own copy; the file's pages stay resident (and counted) while anything views the
+# mapping. Dropping a packed weight's pages as it goes keeps the peak near one copy of the model: the embedded fp32
+# pair peaked at 15.2 GB resident without it (the target's 6.1 GB of file pages beside its 6.4 GB packed copy).
+MADV_DONTNEED = 4
+
+
+def file_mappings() -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of ``.safetensors`` files (Linux; [] elsewhere). safetensors maps
+    them private and writable (copy-on-write); nothing writes to weights, so every page holds the file's bytes."""
+    out = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            for line in maps:
+                parts = line.split()
+                if len(parts) >= 6 and parts[5].endswith(".safetensors"):
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    out.append((lo, hi))
+    except OSError:
+        return []
+    return out
+
+
+def drop_file_pages(tensor: torch.Tensor, mappings: list[tuple[int, int]]) -> int:
+    """Give back the resident pages wholly inside ``tensor``'s bytes where they lie in one of ``mappings`` (file
+    mappings: a page read again comes back from the file, which holds the same bytes). Only for a tensor no longer
+    used; pages it shares with a neighbour are kept. Returns the bytes dropped (0 where the tensor is not
+    file-backed or the call is unavailable)."""
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    if not any(lo <= start and end <= hi for lo, hi in mappings):
+        return 0
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, end // page * page
+    if last <= first:
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
+            return 0
+    except (OSError, AttributeError):
+        return 0
+    return last - first

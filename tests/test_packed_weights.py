@@ -63,3 +63,23 @@ def test_modes_and_errors():
     assert pack_weights(half, "auto") is half and not half.packed_weights
     with pytest.raises(ValueError, match="float32"):
         pack_linear_weights(half.target)
+
+
+def test_dropped_file_pages_read_back_the_same_weights(tmp_path):
+    """Packing gives back the pages of each weight it replaced (``drop_file_pages``); a page read again comes back
+    from the weights file, so even a tensor still in use would keep its values."""
+    from transformers import AutoModelForCausalLM
+
+    from explorer.packed_weights import drop_file_pages, file_mappings
+    from explorer.tiny import tiny_config
+
+    big = AutoModelForCausalLM.from_config(tiny_config(4096, 1))  # an lm head of 4096 x 64 floats: 256 pages
+    big.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    weight = loaded.lm_head.weight
+    before = weight.detach().clone()
+    mapped = file_mappings()
+    assert any(lo <= weight.data_ptr() < hi for lo, hi in mapped)  # the weight is a view of the file
+    assert drop_file_pages(weight, mapped) > 0
+    assert torch.equal(weight.detach(), before)
+    assert drop_file_pages(before, mapped) == 0  # not file-backed: left alone
