@@ -14,10 +14,11 @@ PAIRS = {"default": "Embedded: Qwen2.5-Coder 0.5B → 1.5B", "tiny": "Tiny rando
          "custom": "Custom pair (folders, hub ids or .gguf)"}
 
 
-@st.cache_resource(show_spinner=False, max_entries=3)
+@st.cache_resource(show_spinner=False, max_entries=1)
 def get_pair(spec: str, draft: str, target: str, dtype: str):
     """Models are shared by every browser session: read-only, forwards serialised by ``pair.lock``; each session
-    keeps its own engine and KV caches. No Streamlit calls in here: a cached function may not touch page elements
+    keeps its own engine and KV caches. One pair at a time: loading another lets the last one go (two fp32 pairs
+    would not fit a 16 GB machine). No Streamlit calls in here: a cached function may not touch page elements
     created outside it."""
     import torch
 
