@@ -28,7 +28,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         models.load_pair(str(tmp_path / "nope"), str(tmp_path / "nope2"))
     with pytest.raises(ModelPairError, match="GGUF file not found"):
         models.load_pair(str(tmp_path / "x.gguf"), str(tmp_path / "y.gguf"))
-    with pytest.raises(ModelPairError, match="needs both"):
+    with pytest.raises(ModelPairError, match="needs a target"):
         models.load_named_pair("custom", draft="", target="")
 
 

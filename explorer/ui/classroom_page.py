@@ -34,7 +34,8 @@ CLASSROOM_CSS = """<style>
 .cls-head {font-size: 1.05rem; margin: 0 0 0.2rem 0;}
 .cls-where {font-size: 1rem; color: #555; margin: 0;}
 .cls-account p, .cls-account li {font-size: 1.15rem; line-height: 1.45;}
-div.st-key-cls_tree_box, div.st-key-cls_mask_box {flex: none !important; height: max(420px, calc(100vh - 220px)) !important;}
+div.st-key-cls_tree_box, div.st-key-cls_mask_box {
+  flex: none !important; height: max(420px, calc(100vh - 220px)) !important;}
 div.st-key-cls_tree_box > div, div.st-key-cls_mask_box > div,
 div.st-key-cls_tree_box [data-testid=stFullScreenFrame], div.st-key-cls_mask_box [data-testid=stFullScreenFrame],
 div.st-key-cls_tree_box [data-testid=stPlotlyChart], div.st-key-cls_mask_box [data-testid=stPlotlyChart],
