@@ -432,11 +432,11 @@ def freeze_heap() -> None:
     garbage collector's reach: ``gc.collect()``, then ``gc.freeze()``.
 
     Why: a full (generation 2) collection walks every tracked object. With transformers, Streamlit and Plotly
-    loaded that took 250-375 ms on the 2-core AVX-512-BF16 CPU, and in the app each rerun allocates enough to set
-    one off inside the next Step: the draft of steps 2-4 took 255-365 ms in the app against 35-39 ms from the CLI
-    (``scripts/app_step_bench.py``, gc callbacks logging the pauses). Frozen objects are still freed by reference
-    counting; cycles among them wait for the next load, which first unfreezes everything (so a pair the app let go
-    of is collected then).
+    loaded that took 250-375 ms on the 2-core AVX-512-BF16 CPU, and in the app each rerun allocated enough to set
+    one off inside the next Step (gc callbacks logged them during ``scripts/app_step_bench.py``); frozen, they took
+    14-32 ms. (The rest of the app's slow steps was the browser: ``ui.common.app_threads``.) Frozen objects are
+    still freed by reference counting; cycles among them wait for the next load, which first unfreezes everything
+    (so a pair the app let go of is collected then).
     """
     import gc
 
@@ -475,10 +475,10 @@ def pack_weights(pair: ModelPair, mode: str = "auto", progress: ProgressFn = _no
 def _own_memory(model: torch.nn.Module) -> None:
     """Copy the parameters and buffers packing left (embeddings, norms, biases) out of the weights file.
 
-    transformers maps a safetensors file into memory and its tensors are views of the mapping; packing reads every
-    linear weight once (the pages become resident) and keeps its own copy. While any tensor still views the file,
-    the whole mapping stays resident: the fp32 target held 6.1 GB of file pages beside 6.4 GB of packed weights
-    (12.5 GB); with the rest copied out the mapping goes and it holds 7.4 GB."""
+    transformers maps a safetensors file into memory and its tensors are views of the mapping. Packing keeps its
+    own copy of each linear weight (and gives back that weight's pages, ``packed_weights.drop_file_pages``); while
+    any tensor still views the file, the mapping stays, and with it every page read since. Measured without either:
+    the fp32 target held 6.1 GB of file pages beside 6.4 GB of packed weights; with the rest copied out, 7.4 GB."""
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             tensor.data = tensor.data.clone()

@@ -64,8 +64,5 @@ class LayerSkipDrafter(ModelDrafter):
         if n and self._exit is not None:
             self.chooser.record(self._exit, len(verified.result.path), n)
 
-    def state_for_trace(self) -> dict:
-        return {}
-
 
 __all__ = ["LayerSkipDrafter"]
