@@ -164,9 +164,9 @@ class ExitChooser:
         return (self.accepted[e] + 1) / (self.drafted[e] + 2)
 
     def speedup(self, e: int) -> float:
-        a, g, c = self.alpha(e), self.gamma, e / self.n_layers
-        tokens = g + 1 if a >= 1 else (1 - a ** (g + 1)) / (1 - a)
-        return tokens / (g * c + 1)
+        from .race import chain_speedup  # Leviathan et al.'s formula, as the classroom's curve draws it
+
+        return chain_speedup(self.alpha(e), self.gamma, e / self.n_layers)
 
     def choose(self) -> int | None:
         """The exit for the next step: an untried or long-unused exit first (deepest first), else the best; None
