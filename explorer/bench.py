@@ -77,9 +77,12 @@ def method_for_label(label: str) -> MethodConfig:
 
 
 def source_commit() -> str:
-    """The short git commit of the code that runs (``unknown`` outside a git checkout)."""
+    """The short git commit of the code that runs: ``$SPEC_EXPLORER_COMMIT`` where set (a copy of the tree without
+    its git folder, as a GPU machine receives it), else git's, else ``unknown``."""
     import subprocess
 
+    if os.environ.get("SPEC_EXPLORER_COMMIT"):
+        return os.environ["SPEC_EXPLORER_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"

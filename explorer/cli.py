@@ -218,13 +218,18 @@ def cmd_lessons(args) -> int:
             steps = sum(len(r.trace.steps) for r in lesson.runs)
             print(f"{lesson.id}: {lesson.title} ({len(lesson.runs)} run(s), {steps} steps, "
                   f"{len(lesson.phases())} phases; recorded {lesson.recorded.get('date', '?')[:10]} on "
-                  f"{lesson.recorded.get('machine', '?')}, {lesson.recorded.get('dtype', '?')})")
+                  f"{lesson.recorded.get('machine', '?')}, {lesson.recorded.get('dtype', '?')}; race timed on "
+                  f"{', '.join(lesson.race_lanes()) or 'no machine'})")
         return 0
-    from .lessons_record import record_lessons
+    from .lessons_record import record_lessons, time_lessons
 
     pair = load_pair_from_args(args)
-    record_lessons(pair, Path(args.out), only=args.only.split(",") if args.only else None,
-                   progress=lambda msg: print(msg, file=sys.stderr))
+    only = args.only.split(",") if args.only else None
+    if args.action == "time":
+        time_lessons(pair, Path(args.out), only=only, graphs=args.graphs,
+                     progress=lambda msg: print(msg, file=sys.stderr))
+        return 0
+    record_lessons(pair, Path(args.out), only=only, progress=lambda msg: print(msg, file=sys.stderr))
     return 0
 
 
@@ -295,9 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .lessons import LESSONS_DIR
 
-    les = sub.add_parser("lessons", help="the classroom's lessons: list them, or record them on a real pair")
-    les.add_argument("action", choices=["list", "record"])
-    les.add_argument("--only", help="comma-separated lesson ids to record (default: all)")
+    les = sub.add_parser("lessons", help="the classroom's lessons: list them, record them on a real pair, or time "
+                                         "their runs on this machine for the race (time)")
+    les.add_argument("action", choices=["list", "record", "time"])
+    les.add_argument("--only", help="comma-separated lesson ids to record or time (default: all)")
+    les.add_argument("--graphs", action="store_true",
+                     help="time: our forwards through CUDA graphs (a static KV cache), as bench --graphs")
     les.add_argument("--out", default=str(LESSONS_DIR), help="folder for the lesson files (default: assets/lessons)")
     add_model_args(les)
     les.set_defaults(func=cmd_lessons)

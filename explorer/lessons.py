@@ -8,7 +8,13 @@ A lesson file (``assets/lessons/*.json``, written by ``python -m explorer lesson
      "notes": [{"run": 0, "step": 2, "phase": "verify", "text": "..."}, ...],   # step: 0-based index
      "baseline": <RunTrace of ar on the same prompt, for the race> | null,
      "recorded": {"command", "machine", "date", "commit", "dtype", ...},
-     "audit": <audit summary> | null}
+     "audit": <audit summary> | null,
+     "timings": [{"recorded": {...}, "runs": [<RunTrace>, ...], "baseline": <RunTrace>}, ...]}  # optional
+
+``timings`` holds the same runs timed on other machines (``python -m explorer lessons time``, e.g. on a GPU): each
+entry has one trace per run of the lesson and its own ``ar`` baseline, so the race can be shown for either machine.
+Its traces are that machine's own runs of the lesson's settings: greedy runs can part from the shipped text where the
+target's two best tokens are nearly tied (another device rounds bf16 differently).
 
 A note belongs to the first phase of its kind (``phases.PHASE_KINDS``) in its step. ``load_lesson`` checks the schema
 version, the size, every run's trace (``trace.RunTrace.from_dict``) and that every note points at a phase that exists,
@@ -18,6 +24,7 @@ and raises ``LessonError`` with a message a user can act on.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,11 +69,42 @@ class LessonRun:
 
 
 @dataclass
+class MachineTimings:
+    """The lesson's runs timed on one machine: ``recorded`` (``bench.run_facts`` of that machine), ``runs`` (one
+    trace per run of the lesson, in its order) and ``baseline`` (``ar`` on the same prompt, same machine)."""
+
+    recorded: dict
+    runs: list[RunTrace]
+    baseline: RunTrace
+
+    @property
+    def machine(self) -> str:
+        """A short name of the machine: the GPU's name on CUDA, else the CPU's (``machine_name``)."""
+        return machine_name(self.recorded)
+
+    def to_dict(self) -> dict:
+        return {"recorded": self.recorded, "runs": [t.to_dict() for t in self.runs],
+                "baseline": self.baseline.to_dict()}
+
+
+def machine_name(recorded: dict) -> str:
+    """A short name for the machine a recording ran on, from its ``machine`` line and ``device``: the GPU's name on
+    CUDA (``"NVIDIA H200"``), else ``"CPU: "`` and the CPU's model where the line names it (``"CPU: AMD EPYC"``) or
+    its core count (``"CPU: 2 cores"``)."""
+    last = str(recorded.get("machine", "?")).split(",")[-1].strip() or "?"
+    if str(recorded.get("device", "")).startswith("cuda"):
+        return last
+    cores = re.fullmatch(r"(\d+) CPUs", last)
+    return f"CPU: {cores.group(1)} cores" if cores else f"CPU: {last}"
+
+
+@dataclass
 class Lesson:
     """A lesson: ``runs`` (played in order), ``notes`` at marked phases, ``baseline`` (``ar`` on the same prompt,
     recorded with the runs: the race's other lane), how it was ``recorded`` (command, machine, date, commit, dtype)
     and, where the lesson is about losslessness, an ``audit`` summary (``audit.AuditResult``'s first-token and pair
-    p-values, TV distances and sample count)."""
+    p-values, TV distances and sample count); ``timings``: the same runs timed on other machines (``MachineTimings``,
+    at most one per machine name)."""
 
     id: str
     title: str
@@ -76,6 +114,28 @@ class Lesson:
     recorded: dict = field(default_factory=dict)
     audit: dict | None = None
     baseline: RunTrace | None = None
+    timings: list[MachineTimings] = field(default_factory=list)
+
+    def race_lanes(self) -> dict[str, MachineTimings]:
+        """Every machine the race can be shown for, by machine name (``machine_name``): the lesson's own recording
+        first (only when it has a baseline), then ``timings``."""
+        out = {}
+        if self.baseline is not None:
+            out[machine_name(self.recorded)] = MachineTimings(self.recorded, [r.trace for r in self.runs],
+                                                              self.baseline)
+        for t in self.timings:
+            out.setdefault(t.machine, t)
+        return out
+
+    def with_timings(self, timings: MachineTimings) -> "Lesson":
+        """This lesson with ``timings`` in place of any earlier entry for the same machine name.
+
+        Raises LessonError when ``timings`` does not hold one trace per run of the lesson."""
+        if len(timings.runs) != len(self.runs):
+            raise LessonError(f"timings of {len(timings.runs)} run(s) for a lesson of {len(self.runs)}")
+        kept = [t for t in self.timings if t.machine != timings.machine]
+        return Lesson(self.id, self.title, self.question, self.runs, self.notes, self.recorded, self.audit,
+                      self.baseline, kept + [timings])
 
     def phases(self) -> list[tuple[int, Phase]]:
         """Every phase of every run, in order: ``(run index, phase)``."""
@@ -91,7 +151,8 @@ class Lesson:
         return {"lesson_schema": LESSON_SCHEMA, "id": self.id, "title": self.title, "question": self.question,
                 "runs": [{"label": r.label, "trace": r.trace.to_dict()} for r in self.runs],
                 "notes": [vars(n) for n in self.notes], "recorded": self.recorded, "audit": self.audit,
-                "baseline": self.baseline.to_dict() if self.baseline is not None else None}
+                "baseline": self.baseline.to_dict() if self.baseline is not None else None,
+                "timings": [t.to_dict() for t in self.timings]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)
@@ -145,7 +206,18 @@ class Lesson:
                 baseline = RunTrace.from_dict(d["baseline"])
             except TraceError as exc:
                 raise LessonError(f"the lesson's baseline run: {exc}") from None
-        return Lesson(d["id"], d["title"], d["question"], runs, notes, recorded, audit, baseline)
+        timings = []
+        for i, t in enumerate(d.get("timings") or []):
+            try:
+                if not isinstance(t, dict) or not isinstance(t.get("recorded"), dict):
+                    raise TraceError("it has no 'recorded' facts")
+                if not isinstance(t.get("runs"), list) or len(t["runs"]) != len(runs):
+                    raise TraceError(f"it needs one trace per run of the lesson ({len(runs)})")
+                timings.append(MachineTimings(t["recorded"], [RunTrace.from_dict(r) for r in t["runs"]],
+                                              RunTrace.from_dict(t.get("baseline"))))
+            except TraceError as exc:
+                raise LessonError(f"timing {i + 1} of the lesson: {exc}") from None
+        return Lesson(d["id"], d["title"], d["question"], runs, notes, recorded, audit, baseline, timings)
 
 
 def loads_lesson(data: str | bytes, what: str = "the lesson") -> Lesson:
@@ -163,5 +235,5 @@ def shipped_lessons(folder: Path = LESSONS_DIR) -> list[Path]:
     return sorted(folder.glob("*.json"))
 
 
-__all__ = ["LESSON_SCHEMA", "LESSONS_DIR", "Lesson", "LessonError", "LessonRun", "MAX_LESSON_BYTES", "Note",
-           "load_lesson", "loads_lesson", "shipped_lessons"]
+__all__ = ["LESSON_SCHEMA", "LESSONS_DIR", "Lesson", "LessonError", "LessonRun", "MAX_LESSON_BYTES", "MachineTimings",
+           "Note", "load_lesson", "loads_lesson", "machine_name", "shipped_lessons"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import DEFAULTS, MethodConfig
-from .lessons import LESSONS_DIR, Lesson, LessonRun, Note
+from .lessons import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
 from .phases import quote_token
 from .sampling import SamplingConfig
 from .trace import REJECTED, RunTrace
@@ -200,19 +200,30 @@ LESSON_SPECS = (
 )
 
 
-def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
-    """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit)."""
-    from .audit import audit
-    from .bench import run_facts
+def _runner(pair, spec: LessonSpec, graphs: bool = False):
+    """A function running one of ``spec``'s settings on ``pair`` to the end: ``run(config, sampling) -> RunTrace``
+    (with ``graphs``: a static KV cache and CUDA graphs, as ``bench --graphs`` runs)."""
     from .factory import build_engine
     from .prompts import encode_prompt
 
     ids = encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
 
     def run(config, sampling):
-        engine = build_engine(pair, config, sampling)
+        engine = build_engine(pair, config, sampling, kv_cache="static" if graphs else "dynamic", graphs=graphs)
         engine.start(ids, spec.max_new_tokens, prompt_text=spec.prompt)
         return engine.run()
+
+    return run
+
+
+def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
+    """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit)."""
+    from .audit import audit
+    from .bench import run_facts
+    from .prompts import encode_prompt
+
+    ids = encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
+    run = _runner(pair, spec)
 
     traces = []
     for label, config, sampling in spec.runs:
@@ -257,4 +268,48 @@ def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None,
     return paths
 
 
-__all__ = ["LESSON_SPECS", "LessonSpec", "record_lesson", "record_lessons"]
+def time_lesson(pair, spec: LessonSpec, graphs: bool = False, progress=print) -> MachineTimings:
+    """``spec``'s runs and its ``ar`` baseline timed on ``pair``'s machine, for the race on that machine. Each
+    setting runs once untimed first (on a GPU that captures its CUDA graphs, which a timed run must not count)."""
+    from .bench import run_facts
+
+    run = _runner(pair, spec, graphs)
+    settings = [(label, config, sampling) for label, config, sampling in spec.runs]
+    settings.append(("ar (the race's baseline)", DEFAULTS["ar"], spec.runs[0][2]))
+    traces = []
+    for label, config, sampling in settings:
+        progress(f"[{spec.id}] {label}: warm-up, then timed")
+        run(config, sampling)
+        traces.append(run(config, sampling))
+    facts = run_facts(pair)
+    recorded = {"command": f"python -m explorer lessons time --only {spec.id}" + (" --graphs" if graphs else ""),
+                "graphs": graphs, **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device",
+                                                           "draft_quant", "torch", "transformers")}}
+    return MachineTimings(recorded, traces[:-1], traces[-1])
+
+
+def time_lessons(pair, folder: Path = LESSONS_DIR, only: list[str] | None = None, graphs: bool = False,
+                 progress=print) -> list[Path]:
+    """Time every lesson of ``LESSON_SPECS`` (or those in ``only``) on ``pair``'s machine and write the timings
+    into the lesson files in ``folder`` (replacing an earlier timing of the same machine); returns the files.
+
+    Raises:
+        ValueError: an unknown lesson id.
+        LessonError: a lesson file is missing or unreadable (record it first: ``lessons record``).
+    """
+    specs = [s for s in LESSON_SPECS if not only or s.id in only]
+    unknown = set(only or ()) - {s.id for s in LESSON_SPECS}
+    if unknown:
+        raise ValueError(f"unknown lesson(s) {', '.join(sorted(unknown))}; the lessons are "
+                         f"{', '.join(s.id for s in LESSON_SPECS)}")
+    paths = []
+    for spec in specs:
+        path = Path(folder) / f"{spec.id}.json"
+        lesson = load_lesson(path).with_timings(time_lesson(pair, spec, graphs, progress))
+        path.write_text(Lesson.from_dict(lesson.to_dict()).to_json(), encoding="utf-8")
+        progress(f"[{spec.id}] timings for {lesson.timings[-1].machine} written to {path}")
+        paths.append(path)
+    return paths
+
+
+__all__ = ["LESSON_SPECS", "LessonSpec", "record_lesson", "record_lessons", "time_lesson", "time_lessons"]

@@ -36,12 +36,7 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     differ = [f"{k} {recorded[k]} (loaded: {loaded[k]})" for k in recorded if recorded[k] != loaded[k]]
     if differ:  # the replay would round or draft otherwise and leave the recorded run
         raise ReplayError(f"the trace was recorded with {', '.join(differ)}: load the pair that way to replay it")
-    try:
-        config = MethodConfig(**trace.settings["method"])
-        sampling = SamplingConfig(**trace.settings["sampling"])
-        max_new = int(trace.settings.get("max_new_tokens", sum(len(s.committed_ids) for s in trace.steps)))
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ReplayError(f"the trace's settings cannot be replayed: {exc}") from None
+    config, sampling, max_new = _settings(trace)
     initial = trace.settings.get("recycling_initial")
     state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
     try:  # a run that started from a session's earlier adaptation replays from the same state
@@ -57,6 +52,44 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
         engine.follow_row_pricing(trace.model.get("row_pricing"))  # and the free rows' prices
     except (KeyError, TypeError, ValueError) as exc:
         raise ReplayError(f"the trace's row pricing cannot be replayed: {exc!r}") from None
+    return engine
+
+
+def _settings(trace: RunTrace) -> tuple[MethodConfig, SamplingConfig, int]:
+    """The trace's method, sampling and new-token budget. Raises ReplayError where they do not parse."""
+    try:
+        config = MethodConfig(**trace.settings["method"])
+        sampling = SamplingConfig(**trace.settings["sampling"])
+        max_new = int(trace.settings.get("max_new_tokens", sum(len(s.committed_ids) for s in trace.steps)))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ReplayError(f"the trace's settings cannot be replayed: {exc}") from None
+    return config, sampling, max_new
+
+
+def engine_after_text(pair, trace: RunTrace, last: int, decision_model=None):
+    """A started ``Engine`` with the trace's method and sampling whose context is the trace's prompt followed by
+    every token the recording committed through step ``last`` (0-based), with the rest of its new-token budget:
+    where the recorded steps cannot be replayed (another device or draft quantization rounds differently), a run
+    can still go on live from the recorded text. Its own trace starts there (that text is its prompt).
+
+    Raises ReplayError when ``last`` is not a recorded step, the trace's settings do not parse, or the engine cannot
+    be built on ``pair`` (e.g. another tokenizer's ids)."""
+    from ..engine import EngineError
+    from ..factory import build_engine
+
+    check_step(trace, last)
+    if trace.model.get("target_id") not in (None, pair.target_id):
+        raise ReplayError(f"the trace was recorded with the target {trace.model.get('target_id')}; the loaded pair's "
+                          f"is {pair.target_id}")
+    config, sampling, max_new = _settings(trace)
+    committed = [t for s in trace.steps[:last + 1] for t in s.committed_ids]
+    text = "".join(t for s in trace.steps[:last + 1] for t in s.committed_text)
+    try:
+        engine = build_engine(pair, config, sampling, decision_model=decision_model)
+        engine.start(list(trace.prompt_ids) + committed, max(1, max_new - len(committed)),
+                     prompt_text=trace.prompt + text)
+    except EngineError as exc:
+        raise ReplayError(f"the run cannot go on from the recorded text: {exc}") from None
     return engine
 
 

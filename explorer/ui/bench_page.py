@@ -1,6 +1,9 @@
-"""The Benchmarks page: the latest ``python -m explorer bench`` report (or an uploaded bench.json); until there is
-one, the reference reports shipped in ``assets/bench/`` (each with its machine line and date). A button runs a small
-benchmark on the embedded pair from the page."""
+"""The Benchmarks page: the latest ``python -m explorer bench`` report (or an uploaded bench.json) and, below it (or
+in its place until there is one), the reference reports shipped in ``assets/bench/`` (each with its machine line and
+date), named
+``<machine>-<prompt set>.json`` (``cpu-humaneval.json``, ``gpu-humaneval.json``, ...): for a prompt set measured on
+more than one machine, the machines side by side (each method's tokens/s and speed-up over the same run's ``ar``),
+then each report in full. A button runs a small benchmark on the embedded pair from the page."""
 
 from __future__ import annotations
 
@@ -37,7 +40,81 @@ def reference_reports(folder: Path = REFERENCE_DIR) -> dict[str, Path]:
     return {p.stem: p for p in sorted(folder.glob("*.json"))}
 
 
-def show_report(report: dict, source: str) -> None:
+def reference_sets(folder: Path = REFERENCE_DIR) -> dict[str, dict[str, Path]]:
+    """The shipped reference reports by prompt set, then machine: ``gpu-mt-bench.json`` -> ``{"mt-bench": {"gpu":
+    path}}``. CPU first, then the rest in name order. A name without a ``-`` is its own set on machine ``""``."""
+    out: dict[str, dict[str, Path]] = {}
+    for label, path in reference_reports(folder).items():
+        machine, _, prompt_set = label.partition("-") if "-" in label else ("", "", label)
+        out.setdefault(prompt_set, {})[machine] = path
+    return {k: dict(sorted(v.items(), key=lambda kv: (kv[0] != "cpu", kv[0]))) for k, v in out.items()}
+
+
+def side_by_side(reports: dict[str, dict]) -> list[dict]:
+    """One row per (temperature, method) found in any of ``reports`` (machine -> report): each machine's tokens/s,
+    speed-up over its own run's ``ar`` and tokens per target call (None where that machine did not run it)."""
+    keys = list(dict.fromkeys((r["temperature"], r["method"]) for rep in reports.values() for r in rep["summary"]))
+    by_machine = {m: {(r["temperature"], r["method"]): r for r in rep["summary"]} for m, rep in reports.items()}
+    rows = []
+    for temperature, method in keys:
+        row = {"temperature": temperature, "method": method}
+        for machine, found in by_machine.items():
+            r = found.get((temperature, method), {})
+            tag = machine.upper() or "report"
+            row[f"{tag} tok/s"] = r.get("tokens_per_s")
+            row[f"{tag} x ar"] = r.get("speedup_vs_ar")
+            row[f"{tag} tokens/call"] = r.get("tokens_per_target_call")
+        rows.append(row)
+    return rows
+
+
+def machines_figure(reports: dict[str, dict]) -> "object":
+    """Speed-up over each machine's own ``ar`` per method and temperature, one bar group per machine."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for machine, rep in reports.items():
+        rows = [r for r in rep["summary"] if r.get("speedup_vs_ar") is not None]
+        fig.add_trace(go.Bar(name=machine.upper() or "report", x=[f"{r['method']} · T={r['temperature']:g}" for r in rows],
+                             y=[r["speedup_vs_ar"] for r in rows],
+                             text=[f"{r['speedup_vs_ar']:.2f}x" for r in rows], textposition="outside"))
+    fig.add_hline(y=1.0, line=dict(color="#000", width=1, dash="dash"))
+    fig.update_layout(title="Speed-up over ar on each machine (each divided by its own run's ar)", barmode="group",
+                      height=400, yaxis=dict(title="x ar"), margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def show_references(folder: Path = REFERENCE_DIR) -> None:
+    """The shipped reference reports: pick a prompt set; where it was measured on several machines, the machines
+    side by side, then each report in full (a tab per machine)."""
+    sets = reference_sets(folder)
+    prompt_set = st.selectbox("Reference prompt set", list(sets), key="bench_reference")
+    try:
+        reports = {machine: load_report(path) for machine, path in sets[prompt_set].items()}
+    except (ReportError, KeyError, TypeError, AttributeError) as exc:
+        st.error(f"Cannot show this report: {exc}")
+        return
+    if len(reports) > 1:
+        st.subheader("Side by side")
+        st.caption(" · ".join(f"**{m.upper()}**: {html.escape(str(r['meta'].get('machine')))}, "
+                              f"{html.escape(str(r['meta'].get('dtype')))}, "
+                              f"{'CUDA graphs' if r['meta'].get('graphs') else 'eager'}, "
+                              f"{html.escape(str(r['meta'].get('date', ''))[:10])}" for m, r in reports.items()))
+        st.dataframe(side_by_side(reports), hide_index=True, width="stretch")
+        st.plotly_chart(machines_figure(reports), width="stretch", key="bench_machines")
+    tabs = st.tabs([m.upper() or "report" for m in reports]) if len(reports) > 1 else [st.container()]
+    for tab, (machine, report) in zip(tabs, reports.items()):
+        with tab:
+            try:
+                show_report(report, f"{machine + '-' if machine else ''}{prompt_set} (reference)",
+                            key=f"bench_ref_{machine}")
+            except (KeyError, TypeError, AttributeError) as exc:
+                st.error(f"Cannot show this report: {exc}")
+
+
+def show_report(report: dict, source: str, key: str = "bench_chart") -> None:
+    """One report: its facts line, the summary table, the charts and the hf-assisted settings (``key``: the
+    charts' widget key prefix, one per report shown on a page)."""
     m = report["meta"]
     st.markdown(f"Report **{html.escape(str(source))}** · {html.escape(str(m.get('prompt_set')))} · "
                 f"{m.get('max_new_tokens')} new tokens · {html.escape(str(m.get('pair')))} · "
@@ -47,7 +124,7 @@ def show_report(report: dict, source: str) -> None:
                                                            if m.get("commit") else ""))
     st.dataframe([{c: r.get(c) for c in COLUMNS} for r in report["summary"]], hide_index=True, width="stretch")
     for i, fig in enumerate(figures.bench_figures(report)):
-        st.plotly_chart(fig, width="stretch", key=f"bench_chart_{i}")
+        st.plotly_chart(fig, width="stretch", key=f"{key}_{i}")
     st.caption("hf-assisted settings: " + html.escape(json.dumps(report.get("hf_assisted", {}))))
 
 
@@ -98,21 +175,19 @@ def benchmarks_page() -> None:
     try:
         if upload is not None:
             show_report(loads_report(upload.getvalue()), upload.name)
-            return
-        if os.path.exists(path):
+        elif os.path.exists(path):
             show_report(load_report(path), path)
+        elif reference_reports():
+            st.info(f"No report of yours at {path} yet: these are the reference reports shipped with the explorer, "
+                    "measured as docs/bench.md says. Run a small benchmark here, run the bench command, or load a "
+                    "bench.json.")
+            show_references()
+            return
+        else:
+            st.info(f"No report at {path} yet: run the bench command above, or load a bench.json.")
             return
     except (ReportError, KeyError, TypeError, AttributeError) as exc:
         st.error(f"Cannot show this report: {exc}")
-        return
-    references = reference_reports()
-    if not references:
-        st.info(f"No report at {path} yet: run the bench command above, or load a bench.json.")
-        return
-    st.info(f"No report of yours at {path} yet: these are the reference reports shipped with the explorer, measured "
-            "as docs/bench.md says. Run a small benchmark here, run the bench command, or load a bench.json.")
-    label = st.selectbox("Reference report", list(references), key="bench_reference")
-    try:
-        show_report(load_report(references[label]), f"{label} (reference)")
-    except (ReportError, KeyError, TypeError, AttributeError) as exc:
-        st.error(f"Cannot show this report: {exc}")
+    if reference_reports():  # beside the user's own report, the shipped ones stay one click away
+        with st.expander("Reference reports shipped with the explorer (CPU and GPU)"):
+            show_references()

@@ -222,20 +222,26 @@ def _view(lessons: dict[str, Lesson]) -> None:
         note = lesson.note_at(run_i, phase)
         if note:
             st.info("**What to notice.** " + note)
-    if lesson.baseline is not None:
+    if lesson.race_lanes():
         with st.expander("The race against plain decoding, and the speedup curve"):
-            _race(lesson, run, font)
+            _race(lesson, run_i, font)
 
 
-def _race(lesson: Lesson, run, font: int) -> None:
-    """The recorded run and ``ar`` as two lanes on one clock, and the expected speedup against acceptance."""
+def _race(lesson: Lesson, run_i: int, font: int) -> None:
+    """Run ``run_i`` of the lesson and ``ar`` as two lanes on one clock, and the expected speedup against
+    acceptance, timed on the machine the class picks (the lesson's recording, or its ``timings`` on others)."""
     from ..race import measured_point, race_figure, speedup_figure
 
-    rec = lesson.recorded
-    machine = f"{rec.get('machine', '?').split(',')[-1].strip()}, {rec.get('dtype', '?')}, {rec.get('date', '')[:10]}"
-    st.plotly_chart(race_figure(run.trace, lesson.baseline, run.label, font=font, machine=machine),
+    lanes = lesson.race_lanes()
+    name = st.radio("Timed on", list(lanes), horizontal=True, key=f"cls_machine_{lesson.id}",
+                    help="the same lesson's runs, each machine timing its own: a GPU runs our forwards through CUDA "
+                         "graphs, and its greedy text can part from the CPU's where two tokens are nearly tied")
+    timed = lanes[name]
+    trace, baseline, label = timed.runs[run_i], timed.baseline, lesson.runs[run_i].label
+    machine = f"{name}, {timed.recorded.get('dtype', '?')}, {timed.recorded.get('date', '')[:10]}"
+    st.plotly_chart(race_figure(trace, baseline, label, font=font, machine=machine),
                     width="stretch", key="cls_race", config={"displayModeBar": False})
-    point = measured_point(run.trace, lesson.baseline)
+    point = measured_point(trace, baseline)
     if not point["gamma"]:
         st.caption("This run drafted nothing: no speedup curve.")
         return

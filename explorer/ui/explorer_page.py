@@ -81,7 +81,7 @@ def _slider_moved() -> None:
 def _ensure_engine(pair, settings, prompt_text: str, chat: bool):
     """The session's live engine, started on the prompt when there is none or the pair changed under it."""
     engine = st.session_state.get("engine")
-    if engine is not None and engine.pair is pair:
+    if engine is not None and pair is not None and _runs_on(engine, pair):
         return engine
     if pair is None:
         raise ValueError("no model pair is loaded: see the message above")
@@ -89,6 +89,13 @@ def _ensure_engine(pair, settings, prompt_text: str, chat: bool):
     st.session_state.update(engine=engine, trace=engine.trace, cursor=None, replay=None,
                             run_settings=_run_key(settings, prompt_text, chat))
     return engine
+
+
+def _runs_on(engine, pair) -> bool:
+    """Whether ``engine`` runs on the loaded ``pair``: the same pair, or (``layer-skip``) the pair whose draft is the
+    target's own first layers, which ``build_engine`` derives from it."""
+    own = engine.pair
+    return own is pair or (own.target is pair.target and getattr(own.draft, "shares_target", False))
 
 
 def _run_key(settings, prompt_text, chat):
@@ -103,17 +110,26 @@ def engine_lock() -> threading.Lock:
 
 def _continue_lesson(pair, settings, lesson: dict) -> None:
     """Replay a lesson's run (``lesson["trace"]``) on ``pair`` through step ``lesson["step"]`` and make it the
-    session's live run. Raises ReplayError (another pair, dtype or device than the recording's) or ValueError."""
-    from ..instruments.replay import replay_steps
+    session's live run. Where this machine cannot replay the recorded steps (another device, dtype or draft
+    quantization: e.g. a lesson recorded on a CPU with an int8 draft, opened on a GPU), the run goes on live from the
+    recorded text instead (``replay.engine_after_text``), and the message says so. Raises ReplayError (another pair)
+    or ValueError."""
+    from ..instruments.replay import ReplayError, engine_after_text, replay_steps
 
     if pair is None:
         raise ValueError("no model pair is loaded: see the message above")
     trace, step = lesson["trace"], int(lesson["step"])
-    with st.spinner(f"Replaying “{lesson['title']}” to step {step + 1} on the models…"):
-        *_, (_, engine) = replay_steps(pair, trace, step)
+    try:
+        with st.spinner(f"Replaying “{lesson['title']}” to step {step + 1} on the models…"):
+            *_, (_, engine) = replay_steps(pair, trace, step)
+        said = f"Continuing “{lesson['title']}” live from step {step + 1}: Step goes on."
+    except ReplayError as exc:
+        engine = engine_after_text(pair, trace, step)
+        said = (f"Continuing “{lesson['title']}” live from the text it had after step {step + 1}: its steps cannot be "
+                f"replayed here ({exc}). Step goes on from that text.")
     st.session_state.update(engine=engine, trace=engine.trace, cursor=None, replay=None,
-                            run_settings=_run_key(settings, trace.prompt, True))
-    st.session_state["continued"] = f"Continuing “{lesson['title']}” live from step {step + 1}: Step goes on."
+                            run_settings=_run_key(settings, trace.prompt, True))  # the prompt box's text
+    st.session_state["continued"] = said
 
 
 def _do_step(pair, settings, prompt_text, chat) -> None:
