@@ -202,7 +202,9 @@ LESSON_SPECS = (
 
 def _runner(pair, spec: LessonSpec, graphs: bool = False):
     """A function running one of ``spec``'s settings on ``pair`` to the end: ``run(config, sampling) -> RunTrace``
-    (with ``graphs``: a static KV cache and CUDA graphs, as ``bench --graphs`` runs)."""
+    (with ``graphs``: a static KV cache and CUDA graphs, as ``bench --graphs`` runs: every graph captured before the
+    first step and the runners given back to the pair after the run, so a later run of the same size captures
+    nothing; a GPU run that skipped both paid 50-60 ms captures inside its steps)."""
     from .factory import build_engine
     from .prompts import encode_prompt
 
@@ -211,7 +213,11 @@ def _runner(pair, spec: LessonSpec, graphs: bool = False):
     def run(config, sampling):
         engine = build_engine(pair, config, sampling, kv_cache="static" if graphs else "dynamic", graphs=graphs)
         engine.start(ids, spec.max_new_tokens, prompt_text=spec.prompt)
-        return engine.run()
+        try:
+            engine.capture_graphs()  # every bucket before the first step: no step pays a capture (CPU: nothing)
+            return engine.run()
+        finally:
+            engine.release()  # the graph runners, captured, serve the next run of the pair
 
     return run
 

@@ -9,8 +9,9 @@ check for a GPU machine, not a test (tests/test_app.py drives the app on the CPU
 * Classroom: a lesson opens, Next twice, Continue live (a replay, or on a machine that rounds otherwise the text so
   far), then Step on the Explorer.
 * Compare: Step both.
-* The same steps outside Streamlit (``build_engine``, ``start``, ``step``): median ``step_ms`` of the app against
-  these, per method.
+* The same steps outside Streamlit (``build_engine``, ``start``, ``step``), run once before the app (a warm-up: the
+  first forwards of a shape cost several times the later ones) and once after: the median ``step_ms`` of the app's
+  steps after its first against the second pass's, per method.
 * Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` of this process after the app's
   steps (the app holds one pair), and of ``python -m explorer generate`` (32 new tokens) in a subprocess; on a CPU the
   resident peak is scripts/memory_report.py's job.
@@ -51,6 +52,17 @@ def _gpu_peak() -> dict | None:
         return None
     return {"allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
             "reserved_mb": torch.cuda.max_memory_reserved() / 2**20}
+
+
+def _forget_peak() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _click(at, key, log: list, what: str) -> float:
@@ -162,14 +174,17 @@ def cli_memory() -> dict | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--no-classroom", action="store_true", help="skip Continue live (it loads the embedded pair)")
     args = ap.parse_args()
     t0 = time.time()
+    print(f"CLI steps before the app (warm-up): {cli_steps(args.steps)}", flush=True)
+    _forget_peak()  # the app's own peak: that pair is gone
     app, problems = app_checks(args.steps, classroom=not args.no_classroom)
     app_memory = _gpu_peak()
     print(f"app peak memory: {app_memory}", flush=True)
     cli = cli_steps(args.steps)
+    print(f"CLI steps after the app: {cli}", flush=True)
     ratios = {m: statistics.median(app[m]["step_ms"][1:] or app[m]["step_ms"]) /
               statistics.median(cli[m][1:] or cli[m]) for m in cli if m in app}
     for m, r in ratios.items():

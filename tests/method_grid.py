@@ -76,7 +76,8 @@ def session(pair, cfg, temperature, kv_cache, graphs=False):
 
 
 def same_traces(a, b, path="") -> None:
-    """Equal, floats up to rounding (a wider masked key range may sum in another order); timers ignored."""
+    """Equal, floats up to rounding (a wider masked key range or a padded bucket may sum in another order; residual
+    probabilities up to their amplified rounding); timers ignored."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), path
         for k in a:
@@ -87,6 +88,9 @@ def same_traces(a, b, path="") -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             same_traces(x, y, f"{path}[{i}]")
     elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (path, a, b)
+        # a residual norm(max(p - q, 0)) divides by its own mass, a difference of probabilities: rounding in p and q
+        # grows by 1 / mass there (the H200 gave 0.46153 against 0.46142 for graphed against eager forwards)
+        tol = 2e-3 if ".residual_top" in path else 1e-4
+        assert math.isclose(a, b, rel_tol=tol, abs_tol=1e-6), (path, a, b)
     else:
         assert a == b, (path, a, b)

@@ -453,3 +453,29 @@ def test_the_adaptation_panel_speaks_of_a_step_that_drafted_nothing(tiny, monkey
     monkeypatch.setattr(panels.st, "caption", lambda text, *a, **k: captions.append(text))
     panels.adaptation_panel(engine.trace, step, teach=False)
     assert captions and "drafted nothing" in captions[0]
+
+
+def test_layer_skip_steps_on_one_engine(app):
+    """layer-skip runs on a pair derived from the loaded one (the target's own first layers as the draft): Step
+    goes on with the same engine instead of starting the run again."""
+    app.sidebar.selectbox(key="method").set_value("layer-skip").run()
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    click(app, "step_btn")
+    engine = app.session_state["engine"]
+    click(app, "step_btn")
+    click(app, "step_btn")
+    assert app.session_state["engine"] is engine and len(engine.trace.steps) == 3 and not app.error
+
+
+def test_auto_and_the_dtype_it_means_are_one_loaded_pair(monkeypatch):
+    """The sidebar's "auto" and the dtype it resolves to (the Classroom's Continue live names the lesson's) share
+    one cached pair: another key would load a second copy beside the first."""
+    from explorer.models import default_dtype
+    from explorer.ui import common
+
+    loads = []
+    monkeypatch.setattr(common, "get_pair", lambda *key: loads.append(key) or key)
+    named = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}[str(default_dtype())]
+    assert common.load_pair_with_progress("tiny", "", "", "auto") == common.load_pair_with_progress("tiny", "", "",
+                                                                                                    named)
+    assert len(set(loads)) == 1 and loads[0][3] == str(default_dtype()).removeprefix("torch.")

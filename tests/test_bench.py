@@ -158,19 +158,42 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     at.sidebar.radio(key="page").set_value("Benchmarks").run()
     # never empty: with no report of the user's, the reference reports shipped in assets/bench are shown
     assert not at.exception and any("No report of yours" in i.value for i in at.info)
-    references = at.selectbox(key="bench_reference").options
-    assert {"cpu-humaneval", "cpu-mt-bench"} <= set(references) and len(at.dataframe) == 1
-    meta = load_report(Path(APP).parent / "assets" / "bench" / "cpu-humaneval.json")["meta"]
-    assert meta["machine"] and meta["date"] and meta["commit"] and "(embedded)" in meta["pair"]
+    assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench"}
+    # both prompt sets were measured on the CPU and on a GPU: side by side, then each report in its tab
+    assert len(at.dataframe) == 3 and [t.label for t in at.tabs] == ["CPU", "GPU"]
+    assert {"CPU x ar", "GPU x ar"} <= set(at.dataframe[0].value.columns)
+    folder = Path(APP).parent / "assets" / "bench"
+    for name in ("cpu-humaneval", "cpu-mt-bench", "gpu-humaneval", "gpu-mt-bench"):
+        meta = load_report(folder / f"{name}.json")["meta"]
+        assert meta["machine"] and meta["date"] and meta["commit"] and "(embedded)" in meta["pair"]
+        assert meta["device"].startswith("cuda" if name.startswith("gpu") else "cpu")
+        assert meta["prompt_set"] == f"{name.split('-', 1)[1]}:0:3" and meta["max_new_tokens"] == 128
     write_reports(result, tmp_path)
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     at.sidebar.radio(key="page").set_value("Benchmarks").run()
-    assert not at.exception and not at.error and len(at.dataframe) == 1
+    # the user's report first; the references stay in an expander below it
+    assert not at.exception and not at.error and len(at.dataframe) == 4
+    assert at.expander[0].label.startswith("Reference reports")
     (tmp_path / "bench.json").write_text("{broken")
     at.run()
     assert any("Cannot show this report" in e.value for e in at.error)
+
+
+def test_references_side_by_side_line_up_each_method():
+    from explorer.ui.bench_page import reference_sets, side_by_side
+
+    sets = reference_sets()
+    assert list(sets["humaneval"]) == ["cpu", "gpu"]
+    reports = {m: load_report(p) for m, p in sets["humaneval"].items()}
+    rows = side_by_side(reports)
+    ar = next(r for r in rows if r["method"] == "ar" and r["temperature"] == 0.0)
+    assert ar["CPU x ar"] == ar["GPU x ar"] == 1.0
+    gpu = {(r["temperature"], r["method"]): r for r in reports["gpu"]["summary"]}
+    for row in rows:
+        found = gpu.get((row["temperature"], row["method"]))
+        assert row["GPU tok/s"] == (found["tokens_per_s"] if found else None)
 
 
 def test_the_page_runs_a_small_benchmark(tiny, tmp_path, monkeypatch):

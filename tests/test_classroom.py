@@ -300,3 +300,88 @@ def test_a_replay_on_another_dtype_or_draft_quantization_is_a_clear_error(tiny, 
     trace.model.update(draft_quant="none", dtype="bfloat16")
     with pytest.raises(ReplayError, match="dtype bfloat16 \\(loaded: float32\\)"):
         engine_for_trace(tiny, trace)
+
+
+def test_a_lesson_keeps_its_runs_timed_on_other_machines(tiny, tiny_lesson):
+    """``lessons time``: the lesson's runs and ar timed again (here on the tiny pair, graphed buckets as on a GPU,
+    eager off CUDA) are kept beside the recording, one entry per machine; the race offers every machine."""
+    from explorer.lessons import machine_name
+    from explorer.lessons_record import time_lesson
+
+    spec = dataclasses.replace(next(s for s in LESSON_SPECS if s.id == "03-temperature-one"), max_new_tokens=12)
+    timed = time_lesson(tiny, spec, graphs=True, progress=lambda m: 0)
+    assert len(timed.runs) == len(tiny_lesson.runs) and timed.baseline.settings["method"]["method"] == "ar"
+    assert timed.recorded["graphs"] and timed.recorded["command"].endswith("--graphs")
+    idle = sum(len(v) for v in tiny.graph_runners.values())
+    time_lesson(tiny, spec, graphs=True, progress=lambda m: 0)  # the runners (their graphs captured) are reused
+    assert idle >= 2 and sum(len(v) for v in tiny.graph_runners.values()) == idle
+    gpu = dataclasses.replace(timed, recorded=timed.recorded | {"device": "cuda:0",
+                                                                "machine": "Linux, 16 CPUs, NVIDIA H200"})
+    lesson = tiny_lesson.with_timings(gpu).with_timings(gpu)  # the same machine again replaces its entry
+    back = loads_lesson(lesson.to_json())
+    assert len(back.timings) == 1 and back.timings[0].machine == "NVIDIA H200"
+    lanes = back.race_lanes()
+    assert list(lanes) == [machine_name(tiny_lesson.recorded), "NVIDIA H200"]
+    assert lanes["NVIDIA H200"].runs[0].generated_ids == timed.runs[0].generated_ids
+    assert machine_name({"machine": "Linux, 2 CPUs", "device": "cpu"}) == "CPU: 2 cores"
+    assert machine_name({"machine": "Linux, 2 CPUs, AMD EPYC", "device": "cpu"}) == "CPU: AMD EPYC"
+    with pytest.raises(LessonError, match="one trace per run"):
+        bad = back.to_dict()
+        bad["timings"][0]["runs"].append(bad["timings"][0]["runs"][0])
+        loads_lesson(json.dumps(bad))
+    with pytest.raises(LessonError, match="timings of 2 run"):
+        tiny_lesson.with_timings(dataclasses.replace(gpu, runs=gpu.runs * 2))
+
+
+def test_the_classroom_race_picks_the_machine(tiny_lesson, tmp_path, monkeypatch):
+    """With a lesson timed on a second machine, the race's expander offers both and draws the one picked."""
+    from streamlit.testing.v1 import AppTest
+
+    from explorer.lessons import MachineTimings
+
+    other = MachineTimings(tiny_lesson.recorded | {"machine": "Linux, 16 CPUs, NVIDIA H200", "device": "cuda:0"},
+                           [r.trace for r in tiny_lesson.runs], tiny_lesson.baseline)
+    folder = tmp_path / "lessons"
+    folder.mkdir()
+    (folder / "01-tiny.json").write_text(tiny_lesson.with_timings(other).to_json())
+    monkeypatch.setattr("explorer.lessons.LESSONS_DIR", folder)
+    monkeypatch.setattr("explorer.ui.classroom_page.shipped_lessons", lambda: [folder / "01-tiny.json"])
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=60)
+    at.query_params["page"] = "classroom"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    key = f"cls_machine_{tiny_lesson.id}"
+    assert at.radio(key=key).options[-1] == "NVIDIA H200"
+    at.radio(key=key).set_value("NVIDIA H200").run()
+    assert not at.exception and any("Timings: NVIDIA H200" in c.value for c in at.caption)
+
+
+def test_continue_live_goes_on_from_the_text_where_the_steps_cannot_be_replayed(tiny, tiny_lesson, monkeypatch):
+    """A lesson recorded with an int8 draft (a CPU) opened where the draft is not quantized (a GPU) cannot be
+    replayed step for step: the run goes on live from the text the recording had after the step on screen."""
+    from streamlit.testing.v1 import AppTest
+
+    from explorer.instruments.replay import ReplayError, engine_after_text, replay_steps
+    from explorer.ui import common
+
+    trace = loads_lesson(tiny_lesson.to_json()).runs[0].trace
+    trace.model["draft_quant"] = "int8"
+    with pytest.raises(ReplayError, match="draft_quant"):
+        next(replay_steps(tiny, trace, 1))
+    engine = engine_after_text(tiny, trace, 1)
+    done = [t for s in trace.steps[:2] for t in s.committed_ids]
+    assert engine.trace.prompt_ids == trace.prompt_ids + done and not engine.trace.steps
+    assert engine.max_new_tokens == int(trace.settings["max_new_tokens"]) - len(done)
+    with pytest.raises(ReplayError, match="step 99"):
+        engine_after_text(tiny, trace, 98)
+
+    monkeypatch.setattr(common, "get_pair", lambda *args, **kwargs: tiny)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=120)
+    at.run()
+    at.session_state["continue_lesson"] = {"trace": trace, "step": 1, "title": tiny_lesson.title}
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("from the text it had after step 2" in s.value for s in at.success)
+    at.button(key="step_btn").click().run()
+    live = at.session_state["engine"]
+    assert len(live.trace.steps) == 1 and live.trace.prompt_ids[: len(trace.prompt_ids)] == trace.prompt_ids

@@ -84,8 +84,12 @@ def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
                         min(max(f, 0.0), 1.0), text=msg))
             finally:
                 bar.empty()
+    # "auto" and the dtype it resolves to are one pair: another key loads it again, and the cache lets the old one go
+    # only once the new one is in (the Classroom's Continue live names the lesson's dtype: on an H200 the app's peak,
+    # 9.2 GB allocated against the CLI's 4.7 GB, had room for two pairs)
+    resolved = str(models.parse_dtype(dtype)).removeprefix("torch.")
     with st.spinner("Loading models…"):
-        return get_pair(spec, draft, target, dtype)
+        return get_pair(spec, draft, target, resolved)
 
 
 def pair_or_message(settings):
