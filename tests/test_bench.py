@@ -193,7 +193,8 @@ def test_references_side_by_side_line_up_each_method():
     gpu = {(r["temperature"], r["method"]): r for r in reports["gpu"]["summary"]}
     for row in rows:
         found = gpu.get((row["temperature"], row["method"]))
-        assert row["GPU tok/s"] == (found["tokens_per_s"] if found else None)
+        assert row["GPU tok/s"] == (round(found["tokens_per_s"], 2) if found else None)
+    assert [r["temperature"] for r in rows] == sorted(r["temperature"] for r in rows)
 
 
 def test_the_page_runs_a_small_benchmark(tiny, tmp_path, monkeypatch):

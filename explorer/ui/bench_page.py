@@ -53,7 +53,7 @@ def reference_sets(folder: Path = REFERENCE_DIR) -> dict[str, dict[str, Path]]:
 def side_by_side(reports: dict[str, dict]) -> list[dict]:
     """One row per (temperature, method) found in any of ``reports`` (machine -> report): each machine's tokens/s,
     speed-up over its own run's ``ar`` and tokens per target call (None where that machine did not run it)."""
-    keys = list(dict.fromkeys((r["temperature"], r["method"]) for rep in reports.values() for r in rep["summary"]))
+    keys = _keys(reports)
     by_machine = {m: {(r["temperature"], r["method"]): r for r in rep["summary"]} for m, rep in reports.items()}
     rows = []
     for temperature, method in keys:
@@ -61,11 +61,18 @@ def side_by_side(reports: dict[str, dict]) -> list[dict]:
         for machine, found in by_machine.items():
             r = found.get((temperature, method), {})
             tag = machine.upper() or "report"
-            row[f"{tag} tok/s"] = r.get("tokens_per_s")
-            row[f"{tag} x ar"] = r.get("speedup_vs_ar")
-            row[f"{tag} tokens/call"] = r.get("tokens_per_target_call")
+            for column, field in (("tok/s", "tokens_per_s"), ("x ar", "speedup_vs_ar"),
+                                  ("tokens/call", "tokens_per_target_call")):
+                row[f"{tag} {column}"] = None if r.get(field) is None else round(r[field], 2)
         rows.append(row)
     return rows
+
+
+def _keys(reports: dict[str, dict]) -> list[tuple[float, str]]:
+    """Every (temperature, method) of ``reports``, by temperature, methods in the order the reports list them."""
+    methods = list(dict.fromkeys(r["method"] for rep in reports.values() for r in rep["summary"]))
+    found = {(r["temperature"], r["method"]) for rep in reports.values() for r in rep["summary"]}
+    return [(t, m) for t in sorted({t for t, _ in found}) for m in methods if (t, m) in found]
 
 
 def machines_figure(reports: dict[str, dict]) -> "object":
@@ -79,8 +86,10 @@ def machines_figure(reports: dict[str, dict]) -> "object":
                              y=[r["speedup_vs_ar"] for r in rows],
                              text=[f"{r['speedup_vs_ar']:.2f}x" for r in rows], textposition="outside"))
     fig.add_hline(y=1.0, line=dict(color="#000", width=1, dash="dash"))
-    fig.update_layout(title="Speed-up over ar on each machine (each divided by its own run's ar)", barmode="group",
-                      height=400, yaxis=dict(title="x ar"), margin=dict(l=10, r=10, t=50, b=10))
+    order = [f"{m} · T={t:g}" for t, m in _keys(reports)]  # by temperature, whichever machine ran the method
+    fig.update_layout(title="Speed-up over each machine's own ar", barmode="group",
+                      height=400, yaxis=dict(title="x ar"), margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(categoryorder="array", categoryarray=order))
     return fig
 
 

@@ -233,9 +233,12 @@ def _race(lesson: Lesson, run_i: int, font: int) -> None:
     from ..race import measured_point, race_figure, speedup_figure
 
     lanes = lesson.race_lanes()
-    name = st.radio("Timed on", list(lanes), horizontal=True, key=f"cls_machine_{lesson.id}",
-                    help="the same lesson's runs, each machine timing its own: a GPU runs our forwards through CUDA "
-                         "graphs, and its greedy text can part from the CPU's where two tokens are nearly tied")
+    name = next(iter(lanes))
+    if len(lanes) > 1:  # the machine named in the caption below where the lesson was timed on one only
+        name = st.radio("Timed on", list(lanes), horizontal=True, key=f"cls_machine_{lesson.id}",
+                        help="the same lesson's runs, each machine timing its own: a GPU runs our forwards through "
+                             "CUDA graphs, and its greedy text can part from the CPU's where two tokens are nearly "
+                             "tied")
     timed = lanes[name]
     trace, baseline, label = timed.runs[run_i], timed.baseline, lesson.runs[run_i].label
     machine = f"{name}, {timed.recorded.get('dtype', '?')}, {timed.recorded.get('date', '')[:10]}"
