@@ -1,2 +1,8 @@
-"""Speculative decoding explorer: a step-wise engine (AR, SD, MCSD, improved MCSD) whose every step is a plain-data
-trace, plus figures and a Streamlit app that draw those traces."""
+"""Speculative decoding explorer: a step-wise engine whose every step is a plain-data trace, plus figures, lessons,
+instruments, a command line and a Streamlit app that read those traces.
+
+The engine runs the methods side by side (``engine/methods.py``): autoregressive decoding (``ar``), speculative
+decoding (``sd``), Multi-Candidate Speculative Decoding (``mcsd``), the improved MCSD of Lu et al. 2024
+(``mcsd-improved``), the free drafters (``prompt-lookup``, ``token-recycling``, the ``hybrid``) and self-drafting
+(``layer-skip``). The package is laid out in wings that import only downward (docs/architecture.md, "Module map"):
+``ui`` and ``cli``; ``lessons``, ``decision``, ``instruments``; ``analysis``; ``engine``; ``models`` and ``trace``."""

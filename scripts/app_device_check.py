@@ -80,7 +80,7 @@ def app_checks(steps: int, classroom: bool = True) -> tuple[dict, list]:
     (per-method app step timings, problems)."""
     from streamlit.testing.v1 import AppTest
 
-    from explorer.methods import METHODS
+    from explorer.engine.methods import METHODS
 
     problems: list = []
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900)
@@ -135,16 +135,16 @@ def _continue_live(at, problems: list) -> dict:
 
 def cli_steps(steps: int) -> dict:
     """The same steps outside Streamlit, on a pair loaded as the CLI loads it."""
-    from explorer.config import DEFAULTS
-    from explorer.factory import build_engine
-    from explorer.methods import METHODS
-    from explorer.models import load_default_pair
-    from explorer.prompts import encode_prompt
-    from explorer.sampling import SamplingConfig
+    from explorer.analysis.prompts import encode_prompt
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.methods import METHODS
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.models.loading import load_default_pair
 
     pair = load_default_pair() if os.environ.get("SPEC_EXPLORER_PAIR", "default") == "default" else None
     if pair is None:
-        from explorer.tiny import tiny_pair
+        from explorer.models.tiny import tiny_pair
 
         pair = tiny_pair(seed=0)
     ids = encode_prompt(pair.tokenizer, PROMPT, chat_template=True)

@@ -57,7 +57,7 @@ def cli_steps(pair: str, steps: int) -> list[dict]:
         subprocess.run([sys.executable, "-m", "explorer", "generate", "--models", pair, "--prompt", PROMPT,
                         "--max-new-tokens", "64", "--save-trace", tmp], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        from explorer.trace import load_run
+        from explorer.trace.records import load_run
 
         trace = load_run(next(Path(tmp).glob("*.json")))
     return [{"draft_ms": round(s.draft_ms), "draft_calls": s.draft_calls, "verify_ms": round(s.verify_ms)}

@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from explorer.graphs import BUCKETS, GraphRunner
-from explorer.kv_cache import DynamicKVCache, StaticKVCache
-from explorer.models import load_named_pair
+from explorer.engine.runtime.graphs import BUCKETS, GraphRunner
+from explorer.engine.runtime.kv_cache import DynamicKVCache, StaticKVCache
+from explorer.models.loading import load_named_pair
 
 
 def _sync(device):

@@ -31,7 +31,7 @@ part() {
   echo "$name rc=$? $(date -u +%T)" >> "$R/progress"
 }
 
-part prepare "$PY" -c "from explorer.models import prepare_default_pair; prepare_default_pair()"
+part prepare "$PY" -c "from explorer.models.loading import prepare_default_pair; prepare_default_pair()"
 if [ -n "${WAIT_FOR:-}" ]; then
   while [ ! -e "$WAIT_FOR" ] && (( $(date +%s) < DEADLINE )); do sleep 2; done
   echo "waited for $WAIT_FOR until $(date -u +%T)" >> "$R/progress"

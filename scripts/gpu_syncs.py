@@ -6,15 +6,15 @@ the most expensive functions of one run (cProfile).
 
 Prints one JSON line per (method, temperature) and, for each method, the lines with the most syncs. On a CPU, where
 nothing synchronises, it counts the reads of tensor values into Python instead, each of which is a synchronisation
-on a GPU (``explorer/host_reads.py``; an upper bound, and the counting slows the run several-fold, so its tokens/s
-and phases mean nothing there): the same per-line list, for finding reads without a GPU.
+on a GPU (``explorer/engine/runtime/host_reads.py``; an upper bound, and the counting slows the run several-fold, so
+its tokens/s and phases mean nothing there): the same per-line list, for finding reads without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import io
 import json
 import pstats
@@ -23,13 +23,13 @@ import warnings
 
 import torch
 
-from explorer.config import DEFAULTS
-from explorer.factory import build_engine
-from explorer.host_reads import HostReadCounter
-from explorer.models import load_named_pair
-from explorer.prompts import encode_prompt, humaneval
-from explorer.sampling import SamplingConfig
-from explorer.timeline import phase_totals
+from explorer.analysis.prompts import encode_prompt, humaneval
+from explorer.engine.config import DEFAULTS
+from explorer.engine.factory import build_engine
+from explorer.engine.runtime.host_reads import HostReadCounter
+from explorer.engine.runtime.timeline import phase_totals
+from explorer.engine.sampling import SamplingConfig
+from explorer.models.loading import load_named_pair
 
 
 def main() -> int:

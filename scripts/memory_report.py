@@ -57,7 +57,7 @@ def main() -> int:
     ap.add_argument("--no-app", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from explorer.models import prepare_default_pair
+    from explorer.models.loading import prepare_default_pair
 
     for dtype in args.dtypes.split(","):
         prepare_default_pair(dtype)  # the one-time conversion, outside the measured runs

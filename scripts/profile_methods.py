@@ -12,12 +12,12 @@ import sys
 import time
 import warnings
 
-from explorer.bench import run_engine, run_hf_assisted
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine
-from explorer.models import load_default_pair, quantize_draft
-from explorer.prompts import encode_prompt, humaneval
-from explorer.sampling import SamplingConfig
+from explorer.analysis.bench import run_engine, run_hf_assisted
+from explorer.analysis.prompts import encode_prompt, humaneval
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.models.loading import load_default_pair, quantize_draft
 
 warnings.filterwarnings("ignore")
 base = load_default_pair()

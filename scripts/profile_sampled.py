@@ -12,12 +12,12 @@ import sys
 import time
 import warnings
 
-from explorer.bench import run_engine
-from explorer.config import DEFAULTS
-from explorer.factory import build_engine
-from explorer.models import load_named_pair
-from explorer.prompts import encode_prompt, humaneval
-from explorer.sampling import SamplingConfig
+from explorer.analysis.bench import run_engine
+from explorer.analysis.prompts import encode_prompt, humaneval
+from explorer.engine.config import DEFAULTS
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.models.loading import load_named_pair
 
 warnings.filterwarnings("ignore")
 method = sys.argv[1] if len(sys.argv) > 1 else "mcsd"

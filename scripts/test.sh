@@ -17,7 +17,7 @@ phase "python packages"
 case " $* " in
   *"not real"*) ;;
   *) # assemble, check and convert the embedded pair once (a no-op when SPEC_EXPLORER_CACHE already holds it)
-     python -c "from explorer.models import prepare_default_pair; prepare_default_pair()"
+     python -c "from explorer.models.loading import prepare_default_pair; prepare_default_pair()"
      phase "embedded model pair" ;;
 esac
 status=0

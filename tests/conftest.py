@@ -19,7 +19,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def tiny():
-    from explorer.tiny import tiny_pair
+    from explorer.models.tiny import tiny_pair
 
     return tiny_pair(seed=0)
 
@@ -27,13 +27,13 @@ def tiny():
 @pytest.fixture(scope="session")
 def tiny_cuda():
     """The tiny pair on the GPU, built once (only ``cuda`` tests, which skip without one, ask for it)."""
-    from explorer.tiny import tiny_pair
+    from explorer.models.tiny import tiny_pair
 
     return tiny_pair(seed=0, device="cuda")
 
 
 @pytest.fixture(scope="session")
 def real_pair():
-    from explorer.models import load_default_pair
+    from explorer.models.loading import load_default_pair
 
     return load_default_pair()

@@ -3,10 +3,10 @@ lossless, greedy and sampled, on the tiny pair."""
 
 import math
 
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine
-from explorer.sampling import SamplingConfig
-from explorer.stopping import LEARNED_POLICIES
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.policies.stopping import LEARNED_POLICIES
+from explorer.engine.sampling import SamplingConfig
 
 PROMPT = "def f(x):\n    return"
 

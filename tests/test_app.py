@@ -75,7 +75,7 @@ def test_custom_pair_errors_are_messages(app, tiny, tmp_path):
     app.sidebar.text_input(key="target_path").set_value("/no/such/target").run()
     assert not app.exception
     assert any("Cannot load this model pair" in e.value for e in app.error)
-    from explorer.tiny import tiny_tokenizer
+    from explorer.models.tiny import tiny_tokenizer
 
     tiny.draft.save_pretrained(tmp_path / "d")
     tiny.tokenizer.save_pretrained(tmp_path / "d")
@@ -94,7 +94,7 @@ def test_custom_pair_errors_are_messages(app, tiny, tmp_path):
 def test_a_custom_pair_steps_with_a_borrowed_stop_model_and_calibrates_one(app, tmp_path, monkeypatch):
     """The default method on a pair that ships no decision model: the app says whose model it borrowed, teach mode
     too, and the Calibrate button trains one for the pair that the next run uses."""
-    from explorer.tiny import save_pair, tiny_family_pair
+    from explorer.models.tiny import save_pair, tiny_family_pair
 
     monkeypatch.setenv("SPEC_EXPLORER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("explorer.decision.calibrate.CALIBRATION_PROMPTS", 4)
@@ -286,10 +286,10 @@ def test_a_prompt_longer_than_the_context_window_is_refused(app):
 
 
 def test_replaying_a_saved_trace_needs_no_model(app, tiny):
-    from explorer.config import DEFAULTS
-    from explorer.factory import build_engine
-    from explorer.sampling import SamplingConfig
-    from explorer.trace import loads_run
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.trace.records import loads_run
 
     engine = build_engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
     engine.start(tiny.tokenizer.encode("def f(x):"), 12, prompt_text="def f(x):")
@@ -352,10 +352,10 @@ def test_probe_a_past_step_by_replay_and_a_bad_tree_template(app):
 
 
 def test_an_old_trace_without_odds_replays_with_empty_instruments(app, tiny):
-    from explorer.config import DEFAULTS
-    from explorer.factory import build_engine
-    from explorer.sampling import SamplingConfig
-    from explorer.trace import RunTrace
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.trace.records import RunTrace
 
     engine = build_engine(tiny, DEFAULTS["mcsd"], SamplingConfig())
     engine.start(tiny.tokenizer.encode("def f(x):"), 12, prompt_text="def f(x):")
@@ -405,7 +405,7 @@ def test_what_if_edit_reverifies_branches_and_keeps_the_original(app):
 def test_online_adaptation_carries_to_the_sessions_next_run(app):
     """What the stop policy learned in one run starts the next run of the same method (after Reset), and the
     adaptation panel says so."""
-    from explorer.config import DEFAULTS
+    from explorer.engine.config import DEFAULTS
 
     app.sidebar.selectbox(key=f"adapt_{DEFAULTS['mcsd-improved'].stop}").set_value("last-layer")
     app.sidebar.slider(key="max_new").set_value(12)
@@ -440,9 +440,9 @@ def test_the_goodput_fallback_carries_its_rates_to_the_sessions_next_run(app):
 def test_the_adaptation_panel_speaks_of_a_step_that_drafted_nothing(tiny, monkeypatch):
     """A plain step of the goodput fallback (or one of only free drafts) labels no token: its adaptation record has
     no refit to report, and the panel says so instead of failing (it did, where the fallback measured rows dear)."""
-    from explorer.config import DEFAULTS
-    from explorer.factory import build_engine
-    from explorer.sampling import SamplingConfig
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
     from explorer.ui import panels
 
     engine = build_engine(tiny, DEFAULTS["mcsd-improved"].with_(adapt="last-layer", fallback="off"), SamplingConfig())
@@ -470,7 +470,7 @@ def test_layer_skip_steps_on_one_engine(app):
 def test_auto_and_the_dtype_it_means_are_one_loaded_pair(monkeypatch):
     """The sidebar's "auto" and the dtype it resolves to (the Classroom's Continue live names the lesson's) share
     one cached pair: another key would load a second copy beside the first."""
-    from explorer.models import default_dtype
+    from explorer.models.loading import default_dtype
     from explorer.ui import common
 
     loads = []

@@ -1,5 +1,6 @@
-"""The architecture as docs/architecture.md states it: no import circles among the project's modules, and each
-worked example (a drafter, a verifier, a stop policy) runs as written there, with its losslessness checks."""
+"""The architecture as docs/architecture.md states it: the modules in wings that import only downward, no import
+circles, and each worked example (a drafter, a verifier, a stop policy) runs as written there, with its losslessness
+checks."""
 
 import ast
 import re
@@ -43,6 +44,23 @@ def test_no_import_circles():
     assert not circles, f"import circles: {circles}"
 
 
+# The wings, floor by floor (docs/architecture.md, "Module map"): a wing imports only wings on lower floors.
+FLOORS = {"models": 1, "trace": 1, "engine": 2, "analysis": 3, "lessons": 4, "decision": 4, "instruments": 4,
+          "cli": 5, "ui": 5}
+
+
+def test_each_wing_imports_only_the_wings_below_it():
+    graph = _import_graph()
+    wing = {name: name.split(".")[1] for name in graph if name.count(".") >= 1}
+    top = sorted(n for n in graph if n.count(".") == 1 and n not in ("explorer.__main__",)
+                 and not (ROOT / "explorer" / n.split(".")[1] / "__init__.py").exists())
+    assert not top, f"modules outside a wing: {top}"  # explorer/ holds the package glue only
+    assert set(wing.values()) - {"__main__"} == set(FLOORS)
+    upward = [(a, b) for a, b in graph.edges if wing.get(a) in FLOORS and wing.get(b) in FLOORS
+              and wing[a] != wing[b] and FLOORS[wing[b]] >= FLOORS[wing[a]]]
+    assert not upward, f"imports that do not run down: {upward}"
+
+
 def _example_code(heading: str) -> str:
     """The python blocks of one "## heading" section of docs/architecture.md, joined in order."""
     text = DOC.read_text()
@@ -55,7 +73,9 @@ def _example_code(heading: str) -> str:
 @pytest.fixture
 def restore_verifier_tables():
     """Registering the example verifier changes module tables; put them back for the other tests."""
-    from explorer import drafting, expectation, verify
+    from explorer.engine import drafting
+    from explorer.engine.verify import expectation
+    from explorer.engine.verify import rules as verify
 
     saved = [(table, dict(table)) for table in (verify.NODE_RULES, expectation.ODDS_RULES, drafting.DRAFT_RULES)]
     yield
@@ -71,7 +91,7 @@ def test_worked_example_runs_as_written(example, restore_verifier_tables):
 
 
 def test_a_verifier_name_is_taken_once(restore_verifier_tables):
-    from explorer.verify import VerifierError, register_verifier
+    from explorer.engine.verify.rules import VerifierError, register_verifier
 
     with pytest.raises(VerifierError, match="exists already"):
         register_verifier("rrs", None, None)

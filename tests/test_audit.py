@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from explorer.audit import MIN_EXPECTED, audit, compare
-from explorer.cli import main
-from explorer.config import MethodConfig
-from explorer.factory import build_engine
-from explorer.sampling import SamplingConfig, logits_to_probs
+from explorer.analysis.audit import MIN_EXPECTED, audit, compare
+from explorer.cli.main import main
+from explorer.engine.config import MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig, logits_to_probs
 
 N = 1200
 PROMPT = "def f(x):\n    return"

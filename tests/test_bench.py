@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from explorer.bench import HF_ASSISTED, HF_ASSISTED_BF16, HF_GENERATE, aggregate, bench, hf_assisted_settings
-from explorer.cli import main
-from explorer.models import quantize_draft
-from explorer.report import ReportError, load_report, loads_report, write_reports
+from explorer.analysis.bench import (HF_ASSISTED, HF_ASSISTED_BF16, HF_GENERATE, aggregate, bench, hf_assisted_effective,
+                                     hf_assisted_settings)
+from explorer.analysis.report import ReportError, load_report, loads_report, write_reports
+from explorer.cli.main import main
+from explorer.models.loading import quantize_draft
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -93,7 +94,7 @@ def test_hf_assisted_leaves_the_shared_draft_settings_alone(quantized, settings_
     # generate() adapts num_assistant_tokens on the assistant it is given; the runs above must undo that
     assert (hf_assisted_settings(quantized.draft), hf_assisted_settings(quantized.unquantized_draft)) \
         == settings_before
-    assert result["hf_assisted"] == settings_before[0]
+    assert result["hf_assisted"] == hf_assisted_effective(quantized.draft)  # what generate ran with
 
 
 def test_hf_assisted_bf16_refuses_a_quantized_pair_without_its_float_draft(tiny):
@@ -213,15 +214,18 @@ def test_the_page_runs_a_small_benchmark(tiny, tmp_path, monkeypatch):
     assert not at.exception and not at.error, [e.value for e in at.error]
     report = load_report(tmp_path / "bench.json")
     assert {r["method"] for r in report["summary"]} == {"ar", "mcsd-improved", "hf-assisted"}
-    assert len(at.dataframe) == 1 and report["meta"]["prompt_set"] == "mt-bench:0:2"
+    assert report["meta"]["prompt_set"] == "mt-bench:0:2"
+    # the new report's table first, then the shipped references (side by side, a tab each) in their expander
+    assert len(at.dataframe) == 4 and at.expander[0].label.startswith("Reference reports")
+    assert {r["method"] for r in at.dataframe[0].value.to_dict("records")} == {"ar", "mcsd-improved", "hf-assisted"}
 
 
 def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypatch):
     """Token Recycling's matrix, the goodput fallback's rates and the stop policy's adaptation go to the method's
     next prompt within a temperature; a ``+carry=off`` label starts every run afresh."""
-    import explorer.bench as bench_module
-    from explorer.bench import carries, method_for_label
-    from explorer.config import DEFAULTS
+    import explorer.analysis.bench as bench_module
+    from explorer.analysis.bench import carries, method_for_label
+    from explorer.engine.config import DEFAULTS
 
     assert method_for_label("hybrid+carry=off") == DEFAULTS["hybrid"] and not carries("hybrid+carry=off")
     with pytest.raises(ValueError):
@@ -242,3 +246,10 @@ def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypat
     label = "mcsd-improved+adapt=last-layer"
     bench(tiny, ids, methods=(label, label + "+carry=off"), temperatures=(0.0,), max_new_tokens=8, warmup=0)
     assert seen == [first, afresh, (False, False, True), afresh]
+
+
+def test_the_report_names_the_assistant_settings_generate_runs_with(tiny):
+    """Where the draft's generation config leaves them unset, the report gives transformers' defaults, not None."""
+    effective = hf_assisted_effective(tiny.draft)
+    assert effective == {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+                         "assistant_confidence_threshold": 0.4}

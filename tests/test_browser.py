@@ -31,7 +31,7 @@ def test_step_twice_in_a_real_browser(tmp_path):
 def test_back_inspect_download_and_replay_in_a_real_browser(tmp_path):
     from browser import tour
 
-    from explorer.trace import load_run
+    from explorer.trace.records import load_run
 
     with running_app("tiny") as url:
         r = tour(url, tmp_path, load_timeout_s=120)
@@ -52,10 +52,10 @@ def test_back_inspect_download_and_replay_in_a_real_browser(tmp_path):
 def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
     from browser import two_sessions
 
-    from explorer.config import MethodConfig
-    from explorer.factory import build_engine
-    from explorer.sampling import SamplingConfig
-    from explorer.trace import load_run
+    from explorer.engine.config import MethodConfig
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.trace.records import load_run
 
     prompts = ("def add(a, b):", "The capital of France is")
     with running_app("tiny") as url:
@@ -215,10 +215,10 @@ def test_a_whole_class_on_one_app(tmp_path, tiny):
     the one its own steps give when run alone; the server's memory stays flat from round to round."""
     from browser import whole_class
 
-    from explorer.config import MethodConfig
-    from explorer.factory import build_engine
-    from explorer.sampling import SamplingConfig
-    from explorer.trace import load_run
+    from explorer.engine.config import MethodConfig
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.trace.records import load_run
 
     procs: list = []
     with running_app("tiny", procs=procs) as url:

@@ -5,19 +5,13 @@ import json
 
 import pytest
 
-from explorer.cli import main
-from explorer.config import MethodConfig
-from explorer.factory import build_engine
-from explorer.instruments.calibration import (
-    calibration_report,
-    operating_point,
-    points,
-    reliability,
-    roc,
-    threshold_costs,
-)
-from explorer.sampling import SamplingConfig
-from explorer.trace import save_run
+from explorer.cli.main import main
+from explorer.engine.config import MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.instruments.calibration import (calibration_report, operating_point, points, reliability, roc,
+                                              threshold_costs)
+from explorer.trace.records import save_run
 
 
 def test_roc_of_a_perfect_a_reversed_and_a_tied_score():

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from explorer import figures, phases
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine
-from explorer.lessons import LessonError, load_lesson, loads_lesson, shipped_lessons
-from explorer.lessons_record import LESSON_SPECS, record_lesson
-from explorer.sampling import SamplingConfig
-from explorer.trace import ACCEPTED, CONTEXT, DRAFTED, REJECTED
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.lessons import phases
+from explorer.lessons.lesson import LessonError, load_lesson, loads_lesson, shipped_lessons
+from explorer.lessons.record import LESSON_SPECS, record_lesson
+from explorer.trace import figures
+from explorer.trace.records import ACCEPTED, CONTEXT, DRAFTED, REJECTED
 
 EMBEDDED = ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
 
@@ -124,7 +125,7 @@ def test_unreadable_oversized_and_non_json_lessons_are_clear_errors(tmp_path, mo
         load_lesson(tmp_path / "missing.json")
     with pytest.raises(LessonError, match="not valid JSON"):
         loads_lesson(b"{not json")
-    monkeypatch.setattr("explorer.lessons.MAX_LESSON_BYTES", 10)
+    monkeypatch.setattr("explorer.lessons.lesson.MAX_LESSON_BYTES", 10)
     with pytest.raises(LessonError, match="limit"):
         loads_lesson(b'{"lesson_schema": 1, "padding": "...."}')
 
@@ -157,7 +158,7 @@ def test_shipped_lessons_cover_the_topics_and_draw_every_phase():
 def lesson_pair():
     """The embedded pair as the app and the recorder load it (the draft in int8 on a CPU), when this machine runs it
     in the lessons' dtype; else the lessons cannot be replayed here (another rounding)."""
-    from explorer.models import default_dtype, load_named_pair
+    from explorer.models.loading import default_dtype, load_named_pair
 
     recorded = load_lesson(shipped_lessons()[0]).recorded
     if recorded.get("dtype") != str(default_dtype()).removeprefix("torch."):
@@ -207,7 +208,7 @@ def test_the_classroom_opens_a_lesson_with_no_model_and_steps_through_phases(mon
 
 
 def test_chain_speedup_follows_leviathan():
-    from explorer.race import chain_speedup
+    from explorer.engine.speedup import chain_speedup
 
     assert chain_speedup(0.0, 4, 0.25) == pytest.approx(1 / 2)  # nothing accepted: one token per 4 drafts + 1 target
     assert chain_speedup(1.0, 4, 0.25) == pytest.approx(5 / 2)
@@ -216,7 +217,7 @@ def test_chain_speedup_follows_leviathan():
 
 
 def test_tree_speedup_is_the_chain_at_width_one_and_gains_from_width():
-    from explorer.race import chain_speedup, expected_tokens, tree_speedup
+    from explorer.engine.speedup import chain_speedup, expected_tokens, tree_speedup
 
     for alpha in (0.0, 0.3, 0.77, 1.0):
         assert tree_speedup(alpha, [1, 1, 1], 0.1) == pytest.approx(chain_speedup(alpha, 3, 0.1))
@@ -228,7 +229,7 @@ def test_tree_speedup_is_the_chain_at_width_one_and_gains_from_width():
 
 
 def test_the_race_lays_both_runs_on_one_clock(tiny_lesson):
-    from explorer.race import commit_times, lane_segments, measured_point, race_figure
+    from explorer.lessons.race import commit_times, lane_segments, measured_point, race_figure
 
     run, baseline = tiny_lesson.runs[0].trace, tiny_lesson.baseline
     for trace in (run, baseline):
@@ -245,7 +246,7 @@ def test_the_race_lays_both_runs_on_one_clock(tiny_lesson):
     assert point["speedup"] == pytest.approx(rate(run) / rate(baseline))
     assert 0 <= point["alpha"] <= 1 and point["gamma"] == 2 and point["c"] > 0
     if point["alpha_fitted"]:  # a tree: the fitted alpha gives back the run's accepted tokens per drafting step
-        from explorer.race import expected_tokens
+        from explorer.engine.speedup import expected_tokens
 
         drafting = [s for s in run.steps if len(s.nodes) > 1]
         mean = sum(s.accepted_draft_len for s in drafting) / len(drafting)
@@ -257,8 +258,9 @@ def test_lessons_and_their_figures_need_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, explorer.lessons, explorer.phases, explorer.race, explorer.figures, explorer.trace, "
-            "explorer.metrics, explorer.report; assert 'torch' not in sys.modules, 'torch was imported'")
+    code = ("import sys, explorer.lessons.lesson, explorer.lessons.phases, explorer.lessons.race, "
+            "explorer.trace.figures, explorer.trace.records, explorer.trace.metrics, explorer.analysis.report; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 
 
@@ -305,8 +307,8 @@ def test_a_replay_on_another_dtype_or_draft_quantization_is_a_clear_error(tiny, 
 def test_a_lesson_keeps_its_runs_timed_on_other_machines(tiny, tiny_lesson):
     """``lessons time``: the lesson's runs and ar timed again (here on the tiny pair, graphed buckets as on a GPU,
     eager off CUDA) are kept beside the recording, one entry per machine; the race offers every machine."""
-    from explorer.lessons import machine_name
-    from explorer.lessons_record import time_lesson
+    from explorer.lessons.lesson import machine_name
+    from explorer.lessons.record import time_lesson
 
     spec = dataclasses.replace(next(s for s in LESSON_SPECS if s.id == "03-temperature-one"), max_new_tokens=12)
     timed = time_lesson(tiny, spec, graphs=True, progress=lambda m: 0)
@@ -337,14 +339,14 @@ def test_the_classroom_race_picks_the_machine(tiny_lesson, tmp_path, monkeypatch
     """With a lesson timed on a second machine, the race's expander offers both and draws the one picked."""
     from streamlit.testing.v1 import AppTest
 
-    from explorer.lessons import MachineTimings
+    from explorer.lessons.lesson import MachineTimings
 
     other = MachineTimings(tiny_lesson.recorded | {"machine": "Linux, 16 CPUs, NVIDIA H200", "device": "cuda:0"},
                            [r.trace for r in tiny_lesson.runs], tiny_lesson.baseline)
     folder = tmp_path / "lessons"
     folder.mkdir()
     (folder / "01-tiny.json").write_text(tiny_lesson.with_timings(other).to_json())
-    monkeypatch.setattr("explorer.lessons.LESSONS_DIR", folder)
+    monkeypatch.setattr("explorer.lessons.lesson.LESSONS_DIR", folder)
     monkeypatch.setattr("explorer.ui.classroom_page.shipped_lessons", lambda: [folder / "01-tiny.json"])
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=60)
     at.query_params["page"] = "classroom"

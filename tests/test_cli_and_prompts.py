@@ -4,15 +4,9 @@ import sys
 
 import pytest
 
-from explorer.cli import main
-from explorer.prompts import (
-    PromptError,
-    encode_prompt,
-    humaneval,
-    load_prompt_file,
-    mt_bench,
-    parse_prompt_lines,
-)
+from explorer.analysis.prompts import (PromptError, encode_prompt, humaneval, load_prompt_file, mt_bench,
+                                       parse_prompt_lines)
+from explorer.cli.main import main
 
 
 def test_prompt_sets_load():

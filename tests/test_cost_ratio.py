@@ -1,18 +1,17 @@
-"""The goodput stop policy's cost ratio r measured from the run's own steps (explorer/cost_ratio.py): the meter's
-arithmetic, the setting's validation, an engine run that moves its policy's r (same greedy tokens), traces that
-keep it, and replays that follow the record."""
+"""The goodput stop policy's cost ratio r measured from the run's own steps (explorer/engine/policies/cost_ratio.py):
+the meter's arithmetic, the setting's validation, an engine run that moves its policy's r (same greedy tokens),
+traces that keep it, and replays that follow the record."""
 
 import pytest
-
 from method_grid import PROMPT
 
-from explorer.bench import method_for_label
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.cost_ratio import CostRatioMeter
-from explorer.factory import build_engine
-from explorer.sampling import SamplingConfig
-from explorer.stopping import goodput_threshold, recorded_setting
-from explorer.trace import RunTrace, TraceError, loads_run
+from explorer.analysis.bench import method_for_label
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.policies.cost_ratio import CostRatioMeter
+from explorer.engine.policies.stopping import goodput_threshold, recorded_setting
+from explorer.engine.sampling import SamplingConfig
+from explorer.trace.records import RunTrace, TraceError, loads_run
 
 GOODPUT = MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=6, stop="goodput", threshold=0.3,
                        decision_model="hidden")
@@ -87,8 +86,8 @@ def test_a_measured_run_moves_r_and_keeps_the_greedy_tokens(tiny):
     drafted = [s for s in steps if s.draft_calls]
     assert drafted and all(s.cost["level_ms"] > 0 and s.cost["rest_ms"] > 0 for s in drafted)
     assert measured.stop_policy.threshold == steps[-1].cost["next"]
-    from explorer.figures import cost_ratio_figure
-    from explorer.teach import explain_step
+    from explorer.lessons.teach import explain_step
+    from explorer.trace.figures import cost_ratio_figure
 
     fig = cost_ratio_figure(measured.trace, current=1)
     assert list(fig.data[0].y) == [s.cost["r"] for s in steps]
@@ -119,7 +118,7 @@ def test_measured_ratios_survive_a_saved_trace_and_steer_its_replay(tiny):
 
 
 def test_an_adapting_run_records_the_measured_r_as_its_next_threshold(tiny):
-    from explorer.figures import adaptation_figure
+    from explorer.trace.figures import adaptation_figure
 
     eng = _run(tiny, GOODPUT.with_(cost_ratio="measured", adapt="last-layer"), n=30)
     steps = eng.trace.steps
@@ -131,7 +130,7 @@ def test_an_adapting_run_records_the_measured_r_as_its_next_threshold(tiny):
 def test_an_r_that_moves_between_samples_keeps_the_output_law(tiny, monkeypatch):
     """The audit's samples share one engine (its meter outlives the rewinds); here r swings deterministically
     between free draft forwards and costly ones, so the samples are drafted to very different depths."""
-    from explorer.audit import audit
+    from explorer.analysis.audit import audit
 
     swing = iter([0.0, 0.9] * 10_000)
 

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from explorer.cli import main
-from explorer.config import MethodConfig
-from explorer.factory import build_engine
+from explorer.cli.main import main
+from explorer.engine.config import MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
 from explorer.instruments.counterfactual import EditError, StepEdit, counterfactual, parse_edits
-from explorer.sampling import SamplingConfig
-from explorer.trace import save_run
+from explorer.trace.records import save_run
 
 PROMPT = "def add(a, b):\n    return"
 CASES = [

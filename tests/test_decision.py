@@ -7,34 +7,23 @@ import numpy as np
 import pytest
 import torch
 
-from explorer.config import MethodConfig
-from explorer.decision.collect import (
-    SHARD_TENSORS,
-    DataError,
-    _to_tensors,
-    collect,
-    load_data,
-    open_data_dir,
-)
+from explorer.analysis.prompts import Prompt, select_prompts
+from explorer.decision.collect import SHARD_TENSORS, DataError, _to_tensors, collect, load_data, open_data_dir
 from explorer.decision.evaluate import evaluate_on
-from explorer.decision.scores import score_metrics
-from explorer.decision.features import (
-    MEMORY_K, SESSION_FEATURE_NAMES, CopyIndex, TargetMemory, dist_features, top_candidates,
-)
-from explorer.decision.model import (
-    DecisionModelError,
-    find_shipped,
-    load_decision_model,
-    shipped_decision_model,
-)
 from explorer.decision.train import split_by_prompt, train_models
-from explorer.engine import EngineError
-from explorer.factory import build_engine
-from explorer.prompts import Prompt, select_prompts
-from explorer.sampling import SamplingConfig
-from explorer.stopping import decide, goodput_threshold, make_stop_policy, recorded_setting, replay, what_if
-from explorer.teach import explain_step
-from explorer.trace import StopSignal
+from explorer.engine.config import MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.machine import EngineError
+from explorer.engine.policies.stopping import (decide, goodput_threshold, make_stop_policy, recorded_setting, replay,
+                                               what_if)
+from explorer.engine.sampling import SamplingConfig
+from explorer.engine.stop_models.features import (MEMORY_K, SESSION_FEATURE_NAMES, CopyIndex, TargetMemory,
+                                                  dist_features, top_candidates)
+from explorer.engine.stop_models.model import (DecisionModelError, find_shipped, load_decision_model,
+                                               shipped_decision_model)
+from explorer.engine.stop_models.scores import score_metrics
+from explorer.lessons.teach import explain_step
+from explorer.trace.records import StopSignal
 
 PROMPTS = [Prompt(str(i), t, "unit") for i, t in enumerate(
     ["def add(a, b):", "The quick brown fox", "import numpy as np\n", "for i in range(10):"])]
@@ -162,7 +151,7 @@ def test_target_memory_is_seeded_from_the_prompt_only_when_features_are_computed
     eng.rewind()
     assert (eng.drafter.memory.rows, eng.drafter.memory.bigrams) == seeded
     plain = build_engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig())
-    assert plain.drafter.prompt_rows(plain) == 0
+    assert plain.drafter.prompt_rows(plain.view) == 0
     plain.start(ids, 4)
     assert plain.drafter.memory.rows == {}
 
@@ -352,7 +341,7 @@ def test_model_files_are_checked_and_never_unpickled(tmp_path):
 def test_learned_policy_without_a_model_of_its_kind_is_a_clear_error(tiny):
     """A pair with no model of its own borrows the embedded pair's pair-independent kinds (test_families.py); the
     hidden-state model cannot be borrowed, and the message says how to get one."""
-    from explorer.pair import make_pair
+    from explorer.models.pair import make_pair
 
     other = make_pair(tiny.draft, tiny.target, tiny.tokenizer, name="other", draft_id="x", target_id="y")
     with pytest.raises(EngineError, match="decision calibrate"):
@@ -487,7 +476,7 @@ def test_goodput_adds_the_chances_of_a_trees_exclusive_paths(tiny):
         assert s.keep_drafting == (s.score >= s.threshold) and not s.pruned
     assert [r["keep_drafting"] for r in replay(step.stop_signals, 0.01)] == [
         s.keep_drafting for s in step.stop_signals]
-    from explorer.figures import stop_figure
+    from explorer.trace.figures import stop_figure
 
     total = [t for t in stop_figure(step).data if t.name.startswith("all branches")]
     assert len(total) == 1 and list(total[0].y) == pytest.approx([s.score for s in step.stop_signals])
@@ -527,7 +516,7 @@ def test_config_thresholds_follow_the_policy():
 
 def test_select_prompts_specs():
     assert len(select_prompts(["mt-bench:0:3", "mt-bench:78:"])) == 5
-    from explorer.prompts import PromptError
+    from explorer.analysis.prompts import PromptError
 
     with pytest.raises(PromptError):
         select_prompts(["mt-bench:5:5"])

@@ -10,13 +10,12 @@ import os
 
 import pytest
 import torch
-
 from method_grid import GRID, IDS, PROMPT
 
-from explorer.audit import audit
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine
-from explorer.sampling import SamplingConfig
+from explorer.analysis.audit import audit
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
 
 
 def _exercise(pair, cfg: MethodConfig, temperature: float, capture_features: bool = False,
@@ -46,7 +45,7 @@ def test_no_tensor_is_made_on_the_default_device(tiny, case, kv_cache):
 
 def test_the_guard_catches_a_factory_call_without_its_device(tiny):
     """The guard itself: a tensor built without ``device=`` inside the engine fails under the meta default."""
-    import explorer.decision.features as engine_module  # the model drafter builds its features through it
+    import explorer.engine.stop_models.features as engine_module  # the model drafter builds its features through it
 
     original = engine_module.path_features
 
@@ -130,10 +129,10 @@ def test_the_audit_passes_on_cuda(tiny_cuda, verifier):
 def test_embedded_pair_on_cuda():
     """The embedded pair on the GPU (bf16): ``ar`` reproduces transformers' ``generate``; every lossless default
     method reproduces ``ar`` up to bf16 near-ties and accepts drafts; the default method's decision model runs."""
-    from explorer.equivalence import check_prompt
-    from explorer.metrics import run_metrics
-    from explorer.models import load_default_pair
-    from explorer.prompts import encode_prompt, humaneval
+    from explorer.analysis.equivalence import check_prompt
+    from explorer.analysis.prompts import encode_prompt, humaneval
+    from explorer.models.loading import load_default_pair
+    from explorer.trace.metrics import run_metrics
 
     pair = load_default_pair(device="cuda")
     assert pair.device.type == "cuda" and pair.dtype == torch.bfloat16

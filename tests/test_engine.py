@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import EngineError
-from explorer.factory import build_engine
-from explorer.equivalence import hf_greedy
-from explorer.sampling import SamplingConfig
-from explorer.trace import ACCEPTED, REJECTED, UNVERIFIED, RunTrace
-from explorer.tree import TreeShapeError
+from explorer.analysis.equivalence import hf_greedy
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.machine import EngineError
+from explorer.engine.sampling import SamplingConfig
+from explorer.engine.tree import TreeShapeError
+from explorer.trace.records import ACCEPTED, REJECTED, UNVERIFIED, RunTrace
 
 PROMPTS = ["def add(a, b):\n    return", "The quick brown fox", "x"]
 LOSSLESS = [
@@ -56,7 +56,7 @@ def test_every_lossless_method_matches_ar_when_greedy(tiny, cfg, prompt):
 
 def test_speculation_saves_target_calls_on_a_pair_that_agrees(tiny):
     # Draft == target: every draft token must be accepted, so each call commits gamma + 1 tokens.
-    from explorer.pair import make_pair
+    from explorer.models.pair import make_pair
 
     same = make_pair(tiny.target, tiny.target, tiny.tokenizer, name="same", draft_id="t", target_id="t")
     ids = tiny.tokenizer.encode(PROMPTS[0])
@@ -164,7 +164,7 @@ def test_max_new_tokens_and_eos_end_the_run(tiny):
     assert len(tr.generated_ids) == 7 and eng.finished and tr.steps[-1].finished
     with pytest.raises(EngineError):
         eng.step()
-    from explorer.pair import make_pair
+    from explorer.models.pair import make_pair
 
     pair = make_pair(tiny.draft, tiny.target, tiny.tokenizer, name="t", draft_id="d", target_id="t")
     first = run(pair, DEFAULTS["ar"], ids, 5)[1].generated_ids

@@ -1,5 +1,5 @@
-"""What each verification rule implies about acceptance (explorer/expectation.py), against Monte Carlo on the
-tiny pair: the expected tokens of a drafted tree against re-verifying it with many seeds, and the slot
+"""What each verification rule implies about acceptance (explorer/engine/verify/expectation.py), against Monte Carlo on
+the tiny pair: the expected tokens of a drafted tree against re-verifying it with many seeds, and the slot
 probability (sum_x min(p, q)) against re-drafting with many seeds."""
 
 import math
@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from explorer import expectation, verify
-from explorer.config import MethodConfig
-from explorer.factory import build_engine
-from explorer.sampling import SamplingConfig
+from explorer.engine.config import MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.engine.verify import expectation
+from explorer.engine.verify import rules as verify
 
 SAMPLED = SamplingConfig(temperature=1.0, seed=3)
 PROMPT = "def add(a, b):\n    return"
@@ -101,7 +102,7 @@ def test_greedy_expectation_is_exactly_what_was_committed(tiny):
 
 
 def test_every_tested_node_has_odds_and_old_traces_load(tiny):
-    from explorer.trace import RunTrace
+    from explorer.trace.records import RunTrace
 
     eng, step, d, v = _first_step(tiny, MethodConfig(method="mcsd", k_config=(2, 2)))
     for node in step.nodes[1:]:

@@ -1,17 +1,17 @@
-"""The goodput fallback (explorer/fallback.py): its decisions from measured rates, plain decoding steps inside a
-speculative run (same greedy tokens, same output law, recorded in the trace), and replays that follow the record."""
+"""The goodput fallback (explorer/engine/policies/fallback.py): its decisions from measured rates, plain decoding steps
+inside a speculative run (same greedy tokens, same output law, recorded in the trace), and replays that follow the
+record."""
 
 import pytest
 import torch
-
 from method_grid import PROMPT
 
-from explorer.audit import audit
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine, times_verification
-from explorer.fallback import GoodputFallback, fallback_active
-from explorer.forward_costs import DEAR_ROWS, verification_cost
-from explorer.sampling import SamplingConfig
+from explorer.analysis.audit import audit
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine, times_verification
+from explorer.engine.policies.fallback import GoodputFallback, fallback_active
+from explorer.engine.runtime.forward_costs import DEAR_ROWS, verification_cost
+from explorer.engine.sampling import SamplingConfig
 
 LOSSLESS = ["sd", "mcsd", "mcsd-improved", "prompt-lookup", "token-recycling", "hybrid"]
 SCHEDULE = [True, False, False, True, False, True, True, False] * 8
@@ -199,7 +199,7 @@ def test_the_fallback_runs_on_cuda_by_default(tiny_cuda):
 
 
 def test_teach_mode_explains_a_plain_step(tiny):
-    from explorer.teach import explain_step
+    from explorer.lessons.teach import explain_step
 
     eng = build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0))
     eng.start(tiny.tokenizer.encode(PROMPT), 8)
@@ -258,7 +258,7 @@ def test_a_malformed_carried_state_is_a_clear_error(bad):
 
 
 def test_the_engine_carries_rates_only_to_the_same_method_and_sampling(tiny):
-    from explorer.teach import explain_step
+    from explorer.lessons.teach import explain_step
 
     ids = tiny.tokenizer.encode(PROMPT)
     cfg, greedy = DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0)

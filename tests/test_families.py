@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from explorer.audit import audit
-from explorer.cli import main
-from explorer.config import DEFAULTS
-from explorer.factory import TRANSFER_ADAPT, build_engine
-from explorer.models import load_named_pair
-from explorer.sampling import SamplingConfig
-from explorer.tiny import FAMILIES, save_pair, tiny_family_pair
+from explorer.analysis.audit import audit
+from explorer.cli.main import main
+from explorer.engine.config import DEFAULTS
+from explorer.engine.factory import TRANSFER_ADAPT, build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.models.loading import load_named_pair
+from explorer.models.tiny import FAMILIES, save_pair, tiny_family_pair
 
 # 70 bytes: longer than the 16-position windows of the Mistral and Gemma pairs, so their sliding layers matter
 PROMPT = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * "
@@ -67,7 +67,7 @@ def test_a_sliding_window_model_loads_with_eager_attention_where_sdpa_is_missing
 def test_the_window_is_what_makes_long_prompts_exact(monkeypatch):
     """Without the window in the tree mask, the sliding layers see keys generate never shows them: the check above
     would fail. (Guards the test itself: the window must matter on this prompt.)"""
-    import explorer.attention as attention
+    import explorer.engine.attention as attention
 
     pair = tiny_family_pair("mistral")
     ids = pair.tokenizer.encode(PROMPT)
@@ -112,7 +112,7 @@ def test_a_pair_without_its_own_decision_model_borrows_the_embedded_one_and_adap
     rc = main(["generate", "--models", "tiny", "--prompt", "x", "--stop", "decision", "--decision-model", "hidden",
                "--max-new-tokens", "4"])
     assert rc == 0  # the tiny pair ships its own
-    from explorer.engine import EngineError
+    from explorer.engine.machine import EngineError
 
     with pytest.raises(EngineError, match="decision calibrate"):
         build_engine(pair, DEFAULTS["mcsd-improved"].with_(decision_model="hidden"), SamplingConfig())

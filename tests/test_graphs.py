@@ -6,13 +6,13 @@ import pytest
 import torch
 from method_grid import GRID, IDS, PROMPT, same_traces, session
 
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.engine import EngineError
-from explorer.factory import build_engine
-from explorer.graphs import BUCKETS, GraphRunner, bucket_for, padded_mask
-from explorer.kv_cache import DynamicKVCache, StaticKVCache
-from explorer.sampling import SamplingConfig
-from explorer.tree import DraftTree, step_mask, step_position_ids
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.machine import EngineError
+from explorer.engine.runtime.graphs import BUCKETS, GraphRunner, bucket_for, padded_mask
+from explorer.engine.runtime.kv_cache import DynamicKVCache, StaticKVCache
+from explorer.engine.sampling import SamplingConfig
+from explorer.engine.tree import DraftTree, step_mask, step_position_ids
 
 
 def test_buckets_and_padded_masks():
@@ -123,7 +123,7 @@ def test_buckets_captured_up_front_leave_no_capture_to_the_run(tiny_cuda, case):
     """The bench's warm-up (``bench.warm_graphs``): every bucket captured after the prefill (with the draft's
     hidden states where the stop policy reads them), so no step of the run pays a capture, and the traces are
     those of lazily captured graphs."""
-    from explorer.bench import warm_graphs
+    from explorer.analysis.bench import warm_graphs
 
     def captures():
         return sum(r.captures for idle in tiny_cuda.graph_runners.values() for r in idle)

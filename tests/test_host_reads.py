@@ -1,16 +1,16 @@
-"""Host reads per step (explorer/host_reads.py): the CPU's stand-in for the host synchronisations a GPU step makes
-(issue 13: single digits per step). Verification on odds reads a fixed handful of values however large the tree;
-the reads that remain scale with draft levels, not with nodes."""
+"""Host reads per step (explorer/engine/runtime/host_reads.py): the CPU's stand-in for the host synchronisations a GPU
+step makes (issue 13: single digits per step). Verification on odds reads a fixed handful of values however large the
+tree; the reads that remain scale with draft levels, not with nodes."""
 
 import pytest
 import torch
 
-from explorer import verify
-from explorer.bench import method_for_label
-from explorer.factory import build_engine
-from explorer.host_reads import HostReadCounter
-from explorer.sampling import RowDists, SamplingConfig
-from explorer.tree import DraftTree
+from explorer.analysis.bench import method_for_label
+from explorer.engine.factory import build_engine
+from explorer.engine.runtime.host_reads import HostReadCounter
+from explorer.engine.sampling import RowDists, SamplingConfig
+from explorer.engine.tree import DraftTree
+from explorer.engine.verify import rules as verify
 
 V = 50
 
@@ -59,7 +59,8 @@ def test_verification_reads_do_not_grow_with_the_tree(rule):
         with HostReadCounter(sites=True) as c:
             r = verify.run_verifier(rule, tree, p, q, torch.Generator().manual_seed(0))
         counts[chain] = c.reads
-        assert all(site.startswith(("verify.py", "expectation.py", "residuals.py", "drafting.py", "sampling.py"))
+        assert all(site.startswith(("engine/verify/rules.py", "engine/verify/expectation.py",
+                                    "engine/verify/residuals.py", "engine/drafting.py", "engine/sampling.py"))
                    for site in c.sites), c.sites
         assert r.bonus is not None
         if rule == "greedy":

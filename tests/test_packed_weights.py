@@ -1,18 +1,17 @@
-"""Packed float32 weights (explorer/packed_weights.py): the same model to float rounding, the same greedy tokens
+"""Packed float32 weights (explorer/models/packed_weights.py): the same model to float rounding, the same greedy tokens
 from our engine as from transformers' generate on the packed modules, and clear errors where packing cannot run."""
 
 import pytest
 import torch
-
 from method_grid import PROMPT
 
-from explorer.bench import run_hf_assisted
-from explorer.config import DEFAULTS
-from explorer.factory import build_engine
-from explorer.models import ModelPairError, load_named_pair, pack_weights
-from explorer.packed_weights import PackedLinear, can_pack, pack_linear_weights
-from explorer.sampling import SamplingConfig
-from explorer.tiny import tiny_pair
+from explorer.analysis.bench import run_hf_assisted
+from explorer.engine.config import DEFAULTS
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.models.loading import ModelPairError, load_named_pair, pack_weights
+from explorer.models.packed_weights import PackedLinear, can_pack, pack_linear_weights
+from explorer.models.tiny import tiny_pair
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch has no oneDNN")
 
@@ -70,8 +69,8 @@ def test_dropped_file_pages_read_back_the_same_weights(tmp_path):
     from the weights file, so even a tensor still in use would keep its values."""
     from transformers import AutoModelForCausalLM
 
-    from explorer.packed_weights import drop_file_pages, file_mappings
-    from explorer.tiny import tiny_config
+    from explorer.models.packed_weights import drop_file_pages, file_mappings
+    from explorer.models.tiny import tiny_config
 
     big = AutoModelForCausalLM.from_config(tiny_config(4096, 1))  # an lm head of 4096 x 64 floats: 256 pages
     big.save_pretrained(tmp_path)

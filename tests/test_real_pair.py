@@ -3,12 +3,12 @@ bf16, fp32 on others: ``models.default_dtype``)."""
 
 import pytest
 
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine
-from explorer.equivalence import divergence, hf_greedy
-from explorer.metrics import run_metrics
-from explorer.prompts import encode_prompt, humaneval, mt_bench
-from explorer.sampling import SamplingConfig
+from explorer.analysis.equivalence import divergence, hf_greedy
+from explorer.analysis.prompts import encode_prompt, humaneval, mt_bench
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.trace.metrics import run_metrics
 
 pytestmark = pytest.mark.real
 N = 32
@@ -26,7 +26,7 @@ def _run(pair, cfg, ids, sampling=None, n=N):
 
 
 def test_embedded_pair_loads_in_the_default_dtype_with_one_vocabulary(real_pair):
-    from explorer.models import default_dtype
+    from explorer.models.loading import default_dtype
 
     assert real_pair.dtype == default_dtype("cpu") and real_pair.vocab_size == 151936
     assert real_pair.draft_id.endswith("0.5B-Instruct") and real_pair.target_id.endswith("1.5B-Instruct")
@@ -50,7 +50,7 @@ def test_greedy_outputs_match_ar_and_transformers_generate(real_pair, prompts):
 def test_sampling_runs_are_reproducible(real_pair, prompts, method):
     s = SamplingConfig(temperature=0.7, top_p=0.95, seed=11)
     # the seed's promise; the goodput fallback's timing-driven plain steps (on by default where rows are dear,
-    # forward_costs.py) draw differently, so they are held off here, as on machines where rows are cheap
+    # engine/runtime/forward_costs.py) draw differently, so they are held off here, as on machines where rows are cheap
     cfg = DEFAULTS[method].with_(fallback="off")
     a = _run(real_pair, cfg, prompts[1], s, n=16)
     b = _run(real_pair, cfg, prompts[1], s, n=16)
@@ -80,7 +80,7 @@ def test_learned_stop_policies_use_the_shipped_model(real_pair, prompts, stop):
 def test_shipped_decision_model_ranks_unseen_tokens(real_pair, tmp_path):
     from explorer.decision.collect import collect
     from explorer.decision.evaluate import evaluate_on
-    from explorer.decision.model import find_shipped
+    from explorer.engine.stop_models.model import find_shipped
 
     unseen = humaneval()[160:162]  # training used 0-39, evaluation 140-151
     collect(real_pair, unseen, tmp_path, max_new_tokens=16, progress=False)

@@ -1,19 +1,18 @@
-"""Row pricing (explorer/drafters/row_pricing.py): free slots kept where their measured acceptance pays for their
+"""Row pricing (explorer/engine/drafters/row_pricing.py): free slots kept where their measured acceptance pays for their
 verification row, every offered slot observed, and the engine's use of it where rows are dear (greedy tokens,
 output law, replay and rewind unchanged)."""
 
 import pytest
-
 from method_grid import PROMPT
 
-from explorer.audit import audit
-from explorer.config import DEFAULTS
-from explorer.drafters.base import FreeNode
-from explorer.drafters.row_pricing import RowPricing
-from explorer.factory import build_engine, times_verification
-from explorer.forward_costs import row_prices
-from explorer.sampling import SamplingConfig
-from explorer.tree import rank_decay_parents
+from explorer.analysis.audit import audit
+from explorer.engine.config import DEFAULTS
+from explorer.engine.drafters.base import FreeNode
+from explorer.engine.drafters.row_pricing import RowPricing
+from explorer.engine.factory import build_engine, times_verification
+from explorer.engine.runtime.forward_costs import row_prices
+from explorer.engine.sampling import SamplingConfig
+from explorer.engine.tree import rank_decay_parents
 
 WIDTHS = (4, 2, 1, 1)
 

@@ -4,13 +4,9 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from explorer.drafting import (
-    draw_without_replacement,
-    sample_one,
-    sample_with_replacement,
-    sample_without_replacement,
-)
-from explorer.sampling import RowDists, SamplingConfig, logits_to_probs
+from explorer.engine.drafting import (draw_without_replacement, sample_one, sample_with_replacement,
+                                      sample_without_replacement)
+from explorer.engine.sampling import RowDists, SamplingConfig, logits_to_probs
 
 
 def test_greedy_is_one_hot_at_argmax():
@@ -49,7 +45,7 @@ def test_row_dists_are_lazy_and_offset():
     assert abs(g.shown(0, 1) - float(torch.softmax(torch.tensor([0.0, 1.0]), -1)[1])) < 1e-6
 
 
-# ------------------------------------------------------------------ drawing tokens (drafting.py)
+# ------------------------------------------------------------------ drawing tokens (engine/drafting.py)
 
 
 def _chi_square_p(counts: dict, expected: dict, n: int) -> float:

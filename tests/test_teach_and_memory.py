@@ -4,10 +4,10 @@ import gc
 
 import pytest
 
-from explorer.config import DEFAULTS
-from explorer.factory import build_engine
-from explorer.sampling import SamplingConfig
-from explorer.teach import explain_step
+from explorer.engine.config import DEFAULTS
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.lessons.teach import explain_step
 
 
 def _run(tiny, method, sampling=SamplingConfig(), n=16, **changes):
@@ -99,7 +99,7 @@ def test_memory_stays_flat_over_500_steps(tiny, method):
 
 
 def test_adaptive_width_percentages_never_read_as_equal_to_the_threshold():
-    from explorer.teach import _pct_against
+    from explorer.lessons.teach import _pct_against
 
     assert _pct_against(0.746, 0.75) == "74.6 %" and _pct_against(0.62, 0.75) == "62 %"
 

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from explorer.cli import main
-from explorer.config import DEFAULTS, MethodConfig
-from explorer.factory import build_engine
-from explorer.sampling import SamplingConfig
-from explorer.timeline import PHASES, phase_totals, plain_decoding_ms
-from explorer.trace import RunTrace, TraceError
+from explorer.cli.main import main
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.runtime.timeline import PHASES, phase_totals, plain_decoding_ms
+from explorer.engine.sampling import SamplingConfig
+from explorer.trace.records import RunTrace, TraceError
 
 
 @pytest.mark.parametrize("cfg", [MethodConfig(method="mcsd", k_config=(3, 2)), DEFAULTS["mcsd-improved"],

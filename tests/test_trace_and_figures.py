@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-from explorer import figures
-from explorer.config import MethodConfig
-from explorer.factory import build_engine
-from explorer.metrics import run_metrics
-from explorer.sampling import SamplingConfig
-from explorer.trace import RunTrace, TraceError, load_run, loads_run, save_run
+from explorer.engine.config import MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.sampling import SamplingConfig
+from explorer.trace import figures
+from explorer.trace.metrics import run_metrics
+from explorer.trace.records import RunTrace, TraceError, load_run, loads_run, save_run
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_token_text_is_escaped_everywhere(run_trace):
 
 
 def test_tree_layout_keeps_chains_level_and_parents_centred():
-    from explorer.trace import NodeTrace, StepTrace
+    from explorer.trace.records import NodeTrace, StepTrace
 
     parents = [None, 0, 0, 1, 1, 2, 3, 5]  # two branches, each a small subtree continued by chains
     nodes = [NodeTrace(id=i, parent=p, token_id=i, text=str(i), depth=0 if p is None else 0, position_id=0,

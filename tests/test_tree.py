@@ -1,17 +1,8 @@
 import numpy as np
 import pytest
 
-from explorer.tree import (
-    DraftTree,
-    TreeShapeError,
-    ancestor_matrix,
-    depths,
-    k_config_parents,
-    parse_k_config,
-    step_mask,
-    step_position_ids,
-    tree_size,
-)
+from explorer.engine.tree import (DraftTree, TreeShapeError, ancestor_matrix, depths, k_config_parents, parse_k_config,
+                                  step_mask, step_position_ids, tree_size)
 
 
 def test_parse_k_config_accepts_lists_and_strings():

@@ -1,15 +1,9 @@
 import pytest
 import torch
 
-from explorer.drafting import hub_pair
-from explorer.tree import DraftTree
-from explorer.verify import (
-    VerifierError,
-    spechub_node,
-    spechub_plan,
-    verify_longest_branch,
-    verify_tree,
-)
+from explorer.engine.drafting import hub_pair
+from explorer.engine.tree import DraftTree
+from explorer.engine.verify.rules import VerifierError, spechub_node, spechub_plan, verify_longest_branch, verify_tree
 
 V = 6
 

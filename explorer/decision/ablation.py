@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench import aggregate, run_engine
-from ..config import DEFAULTS, MethodConfig
-from ..sampling import SamplingConfig
+from ..analysis.bench import aggregate, run_engine
+from ..engine.config import DEFAULTS, MethodConfig
+from ..engine.sampling import SamplingConfig
 
 
 def _runs(pair, configs: dict[str, MethodConfig], prompts_ids: list[list[int]], temperature: float,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from typing import Callable
 
-from .model import calibration_dir, find_calibrated
+from ..engine.stop_models.model import calibration_dir, find_calibrated
 
 CALIBRATION_PROMPTS = 24
 CALIBRATION_TOKENS = 32
@@ -23,8 +23,8 @@ CALIBRATION_SOURCES = ("prompt-mix", "humaneval", "mt-bench")
 
 
 def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list:
-    """``n`` prompts taken in turn from each category of the prompt mix, HumanEval and MT-bench (``prompts.py``)."""
-    from ..prompts import load_prompt_set
+    """``n`` prompts taken in turn from each category of the prompt mix, HumanEval and MT-bench (``analysis/prompts.py``)."""
+    from ..analysis.prompts import load_prompt_set
 
     groups: dict[str, list] = {}
     for source in CALIBRATION_SOURCES:

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import MethodConfig
-from ..prompts import Prompt
-from ..sampling import SamplingConfig
-from .features import DIST_FEATURE_NAMES, SESSION_FEATURE_NAMES, token_labels
+from ..analysis.prompts import Prompt
+from ..engine.config import MethodConfig
+from ..engine.sampling import SamplingConfig
+from ..engine.stop_models.features import DIST_FEATURE_NAMES, SESSION_FEATURE_NAMES, token_labels
 
 DATA_FORMAT = 2  # 2: ten session features (1 had four)
 COLLECT_CONFIG = MethodConfig(method="mcsd-improved", k_config=(2, 2, 2), max_depth=6, stop="none")
@@ -138,9 +138,9 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from ..engine import EngineError
-    from ..factory import build_engine
-    from ..prompts import encode_prompt, prompt_kind
+    from ..analysis.prompts import encode_prompt, prompt_kind
+    from ..engine.factory import build_engine
+    from ..engine.machine import EngineError
 
     out = Path(out)
     open_data_dir(out, _meta(pair, config, max_new_tokens))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .scores import score_metrics
+from ..engine.stop_models.scores import score_metrics
 
 
 def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
@@ -18,8 +18,8 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
     model kind: roc_auc}}, ...}``. Data of another pair than the models' measures how they transfer: only the
     kinds that can (``model.TRANSFERABLE_KINDS``) are scored, and ``"transferred_from"`` names the models' pair.
     Raises DataError / DecisionModelError for unusable inputs."""
+    from ..engine.stop_models.model import TRANSFERABLE_KINDS, load_decision_model, read_card
     from .collect import DataError, load_data
-    from .model import TRANSFERABLE_KINDS, load_decision_model, read_card
     from .train import kind_inputs
 
     card = read_card(model_dir)
@@ -55,9 +55,9 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
 
 def evaluate(args, load_pair) -> dict:
     """``decision eval``: collect features on ``args.prompt_file`` (or read ``args.data``) and score the models."""
-    from ..prompts import range_spec, select_prompts
+    from ..analysis.prompts import range_spec, select_prompts
+    from ..engine.stop_models.model import DecisionModelError, find_calibrated, find_shipped
     from .collect import collect
-    from .model import DecisionModelError, find_calibrated, find_shipped
 
     if args.data:
         folders = args.data

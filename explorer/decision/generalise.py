@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engine.stop_models.model import KINDS
+from ..engine.stop_models.scores import score_metrics
 from .collect import load_data
-from .scores import score_metrics
-from .model import KINDS
 from .train import fit_models, kind_inputs, split_by_prompt
 
 GOAL_AUC = 0.75

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..engine.stop_models.features import CONTEXT_FEATURE_NAMES, DIST_FEATURE_NAMES, PATH_FEATURE_NAMES, path_features
+from ..engine.stop_models.model import CARD_FORMAT, DEFAULT_LAYERS, KINDS, DecisionMLP, DecisionModel
+from ..engine.stop_models.scores import choose_threshold, score_metrics
 from .collect import load_data
-from .scores import choose_threshold, score_metrics
-from .features import CONTEXT_FEATURE_NAMES, DIST_FEATURE_NAMES, PATH_FEATURE_NAMES, path_features
-from .model import CARD_FORMAT, DEFAULT_LAYERS, KINDS, DecisionMLP, DecisionModel
 
 FEATURE_TEXT = {
     "hidden": "draft model's last hidden state at the drafted token's parent row",

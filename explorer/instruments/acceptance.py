@@ -1,6 +1,6 @@
 """Expected against realised acceptance over runs, and the optimal tree for the measured rates (issue 15).
 
-From step traces alone (``expectation.py`` recorded every node's odds during the run):
+From step traces alone (``engine/verify/expectation.py`` recorded every node's odds during the run):
 
 * ``slot_table``: per (draft depth, sibling rank in test order), the nodes tested there, how many were accepted
   (the realised rate) and the mean ``slot_prob`` (the expected rate: the same quantity with less noise);
@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..forward_costs import COST_WIDTHS, measure_forward_costs  # noqa: F401  (re-exported)
-from ..methods import DRAFT_SOURCES
-from ..metrics import acceptance_length, position_acceptance
-from ..trace import ACCEPTED, REJECTED, RunTrace, StepTrace
+from ..engine.runtime.forward_costs import COST_WIDTHS, measure_forward_costs  # noqa: F401  (re-exported)
+from ..trace.metrics import acceptance_length, position_acceptance
+from ..trace.records import ACCEPTED, DRAFT_SOURCES, REJECTED, RunTrace, StepTrace
 from . import optimal_tree as ot
 
 MIN_TESTS = 5  # tested nodes a (depth, rank) cell needs before its rate is used for the optimal tree

@@ -5,7 +5,7 @@ Over runs (traces: nothing here needs a model), every drafted node the verifier 
 point ``(score, accepted, accept_prob)``: the score is the learned decision model's predicted acceptance
 (``NodeTrace.predicted_accept``; policies ``decision``, ``prune``, ``specdec++``) or the draft's probability of the
 token (``confidence`` and ``none``: q(x)); ``accepted`` is the verifier's decision, ``accept_prob`` the probability
-of acceptance given the token (``expectation.py``), a less noisy label for the same event.
+of acceptance given the token (``engine/verify/expectation.py``), a less noisy label for the same event.
 
 * ``reliability``: predicted against realised acceptance in score bins (a calibrated score lies on the diagonal);
 * ``roc``: the ROC curve of the score as a classifier of acceptance, its area, and the operating point of a
@@ -16,9 +16,8 @@ of acceptance given the token (``expectation.py``), a less noisy label for the s
 
 from __future__ import annotations
 
-from ..methods import FREE_SOURCES
-from ..stopping import LEARNED_POLICIES, score_threshold, what_if
-from ..trace import ACCEPTED, REJECTED, RunTrace, StepTrace
+from ..engine.policies.stopping import LEARNED_POLICIES, score_threshold, what_if
+from ..trace.records import ACCEPTED, FREE_SOURCES, REJECTED, RunTrace, StepTrace
 
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(21))
 

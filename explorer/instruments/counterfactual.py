@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..drafters import Drafted
-from ..methods import FREE_SOURCES
-from ..sampling import LazyRows, RowDists
-from ..trace import TOP_K_SHOWN, RunTrace, StepTrace
-from ..tree import DraftTree, step_mask, step_position_ids
+from ..engine.drafters import Drafted
+from ..engine.sampling import LazyRows, RowDists
+from ..engine.tree import DraftTree, step_mask, step_position_ids
+from ..trace.records import FREE_SOURCES, TOP_K_SHOWN, RunTrace, StepTrace
 from .replay import check_step, engine_for_trace, replay_steps
 
 
@@ -286,7 +285,7 @@ def counterfactual(pair, trace: RunTrace, step: int, edit: StepEdit | None = Non
 
     Raises ReplayError when the trace does not replay here, EditError for an edit that cannot apply.
     """
-    from ..config import VERIFIERS
+    from ..engine.config import VERIFIERS
 
     edit = edit or StepEdit()
     check_step(trace, step)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import networkx as nx
 import plotly.graph_objects as go
 
-from ..figures import token_label, tree_layout
+from ..trace.figures import token_label, tree_layout
 
 
 def probe_rows(probe: dict) -> list[dict]:

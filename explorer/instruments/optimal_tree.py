@@ -476,7 +476,7 @@ def fastest_tree(acc, budget: int, max_depth: int | None, draft_ms, target_ms) -
 
 def as_k_config(parents) -> tuple[int, ...] | None:
     """The k_config (children per node at each level) when ``parents`` is exactly the full uniform tree that
-    ``explorer.tree.k_config_parents`` builds, else None (an irregular tree, or the empty one).
+    ``explorer.engine.tree.k_config_parents`` builds, else None (an irregular tree, or the empty one).
 
     Raises:
         OptimalTreeError: bad parents.
@@ -497,7 +497,7 @@ def as_k_config(parents) -> tuple[int, ...] | None:
         if len(per_node) != 1:
             return None
         k_config.append(per_node.pop())
-    from explorer.tree import k_config_parents  # here, not at the top: explorer.tree imports torch
+    from explorer.engine.tree import k_config_parents  # here, not at the top: explorer.tree imports torch
 
     return tuple(k_config) if tuple(k_config_parents(k_config)) == parents else None
 

@@ -1,6 +1,6 @@
 """The tree-attention probe: does the tree forward give each node the logits plain decoding would?
 
-Verification scores a whole draft tree in one target forward with a topology-aware mask (``tree.py``). Plain
+Verification scores a whole draft tree in one target forward with a topology-aware mask (``engine/tree.py``). Plain
 decoding (``ar``, transformers' ``generate``) prefills the prompt and then feeds one token per forward. Both attend
 to the same tokens at the same positions, so in exact arithmetic their logits agree; in floating point the order of
 the sums differs (another kernel, another query length), and in bf16 a logit moves by a rounding step now and then.
@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from .. import verify
-from ..graphs import eager_forward
-from ..kv_cache import DynamicKVCache
-from ..sampling import RowDists
+from ..engine.runtime.graphs import eager_forward
+from ..engine.runtime.kv_cache import DynamicKVCache
+from ..engine.sampling import RowDists
+from ..engine.verify import rules as verify
 
 
 class ProbeError(ValueError):
@@ -257,7 +257,7 @@ def probe_last_step(engine, reference: ReferenceDecoder | None = None) -> StepPr
     anchor_ref = reference.last_logits.float()
     node_ref = reference.tree_logits(tree.token, tree.parent).float()
     dtype = engine.pair.dtype
-    text = engine._text
+    text = engine.token_text
     tree_rows = [v.anchor_logits.float()] + [v.node_logits[i].float() for i in range(len(tree))]
     ref_rows = [anchor_ref] + [node_ref[i] for i in range(len(tree))]
     rows = []

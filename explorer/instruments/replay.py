@@ -8,9 +8,9 @@ that says where.
 
 from __future__ import annotations
 
-from ..config import MethodConfig
-from ..sampling import SamplingConfig
-from ..trace import RunTrace
+from ..engine.config import MethodConfig
+from ..engine.sampling import SamplingConfig
+from ..trace.records import RunTrace
 
 
 class ReplayError(ValueError):
@@ -24,8 +24,8 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     Raises ReplayError when the trace was recorded on another model pair, dtype or draft quantization, or its
     settings do not parse.
     """
-    from ..engine import EngineError
-    from ..factory import build_engine
+    from ..engine.factory import build_engine
+    from ..engine.machine import EngineError
 
     if trace.model.get("target_id") not in (None, pair.target_id) or trace.model.get("draft_id") not in (
             None, pair.draft_id):
@@ -74,8 +74,8 @@ def engine_after_text(pair, trace: RunTrace, last: int, decision_model=None):
 
     Raises ReplayError when ``last`` is not a recorded step, the trace's settings do not parse, or the engine cannot
     be built on ``pair`` (e.g. another tokenizer's ids)."""
-    from ..engine import EngineError
-    from ..factory import build_engine
+    from ..engine.factory import build_engine
+    from ..engine.machine import EngineError
 
     check_step(trace, last)
     if trace.model.get("target_id") not in (None, pair.target_id):

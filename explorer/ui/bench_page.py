@@ -14,8 +14,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from .. import figures
-from ..report import ReportError, load_report, loads_report
+from ..analysis.report import ReportError, load_report, loads_report
+from ..trace import figures
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_REPORT = str(ROOT / "reports" / "bench" / "bench.json")
@@ -139,9 +139,9 @@ def show_report(report: dict, source: str, key: str = "bench_chart") -> None:
 
 def run_small_bench() -> None:
     """The page's small benchmark on the embedded pair, with a progress bar; writes ``reports/bench``."""
-    from ..bench import bench, run_facts
-    from ..prompts import encode_prompt, select_prompts
-    from ..report import write_reports
+    from ..analysis.bench import bench, run_facts
+    from ..analysis.prompts import encode_prompt, select_prompts
+    from ..analysis.report import write_reports
     from .common import load_pair_with_progress
 
     pair = load_pair_with_progress("default", "", "", "auto")

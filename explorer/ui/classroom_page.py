@@ -1,7 +1,7 @@
 """The Classroom page: a recorded lesson told phase by phase on one projector screen, with no model loaded.
 
 One row of controls (lesson, Back, Next, Play, pace, text size, Continue live), then the step's draft tree, the tree
-attention mask and the plain-language account of the phase on screen (``phases.py``), side by side. Next and Back
+attention mask and the plain-language account of the phase on screen (``lessons/phases.py``), side by side. Next and Back
 move phase by phase across steps and runs; the keyboard does the same (Right arrow / Page Down, Left arrow / Page
 Up: what presentation clickers send); Play advances on its own at the chosen pace and stops at the end of the lesson
 or at any other key. **Continue live** loads the embedded pair, replays the lesson's run to the step on screen and
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from .. import figures, phases
-from ..lessons import MAX_LESSON_BYTES, Lesson, LessonError, load_lesson, loads_lesson, shipped_lessons
+from ..lessons import phases
+from ..lessons.lesson import MAX_LESSON_BYTES, Lesson, LessonError, load_lesson, loads_lesson, shipped_lessons
+from ..trace import figures
 from .common import parse_upload
 
 PACES = (2, 3, 5, 8)  # seconds a phase stays on screen while playing
@@ -230,7 +231,7 @@ def _view(lessons: dict[str, Lesson]) -> None:
 def _race(lesson: Lesson, run_i: int, font: int) -> None:
     """Run ``run_i`` of the lesson and ``ar`` as two lanes on one clock, and the expected speedup against
     acceptance, timed on the machine the class picks (the lesson's recording, or its ``timings`` on others)."""
-    from ..race import measured_point, race_figure, speedup_figure
+    from ..lessons.race import measured_point, race_figure, speedup_figure
 
     lanes = lesson.race_lanes()
     name = next(iter(lanes))

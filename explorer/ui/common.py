@@ -6,9 +6,9 @@ import os
 
 import streamlit as st
 
-from ..config import DEFAULTS
-from ..prompts import PromptError, humaneval, mt_bench
-from ..tree import TreeShapeError, parse_k_config, parse_tree_template
+from ..analysis.prompts import PromptError, humaneval, mt_bench
+from ..engine.config import DEFAULTS
+from ..engine.tree import TreeShapeError, parse_k_config, parse_tree_template
 
 PAIRS = {"default": "Embedded: Qwen2.5-Coder 0.5B → 1.5B", "tiny": "Tiny random pair (no download, for trying)",
          "custom": "Custom pair (folders, hub ids or .gguf)"}
@@ -22,7 +22,7 @@ def get_pair(spec: str, draft: str, target: str, dtype: str):
     created outside it."""
     import torch
 
-    from ..models import load_named_pair
+    from ..models.loading import load_named_pair
 
     torch.set_num_threads(app_threads())
     return load_named_pair(spec, dtype=dtype, draft=draft or None, target=target or None,
@@ -71,7 +71,7 @@ def example_prompts() -> dict[str, str]:
 def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
     """First start of the embedded pair: assemble, verify and convert it (on disk, once) with a progress bar;
     then load the cached pair (seconds)."""
-    from .. import models
+    from ..models import loading as models
 
     if spec == "default":
         missing = [m for m in (models.DEFAULT_DRAFT, models.DEFAULT_TARGET)
@@ -128,9 +128,9 @@ def set_error(message: str | None, key: str = "error") -> None:
 
 def guarded(action, *args, error_key: str = "error", **kwargs):
     """Run an action; any failure becomes a message on the page (never a traceback) and the app keeps going."""
-    from ..engine import EngineError
-    from ..models import ModelPairError
-    from ..trace import TraceError
+    from ..engine.machine import EngineError
+    from ..models.loading import ModelPairError
+    from ..trace.records import TraceError
 
     try:
         set_error(None, error_key)
@@ -161,9 +161,9 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     caller stores it there), the goodput fallback from the rates its last run measured (``"fallback_state"``) and
     the stop policy's online adaptation from where its last run left it (``"adapter_state"``).
     Raises PromptError / EngineError / ValueError."""
-    from ..factory import build_engine, times_verification
-    from ..prompts import encode_prompt
-    from ..sampling import SamplingConfig
+    from ..analysis.prompts import encode_prompt
+    from ..engine.factory import build_engine, times_verification
+    from ..engine.sampling import SamplingConfig
 
     changes = settings["changes"] if changes is None else changes
     config = build_config(method or settings["method"], changes)
@@ -171,7 +171,7 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
     carried = st.session_state.get("recycling_state") if changes.get("carry_matrix") else None
     if times_verification(config, pair.device.type) and "verification_cost" not in pair.measured:
-        from ..forward_costs import DEAR_ROWS, verification_cost  # the engine would time it, silently
+        from ..engine.runtime.forward_costs import DEAR_ROWS, verification_cost  # the engine would time it, silently
 
         with st.spinner(f"Timing a {DEAR_ROWS}-row verification on this machine (once per model pair)…"):
             verification_cost(pair)

@@ -6,10 +6,10 @@ import html
 
 import streamlit as st
 
-from .. import figures
-from ..config import METHOD_LABELS, METHODS
-from ..methods import DRAFT_SOURCES, SOURCE_LABELS
-from ..metrics import run_metrics
+from ..engine.config import METHOD_LABELS, METHODS
+from ..trace import figures
+from ..trace.metrics import run_metrics
+from ..trace.records import DRAFT_SOURCES, SOURCE_LABELS
 from .common import STARTING_PROMPT, guarded, make_engine, pair_or_message, set_error
 from .explorer_page import engine_lock
 from .sidebar import method_widgets

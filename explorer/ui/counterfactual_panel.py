@@ -9,9 +9,9 @@ import html
 
 import streamlit as st
 
-from .. import figures
-from ..config import VERIFIERS
-from ..trace import StepTrace
+from ..engine.config import VERIFIERS
+from ..trace import figures
+from ..trace.records import StepTrace
 from .instruments_panel import teach_caption
 
 TEACH_WHAT_IF = ("What would the target have done if the draft had proposed another word here? Pick a drafted "

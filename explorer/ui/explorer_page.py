@@ -19,7 +19,7 @@ import threading
 
 import streamlit as st
 
-from ..trace import MAX_TRACE_BYTES, TraceError, loads_run
+from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from . import panels
 from .common import guarded, make_engine, pair_or_message, parse_upload, set_error
 
@@ -125,8 +125,8 @@ def _continue_lesson(pair, settings, lesson: dict) -> None:
         said = f"Continuing “{lesson['title']}” live from step {step + 1}: Step goes on."
     except ReplayError as exc:
         engine = engine_after_text(pair, trace, step)
-        said = (f"Continuing “{lesson['title']}” live from the text it had after step {step + 1}: its steps cannot be "
-                f"replayed here ({exc}). Step goes on from that text.")
+        said = (f"Continuing “{lesson['title']}” live from the text it had after step {step + 1}: its steps cannot "
+                f"be replayed here ({exc}). Step goes on from that text.")
     st.session_state.update(engine=engine, trace=engine.trace, cursor=None, replay=None,
                             run_settings=_run_key(settings, trace.prompt, True))  # the prompt box's text
     st.session_state["continued"] = said
@@ -243,7 +243,8 @@ def controls(trace, replaying: bool) -> None:
 def explorer_page(settings) -> None:
     st.title("Speculative decoding explorer")
     st.caption("Draft a token tree with a small model, verify it with the large one in a single pass, and watch "
-               "every decision. Methods: AR, SD, MCSD, and the improved MCSD of Lu et al. 2024.")
+               "every decision. Methods: AR, SD, MCSD, the improved MCSD of Lu et al. 2024, prompt lookup, Token "
+               "Recycling, a hybrid of both with the draft model, and layer skip (the target drafting for itself).")
     if settings["teach"]:
         st.markdown(panels.TEACH_CSS, unsafe_allow_html=True)
 
@@ -338,14 +339,9 @@ def explorer_page(settings) -> None:
 def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     """The run on screen: metrics, text, the step at ``cursor`` and the run's instruments (``pair``: the loaded
     models, which the probe and the cost measurement need; None when replaying a file)."""
-    from .. import figures
+    from ..trace import figures
     from .counterfactual_panel import counterfactual_section
-    from .instruments_panel import (
-        acceptance_section,
-        calibration_section,
-        optimal_tree_section,
-        timeline_section,
-    )
+    from .instruments_panel import acceptance_section, calibration_section, optimal_tree_section, timeline_section
 
     panels.metrics_row(trace, cursor)
     st.markdown("**Generated text** (each step's tokens shaded; bonus tokens underlined in blue; the step on "
@@ -488,11 +484,11 @@ def _what_if_requests(pair, trace) -> None:
 
 def audit_panel(pair, settings, prompt_text: str, chat: bool) -> None:
     """Sample the first two tokens many times and test them against the target's exact distribution."""
-    from .. import figures
-    from ..audit import audit
-    from ..prompts import PromptError, encode_prompt
-    from ..sampling import SamplingConfig
-    from ..tree import TreeShapeError
+    from ..analysis.audit import audit
+    from ..analysis.prompts import PromptError, encode_prompt
+    from ..engine.sampling import SamplingConfig
+    from ..engine.tree import TreeShapeError
+    from ..trace import figures
     from .common import build_config
 
     with st.expander("Losslessness audit: does this method sample exactly from the target?"):

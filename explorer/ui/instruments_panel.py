@@ -12,7 +12,7 @@ import streamlit as st
 from ..instruments import acceptance as acc
 from ..instruments import figures as ifig
 from ..instruments import optimal_tree as ot
-from ..trace import RunTrace, StepTrace
+from ..trace.records import RunTrace, StepTrace
 
 TEACH_PROBE = ("The target checks the whole tree in one pass, with a mask that lets each token see only its own "
                "branch. The probe redoes the check the slow way, one token at a time along each branch, as ordinary "
@@ -112,7 +112,7 @@ def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: b
 
 def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach: bool) -> None:
     """The step's waterfall and, over the run, where the time went beside plain decoding's estimated cost."""
-    from .. import timeline
+    from ..engine.runtime import timeline
 
     with st.expander("The step's timeline: where the time went"):
         if teach:

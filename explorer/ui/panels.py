@@ -7,11 +7,10 @@ import html
 
 import streamlit as st
 
-from .. import figures
-from ..methods import FREE_SOURCES, SOURCE_LABELS
-from ..metrics import run_metrics
-from ..teach import explain_step, fallback_rates, layer_skip_words
-from ..trace import RunTrace, StepTrace
+from ..lessons.teach import explain_step, fallback_rates, layer_skip_words
+from ..trace import figures
+from ..trace.metrics import run_metrics
+from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
 
 TEACH_CSS = """<style>
 html, body, [class*="st-"], .stMarkdown p, .stMarkdown li { font-size: 1.3rem !important; }
@@ -266,7 +265,7 @@ def cost_ratio_words(cost: dict) -> str:
 
 def stop_panel(step: StepTrace, prefix: str = "") -> None:
     """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
-    from ..stopping import SETTING_NAMES, recorded_setting, what_if
+    from ..engine.policies.stopping import SETTING_NAMES, recorded_setting, what_if
 
     sigs = step.stop_signals
     policy = sigs[0].policy if sigs else "none"

@@ -6,12 +6,12 @@ import os
 
 import streamlit as st
 
-from ..config import (DEFAULTS, FREE_ROWS_CPU, MAX_TREE_NODES, METHOD_LABELS, METHOD_SPECS, METHODS, VERIFIER_LABELS,
-                      VERIFIERS)
-from ..fallback import FALLBACK_MODES
-from ..models import default_dtype
-from ..stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES,
-                        STOP_POLICY_LABELS, STOP_POLICY_NAMES)
+from ..engine.config import (DEFAULTS, FREE_ROWS_CPU, MAX_TREE_NODES, METHOD_LABELS, METHOD_SPECS, METHODS,
+                             VERIFIER_LABELS, VERIFIERS)
+from ..engine.policies.fallback import FALLBACK_MODES
+from ..engine.policies.stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS, DEFAULT_THRESHOLDS, LEARNED_POLICIES,
+                                        STOP_POLICY_LABELS, STOP_POLICY_NAMES)
+from ..models.loading import default_dtype
 from .common import PAIRS
 
 FALLBACK_LABELS = {"auto": "auto", "goodput": "when slower", "off": "never"}

@@ -1,0 +1,369 @@
+"""``python -m explorer bench``: our methods against ``ar`` and Hugging Face assisted generation, same run.
+
+For every temperature and prompt, the methods run back to back (``ar`` first), so machine drift hits them alike.
+Per run: generated tokens, wall seconds (prefill included), tokens/s, target calls (ours), both acceptance rates,
+and the time split into drafting, verification and everything else (ours: from the step traces; ``hf-assisted``:
+wall time only). Aggregates are total tokens over total seconds; ``speedup_vs_ar`` and ``ratio_vs_hf`` divide by the
+same run's ``ar`` and ``hf-assisted``.
+
+``hf-assisted`` is ``target.generate(assistant_model=draft)`` with transformers' defaults for the assistant
+(recorded in the report: ``num_assistant_tokens``, its schedule, ``assistant_confidence_threshold``), with the same
+draft our engine uses (int8 when the pair's draft is quantized). ``hf-assisted-bf16`` is the same call with the
+unquantized draft: what a user who loads the two models gets. ``hf-prompt-lookup`` is
+``target.generate(prompt_lookup_num_tokens=10)``: transformers' prompt lookup decoding (no draft model).
+``hf-generate`` is a plain ``target.generate``: transformers' own plain decoding, beside our ``ar``.
+
+On CUDA each of our methods also gets one untimed run of the first prompt that counts host synchronisations per
+step (``build_engine(count_syncs=True)``), and the share of plain decoding steps the goodput fallback took is reported
+for every run (``engine/policies/fallback.py``).
+
+A method label may carry settings after ``+``: ``mcsd-improved+adapt=last-layer`` runs the default
+``mcsd-improved`` with online adaptation, ``mcsd-improved+decision_model=path+adapt=threshold`` changes two
+settings (``VARIANT_KEYS``), so variants of one method run side by side in one bench.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..engine.config import DEFAULTS, MethodConfig
+from ..engine.policies.stopping import LEARNED_POLICIES
+from ..engine.sampling import SamplingConfig
+from ..trace.metrics import run_metrics
+
+HF_ASSISTED = "hf-assisted"
+HF_ASSISTED_BF16 = "hf-assisted-bf16"  # the unquantized draft, as users run it (same as hf-assisted without quant)
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+HF_GENERATE = "hf-generate"  # plain decoding as transformers does it: the baseline our `ar` is measured against
+HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+HF_METHODS = (HF_GENERATE, HF_ASSISTED, HF_ASSISTED_BF16, HF_PROMPT_LOOKUP)
+BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOOKUP, "sd", "mcsd", "mcsd-improved",
+                 "prompt-lookup", "token-recycling", "hybrid")
+
+
+VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
+                "free_rows", "lookup_tokens", "cost_ratio")
+CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing of CARRIED)
+CARRIED = ("recycling_state", "fallback_state", "adapter_state")  # what a run learns for the next (Engine arguments)
+
+
+def carries(label: str) -> bool:
+    """Whether a bench label's runs carry what they learned (Token Recycling's matrix, the goodput fallback's
+    rates, the stop policy's adaptation: ``CARRIED``) to the method's next prompt: all but labels ending in
+    ``CARRY_OFF``, e.g. ``hybrid+carry=off``."""
+    return not label.endswith(CARRY_OFF)
+
+
+def method_for_label(label: str) -> MethodConfig:
+    """The config of a bench label: a method name (``config.DEFAULTS``) optionally followed by ``+key=value``
+    settings (``VARIANT_KEYS``), and last ``CARRY_OFF`` (a bench setting, not the method's). Raises ValueError for
+    an unknown method, key or value."""
+    name, *parts = label.removesuffix(CARRY_OFF).split("+")
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown bench method {name!r}; use {', '.join(BENCH_METHODS)}")
+    changes: dict = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or key not in VARIANT_KEYS:
+            raise ValueError(f"bench label {label!r}: write +key=value with key one of {', '.join(VARIANT_KEYS)}")
+        changes[key] = (float(value) if key in ("threshold", "branch_threshold")
+                        else int(value) if key in ("max_depth", "free_rows", "lookup_tokens") else value)
+    return DEFAULTS[name].with_(**changes)
+
+
+def source_commit() -> str:
+    """The short git commit of the code that runs: ``$SPEC_EXPLORER_COMMIT`` where set (a copy of the tree without
+    its git folder, as a GPU machine receives it), else git's, else ``unknown``."""
+    import subprocess
+
+    if os.environ.get("SPEC_EXPLORER_COMMIT"):
+        return os.environ["SPEC_EXPLORER_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_facts(pair) -> dict:
+    """What a measurement ran on: the pair, dtype, device, machine, library versions, threads, the UTC date and the
+    code's commit."""
+    import datetime
+    import platform
+
+    import transformers
+
+    gpu = f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""
+    cpu = ""
+    with contextlib.suppress(OSError):
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = f", {names[0]}" if names else ""
+    return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
+            "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
+            "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights,
+            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{cpu}{gpu}", "torch": torch.__version__,
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "commit": source_commit()}
+
+
+HF_ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def hf_assisted_settings(draft) -> dict:
+    """The assistant settings as the draft model's generation config holds them (None: transformers' default), to
+    restore after ``generate`` adapted them."""
+    g = draft.generation_config
+    return {name: getattr(g, name, None) for name in HF_ASSISTANT_FIELDS}
+
+
+def hf_assisted_effective(draft) -> dict:
+    """The assistant settings ``generate`` runs with, for the report: the draft's own where set, else transformers'
+    defaults (5.23: 20 tokens, ``constant``, confidence 0.4, from ``GenerationConfig``'s defaults; None where this
+    transformers does not say)."""
+    from transformers import GenerationConfig
+
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    return {k: (v if v is not None else defaults.get(k)) for k, v in hf_assisted_settings(draft).items()}
+
+
+def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
+                    draft=None, helper: str = "assistant") -> dict:
+    """One transformers ``generate`` call; ``helper``: ``assistant`` (``generate(assistant_model=draft)``,
+    ``draft``: default ``pair.draft``), ``lookup`` (``generate(prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)``) or
+    ``plain`` (no helper). Returns the same keys as ``metrics.run_metrics`` where known.
+
+    Raises ValueError for another ``helper``."""
+    draft = pair.draft if draft is None else draft
+    helpers = {"assistant": {"assistant_model": draft}, "lookup": {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS},
+               "plain": {}}
+    if helper not in helpers:
+        raise ValueError(f"unknown generate helper {helper!r}; use one of {', '.join(helpers)}")
+    ids = torch.tensor([prompt_ids], device=pair.device)
+    kwargs = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    if not sampling.greedy:
+        kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                  "top_k": sampling.top_k or None}
+        torch.manual_seed(int(sampling.seed))
+    settings = hf_assisted_settings(draft)  # generate() may adapt these on the shared draft: restore them after
+    t0 = time.perf_counter()
+    with torch.inference_mode(), pair.lock:
+        try:
+            out = pair.target.generate(ids, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
+                                       **helpers[helper], **kwargs)
+        finally:
+            for name, value in settings.items():
+                setattr(draft.generation_config, name, value)
+    seconds = time.perf_counter() - t0
+    new = out.shape[1] - len(prompt_ids)
+    return {"generated_tokens": int(new), "seconds": seconds, "tokens_per_s": new / seconds if seconds else None,
+            "target_calls": None, "draft_calls": None, "tokens_per_target_call": None, "acceptance_rate": None,
+            "mcsd_acceptance_rate": None, "drafted_tokens": None, "accepted_draft_tokens": None,
+            "prefill_ms": None, "draft_ms": None, "verify_ms": None, "forward_ms": None, "step_ms": None,
+            "token_ids": out[0, len(prompt_ids):].tolist()}
+
+
+def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, decision_model=None) -> int:
+    """Capture, before timing, every query-size bucket of the graph runners a run of ``config`` on ``prompt_ids``
+    will use (runners are shared through ``pair`` by cache width). Without it the timed runs paid the captures:
+    about 0.1-0.2 s each on an H100 against 5 ms for a graphed forward. Returns the number of graphs
+    captured (0 off CUDA or where all were captured already)."""
+    from ..engine.factory import build_engine
+
+    engine = build_engine(pair, config, SamplingConfig(), decision_model=decision_model, kv_cache="static", graphs=True)
+    engine.start(prompt_ids, max_new_tokens)
+    try:
+        return engine.capture_graphs()
+    finally:
+        engine.release()
+
+
+def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
+               decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
+               recycling_state: dict | None = None, count_syncs: bool = False,
+               fallback_state: dict | None = None, adapter_state: dict | None = None) -> dict:
+    """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
+    fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
+    and what the run learned for the next prompt: ``recycling_state`` (Token Recycling's matrix),
+    ``fallback_state`` (the goodput fallback's rates) and ``adapter_state`` (the stop policy's online adaptation),
+    each None where the method has none.
+    ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
+
+    ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
+    trace), as for ``hf-assisted``, not the sum of the trace's step timers.
+    """
+    from ..engine.factory import build_engine
+
+    engine = build_engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
+                    recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state,
+                    adapter_state=adapter_state)
+    t0 = time.perf_counter()
+    engine.start(prompt_ids, max_new_tokens)
+    trace = engine.run()
+    seconds = time.perf_counter() - t0
+    engine.release()  # graph runners (and their captured graphs) serve the next run
+    metrics = run_metrics(trace)
+    metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None,
+                   steps=len(trace.steps),
+                   plain_steps=sum(1 for s in trace.steps if s.fallback and not s.fallback["speculate"]))
+    if trace.steps and trace.steps[-1].cost:  # the goodput policy's measured r at the end of the run
+        metrics["cost_ratio"] = trace.steps[-1].cost["next"]
+    if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
+        metrics["host_syncs_per_step"] = sum(s.host_syncs for s in trace.steps) / len(trace.steps)
+    return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state(),
+            "fallback_state": engine.fallback_state(), "adapter_state": engine.adapter_state()}
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Totals over runs: tokens/s = total tokens / total seconds; time split in seconds and as shares."""
+
+    def total(key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return sum(vals) if len(vals) == len(rows) and rows else None
+
+    tokens, seconds = total("generated_tokens"), total("seconds")
+    calls, drafted, accepted = total("target_calls"), total("drafted_tokens"), total("accepted_draft_tokens")
+    draft_s = total("draft_ms") / 1e3 if total("draft_ms") is not None else None
+    verify_s = total("verify_ms") / 1e3 if total("verify_ms") is not None else None
+    seed_acc = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]
+    other_s = seconds - draft_s - verify_s if draft_s is not None and verify_s is not None else None
+    # Engine overhead: wall time of the steps (everything but the prefill) spent outside model forwards.
+    forward, prefill = total("forward_ms"), total("prefill_ms")
+    busy = seconds - prefill / 1e3 if forward is not None and prefill is not None else None
+    overhead = (busy - forward / 1e3) / busy if busy else None
+    return {"runs": len(rows), "generated_tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
+            "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
+            "drafted_tokens": drafted, "acceptance_rate": _mean(seed_acc),
+            "mcsd_acceptance_rate": accepted / drafted if drafted else None,
+            "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s, "overhead_share": overhead,
+            "plain_step_share": total("plain_steps") / total("steps") if total("steps") else None,
+            "cost_ratio": _mean([r["cost_ratio"] for r in rows if r.get("cost_ratio") is not None])}
+
+
+def _mean(values: list) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def samples_at(temperature: float, samples: int) -> int:
+    """Runs of every prompt at ``temperature``: ``samples`` when sampling, one when greedy (same text each time)."""
+    return samples if temperature > 0 else 1
+
+
+def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
+          temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
+          kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, samples: int = 1,
+          progress=lambda msg: None) -> dict:
+    """Run ``methods`` over ``prompts_ids`` at each temperature.
+
+    Args:
+        configs: method name -> MethodConfig (default ``config.DEFAULTS``); a name may be any label, e.g.
+            ``"mcsd-improved/prune"``, as long as its config says which method it is.
+        kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``engine/runtime/kv_cache.py``); ``graphs``: our forwards
+            through CUDA graphs (``engine/runtime/graphs.py``; needs ``static``).
+        decision_dir: a decision-model folder (``decision train``) the learned stop policies read instead of the
+            one shipped for the pair (e.g. a model trained without the prompt kind being benched).
+        samples: runs of every prompt at each temperature above 0, each with its own seed (``seed + prompt +
+            1000 * sample``); greedy runs once. Two methods sample different texts from one seed (drafting decides
+            how the random stream is used, never the law), so one sample per prompt also compares texts of
+            different lengths; more samples average that out. Raises ValueError below 1.
+    Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
+    run (a session's matrix keeps learning), and so do the goodput fallback's rates (``engine/policies/fallback.py``) and the stop
+    policy's online adaptation (``engine/stop_models/online.py``); each temperature starts afresh. A label ending in
+    ``+carry=off`` carries nothing (``carries``).
+
+    Returns:
+        ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
+    """
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    configs = dict(configs or {})
+    unquantized = pair.unquantized_draft if pair.draft_quant != "none" else pair.draft
+    if HF_ASSISTED_BF16 in methods and unquantized is None:
+        raise ValueError(f"{HF_ASSISTED_BF16} needs the unquantized draft: load the pair with "
+                         "keep_unquantized=True (the bench command does)")
+    for m in methods:
+        if m not in HF_METHODS and m not in configs:
+            configs[m] = method_for_label(m)
+
+    carried: dict = {}  # method -> what its last run learned for the next prompt (CARRIED)
+    decision_models: dict = {}  # model kind -> the model read from decision_dir
+
+    def decision_model(config):
+        if decision_dir is None or config.stop_policy_name() not in LEARNED_POLICIES:
+            return None  # the engine loads the shipped one
+        if config.decision_model not in decision_models:
+            from ..engine.stop_models.model import load_decision_model
+
+            decision_models[config.decision_model] = load_decision_model(decision_dir, config.decision_model)
+        return decision_models[config.decision_model]
+
+    def one(method, ids, sampling, n):
+        if method == HF_ASSISTED:
+            return run_hf_assisted(pair, ids, n, sampling)
+        if method == HF_ASSISTED_BF16:
+            return run_hf_assisted(pair, ids, n, sampling, draft=unquantized)
+        if method == HF_PROMPT_LOOKUP:
+            return run_hf_assisted(pair, ids, n, sampling, helper="lookup")
+        if method == HF_GENERATE:
+            return run_hf_assisted(pair, ids, n, sampling, helper="plain")
+        memory = carried.get(method, {})
+        row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
+                         decision_model=decision_model(configs[method]), **memory)
+        learned = {key: row.pop(key) for key in CARRIED}
+        if carries(method):
+            carried[method] = learned
+        return row
+
+    for _ in range(warmup if prompts_ids else 0):  # first calls pay for kernel selection and allocations
+        for method in methods:
+            one(method, prompts_ids[0], SamplingConfig(), 8)
+    if graphs and warmup:  # each prompt's runners with every bucket captured: no timed step pays for a capture
+        captured = sum(warm_graphs(pair, configs[m], ids, max_new_tokens, decision_model(configs[m]))
+                       for ids in prompts_ids for m in methods if m not in HF_METHODS)
+        progress(f"warm-up: {captured} CUDA graphs captured")
+    runs = []
+    for temperature in temperatures:
+        carried.clear()
+        for n, ids in enumerate(prompts_ids):
+            for sample in range(samples_at(temperature, samples)):
+                sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n + 1000 * sample)
+                for method in methods:
+                    row = one(method, ids, sampling, max_new_tokens)
+                    row.update(temperature=temperature, method=method, prompt=n, sample=sample)
+                    runs.append(row)
+                    progress(f"T={temperature} prompt {n + 1}/{len(prompts_ids)} sample {sample + 1} {method}: "
+                             f"{row['tokens_per_s']:.2f} tok/s")
+    syncs: dict = {}  # (temperature, method) -> host syncs per step, from an extra untimed run (CUDA)
+    if pair.device.type == "cuda" and prompts_ids:
+        for temperature in temperatures:
+            for method in (m for m in methods if m not in HF_METHODS):
+                row = run_engine(pair, configs[method], prompts_ids[0], max_new_tokens,
+                                 SamplingConfig(temperature=temperature, top_p=top_p, seed=seed), kv_cache=kv_cache,
+                                 graphs=graphs, decision_model=decision_model(configs[method]), count_syncs=True)
+                syncs[temperature, method] = row.get("host_syncs_per_step")
+    summary = []
+    for temperature in temperatures:
+        base = {m: aggregate([r for r in runs if r["temperature"] == temperature and r["method"] == m])
+                for m in methods}
+        for method in methods:
+            agg = base[method]
+            tps = agg["tokens_per_s"]
+
+            def ratio(baseline):
+                b = base.get(baseline, {}).get("tokens_per_s")
+                return tps / b if b and tps else None
+
+            cfg = configs.get(method)
+            summary.append({"temperature": temperature, "method": method,
+                            "config": cfg.to_dict() if cfg else hf_assisted_effective(pair.draft), **agg,
+                            "speedup_vs_ar": ratio("ar"), "ratio_vs_hf": ratio(HF_ASSISTED),
+                            "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16),
+                            "ratio_vs_hf_lookup": ratio(HF_PROMPT_LOOKUP),
+                            "host_syncs_per_step": syncs.get((temperature, method))})
+    return {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_effective(pair.draft)}

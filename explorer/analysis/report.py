@@ -1,0 +1,98 @@
+"""Benchmark reports: JSON (everything), CSV (one line per run), Markdown (the summary table) and a self-contained
+HTML page with Plotly charts. Plain data in, files out; no torch, so the app's Benchmarks page can read them.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+from pathlib import Path
+
+from ..trace.jsonfile import parse_json, read_file
+
+REPORT_NAME = "bench"
+CSV_FIELDS = ("temperature", "method", "prompt", "generated_tokens", "seconds", "tokens_per_s", "target_calls",
+              "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_ms", "verify_ms",
+              "forward_ms", "step_ms", "steps", "plain_steps", "host_syncs_per_step", "cost_ratio")
+
+
+class ReportError(ValueError):
+    """A benchmark report that cannot be read: the message says what is wrong."""
+
+
+def _f(x, nd=2, suffix=""):
+    return "–" if x is None else f"{x:.{nd}f}{suffix}"
+
+
+def _pct(x):
+    return None if x is None else 100 * x
+
+
+def markdown_table(report: dict) -> str:
+    """The summary as a Markdown table, with the run's facts on top."""
+    m = report["meta"]
+    samples = m.get("samples", 1)
+    per_prompt = f", {samples} samples per prompt at T > 0" if samples > 1 else ""
+    lines = [f"**{m['prompt_set']}**, {m['max_new_tokens']} new tokens{per_prompt}, {m['pair']}, {m['dtype']} on "
+             f"{m['device']}, draft {m.get('draft_quant', 'none')} ({m['machine']}; torch {m['torch']}, "
+             f"transformers {m['transformers']})", "",
+             "| T | method | tokens/s | speed-up vs ar | ratio vs hf-assisted | ratio vs hf-assisted-bf16 | "
+             "ratio vs hf-prompt-lookup | tokens / target call | acceptance (seed) | acceptance (MCSD) | draft s | "
+             "verify s | other s | engine overhead | plain steps | host syncs / step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["summary"]:
+        lines.append(f"| {r['temperature']:g} | {r['method']} | {_f(r['tokens_per_s'])} | "
+                     f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
+                     f"{_f(r.get('ratio_vs_hf_bf16'), suffix='x')} | "
+                     f"{_f(r.get('ratio_vs_hf_lookup'), suffix='x')} | "
+                     f"{_f(r['tokens_per_target_call'])} | {_f(r['acceptance_rate'])} | "
+                     f"{_f(r['mcsd_acceptance_rate'])} | {_f(r['draft_s'], 1)} | {_f(r['verify_s'], 1)} | "
+                     f"{_f(r['other_s'], 1)} | {_f(_pct(r.get('overhead_share')), 1, ' %')} | "
+                     f"{_f(_pct(r.get('plain_step_share')), 0, ' %')} | {_f(r.get('host_syncs_per_step'), 1)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(report: dict, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``bench.json``, ``bench.csv``, ``bench.md`` and ``bench.html`` into ``out_dir``; returns the paths."""
+    from ..trace import figures
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{REPORT_NAME}.{ext}" for ext in ("json", "csv", "md", "html")}
+    paths["json"].write_text(json.dumps(report, indent=1), encoding="utf-8")
+    with paths["csv"].open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(report["runs"])
+    table = markdown_table(report)
+    paths["md"].write_text(table, encoding="utf-8")
+    charts = [fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False)
+              for i, fig in enumerate(figures.bench_figures(report))]
+    rows = "".join(f"<tr>{''.join(f'<td>{html.escape(c.strip())}</td>' for c in line.strip('|').split('|'))}</tr>"
+                   for line in table.splitlines()[4:])
+    head = "".join(f"<th>{html.escape(c.strip())}</th>" for c in table.splitlines()[2].strip("|").split("|"))
+    paths["html"].write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>Speculative decoding benchmark</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd}"
+        "</style></head><body><h1>Speculative decoding benchmark</h1>"
+        f"<p>{html.escape(table.splitlines()[0].replace('**', ''))}</p>"
+        f"<table><tr>{head}</tr>{rows}</table>{''.join(charts)}</body></html>", encoding="utf-8")
+    return paths
+
+
+MAX_REPORT_BYTES = 20 * 1024 * 1024
+
+
+def loads_report(text: str | bytes) -> dict:
+    """Parse a ``bench.json``. Raises ReportError when too large, not JSON, or not a benchmark report."""
+    data = parse_json(text, ReportError, "report", MAX_REPORT_BYTES)
+    if not isinstance(data, dict) or not {"meta", "summary", "runs"} <= set(data) \
+            or not isinstance(data["summary"], list):
+        raise ReportError("this is not a benchmark report (needs meta, summary and runs from `explorer bench`)")
+    return data
+
+
+def load_report(path: str | Path) -> dict:
+    """Read a ``bench.json`` file. Raises ReportError when unreadable or not a benchmark report."""
+    return loads_report(read_file(path, ReportError))

@@ -1,0 +1,155 @@
+"""The command line's shared options and how they become objects: the model pair, the method, the sampling and
+the prompts, for every subcommand (``cli/main.py``, ``cli/decision.py``, ``cli/instruments.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..analysis.prompts import Prompt, load_prompt_set
+from ..engine.config import DEFAULTS, FREE_ROWS_CPU, METHODS, VERIFIERS, MethodConfig
+from ..engine.policies.cost_ratio import COST_RATIO_MODES
+from ..engine.policies.fallback import FALLBACK_MODES
+from ..engine.policies.stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
+from ..engine.tree import parse_k_config, parse_tree_template
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model pair's options: --models, --draft, --target, --dtype, --device, --draft-quant, --packed-weights."""
+    g = p.add_argument_group("models")
+    g.add_argument("--models", default="default", choices=["default", "tiny", "custom"],
+                   help="default: embedded Qwen2.5-Coder 0.5B -> 1.5B pair; tiny: random test pair; "
+                        "custom: --draft and --target")
+    g.add_argument("--draft", help="draft model: local HF folder, hub id or .gguf file (implies --models custom)")
+    g.add_argument("--target", help="target model: local HF folder, hub id or .gguf file (implies --models custom; "
+                                    "without --draft the target drafts with its own first layers)")
+    g.add_argument("--dtype", default=None, help="auto (default: bf16 on CUDA and on CPUs with native bf16, else fp32), "
+                                                          "bf16, fp16 or fp32")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--draft-quant", default="auto", choices=["auto", "none", "int8"],
+                   help="int8: the draft's linear layers dynamically quantized (lossless; faster drafting on CPU). "
+                        "auto (default): int8 on CPU for real pairs, none on CUDA and for the tiny pair")
+    g.add_argument("--packed-weights", default="auto", choices=["auto", "on", "off"],
+                   help="float32 linear weights packed once for oneDNN instead of on every call (CPU; faster "
+                        "forwards, logits within about 1e-4). auto (default): on for real float32 pairs on a CPU")
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    """The method's options (``MethodConfig``'s fields): --method, tree shape, stop policy, verifier, free drafters."""
+    g = p.add_argument_group("method and tree shape")
+    g.add_argument("--method", default="mcsd-improved", choices=METHODS)
+    g.add_argument("--gamma", type=int, help="sd: draft chain length (default 4)")
+    g.add_argument("--k-config", help="children per level, e.g. 4,2,2 (mcsd); first levels for mcsd-improved")
+    g.add_argument("--width", type=int, help="mcsd-improved --lossy: target-initialized roots")
+    g.add_argument("--max-depth", type=int, help="mcsd-improved: maximum draft levels")
+    g.add_argument("--branch-threshold", type=float,
+                   help="adaptive width: a node gets its level's k children only where the draft's top "
+                        "probability is below this, else one (1 = the fixed k_config)")
+    g.add_argument("--lossy", action="store_true",
+                   help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
+    g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
+                                                            "specdec++ read a learned decision model)")
+    g.add_argument("--threshold", type=float,
+                   help="stop threshold tau (specdec++: h, goodput: cost ratio r); default per policy")
+    g.add_argument("--cost-ratio", choices=COST_RATIO_MODES,
+                   help="goodput's r: fixed (--threshold) or measured from the run's own step times, starting there")
+    g.add_argument("--decision-model", choices=DECISION_MODELS,
+                   help="decision model the learned stop policies read (default context)")
+    g.add_argument("--decision-dir", help="folder from `decision train` (default: the one shipped for the pair)")
+    g.add_argument("--adapt", choices=ADAPT_MODES, help="online adaptation of the stop policy during the run: "
+                                                        "threshold (ROC refit) or last-layer (decision model)")
+    g.add_argument("--fallback", choices=FALLBACK_MODES,
+                   help="plain decoding steps when speculation measures slower (SmartSpec's goodput rule): auto "
+                        "(default: on CUDA, and on CPUs where a verification's extra rows cost several plain steps), "
+                        "goodput or off")
+    g.add_argument("--verifier", choices=("auto",) + VERIFIERS,
+                   help="verification rule (drafting follows it); auto = greedy at temperature 0, else rrs")
+    g.add_argument("--lookup-tokens", type=int, help="prompt-lookup / hybrid: longest copy (the adaptive length's cap)")
+    g.add_argument("--lookup-branches", type=int, help="prompt-lookup / hybrid: matches proposed as branches")
+    g.add_argument("--lookup-ngram", type=int, help="prompt-lookup / hybrid: longest n-gram matched")
+    g.add_argument("--recycling-widths", help="token-recycling / hybrid: tree template widths per level, e.g. "
+                                               "8,3,2,1,1,1,1,1 (a node of sibling rank r gets floor(w / (r + 1)))")
+    g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
+    g.add_argument("--free-rows", type=int, help="prompt-lookup / token-recycling / hybrid: most target rows (the "
+                                                 "anchor included) free branches fill a step's tree to; 0 = auto "
+                                                 f"({FREE_ROWS_CPU} on the CPU, no limit on CUDA; where a row costs "
+                                                 "5 ms or more, token-recycling keeps the template slots whose "
+                                                 "measured acceptance pays for their rows)")
+    g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
+                                  "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """Sampling options (``SamplingConfig``) with --max-new-tokens and --no-chat-template."""
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as is")
+
+
+def add_prompt_source_args(p: argparse.ArgumentParser) -> None:
+    """One prompt (--prompt) or a prompt set (--prompt-file, --limit)."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="JSONL file ('turns' list or 'prompt' string a line), or mt-bench / "
+                                           "humaneval")
+    p.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
+
+
+def method_config_from_args(args) -> MethodConfig:
+    """The ``MethodConfig`` the parsed options name: the method's defaults with the options given. Raises
+    TreeShapeError / ValueError for a malformed shape or setting."""
+    base = DEFAULTS[args.method]
+    changes = {}
+    for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
+                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback",
+                 "free_rows", "cost_ratio"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    if getattr(args, "k_config", None) is not None:
+        changes["k_config"] = parse_k_config(args.k_config)
+    if getattr(args, "tree", None):
+        changes["tree"] = parse_tree_template(args.tree)
+    if getattr(args, "recycling_widths", None) is not None:
+        changes["recycling_widths"] = parse_k_config(args.recycling_widths)
+    if getattr(args, "lossy", False):
+        changes["lossy"] = True
+        if "k_config" not in changes:
+            changes["k_config"] = (1,)  # the seed's fork: one draft chain under each root
+    if getattr(args, "verifier", None):
+        changes["verifier"] = args.verifier
+    return base.with_(**changes)
+
+
+def decision_model_from_args(args, config: MethodConfig):
+    """The decision model named by ``--decision-dir``, or None (the engine then loads the shipped one)."""
+    if not getattr(args, "decision_dir", None):
+        return None
+    from ..engine.stop_models.model import load_decision_model
+
+    return load_decision_model(args.decision_dir, config.decision_model)
+
+
+def prompts_from_args(args) -> list[Prompt]:
+    """The prompts of --prompt or --prompt-file (its first --limit). Raises PromptError for an unreadable file."""
+    if args.prompt is not None:
+        return [Prompt("cli", args.prompt, "user")]
+    prompts = load_prompt_set(args.prompt_file)
+    return prompts[: args.limit] if args.limit else prompts
+
+
+def load_pair_from_args(args, keep_unquantized: bool = False):
+    """The model pair the options name (``models.load_named_pair``), loading progress on stderr. Raises
+    ModelPairError."""
+    from ..models.loading import load_named_pair
+
+    spec = "custom" if (args.draft or args.target) else args.models
+    return load_named_pair(spec, dtype=args.dtype, device=args.device, draft=args.draft, target=args.target,
+                           draft_quant=args.draft_quant, keep_unquantized=keep_unquantized,
+                           packed=args.packed_weights,
+                           progress=lambda msg, frac: print(f"[models] {msg}", file=sys.stderr) if frac == 0 else None)

@@ -1,0 +1,331 @@
+"""Command line: ``python -m explorer generate | greedy-check | audit | verifiers | bench | lessons | decision | probe |
+acceptance | calibration | timeline | counterfactual`` (``decision``: ``cli/decision.py``; the last five, the
+instruments: ``cli/instruments.py``).
+
+``generate`` decodes one prompt or a prompt file with one method and prints the text and metrics, or with
+``--json`` one JSON object a line per prompt. ``greedy-check`` runs transformers' greedy ``generate``, ``ar`` and
+every lossless method on a prompt set and reports where and why outputs differ (see ``analysis/equivalence.py``).
+``audit`` samples the first tokens many times from one context and tests them against the target's exact law.
+``verifiers`` compares the verification rules on the same trees, ``bench`` times every method against transformers'
+baselines (docs/bench.md), ``lessons`` lists, records or times the classroom's lessons.
+Errors in the input are printed as one line on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..analysis.prompts import PromptError
+from ..engine.config import VERIFIERS
+from ..engine.tree import TreeShapeError
+from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, decision_model_from_args,
+                   load_pair_from_args, method_config_from_args, prompts_from_args)
+
+
+def cmd_generate(args) -> int:
+    from ..analysis.prompts import encode_prompt
+    from ..engine.factory import build_engine
+    from ..engine.sampling import SamplingConfig
+    from ..trace.metrics import run_metrics
+    from ..trace.records import save_run
+
+    config = method_config_from_args(args)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    prompts = prompts_from_args(args)
+    pair = load_pair_from_args(args)
+    decision = decision_model_from_args(args, config)
+    for n, prompt in enumerate(prompts):
+        ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
+        engine = build_engine(pair, config, sampling, decision_model=decision)
+        engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
+        trace = engine.run()
+        m = run_metrics(trace)
+        if args.save_trace:
+            out = Path(args.save_trace)
+            out.mkdir(parents=True, exist_ok=True)
+            save_run(trace, out / f"trace_{n:03d}.json")
+        if args.json:
+            print(json.dumps({"prompt_id": prompt.id, "method": config.method, "lossy": config.is_lossy,
+                              "token_ids": trace.generated_ids, "text": trace.generated_text,
+                              "target_calls": m["target_calls"],
+                              "tokens_per_target_call": m["tokens_per_target_call"],
+                              "acceptance_rate": m["acceptance_rate"],
+                              "mcsd_acceptance_rate": m["mcsd_acceptance_rate"], "tokens_per_s": m["tokens_per_s"],
+                              "acceptance_length": m["acceptance_length"],
+                              "position_acceptance": m["position_acceptance"],
+                              "generated_tokens": m["generated_tokens"], "seconds": m["seconds"]},
+                             ensure_ascii=False), flush=True)
+        else:
+            print(f"--- prompt {prompt.id} [{config.method}{' LOSSY' if config.is_lossy else ''}]")
+            print(trace.generated_text)
+            acc = m["acceptance_rate"]
+            print(f"--- {m['generated_tokens']} tokens, {m['target_calls']} target calls, "
+                  f"{m['tokens_per_target_call']:.2f} tokens/call, acceptance "
+                  f"{'n/a' if acc is None else f'{acc:.2f}'}, {m['tokens_per_s']:.2f} tokens/s", flush=True)
+    return 0
+
+
+def cmd_greedy_check(args) -> int:
+    from ..analysis.equivalence import check_prompt
+    from ..analysis.prompts import encode_prompt
+
+    prompts = prompts_from_args(args)
+    pair = load_pair_from_args(args)
+    totals: dict[str, dict] = {}
+    for prompt in prompts:
+        ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
+        report = check_prompt(pair, ids, args.max_new_tokens)
+        row = {"prompt_id": prompt.id, "source": prompt.source}
+        for name, r in report["methods"].items():
+            t = totals.setdefault(name, {"prompts": 0, "match": 0, "near_tie": 0, "other": 0})
+            t["prompts"] += 1
+            div = r["divergence"]
+            kind = "match" if div is None else ("near_tie" if div.get("near_tie") else "other")
+            t[kind] += 1
+            row[name] = {"result": kind, "steps": r["steps"], "seconds": round(r["seconds"], 2)}
+            if div:
+                row[name]["divergence"] = {k: v for k, v in div.items() if k != "reason" or v}
+        print(json.dumps(row, ensure_ascii=False), flush=True)
+    print(json.dumps({"summary": totals}), flush=True)
+    bad = sum(t["other"] for t in totals.values())
+    return 1 if bad else 0
+
+
+def cmd_audit(args) -> int:
+    from tqdm import tqdm
+
+    from ..analysis.audit import audit
+    from ..analysis.prompts import encode_prompt
+    from ..engine.sampling import SamplingConfig
+
+    config = method_config_from_args(args)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    pair = load_pair_from_args(args)
+    ids = encode_prompt(pair.tokenizer, args.prompt, chat_template=not args.no_chat_template)
+    bar = tqdm(total=args.samples, desc=f"audit {config.method}", unit="sample", file=sys.stderr,
+               disable=args.json and not sys.stderr.isatty())
+    result = audit(pair, config, sampling, ids, args.samples, two_tokens=not args.one_token, alpha=args.alpha,
+                   progress=lambda done, total: bar.update(done - bar.n))
+    bar.close()
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        print(f"method {config.method}{' (LOSSY)' if config.is_lossy else ''}, verifier {result.verifier}, "
+              f"{args.samples} samples, temperature {sampling.temperature}, top-p {sampling.top_p}")
+        for name, cmp in (("first token", result.first), ("first two tokens", result.pairs)):
+            if cmp is None:
+                continue
+            verdict = "consistent with the target" if cmp.p_value > args.alpha else "DIFFERS from the target"
+            print(f"  {name}: chi2 {cmp.chi2:.1f} (dof {cmp.dof}), p-value {cmp.p_value:.4g}, "
+                  f"TV distance {cmp.tv_distance:.4f} -> {verdict}")
+            for row in cmp.top(8):
+                label = result.labels.get(row["category"], row["category"])
+                print(f"      {label!r:>24}  empirical {row['empirical']:.4f}  exact {row['exact']:.4f}  "
+                      f"(count {row['count']})")
+        a = result.adaptation
+        if a:
+            moved = (f"threshold {a['start_threshold']:.3f} -> {a['threshold']:.3f}" if a["mode"] == "threshold"
+                     else f"last layer moved {a['weight_shift']:.3f} from the shipped one")
+            print(f"  online adaptation ({a['mode']}) learned across the samples from {a['records']} labelled "
+                  f"tokens (window): {moved}")
+        print("PASS" if result.passed else "FAIL")
+    return 0 if result.passed else 1
+
+
+def cmd_verifiers(args) -> int:
+    """Tokens per target call of every lossless verifier on the same tree shape and prompts, per temperature."""
+    from ..analysis.prompts import encode_prompt
+    from ..engine.factory import build_engine
+    from ..engine.sampling import SamplingConfig
+    from ..trace.metrics import run_metrics
+
+    prompts = prompts_from_args(args)
+    pair = load_pair_from_args(args)
+    encoded = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
+    summary = []
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        for verifier in args.verifiers.split(","):
+            config = method_config_from_args(args).with_(verifier=verifier)
+            tokens = calls = 0
+            for n, ids in enumerate(encoded):
+                for rep in range(args.repeats):
+                    engine = build_engine(pair, config, SamplingConfig(temperature=temperature, top_p=args.top_p,
+                                                                 seed=args.seed + 1000 * rep + n))
+                    engine.start(ids, args.max_new_tokens)
+                    m = run_metrics(engine.run())
+                    tokens += m["generated_tokens"]
+                    calls += m["target_calls"]
+            row = {"temperature": temperature, "verifier": verifier, "method": config.method,
+                   "k_config": list(config.k_config), "prompts": len(encoded), "repeats": args.repeats,
+                   "generated_tokens": tokens, "target_calls": calls, "tokens_per_target_call": tokens / calls}
+            summary.append(row)
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Benchmark methods against ar and hf-assisted on one prompt set; write JSON, CSV, Markdown and HTML."""
+    from tqdm import tqdm
+
+    from ..analysis.bench import HF_ASSISTED_BF16, bench, run_facts, samples_at
+    from ..analysis.prompts import encode_prompt, range_spec, select_prompts
+    from ..analysis.report import write_reports
+
+    spec = range_spec(args.prompt_file, args.range)
+    prompts = select_prompts([spec])
+    methods = [m for m in args.methods.split(",") if m]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    pair = load_pair_from_args(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
+    ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
+    runs_per_method = sum(len(ids) * samples_at(t, args.samples) for t in temps)
+    bar = tqdm(total=runs_per_method * len(methods), desc="bench", unit="run")
+
+    def progress(msg):
+        bar.update(1)
+        bar.set_postfix_str(msg)
+
+    result = bench(pair, ids, methods=methods, temperatures=temps, max_new_tokens=args.max_new_tokens,
+                   seed=args.seed, warmup=args.warmup, top_p=args.top_p,
+                   kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs,
+                   decision_dir=args.decision_dir, samples=args.samples, progress=progress)
+    bar.close()
+    result["meta"] = {
+        "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
+        "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "samples": args.samples,
+        "warmup": args.warmup,
+        "kv_cache": "static" if args.graphs else args.kv_cache, "graphs": args.graphs,
+        "decision_dir": args.decision_dir or "shipped", **run_facts(pair)}
+    paths = write_reports(result, args.out)
+    print(Path(paths["md"]).read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+def cmd_lessons(args) -> int:
+    from ..lessons.lesson import load_lesson, shipped_lessons
+
+    if args.action == "list":
+        for path in shipped_lessons():
+            lesson = load_lesson(path)
+            steps = sum(len(r.trace.steps) for r in lesson.runs)
+            print(f"{lesson.id}: {lesson.title} ({len(lesson.runs)} run(s), {steps} steps, "
+                  f"{len(lesson.phases())} phases; recorded {lesson.recorded.get('date', '?')[:10]} on "
+                  f"{lesson.recorded.get('machine', '?')}, {lesson.recorded.get('dtype', '?')}; race timed on "
+                  f"{', '.join(lesson.race_lanes()) or 'no machine'})")
+        return 0
+    from ..lessons.record import record_lessons, time_lessons
+
+    pair = load_pair_from_args(args)
+    only = args.only.split(",") if args.only else None
+    if args.action == "time":
+        time_lessons(pair, Path(args.out), only=only, graphs=args.graphs,
+                     progress=lambda msg: print(msg, file=sys.stderr))
+        return 0
+    record_lessons(pair, Path(args.out), only=only, progress=lambda msg: print(msg, file=sys.stderr))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m explorer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode prompts with one method and report metrics")
+    add_prompt_source_args(gen)
+    gen.add_argument("--json", action="store_true", help="one JSON object a line per prompt")
+    gen.add_argument("--save-trace", metavar="DIR", help="write each run's step trace as JSON into DIR")
+    add_method_args(gen)
+    add_sampling_args(gen)
+    add_model_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    chk = sub.add_parser("greedy-check", help="greedy equivalence of every lossless method with ar and HF generate")
+    add_prompt_source_args(chk)
+    chk.add_argument("--max-new-tokens", type=int, default=64)
+    chk.add_argument("--no-chat-template", action="store_true")
+    add_model_args(chk)
+    chk.set_defaults(func=cmd_greedy_check)
+
+    aud = sub.add_parser("audit", help="sample the first tokens N times and test them against the target's law")
+    aud.add_argument("--prompt", default="def fibonacci(n):", help="the context to sample from")
+    aud.add_argument("--samples", type=int, default=2000)
+    aud.add_argument("--one-token", action="store_true", help="test the first token only")
+    aud.add_argument("--alpha", type=float, default=0.001, help="significance level of the chi-square test")
+    aud.add_argument("--json", action="store_true")
+    add_method_args(aud)
+    add_sampling_args(aud)
+    add_model_args(aud)
+    aud.set_defaults(func=cmd_audit, models="tiny", temperature=1.0, method="mcsd")
+
+    ver = sub.add_parser("verifiers", help="tokens per target call of each verifier on the same trees and prompts")
+    add_prompt_source_args(ver)
+    ver.add_argument("--verifiers", default=",".join(VERIFIERS))
+    ver.add_argument("--temperatures", default="0.7,1.0")
+    ver.add_argument("--repeats", type=int, default=1, help="seeds per prompt")
+    add_method_args(ver)
+    add_sampling_args(ver)
+    add_model_args(ver)
+    ver.set_defaults(func=cmd_verifiers, method="mcsd", k_config="2,2,2")
+
+    from ..analysis.bench import BENCH_METHODS
+
+    bn = sub.add_parser("bench", help="tokens/s of each method against ar and hf-assisted, same run; reports")
+    bn.add_argument("--prompt-file", required=True, help="humaneval, mt-bench or a JSONL file")
+    bn.add_argument("--range", default="0:4", metavar="START:STOP", help="slice of the prompt file")
+    bn.add_argument("--methods", default=",".join(BENCH_METHODS),
+                    help="comma-separated; a method may carry settings, e.g. mcsd-improved+adapt=last-layer")
+    bn.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")
+    bn.add_argument("--top-p", type=float, default=1.0)
+    bn.add_argument("--max-new-tokens", type=int, default=128)
+    bn.add_argument("--warmup", type=int, default=1, help="short warm-up runs of every method before timing")
+    bn.add_argument("--seed", type=int, default=0)
+    bn.add_argument("--samples", type=int, default=1,
+                    help="runs of every prompt at each temperature above 0, each with its own seed (greedy: one)")
+    bn.add_argument("--no-chat-template", action="store_true")
+    bn.add_argument("--out", default="reports/bench", help="folder for bench.json / .csv / .md / .html")
+    bn.add_argument("--kv-cache", default="dynamic", choices=["dynamic", "static"],
+                    help="our engine's KV cache: dynamic (grows) or static (preallocated, fixed shapes)")
+    bn.add_argument("--decision-dir", help="decision-model folder for the learned stop policies (default: shipped)")
+    bn.add_argument("--graphs", action="store_true",
+                    help="our forwards through CUDA graphs per query-size bucket (implies --kv-cache static)")
+    add_model_args(bn)
+    bn.set_defaults(func=cmd_bench)
+
+    from ..lessons.lesson import LESSONS_DIR
+
+    les = sub.add_parser("lessons", help="the classroom's lessons: list them, record them on a real pair, or time "
+                                         "their runs on this machine for the race (time)")
+    les.add_argument("action", choices=["list", "record", "time"])
+    les.add_argument("--only", help="comma-separated lesson ids to record or time (default: all)")
+    les.add_argument("--graphs", action="store_true",
+                     help="time: our forwards through CUDA graphs (a static KV cache), as bench --graphs")
+    les.add_argument("--out", default=str(LESSONS_DIR), help="folder for the lesson files (default: assets/lessons)")
+    add_model_args(les)
+    les.set_defaults(func=cmd_lessons)
+
+    from .decision import add_decision_parser
+
+    add_decision_parser(sub)
+    from .instruments import add_instrument_parsers
+
+    add_instrument_parsers(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    from ..engine.machine import EngineError
+    from ..models.loading import ModelPairError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (PromptError, TreeShapeError, ModelPairError, EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

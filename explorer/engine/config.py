@@ -1,0 +1,278 @@
+"""Method settings: which speculative method runs, with which tree shape, verifier and stop policy.
+
+Plain data (no torch), validated on construction so that bad input from the CLI or the UI fails early with a
+message that names the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
+from .policies.cost_ratio import COST_RATIO_MODES
+from .policies.fallback import FALLBACK_MODES
+from .policies.stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
+from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
+
+MAX_TREE_NODES = 512
+FREE_ROWS_CPU = 32
+"""Free branches fill a step's tree to at most this many target rows on the CPU. Measured here (bf16 target, 2
+cores, oneDNN; docs/bench.md): a forward of 1 / 16 / 32 / 33 / 40 / 64 rows takes 201 / 215 / 234 / 283 / 302 / 336
+ms, the matrix multiplies being done in blocks of 32 rows; the 33rd row costs as much as the 2nd to the 32nd
+together. A free token is worth a row only below that edge."""
+FREE_ROWS_CPU_RUN = 64
+"""The CPU row budget of a step that continues a copy run (prompt lookup committed its whole best branch last step):
+that branch alone may fill the next 32-row block. 64 rows cost 1.44x 32 rows (336 against 234 ms) and copy up to
+twice as much, and a branch that was committed whole is usually committed almost whole again (docs/bench.md)."""
+VERIFIERS = ("rrs", "rrs-replacement", "mcns", "spechub")
+VERIFIER_LABELS = {
+    "auto": "auto (greedy at T=0, else RRS)",
+    "rrs": "RRS without replacement (MCSD)",
+    "rrs-replacement": "RRS with replacement (SpecInfer)",
+    "mcns": "MCNS (naive multi-candidate)",
+    "spechub": "SpecHub (2 drafts per node)",
+}
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Settings of one decoding method.
+
+    Attributes:
+        method: one of ``methods.METHODS`` (``ar``, ``sd``, ``mcsd``, ``mcsd-improved``, ``prompt-lookup``,
+            ``token-recycling``, ``hybrid``, ``layer-skip``).
+        gamma: draft chain length for ``sd`` and ``layer-skip``.
+        k_config: children per node at each draft level (``mcsd``; for ``mcsd-improved`` the first levels,
+            padded with 1s up to ``max_depth``: 1s make the "fork" chains of the seed).
+        width: target-initialized roots (``mcsd-improved`` with ``lossy``).
+        max_depth: maximum draft levels for ``mcsd-improved``.
+        lossy: ``mcsd-improved`` only: the seed's target-initialized roots + longest-branch rule (biased output).
+            Off (default): one target root (the bonus token) and a lossless draft tree.
+        stop: stop policy for ``mcsd-improved`` (``stopping.STOP_POLICY_NAMES``: none, confidence, decision,
+            prune, specdec++, goodput); ``sd``/``mcsd`` never stop early.
+        threshold: the stop policy's tau (``specdec++``: h); None = the policy's default
+            (``stopping.DEFAULT_THRESHOLDS``).
+        decision_model: which learned model the decision, prune and specdec++ policies read: ``context`` (the
+            default: ``path`` plus session evidence, n-gram matches in the context and the target's earlier top
+            candidates; the only one >= 0.75 ROC-AUC on every held-out prompt kind), ``path`` (``dist`` plus the
+            token's q, depth and path probability: scores siblings apart), ``dist`` (entropy + top-10 of q, the
+            seed's) or ``hidden`` (the draft's last hidden state, the seed's). See docs/decision.md.
+        branch_threshold: adaptive width (``mcsd`` and ``mcsd-improved``): a node gets its level's k children
+            only where the draft's top probability is below this, else one child (a sure draft's second candidate
+            is rarely accepted but costs a draft row on every later level). 1.0 = the fixed k_config.
+        verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
+            ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
+            the verifier. The lossy mode always uses the seed's longest-branch rule.
+        lookup_tokens: prompt lookup: most tokens copied after a match (the adaptive copy length's cap; see
+            ``drafters/lookup.py``; transformers copies a fixed ``prompt_lookup_num_tokens``).
+        lookup_ngram: prompt lookup: the longest n-gram matched (shorter ones are tried when it has no match).
+        lookup_branches: prompt lookup: distinct continuations proposed (the most recent matches first).
+        recycling_widths: Token Recycling's static tree template (``tree.rank_decay_parents``).
+        recycling_k: Token Recycling: candidates stored per token in the adjacency matrix.
+        adapt: online adaptation of the stop policy (``engine/stop_models/online.py``): ``off`` (default), ``threshold``
+            (refit from the session's ROC curve) or ``last-layer`` (refit the decision model's last layer); methods
+            with a stop policy only. Changes how much is drafted, never the output law.
+        fallback: falling back to plain decoding steps when speculation measures slower (``engine/policies/fallback.py``, SmartSpec's
+            goodput rule): ``auto`` (default: on CUDA only), ``goodput`` (everywhere) or ``off``. Lossless methods
+            only (the lossy mode always speculates).
+        free_rows: most target rows (the anchor included) a step's tree may reach when the free drafters'
+            branches join it (``drafters.base.merge_free``; branches are added best first and the rest left out).
+            0 = auto (``free_row_budget``): ``FREE_ROWS_CPU`` on the CPU, no limit on CUDA; and on a CPU where
+            rows cost time (``forward_costs.row_prices``), Token Recycling's branches (its own tree, and the
+            hybrid's beside the model's) keep only the template slots whose measured acceptance pays for their
+            rows (``drafters/row_pricing.py``).
+        cost_ratio: the ``goodput`` stop policy's r: ``fixed`` (the ``threshold`` setting) or ``measured`` (from
+            the run's own step times, starting at ``threshold``; ``engine/policies/cost_ratio.py``).
+        tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
+            anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
+            rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
+    """
+
+    method: str = "mcsd"
+    gamma: int = 4
+    k_config: tuple[int, ...] = (4, 2, 2)
+    width: int = 3
+    max_depth: int = 6
+    lossy: bool = False
+    stop: str = "confidence"
+    threshold: float | None = None
+    verifier: str = "auto"
+    decision_model: str = "context"
+    branch_threshold: float = 1.0
+    lookup_tokens: int = 64  # 32-token copies double to 64 on a copy run (drafters/lookup.py)
+    lookup_ngram: int = 3
+    lookup_branches: int = 2
+    recycling_widths: tuple[int, ...] = (8, 3, 2, 1, 1, 1, 1, 1)
+    recycling_k: int = 8
+    tree: tuple[int, ...] | None = None
+    adapt: str = "off"
+    fallback: str = "auto"
+    free_rows: int = 0
+    cost_ratio: str = "fixed"
+
+    @property
+    def spec(self):
+        """The method's ``methods.MethodSpec``."""
+        return METHOD_SPECS[self.method]
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
+        object.__setattr__(self, "k_config", parse_k_config(self.k_config))
+        object.__setattr__(self, "recycling_widths", parse_k_config(self.recycling_widths))
+        if self.tree is not None:
+            if self.method != "mcsd":
+                raise ValueError(f"a tree template belongs to mcsd, not {self.method}")
+            object.__setattr__(self, "tree", parse_tree_template(self.tree))
+        for name, lo, hi in (("gamma", 1, 64), ("width", 1, 64), ("max_depth", 1, 64), ("lookup_tokens", 1, 64),
+                             ("lookup_ngram", 1, 8), ("lookup_branches", 1, 16), ("recycling_k", 1, 64),
+                             ("free_rows", 0, MAX_TREE_NODES + 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if self.stop not in STOP_POLICY_NAMES:
+            raise ValueError(f"unknown stop policy {self.stop!r}; use one of {', '.join(STOP_POLICY_NAMES)}")
+        if self.adapt != "off":
+            if not self.spec.has_stop_policy:
+                raise ValueError(f"online adaptation moves a stop policy; {self.method} has none")
+            problem = adapt_problem(self.adapt, self.stop)
+            if problem:
+                raise ValueError(problem)
+        if self.cost_ratio not in COST_RATIO_MODES:
+            raise ValueError(f"unknown cost ratio {self.cost_ratio!r}; use one of {', '.join(COST_RATIO_MODES)}")
+        if self.cost_ratio == "measured" and self.stop_policy_name() != "goodput":
+            raise ValueError("a measured cost ratio is the goodput stop policy's r; choose stop goodput")
+        if self.fallback not in FALLBACK_MODES:
+            raise ValueError(f"unknown fallback {self.fallback!r}; use one of {', '.join(FALLBACK_MODES)}")
+        if self.decision_model not in DECISION_MODELS:
+            raise ValueError(f"unknown decision model {self.decision_model!r}; use {', '.join(DECISION_MODELS)}")
+        if self.threshold is None:
+            object.__setattr__(self, "threshold", DEFAULT_THRESHOLDS[self.stop])
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
+            raise ValueError(f"threshold must be a number in [0, 1], got {self.threshold!r}")
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        bt = self.branch_threshold
+        if isinstance(bt, bool) or not isinstance(bt, (int, float)) or not 0.0 <= bt <= 1.0:
+            raise ValueError(f"branch_threshold must be a number in [0, 1], got {bt!r}")
+        object.__setattr__(self, "branch_threshold", float(bt))
+        if self.spec.has_stop_policy and len(self.k_config) > self.max_depth:
+            raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
+        if self.verifier not in ("auto",) + VERIFIERS:
+            raise ValueError(f"unknown verifier {self.verifier!r}; use auto or one of {', '.join(VERIFIERS)}")
+        if self.lossy and self.method != "mcsd-improved":
+            raise ValueError(f"the lossy mode belongs to mcsd-improved, not {self.method}")
+        if self.lossy and self.verifier != "auto":
+            raise ValueError("the lossy mode uses the seed's longest-branch rule; leave the verifier on auto")
+        if self.verifier == "spechub" and any(k > 2 for k in self.draft_branching()):
+            shape = f"tree template {self.tree}" if self.tree else f"k_config {self.k_config}"
+            raise TreeShapeError(f"SpecHub verifies at most two drafts per node; {shape} has "
+                                 f"{max(self.draft_branching())} (use e.g. 2,2,2)")
+        if "recycling" in self.spec.free and max(self.recycling_widths) > self.recycling_k:
+            raise TreeShapeError(f"recycling widths {self.recycling_widths} ask for more candidates per token than "
+                                 f"the matrix stores (recycling_k {self.recycling_k})")
+        if self.max_nodes() > MAX_TREE_NODES:
+            raise TreeShapeError(f"this tree has {self.max_nodes()} nodes; at most {MAX_TREE_NODES} are verified "
+                                 "in one target pass")
+
+    def draft_branching(self) -> list[int]:
+        """Children per node for each draft-model level (empty for methods without a draft model)."""
+        shape = self.spec.model_tree
+        if shape == "none":
+            return []
+        if shape == "chain":
+            return [1] * self.gamma
+        if shape == "tree":
+            return template_levels(self.tree) if self.tree else list(self.k_config)
+        return list(self.k_config) + [1] * (self.max_depth - len(self.k_config))
+
+    def free_nodes(self) -> int:
+        """Most tree nodes the free drafters (lookup, recycling) add in one step."""
+        n = 0
+        if "lookup" in self.spec.free:
+            n += self.lookup_tokens * self.lookup_branches
+        if "recycling" in self.spec.free:
+            n += len(rank_decay_parents(self.recycling_widths)[0])
+        return n
+
+    def max_draft_depth(self) -> int:
+        """Deepest draft level a step can reach (the seed's acceptance rate divides by it; 0 for ``ar``)."""
+        depth = len(self.draft_branching())
+        if "lookup" in self.spec.free:
+            depth = max(depth, self.lookup_tokens)
+        if "recycling" in self.spec.free:
+            depth = max(depth, len(self.recycling_widths))
+        return depth
+
+    @property
+    def target_roots(self) -> int:
+        """Target-initialized roots per step (0 unless lossy ``mcsd-improved``)."""
+        return self.width if self.method == "mcsd-improved" and self.lossy else 0
+
+    @property
+    def is_lossy(self) -> bool:
+        return self.target_roots > 0
+
+    def max_nodes(self) -> int:
+        roots = self.target_roots
+        if roots:
+            return roots * (1 + tree_size(self.draft_branching()))
+        if self.tree:
+            return len(self.tree)
+        return tree_size(self.draft_branching()) + self.free_nodes()
+
+    def verifier_for(self, greedy: bool) -> str:
+        """The verifier that runs: ``longest-branch`` when lossy, ``greedy`` at temperature 0, else the setting."""
+        if self.is_lossy:
+            return "longest-branch"
+        if greedy:
+            return "greedy"
+        return "rrs" if self.verifier == "auto" else self.verifier
+
+    def stop_policy_name(self) -> str:
+        return self.stop if self.spec.has_stop_policy else "none"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["k_config"] = list(self.k_config)
+        d["recycling_widths"] = list(self.recycling_widths)
+        d["tree"] = None if self.tree is None else list(self.tree)
+        return d
+
+    def with_(self, **changes) -> "MethodConfig":
+        """A copy with ``changes``; a new stop policy without a threshold gets that policy's default (and a fixed
+        cost ratio unless it is ``goodput``)."""
+        if "stop" in changes and "threshold" not in changes and changes["stop"] != self.stop:
+            changes["threshold"] = None
+        if changes.get("stop", "goodput") != "goodput" and "cost_ratio" not in changes:
+            changes["cost_ratio"] = "fixed"  # only goodput measures its setting
+        return replace(self, **changes)
+
+
+def free_row_budget(free_rows: int, device_type: str, copy_run: bool = False) -> int | None:
+    """Most target rows free branches may fill a tree to (``MethodConfig.free_rows``), None for no limit; 0 (auto)
+    is ``FREE_ROWS_CPU`` on the CPU (``FREE_ROWS_CPU_RUN`` for a step that continues a copy run) and no limit
+    elsewhere (on CUDA the graph buckets go up to 256 rows and a 64-row graphed target forward costs 1.05x a 16-row
+    one on an H100: 5.84 against 5.58 ms). A budget set by hand holds for every step."""
+    if free_rows:
+        return int(free_rows)
+    if device_type != "cpu":
+        return None
+    return FREE_ROWS_CPU_RUN if copy_run else FREE_ROWS_CPU
+
+
+DEFAULTS = {
+    "ar": MethodConfig(method="ar"),
+    "sd": MethodConfig(method="sd", gamma=4),
+    "mcsd": MethodConfig(method="mcsd", k_config=(4, 2, 2)),
+    # Chosen from measurements with the int8 draft (docs/bench.md): a second candidate at the root only where the
+    # draft is unsure there (adaptive width), then chains as deep as the decision model lets them go; every
+    # extra branch costs a draft row on each later level.
+    "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=16, stop="decision",
+                                  branch_threshold=0.8),
+    "prompt-lookup": MethodConfig(method="prompt-lookup"),
+    "token-recycling": MethodConfig(method="token-recycling"),
+    "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
+    "layer-skip": MethodConfig(method="layer-skip", gamma=4),
+}

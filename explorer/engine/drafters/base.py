@@ -1,0 +1,255 @@
+"""The drafter interface: what a drafter hands the engine for one step, and how free branches join a tree.
+
+A drafter (the seam transformers draws with ``CandidateGenerator``) proposes the step's draft tree from the
+committed context and learns from the step's verification. It sees the run through a ``DraftView``: the committed
+tokens, the budgets, the sampling and the draft model with its cache, not the engine.
+
+* ``draft(view) -> Drafted``: the tree (tokens, parents, each node's source) plus, for draft-model nodes, the
+  distributions their children were drawn from (``q_rows``); free nodes (``trace.records.FREE_SOURCES``) are
+  deterministic and carry where they came from (``provenance``).
+* ``learn(view, drafted, verified)``: called after verification with the step's ``machine.VerifiedStep`` (Token
+  Recycling updates its matrix here).
+* ``rewind()``: back to the state after the prefill (the audit draws many samples from one context).
+* ``state_for_trace()``: plain data saved with the run, so a replay can show what the drafter knew.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..sampling import LazyRows
+from ..tree import DraftTree
+
+
+@dataclass
+class FreeNode:
+    """One deterministic proposal: ``parent`` indexes an earlier FreeNode of the same list (-1 = the anchor).
+    ``slot``: which of the drafter's recurring positions it fills (hashable; ``row_pricing.RowPricing`` measures
+    each slot's acceptance), or None."""
+
+    parent: int
+    token: int
+    source: str  # lookup | recycled
+    provenance: dict
+    slot: object = None
+
+
+@dataclass
+class Drafted:
+    """What drafting produced for one step.
+
+    Attributes:
+        tree: the draft tree (breadth-first).
+        q_rows: row (node + 1; 0 = the anchor) -> q the draft-model children of that row were drawn from
+            (sampling only; free children need none).
+        q_show: node -> displayed draft probability of its token (draft-model nodes).
+        signals: ``StopSignal`` per checked level.
+        calls: draft-model forwards.
+        draft_rows: node -> its row among the tree rows in the draft model's KV cache (the nodes fed to the draft
+            model: a breadth-first prefix of its own tree).
+        head: draft cache length before the tree rows (context + chain).
+        features: node -> (hidden (H,) or None, dist (11,), q(x), prod q of its path): decision features.
+        q_top: row -> [(token, q)] top tokens of the distribution its children were drafted from.
+        provenance: node -> where a free node came from (plain data for the trace).
+        info: plain data the drafter wants in the step trace (e.g. the matrix rows it read).
+        predicted: node -> the learned stop policy's predicted acceptance of it (nodes of the levels it scored).
+    """
+
+    tree: DraftTree
+    q_rows: LazyRows = field(default_factory=LazyRows)
+    q_show: dict = field(default_factory=dict)
+    signals: list = field(default_factory=list)
+    calls: int = 0
+    draft_rows: dict = field(default_factory=dict)
+    head: int = 0
+    features: dict = field(default_factory=dict)
+    q_top: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    predicted: dict = field(default_factory=dict)
+
+
+class DraftView:
+    """What a drafter may read and use of the run it drafts for: a read-only view of the engine (``Engine.view``), so
+    that the engine's other fields stay its own.
+
+    The run: ``committed`` (prompt and committed token ids; read, never modify), ``n_prompt``, ``steps_done`` (steps
+    run so far), ``config`` (``MethodConfig``), ``sampling``, ``generator`` (the run's ``torch.Generator``, on the
+    pair's device), ``verifier_name`` (the rule the tree will be verified by, which decides how children are drawn),
+    ``branching`` (candidates per level of the method's tree), ``reach()`` (``Engine.reach``: how deep a node can
+    still matter, the EOS ids), ``next_logits`` / ``next_dist`` (the target's ``(vocab,)`` float32 logits and
+    processed distribution after the last committed token: the seed's target-initialized roots), ``prefill_top``
+    (the target's best candidates at the prompt's last rows, for ``start``).
+    The budgets: ``free_rows`` / ``free_rows_run`` (most target rows free nodes may fill; None: no limit) and
+    ``row_pricing`` (``row_pricing.RowPricing`` where rows are priced, else None).
+    The stop policy: ``stop_policy``, ``adapter`` (its online adaptation or None), ``capture_features`` (the run
+    records the decision features).
+    The draft model: ``draft_model``, ``draft_kv`` / ``target_kv`` (the KV caches: ``layer-skip`` copies the target's
+    layers into its draft's), ``draft_len()`` (committed tokens in the draft's cache) and ``draft_forward(...)``
+    (``Engine.forward`` of the draft model).
+    """
+
+    __slots__ = ("_engine",)
+    _FIELDS = ("committed", "n_prompt", "config", "sampling", "generator", "verifier_name", "branching", "next_logits",
+               "next_dist", "prefill_top", "free_rows", "free_rows_run", "row_pricing", "stop_policy", "adapter",
+               "capture_features", "draft_kv", "target_kv")
+
+    def __init__(self, engine):
+        object.__setattr__(self, "_engine", engine)
+
+    def __getattr__(self, name: str):
+        if name in DraftView._FIELDS:
+            return getattr(object.__getattribute__(self, "_engine"), name)
+        raise AttributeError(f"a drafter's view of the run has no {name!r} (DraftView lists what it has)")
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("a drafter's view of the run is read-only")
+
+    @property
+    def steps_done(self) -> int:
+        return len(self._engine.trace.steps)
+
+    @property
+    def draft_model(self):
+        return self._engine.pair.draft
+
+    def reach(self) -> dict:
+        return self._engine.reach()
+
+    def draft_len(self) -> int:
+        return self._engine.draft_len()
+
+    def draft_forward(self, input_ids: list[int], position_ids: list[int], mask, keep: int, hidden: bool = False):
+        """One forward of the draft model appending to its KV cache (``Engine.forward``, role ``draft``)."""
+        return self._engine.forward("draft", input_ids, position_ids, mask, keep=keep, hidden=hidden)
+
+
+def empty_draft(view) -> Drafted:
+    """A step's draft with no tree yet (the draft model not run), anchored after the committed tokens."""
+    return Drafted(DraftTree(), head=len(view.committed))
+
+
+class Drafter:
+    """Base drafter: its own free nodes as the tree (none: ``ar``). Free drafters override ``free_nodes`` and
+    ``info``; the model drafter overrides ``draft``; a drafter that learns overrides ``learn``."""
+
+    name = "none"
+    uses_draft_model = False
+
+    def draft(self, view) -> Drafted:
+        """The free nodes as the tree, within the row budget; where the run prices rows (``view.row_pricing``),
+        only the nodes worth theirs (``row_pricing.py``)."""
+        nodes, priced = self.priced_free_nodes(view)
+        d = merge_free(empty_draft(view), nodes, self.row_budget(view), **view.reach())
+        d.info.update(self.info(view))
+        if priced is not None:
+            d.info["row_pricing"] = priced
+        return d
+
+    def prompt_rows(self, view) -> int:
+        """How many of the prompt's last rows of the target's prefill this drafter reads in ``start``
+        (``view.prefill_top``: their best candidates); 0 (the default): the prefill keeps only the last row."""
+        return 0
+
+    def start(self, view) -> None:
+        """Called once after the prefill (``view.committed`` holds the prompt); ``rewind`` returns here."""
+
+    def priced_free_nodes(self, view) -> tuple[list["FreeNode"], dict | None]:
+        """``free_nodes``, and where the run prices rows (``view.row_pricing``) only those worth their rows
+        (``row_pricing.RowPricing.choose``), with the record of that choice for the trace (None: not priced)."""
+        nodes = self.free_nodes(view)
+        pricing = view.row_pricing
+        if pricing is None:
+            return nodes, None
+        return pricing.choose(nodes, at=len(view.committed))
+
+    def free_nodes(self, view) -> list["FreeNode"]:
+        """Deterministic proposals for this step (free drafters only), as a trie-able list of FreeNodes."""
+        return []
+
+    def row_budget(self, view) -> int | None:
+        """Most target rows this step's free nodes may fill the tree to (None: no limit): ``view.free_rows``."""
+        return view.free_rows
+
+    def info(self, view) -> dict:
+        """Plain data for the step trace (what the drafter read to propose this step's tree)."""
+        return {}
+
+    def learn(self, view, drafted: Drafted, verified) -> None:
+        """Update the drafter's state from a verified step (default: nothing to learn)."""
+
+    def rewind(self) -> None:
+        """Return to the state right after the prefill."""
+
+    def state_for_trace(self) -> dict:
+        return {}
+
+
+def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = None, max_depth: int | None = None,
+               ends=frozenset()) -> Drafted:
+    """Add free nodes to a drafted tree as a trie: a free node whose token already hangs under the same parent is
+    merged into that node (its subtree continues there), otherwise it becomes a new node. The result is again
+    breadth-first, with each level's existing nodes first in their old order (so branch indices, stop signals and
+    the draft cache rows of the existing nodes keep their meaning) and the new free nodes after them.
+
+    ``max_depth`` / ``ends`` (``Engine.reach``): free nodes deeper than ``max_depth`` (None = no limit) or below a
+    node whose token is in ``ends`` (EOS ids) could never be committed, and are left out with their subtrees.
+
+    Verification order follows tree order: at a node, draft-model children are tested before free ones.
+
+    ``max_rows`` (``MethodConfig.free_rows``; None = no limit): free nodes that would take the tree past this many
+    target rows (nodes + the anchor) are left out, with their subtrees; ``free`` is in priority order (each drafter
+    lists its best branch first), so the best proposals fill the budget. Merging into an existing node costs no row.
+    """
+    old = drafted.tree
+    if not free:
+        return drafted
+    # Work on (parent, token, source, old index or None, provenance) records, merged parents resolved as we go.
+    records = [(old.parent[i], old.token[i], old.source[i], i, None) for i in range(len(old))]
+    children: dict[int, dict[int, int]] = {}  # record parent (-1 anchor) -> token -> record index
+    for r, (p, t, *_rest) in enumerate(records):
+        children.setdefault(p, {}).setdefault(t, r)
+    depth = [old.depth[i] for i in range(len(old))]  # per record
+    where: list[int | None] = []  # free index -> record index (None: left out for the row budget)
+    for node in free:
+        parent = -1 if node.parent < 0 else where[node.parent]
+        if parent is None:  # its parent was left out: so is its subtree
+            where.append(None)
+            continue
+        below = 0 if parent < 0 else depth[parent]
+        if (max_depth is not None and below >= max_depth) or (parent >= 0 and records[parent][1] in ends):
+            where.append(None)  # never committed: past the room left, or after the end of the sequence
+            continue
+        hit = children.setdefault(parent, {}).get(node.token)
+        if hit is None and max_rows is not None and len(records) + 1 >= max_rows:  # a new row would pass the budget
+            where.append(None)
+            continue
+        if hit is None:
+            hit = len(records)
+            records.append((parent, node.token, node.source, None, node.provenance))
+            depth.append(below + 1)
+            children[parent][node.token] = hit
+        where.append(hit)
+    order = sorted(range(len(records)), key=lambda r: (depth[r], records[r][3] is None, r))
+    new_index = {r: n for n, r in enumerate(order)}
+    tree = DraftTree()
+    for level in range(1, max(depth, default=0) + 1):
+        rs = [r for r in order if depth[r] == level]
+        tree.add_level([-1 if records[r][0] < 0 else new_index[records[r][0]] for r in rs],
+                       [records[r][1] for r in rs], source=[records[r][2] for r in rs])
+    to_new = {records[r][3]: new_index[r] for r in range(len(records)) if records[r][3] is not None}
+
+    def row(r: int) -> int:  # rows are node + 1 (0 = the anchor)
+        return 0 if r == 0 else to_new[r - 1] + 1
+
+    out = Drafted(tree, q_rows=drafted.q_rows.remapped(row), q_show={to_new[i]: v for i, v in drafted.q_show.items()},
+                  signals=drafted.signals, calls=drafted.calls,
+                  draft_rows={to_new[i]: v for i, v in drafted.draft_rows.items()}, head=drafted.head,
+                  features={to_new[i]: v for i, v in drafted.features.items()},
+                  q_top={row(r): v for r, v in drafted.q_top.items()},
+                  provenance={to_new[i]: v for i, v in drafted.provenance.items()}, info=dict(drafted.info),
+                  predicted={to_new[i]: v for i, v in drafted.predicted.items()})
+    for r, rec in enumerate(records):
+        if rec[3] is None:
+            out.provenance[new_index[r]] = rec[4]
+    return out

@@ -1,0 +1,66 @@
+"""The hybrid drafter: the draft model's tree plus free branches (prompt lookup, then Token Recycling), verified
+in one target pass. Lookup's branches win where the output copies the prompt, the model's where it does not, and
+recycled ones where the target repeats its own habits; a free branch costs target rows, never a forward.
+
+When lookup finds a match, the step proposes lookup's branches alone; the draft model drafts (with the recycled branches
+beside its tree) where lookup has nothing to copy. Measured on the embedded pair, CPU, greedy, 3 prompts x 128 tokens
+(docs/bench.md, "The hybrid: lookup alone wherever it has a match"): a matched step's model forwards cost more than the
+tokens they add, even for one-token matches. Against an earlier rule that trusted lookup only on a run (the last step
+committed at least 4 tokens of its best branch, or a match of the longest n-gram): HumanEval 0-2 31.6 against 25.2
+tok/s, MT-bench 0-2 7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward (its chain).
+The choice is a function of the context, so the output law is unchanged: lossless.
+
+Where a verification row costs time (a CPU without fast bf16 rows: ``forward_costs.row_prices``), the recycled
+branches beside the model's tree are priced like Token Recycling's own tree (``row_pricing.py``): only the slots
+whose measured acceptance pays for their rows join it. Lookup's copies are not priced (see ``factory.prices_rows``)."""
+
+from __future__ import annotations
+
+from .base import Drafted, Drafter, empty_draft, merge_free
+
+
+class HybridDrafter(Drafter):
+    """Compose a model drafter with free drafters (each with ``free_nodes``); free nodes join the model's tree as
+    a trie, the model's children first at every node (``base.merge_free``)."""
+
+    name = "hybrid"
+
+    def __init__(self, model: Drafter, free: list):
+        self.model, self.free = model, list(free)
+        self.uses_draft_model = model.uses_draft_model
+
+    def prompt_rows(self, view) -> int:
+        return max(f.prompt_rows(view) for f in [self.model] + self.free)
+
+    def start(self, view) -> None:
+        for f in [self.model] + self.free:
+            f.start(view)
+
+    def draft(self, view) -> Drafted:
+        lookup = next((f for f in self.free if f.name == "lookup"), None)
+        free = [(f, f.free_nodes(view), None) for f in self.free if f is lookup]  # lookup's copies: never priced
+        trusted = lookup is not None and bool(lookup.proposed)  # a match: lookup alone
+        if not trusted:
+            free += [(f, *f.priced_free_nodes(view)) for f in self.free if f is not lookup]
+        d = empty_draft(view) if trusted else self.model.draft(view)
+        d.info["lookup_trusted"] = trusted
+        for f, nodes, priced in free:
+            d = merge_free(d, nodes, f.row_budget(view), **view.reach())
+            d.info.update(f.info(view))
+            if priced is not None:
+                d.info["row_pricing"] = priced
+        return d
+
+    def learn(self, view, drafted: Drafted, verified) -> None:
+        for f in [self.model] + self.free:
+            f.learn(view, drafted, verified)
+
+    def rewind(self) -> None:
+        for f in [self.model] + self.free:
+            f.rewind()
+
+    def state_for_trace(self) -> dict:
+        out: dict = {}
+        for f in self.free:
+            out.update(f.state_for_trace())
+        return out

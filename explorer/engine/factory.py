@@ -1,0 +1,185 @@
+"""Where an engine's parts are built: one place from a ``MethodConfig``, a ``SamplingConfig`` and the pair.
+
+``Engine`` (``engine/machine.py``) is only the step machine (draft, verify, commit, record); the strategies and meters it
+steps with are built here:
+
+* the drafter (``drafters.make_drafter``) and the free rows its branches may fill (``config.free_row_budget``);
+* the stop policy (``stopping.make_stop_policy``) and, for the learned ones, the decision model that serves the
+  pair (``resolve_decision``: its own, shipped or calibrated, else the embedded pair's, transferred, with online
+  adaptation switched on);
+* the stop policy's online adaptation (``engine/stop_models/online.py``), started from an earlier run's state when that run
+  had the same pair, method, sampling and decision model;
+* the goodput fallback to plain decoding steps (``engine/policies/fallback.py``), with an earlier run's rates on the same terms;
+* the row pricing of Token Recycling's branches on a CPU (``drafters/row_pricing.py``);
+* the goodput stop policy's measured cost ratio (``engine/policies/cost_ratio.py``);
+* the verifier's name for the sampling (``MethodConfig.verifier_for``).
+
+Call ``build_engine`` wherever a run starts (CLI, app, bench, audit, decision collect, replays, tests).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..models.pair import ModelPair
+from .config import MethodConfig, free_row_budget
+from .drafters import make_drafter
+from .drafters.row_pricing import RowPricing
+from .machine import Engine, EngineError, EngineParts
+from .policies.cost_ratio import CostRatioMeter
+from .policies.fallback import GoodputFallback, asks_row_costs, fallback_active
+from .policies.stopping import LEARNED_POLICIES, adapt_problem, make_stop_policy
+from .runtime.forward_costs import row_ms, row_prices, rows_are_dear
+from .sampling import SamplingConfig
+
+# The online adaptation a run gets where its decision model was trained on another pair and the method asks for
+# none: the transferred model is a prior, and the last-layer refit learns this pair's acceptance as the run goes.
+TRANSFER_ADAPT = "last-layer"
+
+
+def can_fall_back(config: MethodConfig) -> bool:
+    """Whether a step of ``config`` could be a plain decoding step instead (a lossless method that drafts)."""
+    return bool(config.max_draft_depth()) and not config.is_lossy
+
+
+def prices_rows(config: MethodConfig, device_type: str) -> bool:
+    """Whether this method's tree takes Token Recycling's branches with an automatic row budget on a CPU: then,
+    where rows cost time (``forward_costs.row_prices``), its template's slots are priced (``drafters/row_pricing.py``),
+    in ``token-recycling``'s tree and in the hybrid's (beside the model's tree, whose rows follow its stop policy).
+    Not prompt lookup's copies: pricing them fought its own adaptive copy length (docs/bench.md, "Tried and not
+    kept")."""
+    return device_type == "cpu" and not config.free_rows and "recycling" in config.spec.free
+
+
+def times_verification(config: MethodConfig, device_type: str) -> bool:
+    """Whether building the parts of ``config`` on a ``device_type`` device times the target's verification
+    (``forward_costs.verification_cost``, once per pair: about 6 s on a 2-core AVX2 CPU): for the measured cost
+    ratio's row charge, for ``--fallback auto`` off CUDA in a method that can fall back, and for Token Recycling's
+    row pricing on a CPU (``prices_rows``). The app asks first, to say so while it waits."""
+    return (config.cost_ratio == "measured" or prices_rows(config, device_type)
+            or (can_fall_back(config) and asks_row_costs(config.fallback, device_type)))
+
+
+def carry_key(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, model: str | None = None) -> str:
+    """What a fallback's rates (or an adapter's state) belong to: the pair, the device, the method's settings and
+    the sampling (not the seed), and the decision model's fingerprint when given. What was learned under one of
+    these says little about another."""
+    return json.dumps({"pair": pair.name, "device": pair.device.type, "method": config.to_dict(),
+                       "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                       **({"decision_model": model} if model else {})}, sort_keys=True, default=str)
+
+
+def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None) -> tuple[MethodConfig, object]:
+    """The decision model a learned stop policy of ``config`` reads on ``pair``, and the config the run takes.
+
+    The model is ``decision_model`` when given, else ``decision.model.decision_model_for`` (the pair's own, shipped
+    or calibrated, else the embedded pair's for the kinds that transfer; its ``source`` says which). Where it is
+    transferred and ``config`` asks for no online adaptation, the returned config has ``adapt`` set to
+    ``TRANSFER_ADAPT``; otherwise ``config`` comes back as it is. A method without a learned stop policy gets
+    ``(config, decision_model)`` unchanged.
+
+    Raises:
+        EngineError: no decision model can serve the pair (``hidden`` on a pair not calibrated), or its files are
+            unreadable.
+    """
+    policy = config.stop_policy_name()
+    if policy not in LEARNED_POLICIES:
+        return config, decision_model
+    if decision_model is None:
+        from .stop_models.model import DecisionModelError, decision_model_for
+
+        try:
+            decision_model = decision_model_for(pair.draft_id, pair.target_id, config.decision_model)
+        except DecisionModelError as exc:
+            raise EngineError(str(exc)) from None
+    transferred = getattr(decision_model, "source", {}).get("how") == "transferred"
+    if transferred and config.adapt == "off" and adapt_problem(TRANSFER_ADAPT, policy) is None:
+        config = config.with_(adapt=TRANSFER_ADAPT)
+    return config, decision_model
+
+
+def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
+                recycling_state: dict | None = None, fallback_state: dict | None = None,
+                adapter_state: dict | None = None) -> EngineParts:
+    """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
+    ``resolve_decision``'s config (a transferred decision model adapts online); ``build_engine`` gives the engine
+    that config too.
+
+    Raises:
+        EngineError: a learned stop policy with no decision model for this pair, or a carried adaptation state
+            that does not fit the adapter.
+        ValueError: a stop policy threshold outside [0, 1] (``stopping.make_stop_policy``).
+    """
+    config, decision_model = resolve_decision(pair, config, decision_model)
+    policy = config.stop_policy_name()
+    stop_policy = make_stop_policy(policy, config.threshold, decision_model)
+    parts = EngineParts(
+        drafter=make_drafter(config, recycling_state), stop_policy=stop_policy,
+        verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
+        free_rows=free_row_budget(config.free_rows, pair.device.type),
+        free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True))
+    if config.adapt != "off":
+        from .stop_models.online import AdaptError, make_adapter
+
+        parts.adapter = make_adapter(config.adapt, stop_policy)
+        parts.adapter_key = carry_key(pair, config, sampling, parts.adapter.model_id)
+        if adapter_state and adapter_state.get("key") == parts.adapter_key:
+            try:
+                parts.adapter.restore(adapter_state)
+            except AdaptError as exc:
+                raise EngineError(str(exc)) from None
+            parts.adapter_carried = adapter_state
+    if can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
+        parts.fallback_key = carry_key(pair, config, sampling)
+        same = bool(fallback_state) and fallback_state.get("key") == parts.fallback_key
+        parts.fallback = GoodputFallback(carried=fallback_state["rates"] if same else None)
+    if prices_rows(config, pair.device.type):  # where rows cost time, recycled slots must pay for their rows
+        parts.row_pricing = RowPricing.from_prices(row_prices(pair))
+    if config.cost_ratio == "measured":
+        parts.cost_meter = CostRatioMeter(config.threshold, row_ms=row_ms(pair))
+    return parts
+
+
+def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
+                 capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
+                 recycling_state: dict | None = None, count_syncs: bool = False,
+                 fallback_state: dict | None = None, adapter_state: dict | None = None) -> Engine:
+    """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
+
+    Args:
+        pair: the loaded models (shared, read-only; forwards hold ``pair.lock``).
+        config: the method and its shape (``MethodConfig``).
+        sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
+        decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
+            (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
+        capture_features, kv_cache, graphs, count_syncs: the step machine's options (``Engine``).
+        recycling_state: a Token Recycling matrix carried over from an earlier run (``recycling_state()`` of that
+            run's engine); None starts with an empty matrix.
+        fallback_state: the goodput fallback's rates from an earlier run (``fallback_state()`` of that run's
+            engine): where it comes from the same method, sampling (seed aside), pair and device, and this engine
+            falls back, the rates start this run's (``fallback.GoodputFallback``, ``carried``); else ignored.
+        adapter_state: the online adaptation an earlier run learned (``adapter_state()`` of that run's engine):
+            where it comes from the same method, sampling (seed aside), pair, device and decision model, this run's
+            adapter starts from it (``engine/stop_models/online.py``; recorded in the trace as ``adaptation_carried`` for
+            replays); else ignored.
+    Raises:
+        EngineError: as ``build_parts`` and ``Engine`` do (no decision model for a learned stop policy, an unknown
+            ``kv_cache``, graphs without a static cache).
+    """
+    config, decision_model = resolve_decision(pair, config, decision_model)
+    if config.spec.self_draft:  # the target drafts with its own first layers, whatever the pair's draft model
+        from ..models.early_exit import LayerSkipError, self_draft_pair
+
+        if kv_cache != "dynamic":
+            raise EngineError("layer-skip moves its exit layer between steps: it runs on the dynamic KV cache")
+        try:
+            pair = self_draft_pair(pair)
+        except LayerSkipError as exc:
+            raise EngineError(str(exc)) from None
+    parts = build_parts(pair, config, sampling, decision_model, recycling_state, fallback_state, adapter_state)
+    return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
+                  graphs=graphs, count_syncs=count_syncs)
+
+
+__all__ = ["TRANSFER_ADAPT", "build_engine", "build_parts", "can_fall_back", "carry_key", "prices_rows",
+           "resolve_decision", "times_verification"]

@@ -1,0 +1,63 @@
+"""The decoding methods, each described once: a drafter, the tree it builds, whether a stop policy applies.
+
+A method is a composition (issue 14): a *drafter* proposes the step's draft tree (``explorer/drafters``), a
+*verifier* decides what is committed (``engine/verify/rules.py``, chosen from the sampling settings and ``MethodConfig.verifier``),
+and for model drafting a *stop policy* ends drafting early (``engine/policies/stopping.py``). Plain data, no torch.
+
+The draft sources a tree's nodes come from (``draft``, ``target``, ``lookup``, ``recycled``) are the trace's
+vocabulary: ``trace/records.py`` (``FREE_SOURCES``, ``DRAFT_SOURCES``, ``SOURCE_LABELS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One decoding method.
+
+    Attributes:
+        name: the name used by the CLI, the bench, traces and the app.
+        label: for menus.
+        model_tree: how the draft model shapes its tree: ``none`` (no draft model), ``chain`` (``gamma``),
+            ``tree`` (``k_config``) or ``stoppable`` (``k_config`` then chains to ``max_depth``, with a stop policy).
+        free: the free drafters whose branches join the tree, in verification order (``lookup``, ``recycling``).
+        summary: one line for help texts and teach mode.
+        self_draft: the draft model is the target's own first layers (``models/early_exit.py``), whatever the pair's draft.
+    """
+
+    name: str
+    label: str
+    model_tree: str
+    free: tuple[str, ...] = ()
+    summary: str = ""
+    self_draft: bool = False
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.model_tree != "none"
+
+    @property
+    def has_stop_policy(self) -> bool:
+        return self.model_tree == "stoppable"
+
+
+METHOD_SPECS = {s.name: s for s in (
+    MethodSpec("ar", "Autoregressive (AR)", "none", summary="one target forward per token"),
+    MethodSpec("sd", "Speculative decoding (SD, chain)", "chain", summary="a chain of gamma draft tokens"),
+    MethodSpec("mcsd", "MCSD (draft tree, one target pass)", "tree",
+               summary="a k_config tree of draft tokens verified in one target pass"),
+    MethodSpec("mcsd-improved", "Improved MCSD (seed paper)", "stoppable",
+               summary="a draft tree whose drafting stops early by a stop policy"),
+    MethodSpec("prompt-lookup", "Prompt lookup (n-gram copies, free)", "none", ("lookup",),
+               summary="continuations of earlier occurrences of the last n-gram, no draft model"),
+    MethodSpec("token-recycling", "Token Recycling (free)", "none", ("recycling",),
+               summary="a static tree read from the target's own earlier top-k candidates, no draft model"),
+    MethodSpec("hybrid", "Hybrid: draft tree + free branches", "stoppable", ("lookup", "recycling"),
+               summary="the improved MCSD tree plus lookup and recycled branches, one target pass for all"),
+    MethodSpec("layer-skip", "Layer skip (the target drafts for itself)", "chain", self_draft=True,
+               summary="a chain drafted by the target's own first layers, the exit chosen from measured acceptance"),
+)}
+METHODS = tuple(METHOD_SPECS)
+METHOD_LABELS = {name: s.label for name, s in METHOD_SPECS.items()}

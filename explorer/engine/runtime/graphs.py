@@ -1,0 +1,237 @@
+"""Model forwards: plain calls (``eager_forward``), and at fixed shapes through CUDA graphs per query-size bucket
+(``GraphRunner``, issue 13).
+
+On a GPU a small model's eager forward is mostly Python and kernel launches (docs/bench.md, "Machines": the 1.5B
+target's one-token forward takes 16.6 ms eager on an H200 and 4.55 ms replayed from a graph). A CUDA graph records one
+forward's kernels once and replays them with a single launch; it needs every shape and address fixed. So a ``GraphRunner`` serves one model on one
+``StaticKVCache`` and keeps, per query size bucket (``BUCKETS``), static input buffers (token ids, position ids,
+cache positions, the float mask over all ``key_width`` columns) and the graph's output buffers:
+
+* a forward of ``q`` rows takes the smallest bucket ``B >= q``; rows ``q .. B-1`` are padding: token 0, each
+  attending only to its own cache column, so every value they produce is finite; they write keys and values past
+  ``length`` where no real row looks and the next forward overwrites them;
+* the static cache's write counter is set to ``length`` before each replay (``StaticKVCache.before_forward``);
+* outputs are copied out of the graph's buffers (the next replay overwrites them).
+
+Forwards larger than the last bucket (the prefill) and forwards before the cache is allocated run eagerly. Without
+CUDA (``capture=False``) the runner pads to the same buckets and calls the model eagerly, which is what the CPU
+tests check: padded buckets give the logits of unpadded forwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..attention import forward_mask
+from .kv_cache import KVCache, StaticKVCache
+
+# Query sizes forwards are padded to. Up to 256: prompt lookup's default tree is 64 nodes plus the anchor, and the
+# hybrid's reaches about 130; a forward past the largest bucket ran eagerly (3x a replay on the H100).
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def eager_forward(model, kv: KVCache, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None,
+                  keep: int, hidden: bool = False, hidden_rows: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One plain forward of ``model`` appending ``q = len(input_ids)`` rows to ``kv``. ``mask``: bool
+    ``(q, kv.length + q)`` or None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the
+    model dtype and, with ``hidden``, the last hidden state ``(rows, hidden_size)`` float32 of the last
+    ``hidden_rows`` rows (default ``keep``; more rows than ``keep`` leave the logits' kernels as they are)."""
+    device = next(model.parameters()).device
+    attn = None if mask is None else forward_mask(model, kv.pad_mask(mask), kv.length, position_ids, device)
+    cache_position = kv.before_forward(len(input_ids))
+    out = model(input_ids=torch.tensor([input_ids], dtype=torch.long, device=device),
+                position_ids=torch.tensor([position_ids], dtype=torch.long, device=device), attention_mask=attn,
+                past_key_values=kv.hf, cache_position=cache_position, use_cache=True, logits_to_keep=keep,
+                output_hidden_states=hidden)
+    kv.after_forward(len(input_ids))
+    logits = out.logits[0]
+    return logits, (out.hidden_states[-1][0, -(hidden_rows or logits.shape[0]):].float() if hidden else None)
+
+
+def bucket_for(n: int, buckets=BUCKETS) -> int | None:
+    """The smallest bucket holding ``n`` query rows, or None when ``n`` is larger than all."""
+    return next((b for b in buckets if b >= n), None)
+
+
+def padded_mask(mask: np.ndarray | None, length: int, n: int, bucket: int, width: int) -> np.ndarray:
+    """Bool ``(bucket, width)``: the forward's ``(n, length + n)`` mask (None = causal) padded with blocked
+    columns, then ``bucket - n`` padding rows that each see only their own column ``length + n + j``."""
+    out = np.zeros((bucket, width), dtype=bool)
+    if mask is None:
+        out[:n, :length] = True
+        out[:n, length: length + n] = np.tril(np.ones((n, n), dtype=bool))
+    else:
+        out[:n, : mask.shape[1]] = mask
+    pad = np.arange(n, bucket)
+    out[pad, length + pad] = True
+    return out
+
+
+class _Bucket:
+    """Static buffers (and on a GPU the captured graph) of one query size."""
+
+    def __init__(self, size: int, width: int, device, dtype):
+        self.size = size
+        self.ints = torch.zeros((3, size), dtype=torch.long, device=device)
+        self.ids, self.pos, self.cache_position = self.ints[0:1], self.ints[1:2], self.ints[2]
+        self.allowed = torch.zeros((size, width), dtype=torch.bool, device=device)
+        self.mask = torch.zeros((1, 1, size, width), dtype=dtype, device=device)
+        self.graph = None
+        self.logits = None  # output buffers: (1, size, vocab) and (1, size, hidden) or None
+        self.hidden = None
+        # On CUDA the inputs go through pinned host buffers, copied asynchronously: a copy from pageable memory
+        # makes the host wait for the device (issue 13 counted two such waits per forward).
+        cuda = torch.device(device).type == "cuda"
+        self._staged = (torch.zeros((3, size), dtype=torch.long, device="cpu", pin_memory=True),
+                        torch.zeros((size, width), dtype=torch.bool, device="cpu", pin_memory=True)) if cuda else None
+        self._copied = None  # CUDA event: the last copy out of the pinned buffers is done
+
+    def host_to_device(self, ints: np.ndarray, allowed: np.ndarray) -> None:
+        """Fill the input buffers from host arrays: ids, position ids and cache positions ``(3, size)`` int64,
+        and the allowed-attention pattern ``(size, width)`` bool."""
+        if self._staged is None:
+            self.ints.copy_(torch.from_numpy(ints))
+            self.allowed.copy_(torch.from_numpy(allowed))
+            return
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy has left the pinned buffers (nearly always already)
+        staged_ints, staged_allowed = self._staged
+        np.copyto(staged_ints.numpy(), ints)
+        np.copyto(staged_allowed.numpy(), allowed)
+        self.ints.copy_(staged_ints, non_blocking=True)
+        self.allowed.copy_(staged_allowed, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+
+class GraphRunner:
+    """Forwards of ``model`` appending to ``kv`` at fixed shapes; CUDA graphs when ``capture``.
+
+    Args:
+        model: a transformers causal LM (read-only; its forwards must hold the pair's lock, as the engine's do).
+        kv: the static cache every forward of this runner appends to (its tensors are captured by address).
+        capture: record CUDA graphs (default: when ``kv`` lives on a CUDA device); False = padded eager calls.
+        buckets: the query sizes forwards are padded to, ascending.
+    Raises:
+        ValueError: ``kv`` is not a ``StaticKVCache`` (graphs need fixed key widths). A forward whose padding rows
+            would not fit in ``kv`` runs eagerly instead.
+    """
+
+    def __init__(self, model, kv, capture: bool | None = None, buckets=BUCKETS):
+        if not isinstance(kv, StaticKVCache):
+            raise ValueError("a graph runner needs a static KV cache (fixed key width)")
+        self.model, self.kv, self.buckets = model, kv, tuple(buckets)
+        self.capture = kv.device.type == "cuda" if capture is None else bool(capture)
+        self.dtype = next(model.parameters()).dtype
+        self._buckets: dict[tuple[int, bool], _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.replays = self.captures = self.eager_calls = 0
+
+    def forward(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None, keep: int,
+                hidden: bool = False, hidden_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward of ``q = len(input_ids)`` rows at ``kv.length``. ``mask``: bool ``(q, kv.length + q)`` or
+        None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the model dtype and, with
+        ``hidden``, the last hidden state (float32) of the last ``hidden_rows`` rows (default ``keep``; more than
+        ``keep``: an eager forward, as a prefill is), both fresh tensors."""
+        n, length = len(input_ids), self.kv.length
+        size = bucket_for(n, self.buckets)
+        if (size is None or not self._cache_ready() or length + size > self.kv.key_width
+                or (hidden and (hidden_rows or keep) > keep)):
+            self.eager_calls += 1
+            return eager_forward(self.model, self.kv, input_ids, position_ids, mask, keep, hidden, hidden_rows)
+        b = self._bucket(size, hidden)
+        self._stage(b, input_ids, position_ids, mask)
+        if self.capture and b.graph is None:
+            self._capture(b, hidden)
+            self.kv.seek(size)  # warm-up and capture advanced the cache's counter
+        if b.graph is not None:
+            b.graph.replay()
+            self.replays += 1
+            logits, hid = b.logits, b.hidden
+        else:
+            out = self._call(b, hidden)
+            self.eager_calls += 1
+            logits, hid = out.logits, (out.hidden_states[-1] if hidden else None)
+        self.kv.after_forward(n)  # the padding rows are past `length`: stale, blocked, overwritten next time
+        rows = slice(n - keep, n)
+        return logits[0, rows].clone(), (hid[0, rows].float() if hid is not None else None)
+
+    def capture_all(self, hidden: bool = False) -> int:
+        """Capture every bucket not captured yet (with ``hidden`` as given), at the cache's current length, without
+        changing the cache's content up to that length: the capture's forwards write only past it, where padding
+        rows go too. Returns how many graphs were captured (0 off CUDA, or before the cache's first forward)."""
+        length = self.kv.length
+        if not self.capture or not self._cache_ready():
+            return 0
+        done = self.captures
+        for size in self.buckets:
+            b = self._bucket(size, hidden)
+            if b.graph is not None or length + size > self.kv.key_width:
+                continue
+            self._stage(b, [0] * size, list(range(length, length + size)), None)  # causal rows of token 0
+            self._capture(b, hidden)
+        return self.captures - done
+
+    def _cache_ready(self) -> bool:
+        """Whether the static cache's layers hold their tensors (after its first, eager, forward)."""
+        return all(getattr(layer, "is_initialized", False) for layer in self.kv.hf.layers)
+
+    def _stage(self, b: _Bucket, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None) -> None:
+        """Fill bucket ``b``'s input buffers for ``len(input_ids)`` rows at ``kv.length`` (padded to ``b.size``;
+        ``mask`` as ``forward`` takes it) and point the cache's write position there."""
+        n, length, size = len(input_ids), self.kv.length, b.size
+        host = np.zeros((3, size), dtype=np.int64)  # ids, position ids, cache positions: one copy to the device
+        host[0, :n] = input_ids
+        host[1, :n], host[1, n:] = position_ids, position_ids[-1]
+        host[2] = np.arange(length, length + size)
+        b.host_to_device(host, padded_mask(mask, length, n, size, self.kv.key_width))
+        b.mask.fill_(0.0).masked_fill_(~b.allowed[None, None], torch.finfo(self.dtype).min)
+        self.kv.seek(size)  # the cache's write position: `length`
+
+    def _call(self, b: _Bucket, hidden: bool):
+        return self.model(input_ids=b.ids, position_ids=b.pos, attention_mask=b.mask, past_key_values=self.kv.hf,
+                          cache_position=b.cache_position, use_cache=True, output_hidden_states=hidden)
+
+    def _bucket(self, size: int, hidden: bool) -> _Bucket:
+        key = (size, hidden)
+        if key not in self._buckets:
+            self._buckets[key] = _Bucket(size, self.kv.key_width, self.kv.device, self.dtype)
+        return self._buckets[key]
+
+    def _capture(self, b: _Bucket, hidden: bool) -> None:
+        """Warm up on a side stream (as PyTorch's CUDA graph notes ask), then record one forward."""
+        stream = torch.cuda.Stream(self.kv.device)
+        stream.wait_stream(torch.cuda.current_stream(self.kv.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.kv.seek(b.size)
+                self._call(b, hidden)
+        torch.cuda.current_stream(self.kv.device).wait_stream(stream)
+        self.kv.seek(b.size)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._call(b, hidden)
+        b.graph, b.logits = graph, out.logits
+        b.hidden = out.hidden_states[-1] if hidden else None
+        self.captures += 1
+
+
+def acquire_runner(pair, role: str, min_width: int) -> GraphRunner:
+    """A runner (with its own static cache, rewound to 0) for ``pair``'s ``role`` model (``draft``/``target``),
+    holding at least ``min_width`` positions: an idle one of the pair if any (its graphs already captured), else a
+    new one. Widths are rounded up to 256 so that runs of similar lengths share runners."""
+    width = -(-int(min_width) // 256) * 256
+    idle = pair.graph_runners.get((role, width))
+    if idle:
+        runner = idle.pop()
+        runner.kv.rewind(0)
+        return runner
+    model = getattr(pair, role)
+    return GraphRunner(model, StaticKVCache(model, width))
+
+
+def release_runner(pair, role: str, runner: GraphRunner) -> None:
+    """Give ``runner`` back to ``pair`` for the next run (``acquire_runner``)."""
+    pair.graph_runners.setdefault((role, runner.kv.key_width), []).append(runner)

@@ -1,0 +1,387 @@
+"""Verifiers: given a draft tree, the target's distributions p and the draft's distributions q, decide which path
+is committed and which token follows it.
+
+Inputs (float32 on one device):
+
+* ``p_rows``: indexable by row (a ``(N + 1, vocab)`` tensor or a lazy ``sampling.RowDists``); row 0 is the
+  target's processed distribution at the anchor (for the anchor's children), row ``i + 1`` at tree node ``i``.
+* ``q_rows``: ``{row: (vocab,)}``: the draft's processed distribution each node's children were drafted from
+  (sampling only; greedy verification does not read q).
+
+A verifier walks down from the anchor. At each node a *node rule* looks at the node's children (in draft order)
+and either accepts one of them (the walk descends into it) or returns the distribution the next token must be drawn
+from (the bonus token when the walk ends at a leaf: p itself). Node rules:
+
+* ``greedy``: accept the child equal to ``argmax p``.
+* ``rrs`` (MCSD, Yang et al. 2024, arXiv 2401.06706): recursive rejection sampling *without replacement*; children
+  drafted without replacement (``drafting.sample_without_replacement``). For each child x: accept with probability
+  ``min(1, p(x)/q(x))``; on rejection ``p <- norm(max(p - q, 0))``, ``q[x] <- 0``, ``q <- norm(q)``.
+* ``rrs-replacement`` (SpecInfer, Miao et al. 2024): the same with q left unchanged; children drafted i.i.d.
+* ``mcns`` (naive multi-candidate sampling): draw ``y ~ p``; accept the child equal to y, else emit y.
+* ``spechub`` (Sun et al. 2024, arXiv 2411.05289): two drafts per node, one of them always the hub token
+  ``a = argmax q``; a small transport plan decides (see ``spechub_node``). Nodes with one child use ``rrs``.
+* ``longest-branch``: the seed paper's rule (Lu et al. 2024): each target-sampled root's branch is walked on its
+  own with ``rrs`` (or ``greedy``) and the branch with the most accepted draft tokens is committed. **Lossy.**
+
+Free children (prompt lookup, Token Recycling: ``methods.FREE_SOURCES``) are deterministic proposals, q a point
+mass. After the node rule rejects the draft-model children, each free child faces ``point_stage``: the step of
+SpecInfer's multi-step speculative sampling for a proposal of its own (accept x with ``min(1, p'(x) / q_x(x))``,
+else ``p' <- norm(max(p' - q_x, 0))``), which for ``q_x = delta_x`` accepts with probability ``p'(x)`` and removes
+x from p'. Every stage, given the proposals, leaves the next token distributed as the p' it was handed, so any mix
+of model and free children stays lossless.
+
+All but the last are lossless: the committed tokens are distributed exactly as sampling from the target.
+
+How the walk runs. ``greedy``, ``rrs``, ``rrs-replacement`` (and ``longest-branch`` on them) test a node with a
+number that depends only on the tree: every node's acceptance probability is computed on the device for the whole
+tree at once (``expectation.node_odds``) and the walk compares it with the node's own uniform draw on the host
+(``ODDS_RULES``): a few host synchronisations per step however large the tree, where a read per tested node
+stalled a GPU step dozens of times (issue 13). ``mcns`` and ``spechub`` walk node by node (``NODE_RULES``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ...trace.records import FREE_SOURCES
+from ..config import VERIFIERS
+from ..drafting import DRAFT_RULES, sample_one, uniforms
+from ..tree import DraftTree
+from . import expectation
+from .residuals import normalize_or
+from .residuals import ratio as accept_ratio
+from .residuals import rrs_rejected, spechub_plan, without
+
+RESIDUAL_TOP = 5
+
+
+class VerifierError(ValueError):
+    """A verifier cannot serve this tree (e.g. SpecHub with more than two children per node)."""
+
+
+@dataclass
+class NodeDecision:
+    """Why a node was accepted or rejected. ``u`` is the uniform draw of its test (None for greedy / MCNS);
+    ``ratio`` the acceptance probability's argument (p/q, or its SpecHub analogue); ``residual_top`` after a
+    rejection: ``[(token_id, prob), ...]`` of the distribution the next sibling (or the replacement token) faces."""
+
+    accepted: bool
+    ratio: float
+    u: float | None = None
+    residual_top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of verifying one tree.
+
+    Attributes:
+        path: tree indices of the committed nodes, root first (for lossy rules the target-sampled root included).
+        bonus: the token drawn after the path (from p, or the residual after a rejection); None for the lossy rule,
+            which instead hands ``next_dist`` (``(vocab,)``) to the next step's roots.
+        decisions: per verified node.
+        branch_accepted: per branch (index among the anchor's children) the accepted draft tokens in that branch.
+        chosen_branch: the branch the committed path runs through, or None when no child was accepted.
+        next_row: p row after the committed path (lossy greedy roots come from its raw logits).
+    """
+
+    path: list[int]
+    bonus: int | None
+    decisions: dict[int, NodeDecision]
+    branch_accepted: dict[int, int]
+    chosen_branch: int | None
+    next_dist: torch.Tensor | None = None
+    next_row: int | None = None
+
+
+def _top(dist: torch.Tensor, k: int = RESIDUAL_TOP) -> list[tuple[int, float]]:
+    v, i = torch.topk(dist, min(k, dist.shape[-1]))
+    return [(int(t), float(p)) for t, p in zip(i.tolist(), v.tolist()) if p > 0]
+
+
+def _uniform(generator: torch.Generator, device) -> float:
+    return float(torch.rand((), generator=generator, device=device))
+
+
+# ------------------------------------------------------------------------------------------------ node rules
+# Node by node (``mcns``, ``spechub``, and ``rrs`` for SpecHub's one-child nodes). Each returns (index of the
+# accepted child or None, distribution of the next token if none, {child index: NodeDecision} for the children it
+# tested).
+
+
+def rrs_node(tokens, p, q, generator, replacement: bool = False):
+    decisions = {}
+    for j, x in enumerate(tokens):
+        ratio = float(accept_ratio(p[x], q[x]))
+        u = _uniform(generator, p.device)
+        if u < ratio:  # P(u < r) = min(1, r) for u ~ U[0, 1); "<=" would pass a p(x) = 0 draft at u = 0
+            decisions[j] = NodeDecision(accepted=True, ratio=ratio, u=u)
+            return j, None, decisions
+        p, q = rrs_rejected(p, q, x, replacement)
+        decisions[j] = NodeDecision(accepted=False, ratio=ratio, u=u, residual_top=_top(p))
+    return None, p, decisions
+
+
+def mcns_node(tokens, p, q, generator):
+    y = sample_one(p, generator)
+    decisions = {}
+    for j, x in enumerate(tokens):
+        ratio = float(accept_ratio(p[x], q[x])) if q is not None else 0.0
+        ok = x == y
+        decisions[j] = NodeDecision(accepted=ok, ratio=ratio)
+        if ok:
+            return j, None, decisions
+    return None, torch.nn.functional.one_hot(torch.tensor(y, device=p.device), p.shape[-1]).to(p), decisions
+
+
+def spechub_node(tokens, p, q, generator):
+    if len(tokens) == 1:
+        return rrs_node(tokens, p, q, generator)
+    if len(tokens) != 2:
+        raise VerifierError(f"SpecHub verifies two drafts per node; this node has {len(tokens)}")
+    plan = spechub_plan(p, q)
+    a = plan["hub"]
+    if tokens[1] == a:  # pair (i, a)
+        order, alpha, beta = [(0, tokens[0]), (1, a)], plan["alpha1"], plan["beta1"]
+    elif tokens[0] == a:  # pair (a, i)
+        order, alpha, beta = [(1, tokens[1]), (0, a)], plan["alpha2"], plan["beta2"]
+    else:
+        raise VerifierError("SpecHub needs its hub drafting: one of the two children must be argmax q")
+    decisions: dict[int, NodeDecision] = {}
+    (j_i, i), (j_a, _) = order
+    u = _uniform(generator, p.device)
+    ok = u < float(alpha[i])
+    decisions[j_i] = NodeDecision(accepted=ok, ratio=float(alpha[i]), u=u)
+    if ok:
+        return j_i, None, decisions
+    u = _uniform(generator, p.device)
+    ok = u < beta
+    decisions[j_a] = NodeDecision(accepted=ok, ratio=beta, u=u)
+    residual = normalize_or(plan["residual"], p)  # p when nothing was left to capture (probability 0)
+    if ok:
+        return j_a, None, decisions
+    decisions[j_a].residual_top = _top(residual)
+    decisions[j_i].residual_top = _top(residual)
+    return None, residual, decisions
+
+
+def point_stage(tokens, p, generator):
+    """Deterministic children (q = a point mass each), tested one after another against ``p`` (the residual the
+    draft-model children left): accept x when ``u < p(x)`` (u ~ U[0, 1)), else set ``p(x) = 0`` and renormalise.
+    Same return as the node rules."""
+    decisions = {}
+    for j, x in enumerate(tokens):
+        px = float(p[x])
+        u = _uniform(generator, p.device)
+        ok = u < px
+        decisions[j] = NodeDecision(accepted=ok, ratio=px, u=u)
+        if ok:
+            return j, None, decisions
+        p = without(p, x)  # p itself if p(x) == 1, where the rejection had probability 0
+        decisions[j].residual_top = _top(p)
+    return None, p, decisions
+
+
+NODE_RULES = {"mcns": mcns_node, "spechub": spechub_node}
+"""Rules walked node by node, each drawing as it tests (the rules whose tests ``ODDS_RULES`` cannot precompute)."""
+
+
+# ------------------------------------------------------------------------------------------------ walks
+
+
+def _walk(tree: DraftTree, p_rows, q_rows, start: int, rule, generator, decisions: dict):
+    """Descend from node ``start`` (-1 = anchor) with ``rule``. Returns (accepted nodes below start, distribution
+    of the next token, p row of the last node)."""
+    path, node = [], start
+    while True:
+        kids = tree.children(node)
+        dist = p_rows[node + 1]
+        if not kids:
+            return path, dist, node + 1
+        accepted = None
+        model = [c for c in kids if tree.source[c] not in FREE_SOURCES]
+        free = [c for c in kids if tree.source[c] in FREE_SOURCES]
+        if model:  # the rule's own children first, then the free ones against what they left
+            idx, dist, decs = rule([tree.token[c] for c in model], dist, q_rows.get(node + 1), generator)
+            decisions.update({model[j]: d for j, d in decs.items()})
+            accepted = None if idx is None else model[idx]
+        if accepted is None and free:
+            idx, dist, decs = point_stage([tree.token[c] for c in free], dist, generator)
+            decisions.update({free[j]: d for j, d in decs.items()})
+            accepted = None if idx is None else free[idx]
+        if accepted is None:
+            return path, dist, node + 1
+        node = accepted
+        path.append(node)
+
+
+def _branch_counts(tree: DraftTree, path: list[int]) -> dict[int, int]:
+    counts = {b: 0 for b in range(len(tree.children(-1)))}
+    if path:
+        counts[tree.branch_of(path[0])] = sum(1 for i in path if tree.source[i] != "target")
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------ walks on odds
+
+ODDS_RULES = ("greedy", "rrs", "rrs-replacement")
+"""Rules whose test of a node depends only on the tree (given that the earlier siblings were rejected, which the
+walk reaching it implies). Every node's acceptance probability is computed once, on the device, and reaches the host
+in one transfer (``expectation.node_odds``, which the trace shows anyway); the walk then compares each tested node's
+probability with its own uniform draw (``u < accept_prob``), all drawn at once. Afterwards only the residuals at
+the nodes the walk visited are computed: the rejected nodes' for the trace, the last for the bonus token. Host
+synchronisations per step: the odds, the uniforms, the residuals' top tokens, the bonus token (issue 13), however
+large the tree."""
+
+
+def _uniforms(tree: DraftTree, generator: torch.Generator) -> list[float]:
+    """One U[0, 1) draw (float64) per tree node, in one call and one transfer; a node's test uses its own."""
+    return uniforms(generator, len(tree)).tolist() if len(tree) else []
+
+
+def _odds_walk(tree: DraftTree, odds: dict, start: int, uniforms, decisions: dict) -> list[tuple[int, list[int]]]:
+    """Descend from node ``start`` (-1 = anchor): test each node's children in test order; child c passes when
+    ``uniforms[c] < accept_prob`` (greedy, ``uniforms`` None: when its accept_prob is 1, i.e. it is the argmax);
+    the walk descends into the first that passes. Returns the visits: ``(node, its children rejected before one
+    passed or none did)`` from ``start`` down; the last is where the walk stopped, and the accepted path is the
+    nodes of the visits after the first."""
+    visits, node = [], start
+    while True:
+        kids = sorted((c for c in tree.children(node) if c in odds), key=lambda c: odds[c].order)
+        rejected, passed = [], None
+        for c in kids:
+            u = None if uniforms is None else uniforms[c]
+            ok = odds[c].accept_prob >= 1.0 if u is None else u < odds[c].accept_prob
+            decisions[c] = NodeDecision(accepted=ok, ratio=odds[c].ratio, u=u)
+            if ok:
+                passed = c
+                break
+            rejected.append(c)
+        visits.append((node, rejected))
+        if passed is None:
+            return visits
+        node = passed
+
+
+def _residuals(tree: DraftTree, p_rows, q_rows, node: int, rejected: list[int], replacement: bool) -> list:
+    """The distributions left at ``node`` after each of its children ``rejected`` (test order) was rejected, as
+    its rule removes it (``rrs``'s residual for a model-drafted child, the point-mass residual for a free one), on
+    the device. The last is the distribution the next token is drawn from when none of its children passed; no
+    rejection leaves p there."""
+    p, q = p_rows[node + 1], q_rows.get(node + 1)
+    out = [p]
+    for c in rejected:
+        if tree.source[c] in FREE_SOURCES:
+            p = without(p, tree.token[c])
+        else:
+            p, q = rrs_rejected(p, q, tree.token[c], replacement)
+        out.append(p)
+    return out
+
+
+def _walk_end(tree: DraftTree, p_rows, q_rows, visits: list, replacement: bool) -> tuple:
+    """After a sampled walk, on the device: the distribution it ends in (where the next token is drawn from), and
+    every rejected node with the residual its rejection left (for the trace). Returns (dist, rejected, residuals)."""
+    rejected, after = [], []
+    for node, rej in visits:
+        left = _residuals(tree, p_rows, q_rows, node, rej, replacement)
+        rejected += rej
+        after += left[1:]
+    return left[-1], rejected, after
+
+
+def _record_residual_tops(decisions: dict, rejected: list[int], after: list[torch.Tensor]) -> None:
+    """Each rejected node's ``residual_top`` (the trace's view of what its rejection left), in one transfer."""
+    if not rejected:
+        return
+    vals, ids = torch.topk(torch.stack(after), min(RESIDUAL_TOP, after[0].shape[-1]), dim=-1)
+    host = torch.cat([ids.double(), vals.double()], 1).tolist()
+    k = ids.shape[1]
+    for c, line in zip(rejected, host):
+        decisions[c].residual_top = [(int(t), p) for t, p in zip(line[:k], line[k:]) if p > 0]
+
+
+def verify_tree(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator, rule: str = "rrs",
+                odds: dict | None = None, **_) -> VerifyResult:
+    """Lossless verification of a tree hanging from the anchor with one node rule; then the bonus token.
+    ``odds``: ``expectation.node_odds`` of this tree under ``rule`` when the caller has them (computed here if
+    not; ``ODDS_RULES`` only)."""
+    decisions: dict[int, NodeDecision] = {}
+    if rule not in ODDS_RULES:
+        path, dist, _row = _walk(tree, p_rows, q_rows, -1, NODE_RULES[rule], generator, decisions)
+        bonus = sample_one(dist, generator)
+    else:
+        odds = expectation.node_odds(tree, p_rows, q_rows, rule) if odds is None else odds
+        greedy = rule == "greedy"
+        visits = _odds_walk(tree, odds, -1, None if greedy else _uniforms(tree, generator), decisions)
+        path = [node for node, _ in visits[1:]]
+        if greedy:
+            bonus = expectation.best_token(p_rows, visits[-1][0] + 1)
+        else:
+            dist, rejected, after = _walk_end(tree, p_rows, q_rows, visits, rule == "rrs-replacement")
+            _record_residual_tops(decisions, rejected, after)
+            bonus = sample_one(dist, generator)
+    return VerifyResult(path, bonus, decisions, _branch_counts(tree, path),
+                        tree.branch_of(path[0]) if path else None)
+
+
+def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator, greedy: bool = False,
+                          odds: dict | None = None, **_) -> VerifyResult:
+    """The seed's rule (lossy): walk every root's subtree on its own (``rrs``, or ``greedy``), commit the root with
+    the longest accepted draft continuation (ties: the first root). The next step's roots are drawn from the
+    distribution at that branch's end: the residual at its rejection, or p after its last node."""
+    odds = expectation.node_odds(tree, p_rows, q_rows, "longest-branch", greedy=greedy) if odds is None else odds
+    uniforms = None if greedy else _uniforms(tree, generator)
+    decisions: dict[int, NodeDecision] = {}
+    walks = [_odds_walk(tree, odds, root, uniforms, decisions) for root in tree.children(-1)]
+    if not walks:
+        raise VerifierError("the lossy rule needs at least one root")
+    counts = {b: len(visits) - 1 for b, visits in enumerate(walks)}
+    b = max(counts, key=lambda i: (counts[i], -i))  # the longest; ties: the first root
+    if greedy:
+        next_dist = p_rows[walks[b][-1][0] + 1]
+    else:  # every branch's rejections go into the trace (one transfer); the chosen branch's end is the next dist
+        ends = [_walk_end(tree, p_rows, q_rows, visits, False) for visits in walks]
+        _record_residual_tops(decisions, [c for _, rej, _ in ends for c in rej], [a for _, _, aft in ends for a in aft])
+        next_dist = ends[b][0]
+    path = [node for node, _ in walks[b]]
+    return VerifyResult(path, None, decisions, counts, b, next_dist=next_dist, next_row=path[-1] + 1)
+
+
+def register_verifier(name: str, node_rule, odds_rule, draws: str = "without") -> None:
+    """Make a node rule a verifier by ``name`` (what ``run_verifier`` and ``EngineParts.verifier_name`` take).
+
+    Args:
+        node_rule: ``(tokens, p, q, generator) -> (index of the accepted child or None, distribution of the next
+            token when none was, {child index: NodeDecision})``, walked node by node (``NODE_RULES``); ``tokens``
+            the model-drafted children in draft order, ``p`` / ``q`` float32 ``(vocab,)``.
+        odds_rule: ``(tokens, p, q) -> ([(child index, ratio, slot probability), ...] in test order, p after the
+            last test)``, values as 0-d tensors or floats (``expectation.ODDS_RULES``): what the rule implies about
+            each node, for the trace and the expected tokens.
+        draws: how the draft model draws the children this rule tests (``drafting.DRAFT_RULES``): ``without``
+            (replacement), ``with``, or ``hub`` (SpecHub's pairs).
+    Raises VerifierError for a name taken already or an unknown ``draws``. To offer it in the CLI's and the app's
+    menus too, add the name to ``config.VERIFIERS`` and ``config.VERIFIER_LABELS`` (docs/architecture.md).
+    """
+    if name in NODE_RULES or name in ODDS_RULES or name == "longest-branch":
+        raise VerifierError(f"a verifier named {name!r} exists already")
+    if draws not in set(DRAFT_RULES.values()) - {"greedy"}:
+        raise VerifierError(f"unknown drafting law {draws!r}; use without, with or hub")
+    NODE_RULES[name] = node_rule
+    expectation.ODDS_RULES[name] = odds_rule
+    DRAFT_RULES[name] = draws
+
+
+def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,
+                 greedy: bool = False, odds: dict | None = None) -> VerifyResult:
+    """Dispatch by name: ``greedy``, one of ``VERIFIERS`` (a rule of ``ODDS_RULES`` or ``NODE_RULES``), or
+    ``longest-branch``. ``odds``: the tree's
+    ``expectation.node_odds`` under this verifier, when the caller has computed them (the engine does, for the
+    trace); otherwise they are computed here where the rule walks on them."""
+    if name == "longest-branch":
+        return verify_longest_branch(tree, p_rows, q_rows, generator, greedy=greedy, odds=odds)
+    if name not in ODDS_RULES and name not in NODE_RULES:
+        raise VerifierError(f"unknown verifier {name!r}; use one of greedy, {', '.join(VERIFIERS)}, longest-branch")
+    return verify_tree(tree, p_rows, q_rows, generator, rule=name, odds=odds)

@@ -1,0 +1,200 @@
+"""The classroom's race and speedup curve, from recorded traces only (no torch, no model).
+
+* **The race**: a speculative run and plain decoding (``ar``) on the same prompt as two lanes on one wall-clock axis,
+  from their measured step timelines (the prefill, then each step's drafting, verification and commit), with the
+  tokens counted as they are committed and both finishing times. A plain step the goodput fallback took is marked
+  with its reason.
+* **The speedup curve**: the expected speedup of a chain of gamma draft tokens against the acceptance rate alpha,
+  for a cost ratio c (a draft forward over a target forward): ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``
+  (Leviathan et al. 2023, Theorem 3.8). For a tree, the expected tokens of the run's mean tree shape (``widths``:
+  candidates per parent at each level) where each candidate is accepted with probability alpha independently, as
+  MCSD's analysis treats its k candidates (Yang et al. 2024): a level is passed with probability
+  ``1 - (1 - alpha)^width``, so tokens per target call ``= 1 + sum_l prod_{j<=l} (1 - (1 - alpha)^w_j)`` over
+  ``len(widths) c + 1`` target-forward costs (one draft forward per level). With every width 1 this is Leviathan's
+  chain. The run's measured point: its acceptance and its speedup over the recorded ``ar`` run.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from ..engine.speedup import expected_tokens, fitted_alpha, tree_speedup
+from ..trace.records import RunTrace
+
+LANE_PARTS = {"drafting": "draft", "draft forward": "draft", "mask": "verify", "target forward": "verify",
+              "odds": "verify", "verification": "verify", "drafter learn": "commit",
+              "stop-policy adaptation": "commit", "KV-cache commit": "commit", "trace recording": "commit"}
+PART_COLORS = {"prefill": "#7f7f7f", "draft": "#f2b134", "verify": "#3b6fb6", "commit": "#2ca02c",
+               "other": "#c7c7c7"}
+
+
+def lane_segments(run: RunTrace) -> list[dict]:
+    """The run on a wall clock: ``[{"part", "start_ms", "ms", "step"}]`` from the prefill through every step's
+    timeline segments (merged where consecutive segments belong to the same part); ``step`` is None for the
+    prefill. Steps without a timeline count as one ``other`` segment of ``step_ms``."""
+    out = [{"part": "prefill", "start_ms": 0.0, "ms": float(run.prefill_ms), "step": None}]
+    clock = float(run.prefill_ms)
+    for step in run.steps:
+        segments = step.timeline or [{"phase": "other", "ms": step.step_ms}]
+        for seg in segments:
+            part = LANE_PARTS.get(seg["phase"], "other")
+            if out[-1]["step"] == step.index and out[-1]["part"] == part:
+                out[-1]["ms"] += seg["ms"]
+            else:
+                out.append({"part": part, "start_ms": clock, "ms": float(seg["ms"]), "step": step.index})
+            clock += seg["ms"]
+    return out
+
+
+def commit_times(run: RunTrace) -> list[tuple[float, int]]:
+    """``(ms since the start, tokens committed so far)`` at the end of every step."""
+    clock, tokens, out = float(run.prefill_ms), 0, []
+    for step in run.steps:
+        clock += sum(seg["ms"] for seg in step.timeline) if step.timeline else step.step_ms
+        tokens += len(step.committed_ids)
+        out.append((clock, tokens))
+    return out
+
+
+def race_figure(run: RunTrace, baseline: RunTrace, label: str, font: int = 16, machine: str = "") -> go.Figure:
+    """Two lanes on one wall-clock axis (ms): ``label`` (the speculative run) above ``ar`` (``baseline``). Bars are
+    the parts of each step (draft, verify, commit; the prefill first), the numbers above them the tokens committed
+    so far; both finishing times are marked. A plain step of the goodput fallback shows its reason on hover."""
+    fig = go.Figure()
+    lanes = [(label, run), ("ar (plain decoding)", baseline)]
+    seen = set()
+    for name, trace in lanes:
+        reasons = {s.index: s.fallback.get("reason", "") for s in trace.steps
+                   if s.fallback and not s.fallback.get("speculate", True)}
+        by_part: dict[str, list[dict]] = {}
+        for seg in lane_segments(trace):
+            by_part.setdefault(seg["part"], []).append(seg)
+        for part, segs in by_part.items():
+            hover = []
+            for seg in segs:
+                step = seg["step"]
+                where = f", step {step + 1}" if step is not None else ""
+                text = f"{name}<br>{part}{where}: {seg['ms']:.0f} ms"
+                hover.append(text + (f"<br>plain step (fallback): {reasons[step]}" if step in reasons else ""))
+            fig.add_trace(go.Bar(y=[name] * len(segs), x=[seg["ms"] for seg in segs],
+                                 base=[seg["start_ms"] for seg in segs], orientation="h", name=part,
+                                 marker=dict(color=PART_COLORS[part], line=dict(color="#fff", width=0.5)),
+                                 hovertext=hover, hoverinfo="text", showlegend=part not in seen, legendgroup=part))
+            seen.add(part)
+        times = commit_times(trace)
+        fig.add_trace(go.Scatter(x=[t for t, _ in times], y=[name] * len(times), mode="markers",
+                                 marker=dict(symbol="line-ns-open", size=26, color="#000"), hoverinfo="text",
+                                 hovertext=[f"{n} tokens at {t:.0f} ms" for t, n in times], showlegend=False))
+        end, tokens = times[-1] if times else (float(trace.prefill_ms), 0)
+        fig.add_annotation(x=end, y=name, text=f"<b>{end / 1e3:.2f} s</b> · {tokens} tokens", showarrow=False,
+                           xanchor="left", xshift=6, font=dict(size=font))
+    ends = [commit_times(t)[-1][0] for _, t in lanes if t.steps]
+    fig.update_layout(
+        barmode="overlay", height=260, margin=dict(l=10, r=10, t=60, b=10), font=dict(size=font),
+        title=dict(text="The race: the same prompt, measured step timelines" + (f" ({machine})" if machine else ""),
+                   font=dict(size=font + 2)),
+        xaxis=dict(title="wall clock (ms)", range=[0, max(ends, default=1) * 1.3]),
+        yaxis=dict(autorange="reversed"),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.5, font=dict(size=font)))
+    return _sized(fig, font)
+
+
+def _sized(fig: go.Figure, font: int) -> go.Figure:
+    """Every text of ``fig`` at ``font`` px: axis ticks and titles too (a page's chart theme sets its own)."""
+    axis = dict(tickfont=dict(size=font), title_font=dict(size=font))
+    return fig.update_layout(font=dict(size=font), legend_font=dict(size=font), xaxis=axis, yaxis=axis)
+
+
+
+
+
+
+
+
+
+
+def mean_widths(run: RunTrace) -> list[float]:
+    """The run's mean tree shape: for each level up to the rounded mean depth of the steps that drafted, the mean
+    number of candidates per parent (nodes at that level over nodes at the level above) over the steps that
+    reached it. A chain gives ``[1.0] * gamma``; ``[]`` when no step drafted."""
+    trees = [s.nodes for s in run.steps if len(s.nodes) > 1]
+    if not trees:
+        return []
+    depth = round(sum(max(n.depth for n in nodes) for nodes in trees) / len(trees))
+    widths = []
+    for level in range(1, depth + 1):
+        ratios = []
+        for nodes in trees:
+            above = sum(n.depth == level - 1 for n in nodes)
+            here = sum(n.depth == level for n in nodes)
+            if here and above:
+                ratios.append(here / above)
+        widths.append(sum(ratios) / len(ratios) if ratios else 1.0)
+    return widths
+
+
+def measured_point(run: RunTrace, baseline: RunTrace) -> dict:
+    """What the run measured: ``widths`` (``mean_widths``), ``gamma`` (their number: the mean draft depth),
+    ``alpha`` (for a chain, accepted over drafted tokens; for a tree, the per-candidate acceptance under which the
+    mean tree accepts the run's mean accepted tokens per drafting step: ``alpha_fitted`` True), ``c`` (mean draft
+    forward over mean target forward, from the timelines; None without draft forwards) and ``speedup`` (its tokens
+    per second over the baseline's)."""
+    drafted = sum(s.drafted for s in run.steps)
+    accepted = sum(s.accepted_draft_len for s in run.steps)
+    widths = mean_widths(run)
+    chain = all(abs(w - 1.0) < 1e-9 for w in widths)
+    if chain or not widths:
+        alpha = accepted / drafted if drafted else 0.0
+    else:
+        drafting = [s for s in run.steps if len(s.nodes) > 1]
+        alpha = fitted_alpha(widths, sum(s.accepted_draft_len for s in drafting) / len(drafting))
+    forwards = {"draft forward": [], "target forward": []}
+    for s in run.steps + baseline.steps:
+        for seg in s.timeline:
+            if seg["phase"] in forwards:
+                forwards[seg["phase"]].append(seg["ms"])
+    draft, target = forwards["draft forward"], forwards["target forward"]
+    c = (sum(draft) / len(draft)) / (sum(target) / len(target)) if draft and target else None
+
+    def rate(trace):
+        end = commit_times(trace)[-1][0] if trace.steps else 0.0
+        return len(trace.generated_ids) / end if end > 0 else 0.0
+
+    return {"alpha": alpha, "alpha_fitted": not chain and bool(widths), "widths": widths, "gamma": len(widths),
+            "c": c, "speedup": rate(run) / rate(baseline) if rate(baseline) else 0.0}
+
+
+def _shape(widths: list[float]) -> str:
+    """``γ = 4`` for a chain, ``widths 2, 1.5, 1`` for a tree."""
+    if all(abs(w - 1.0) < 1e-9 for w in widths):
+        return f"γ = {len(widths)}"
+    return "widths " + ", ".join(f"{w:.2g}" for w in widths)
+
+
+def speedup_figure(point: dict, c: float, font: int = 16) -> go.Figure:
+    """Expected speedup against acceptance for the run's mean tree shape (a chain: Leviathan's curve) at cost ratio
+    ``c``, beside the same curve at the run's measured c (where it differs), and the run's measured point."""
+    widths = point["widths"] or [1.0]
+    xs = [i / 100 for i in range(0, 100)] + [0.999]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=[tree_speedup(a, widths, c) for a in xs], mode="lines",
+                             name=f"expected, {_shape(widths)}, c = {c:.2f}", line=dict(width=3, color="#3b6fb6")))
+    if point["c"] is not None and abs(point["c"] - c) > 1e-3:
+        fig.add_trace(go.Scatter(x=xs, y=[tree_speedup(a, widths, point["c"]) for a in xs], mode="lines",
+                                 name=f"at the measured c = {point['c']:.2f}", line=dict(dash="dot", color="#888")))
+    fig.add_trace(go.Scatter(x=[point["alpha"]], y=[point["speedup"]], mode="markers+text", name="this run",
+                             text=[f"{point['speedup']:.2f}x"], textposition="top center",
+                             marker=dict(size=16, color="#d62728", symbol="star")))
+    fig.add_hline(y=1.0, line=dict(color="#000", width=1, dash="dash"))
+    tree = point.get("alpha_fitted")
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=60, b=10), font=dict(size=font),
+                      title=dict(text="Speedup against acceptance rate" + (
+                          " (a tree: MCSD's independent candidates)" if tree else " (Leviathan et al. 2023)"),
+                          font=dict(size=font + 2)),
+                      xaxis=dict(title="acceptance rate α" + (" per candidate" if tree else ""), range=[0, 1]),
+                      yaxis=dict(title="speedup over ar"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, font=dict(size=font)))
+    return _sized(fig, font)
+
+
+__all__ = ["commit_times", "lane_segments", "mean_widths", "measured_point", "race_figure", "speedup_figure"]

@@ -1,0 +1,321 @@
+"""Recording the shipped lessons (``python -m explorer lessons record``): each lesson's runs on a real pair, the
+notes marked where the run shows what the lesson is about, an ``ar`` run of the same prompt for the race, and where
+a lesson is about losslessness the audit's verdict. Writes ``assets/lessons/<id>.json`` (``lessons/lesson.py``).
+
+The notes are found in the recorded traces by rules (the step with the longest accepted chain, the first rejection
+with a residual, the first early stop, ...), so a lesson re-recorded on another machine marks what its own run shows.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..engine.config import DEFAULTS, MethodConfig
+from ..engine.sampling import SamplingConfig
+from ..trace.records import REJECTED, RunTrace
+from .lesson import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
+from .phases import quote_token
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class LessonSpec:
+    """How to record one lesson: its runs (label, method, sampling) on one prompt, the notes rule, and the audit's
+    sample count (0: none)."""
+
+    id: str
+    title: str
+    question: str
+    prompt: str
+    runs: tuple
+    notes: Callable[[list[RunTrace], dict | None], list[Note]]
+    max_new_tokens: int = 48
+    audit_samples: int = 0
+    audit_run: int = 0
+
+
+def _per_call(trace: RunTrace) -> float:
+    calls = sum(s.target_calls for s in trace.steps) + 1  # the prefill is a target call too
+    return len(trace.generated_ids) / calls
+
+
+def _audit_words(audit: dict) -> str:
+    first, pairs = audit["first"], audit.get("pairs") or {}
+    verdict = "passes" if audit["passed"] else "**fails**"
+    return (f"The audit sampled the first two tokens {audit['samples']} times from this prompt and compared them with "
+            f"the target's exact law: first token p = {first['p_value']:.3g} (total variation "
+            f"{first['tv_distance']:.3f}), first two tokens p = {pairs.get('p_value', float('nan')):.3g}. It "
+            f"{verdict} at α = {audit['alpha']}.")
+
+
+def _code_notes(runs, audit):
+    t = runs[0]
+    best = max(t.steps, key=lambda s: s.accepted_draft_len)
+    return [Note(0, 0, "draft", "The draft model (0.5B) proposes tokens one level at a time, and after each level "
+                 "the decision model predicts whether the target (1.5B) will accept them: a chain while it is sure."),
+            Note(0, best.index, "commit", f"{best.accepted_draft_len} drafted tokens accepted in one target call "
+                 f"({len(best.committed_ids)} committed with the bonus token). Code is predictable: the small model "
+                 f"writes what the large one would. Over the run: {_per_call(t):.2f} tokens per target call.")]
+
+
+def _unsure_notes(runs, audit):
+    t, notes = runs[0], []
+    wide = next((s for s in t.steps if sum(1 for n in s.nodes if n.depth == 1 and n.source == "draft") >= 2), None)
+    if wide is not None:
+        notes.append(Note(0, wide.index, "draft", "The draft's top candidate at the root was below 80 %: unsure, it "
+                          "proposed a second candidate there (adaptive width). Each becomes a branch of the tree.",
+                          level=1))
+    stopped = [s for s in t.steps if s.stop_signals and not s.stop_signals[-1].keep_drafting
+               and s.stop_signals[-1].level < s.max_draft_len]
+    early = min(stopped, key=lambda s: (s.stop_signals[-1].level, s.index)) if stopped else None  # the earliest stop
+    if early is not None:
+        sig = early.stop_signals[-1]
+        notes.append(Note(0, early.index, "draft", f"The decision model's score fell to {sig.score:.2f}, below τ "
+                          f"{sig.threshold:.2f}: drafting stops after {sig.level} level(s) instead of "
+                          f"{early.max_draft_len}. Drafting on would cost draft forwards the target would likely "
+                          "throw away.", level=sig.level))
+    notes.append(Note(0, len(t.steps) - 1, "commit", f"Over the run: {_per_call(t):.2f} tokens per target call, "
+                      "fewer than on code: open-ended prose is harder to guess."))
+    return notes
+
+
+def _sampling_notes(runs, audit):
+    t, notes = runs[0], []
+    for s in t.steps:
+        node = next((n for n in s.nodes if n.status == REJECTED and n.residual_top), None)
+        if node is not None:
+            notes.append(Note(0, s.index, "verify", f"{quote_token(node.text)} is rejected: u ≥ p/q. The next test (its "
+                              "sibling, or the token that replaces it) draws from the residual norm(max(p − q, 0)): "
+                              "what the target wanted and the draft under-proposed. Accept with min(1, p/q), "
+                              "correct with the residual: together they give exactly p.", node=node.id))
+            break
+    if audit:
+        notes.append(Note(0, len(t.steps) - 1, "commit", _audit_words(audit)))
+    return notes
+
+
+def _chain_tree_notes(runs, audit):
+    sd, tree = runs
+    a, b = _per_call(sd), _per_call(tree)
+    verdict = ("The tree wins here: where the draft's first guess was wrong, a sibling was often right." if b > a else
+               "The chain wins here: the tree is 3 levels deep against the chain's 4, and where the draft's first "
+               "guess is right its siblings add nothing.")
+    notes = [Note(0, 0, "draft", "Speculative decoding (SD): the draft proposes one chain of 4 tokens. One wrong "
+                  "token and everything after it is lost."),
+             Note(1, 0, "draft", "MCSD: two candidates at every node, a tree of 14 tokens, all verified in the same "
+                  "single target pass: where the first guess is wrong, its sibling may be right."),
+             Note(0, len(sd.steps) - 1, "commit", f"SD over the run: {a:.2f} tokens per target call in "
+                  f"{len(sd.steps)} steps."),
+             Note(1, len(tree.steps) - 1, "commit", f"MCSD over the run: {b:.2f} tokens per target call in "
+                  f"{len(tree.steps)} steps, against SD's {a:.2f}. {verdict}")]
+    common = next((i for i, (x, y) in enumerate(zip(sd.generated_ids, tree.generated_ids)) if x != y), None)
+    if common is not None:
+        step, done = 0, 0
+        for s in tree.steps:
+            if done + len(s.committed_ids) > common:
+                step = s.index
+                break
+            done += len(s.committed_ids)
+        notes.append(Note(1, step, "commit", f"Both runs are greedy and lossless, yet the texts part at token "
+                          f"{common + 1} ({quote_token(_piece(sd, common))} in the chain, "
+                          f"{quote_token(_piece(tree, common))} here). A forward over many rows rounds bf16 differently "
+                          "from one over few; where the target's two best tokens are nearly tied, that can pick the "
+                          "other one (README, \"Numerics\"; `python -m explorer probe` shows it node by node)."))
+    return notes
+
+
+def _piece(trace: RunTrace, index: int) -> str:
+    """The text the token at ``index`` of the run's output added."""
+    pieces = [t for s in trace.steps for t in s.committed_text]
+    return pieces[index] if index < len(pieces) else ""
+
+
+def _lookup_notes(runs, audit):
+    t, notes = runs[0], []
+    copied = [s for s in t.steps if any(n.source == "lookup" and n.committed and n.provenance for n in s.nodes)]
+    if copied:
+        s = max(copied, key=lambda s: (s.accepted_draft_len, -s.index))  # the longest copy taken
+        node = next(n for n in s.nodes if n.source == "lookup" and n.committed and n.provenance)
+        prov = node.provenance
+        where = "the prompt" if prov.get("in_prompt") else "the text so far"
+        notes.append(Note(0, s.index, "draft", f"No draft model: the last {prov.get('ngram', '?')} token(s) "
+                          f"{quote_token(str(prov.get('match_text', '')))} occurred earlier in {where}, so the tokens that "
+                          f"followed there are proposed, for free (copied from position {prov.get('copied_from')})."))
+        notes.append(Note(0, s.index, "commit", f"{s.accepted_draft_len} copied tokens accepted in one target "
+                          "call: the answer repeats the prompt's code."))
+    notes.append(Note(0, len(t.steps) - 1, "commit", f"Over the run: {_per_call(t):.2f} tokens per target call, "
+                      "with no draft model at all."))
+    return notes
+
+
+def _lossy_notes(runs, audit):
+    t = runs[0]
+    notes = [Note(0, 0, "draft", "The seed paper's mode: the roots (diamonds) are not drafted but sampled from the "
+                  "target's own next-token distribution, three of them, and each gets a draft chain.", level=1),
+             Note(0, 0, "commit", "Each branch is verified on its own and the one with the most accepted tokens is "
+                  "committed. Choosing a root by how well its continuation went favours roots with easy "
+                  "continuations: the output is no longer distributed as the target's. LOSSY.")]
+    if audit:
+        notes.append(Note(0, len(t.steps) - 1, "commit", _audit_words(audit)))
+    return notes
+
+
+LESSON_SPECS = (
+    LessonSpec("01-code-chains", "Code: long chains accepted",
+               "Why does a small draft model save the large one so much work on code?",
+               "Write a Python function that checks whether a number is prime.",
+               (("mcsd-improved", DEFAULTS["mcsd-improved"], GREEDY),), _code_notes),
+    LessonSpec("02-unsure-draft", "An unsure draft: a second candidate, and an early stop",
+               "What does the tree do where the draft does not know what comes next?",
+               "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural "
+               "experiences and must-see attractions.",
+               (("mcsd-improved", DEFAULTS["mcsd-improved"], GREEDY),), _unsure_notes),
+    LessonSpec("03-temperature-one", "Sampling at temperature 1: rejection and the residual",
+               "How can the output be exactly the target's when the draft proposes the tokens?",
+               "Tell me a short story about a robot who learns to paint.",
+               (("mcsd 2,2 (RRS)", MethodConfig(method="mcsd", k_config=(2, 2), verifier="rrs"),
+                 SamplingConfig(temperature=1.0, seed=1)),), _sampling_notes, max_new_tokens=32, audit_samples=300),
+    LessonSpec("04-chain-vs-tree", "A chain against a tree",
+               "Does verifying a tree of candidates in one pass beat verifying one chain?",
+               "Explain what a hash table is in two sentences.",
+               (("sd (chain of 4)", MethodConfig(method="sd", gamma=4), GREEDY),
+                ("mcsd 2,2,2 (tree of 14)", MethodConfig(method="mcsd", k_config=(2, 2, 2)), GREEDY)),
+               _chain_tree_notes, max_new_tokens=40),
+    LessonSpec("05-prompt-lookup", "Prompt lookup: drafting by copying",
+               "Can we draft without any draft model?",
+               "Rename the variable `out` to `result` in this function and return the whole function:\n\n```python\n"
+               "def moving_average(values, window):\n    out = []\n    for i in range(len(values) - window + 1):\n"
+               "        out.append(sum(values[i:i + window]) / window)\n    return out\n```",
+               (("prompt-lookup", DEFAULTS["prompt-lookup"], GREEDY),), _lookup_notes, max_new_tokens=80),
+    LessonSpec("06-lossy-roots", "The seed's target-initialised roots, and what the audit says",
+               "Is the seed paper's longest-branch rule still exact?",
+               "Tell me a short story about a robot who learns to paint.",
+               (("mcsd-improved --lossy", MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,),
+                                                       max_depth=4, stop="none"),
+                 SamplingConfig(temperature=1.0, seed=1)),), _lossy_notes, max_new_tokens=32, audit_samples=600),
+)
+
+
+def _runner(pair, spec: LessonSpec, graphs: bool = False):
+    """A function running one of ``spec``'s settings on ``pair`` to the end: ``run(config, sampling) -> RunTrace``
+    (with ``graphs``: a static KV cache and CUDA graphs, as ``bench --graphs`` runs: every graph captured before the
+    first step and the runners given back to the pair after the run, so a later run of the same size captures
+    nothing; a GPU run that skipped both paid 50-60 ms captures inside its steps)."""
+    from ..analysis.prompts import encode_prompt
+    from ..engine.factory import build_engine
+
+    ids = encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
+
+    def run(config, sampling):
+        engine = build_engine(pair, config, sampling, kv_cache="static" if graphs else "dynamic", graphs=graphs)
+        engine.start(ids, spec.max_new_tokens, prompt_text=spec.prompt)
+        try:
+            engine.capture_graphs()  # every bucket before the first step: no step pays a capture (CPU: nothing)
+            return engine.run()
+        finally:
+            engine.release()  # the graph runners, captured, serve the next run of the pair
+
+    return run
+
+
+def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
+    """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit)."""
+    from ..analysis.audit import audit
+    from ..analysis.bench import run_facts
+    from ..analysis.prompts import encode_prompt
+
+    ids = encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
+    run = _runner(pair, spec)
+
+    traces = []
+    for label, config, sampling in spec.runs:
+        progress(f"[{spec.id}] {label}")
+        traces.append(run(config, sampling))
+    progress(f"[{spec.id}] ar (the race's baseline)")
+    baseline = run(DEFAULTS["ar"], spec.runs[0][2])
+    result = None
+    if spec.audit_samples:
+        label, config, sampling = spec.runs[spec.audit_run]
+        progress(f"[{spec.id}] audit of {label}, {spec.audit_samples} samples")
+        result = audit(pair, config, sampling, ids, spec.audit_samples).to_dict()
+        result = {k: result[k] for k in ("samples", "alpha", "passed", "verifier")} | {
+            "first": {k: result["first"][k] for k in ("p_value", "tv_distance", "dof")},
+            "pairs": {k: result["pairs"][k] for k in ("p_value", "tv_distance", "dof")} if result["pairs"] else None}
+    facts = run_facts(pair)
+    recorded = {"command": f"python -m explorer lessons record --only {spec.id}",
+                **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device", "draft_quant", "torch",
+                                         "transformers")}}
+    lesson = Lesson(spec.id, spec.title, spec.question, [LessonRun(label, t) for (label, _, _), t in
+                                                         zip(spec.runs, traces)],
+                    spec.notes(traces, result), recorded, result, baseline)
+    return Lesson.from_dict(lesson.to_dict())  # the file's own checks, before it is written
+
+
+def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None, progress=print) -> list[Path]:
+    """Record every lesson of ``LESSON_SPECS`` (or those named in ``only``) into ``out``; returns the files."""
+    specs = [s for s in LESSON_SPECS if not only or s.id in only]
+    unknown = set(only or ()) - {s.id for s in LESSON_SPECS}
+    if unknown:
+        raise ValueError(f"unknown lesson(s) {', '.join(sorted(unknown))}; the lessons are "
+                         f"{', '.join(s.id for s in LESSON_SPECS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for spec in specs:
+        lesson = record_lesson(pair, spec, progress)
+        path = out / f"{spec.id}.json"
+        path.write_text(lesson.to_json(), encoding="utf-8")
+        progress(f"[{spec.id}] wrote {path} ({path.stat().st_size / 1e3:.0f} kB), "
+                 f"{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} UTC")
+        paths.append(path)
+    return paths
+
+
+def time_lesson(pair, spec: LessonSpec, graphs: bool = False, progress=print) -> MachineTimings:
+    """``spec``'s runs and its ``ar`` baseline timed on ``pair``'s machine, for the race on that machine. Each
+    setting runs once untimed first (on a GPU that captures its CUDA graphs, which a timed run must not count)."""
+    from ..analysis.bench import run_facts
+
+    run = _runner(pair, spec, graphs)
+    settings = [(label, config, sampling) for label, config, sampling in spec.runs]
+    settings.append(("ar (the race's baseline)", DEFAULTS["ar"], spec.runs[0][2]))
+    traces = []
+    for label, config, sampling in settings:
+        progress(f"[{spec.id}] {label}: warm-up, then timed")
+        run(config, sampling)
+        traces.append(run(config, sampling))
+    facts = run_facts(pair)
+    recorded = {"command": f"python -m explorer lessons time --only {spec.id}" + (" --graphs" if graphs else ""),
+                "graphs": graphs, **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device",
+                                                           "draft_quant", "torch", "transformers")}}
+    return MachineTimings(recorded, traces[:-1], traces[-1])
+
+
+def time_lessons(pair, folder: Path = LESSONS_DIR, only: list[str] | None = None, graphs: bool = False,
+                 progress=print) -> list[Path]:
+    """Time every lesson of ``LESSON_SPECS`` (or those in ``only``) on ``pair``'s machine and write the timings
+    into the lesson files in ``folder`` (replacing an earlier timing of the same machine); returns the files.
+
+    Raises:
+        ValueError: an unknown lesson id.
+        LessonError: a lesson file is missing or unreadable (record it first: ``lessons record``).
+    """
+    specs = [s for s in LESSON_SPECS if not only or s.id in only]
+    unknown = set(only or ()) - {s.id for s in LESSON_SPECS}
+    if unknown:
+        raise ValueError(f"unknown lesson(s) {', '.join(sorted(unknown))}; the lessons are "
+                         f"{', '.join(s.id for s in LESSON_SPECS)}")
+    paths = []
+    for spec in specs:
+        path = Path(folder) / f"{spec.id}.json"
+        lesson = load_lesson(path).with_timings(time_lesson(pair, spec, graphs, progress))
+        path.write_text(Lesson.from_dict(lesson.to_dict()).to_json(), encoding="utf-8")
+        progress(f"[{spec.id}] timings for {lesson.timings[-1].machine} written to {path}")
+        paths.append(path)
+    return paths
+
+
+__all__ = ["LESSON_SPECS", "LessonSpec", "record_lesson", "record_lessons", "time_lesson", "time_lessons"]

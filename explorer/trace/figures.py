@@ -1,0 +1,514 @@
+"""Plotly figures built from traces only (no torch, no model): the draft tree, the topology-aware mask, per-branch
+acceptance, stop signals, and the run so far.
+
+Every token string that reaches a figure goes through ``token_label`` (visible whitespace, HTML-escaped: Plotly
+renders a subset of HTML in labels, so a token like ``<br>`` must not become markup).
+"""
+
+from __future__ import annotations
+
+import html
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from .records import ACCEPTED, CONTEXT, DRAFTED, REJECTED, SOURCE_LABELS, UNVERIFIED, RunTrace, StepTrace
+
+STATUS_COLORS = {CONTEXT: "#7f8c8d", DRAFTED: "#f2b134", ACCEPTED: "#2ca02c", REJECTED: "#d62728",
+                 UNVERIFIED: "#c7c7c7"}
+STATUS_LABELS = {CONTEXT: "last committed token", DRAFTED: "drafted, not yet verified", ACCEPTED: "accepted",
+                 REJECTED: "rejected", UNVERIFIED: "not verified"}
+BONUS_COLOR = "#1f77b4"
+SOURCE_SYMBOLS = {CONTEXT: "circle", "draft": "circle", "target": "diamond", "lookup": "square",
+                  "recycled": "triangle-up"}
+SOURCE_COLORS = {CONTEXT: "#7f8c8d", "draft": "#9467bd", "target": "#8c564b", "lookup": "#ff7f0e",
+                 "recycled": "#17becf"}
+
+
+def token_label(text: str, limit: int = 16, escape: bool = True) -> str:
+    """Printable label for a token: whitespace made visible, long tokens shortened, HTML-escaped unless
+    ``escape=False`` (for widgets that show text verbatim, such as tables). Quotes stay as they are: Plotly
+    decodes only a few named entities (``&lt;``, ``&gt;``, ``&amp;``), so ``&quot;`` would show literally, and a
+    quote cannot open a tag without ``<``."""
+    shown = text.replace("\n", "↵").replace("\t", "⇥")
+    if not text.strip():  # an all-whitespace token: show its spaces
+        shown = shown.replace(" ", "␣")
+    if shown == "":
+        shown = "∅"
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return html.escape(shown, quote=False) if escape else shown
+
+
+def node_label(node) -> str:
+    """Unique label "(id) token" (Plotly merges duplicate axis labels)."""
+    return f"({node.id}) {token_label(node.text, 12)}"
+
+
+def _fmt(x, digits=3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def provenance_text(node) -> str | None:
+    """Where a free node (prompt lookup, Token Recycling) or an edited one came from, in one plain sentence; None
+    for others."""
+    prov = node.provenance or {}
+    if prov.get("source") == "edited":
+        return ("added by hand (a counterfactual edit)" if prov.get("edit") == "added" else
+                f"replaced by hand (a counterfactual edit; the draft had proposed token {prov.get('was')})")
+    if prov.get("source") == "lookup":
+        where = "the prompt" if prov.get("in_prompt") else "the output so far"
+        return (f"copied from position {prov['copied_from']} ({where}): it followed an earlier "
+                f"“{token_label(prov.get('match_text', '?'), 30, escape=False)}” ({prov['ngram']}-gram match at "
+                f"position {prov['match_at']})")
+    if prov.get("source") == "recycled":
+        row_text = token_label(prov.get("row_text", "?"), 20, escape=False)
+        row = f"candidate #{prov['rank'] + 1} in the matrix row of “{row_text}”"
+        if prov["step"] == -2:
+            return f"{row}, seeded from the prompt (it follows that token at prompt position {prov['node']})"
+        if prov["step"] == -1:
+            return f"{row}, carried over from an earlier run of this session"
+        return f"{row}, written by the target's top-k at node {prov['node']} of step {prov['step'] + 1}"
+    return None
+
+
+def node_rows(step: StepTrace) -> list[dict]:
+    """One plain row per node for a table: token, where it sits, p, q, the test and its outcome."""
+    rows = []
+    for n in step.nodes:
+        rows.append({
+            "id": n.id, "parent": n.parent, "token": token_label(n.text, 24, escape=False), "depth": n.depth,
+            "position id": n.position_id, "branch": n.branch, "source": n.source, "status": n.status,
+            "committed": n.committed, "p (target)": n.p, "q (draft)": n.q, "p/q": n.ratio, "u": n.u,
+            "P(accept)": n.accept_prob, "slot P(accept)": n.slot_prob,
+            "from": provenance_text(n) or "",
+            "residual top": ", ".join(f"{token_label(t, 10, escape=False)} {pr:.2f}" for _, t, pr in n.residual_top[:3]),
+        })
+    return rows
+
+
+def tree_graph(step: StepTrace) -> nx.DiGraph:
+    """The step's tree as a networkx DiGraph (edges parent -> child), node attributes = NodeTrace fields."""
+    g = nx.DiGraph()
+    for n in step.nodes:
+        g.add_node(n.id, **n.__dict__)
+    for n in step.nodes:
+        if n.parent is not None:
+            g.add_edge(n.parent, n.id)
+    return g
+
+
+def tree_layout(g: nx.DiGraph, root: int = 0) -> dict[int, tuple[float, float]]:
+    """Tidy layered layout: x = depth, leaves on successive rows, a parent centred on its children."""
+    row: dict[int, float] = {}
+    next_row = 0.0
+    for node in nx.dfs_postorder_nodes(g, root):
+        kids = list(g.successors(node))
+        if kids:
+            row[node] = sum(row[k] for k in kids) / len(kids)
+        else:
+            row[node] = next_row
+            next_row += 1.0
+    return {node: (float(g.nodes[node]["depth"]), -y) for node, y in row.items()}
+
+
+def _hover(n) -> str:
+    lines = [f"<b>{token_label(n.text, 40)}</b> (id {n.token_id})", f"status: {STATUS_LABELS.get(n.status, n.status)}"
+             + (" · committed" if n.committed and n.status != CONTEXT else ""),
+             f"depth {n.depth} · position id {n.position_id}" + (f" · branch {n.branch}" if n.branch is not None else "")]
+    if n.status != CONTEXT:
+        lines.append(f"p (target) {_fmt(n.p)} · q (draft) {_fmt(n.q)}")
+        if n.source == "target":
+            lines.append("root sampled from the target (target-initialized)")
+        prov = provenance_text(n)
+        if prov:
+            lines.append(f"{SOURCE_LABELS[n.source]}: {html.escape(prov, quote=False)}")
+        if n.ratio is not None or n.u is not None:
+            lines.append(f"p/q {_fmt(n.ratio)} · u {_fmt(n.u)}")
+        if n.accept_prob is not None:
+            lines.append(f"P(accepted | reached) {_fmt(n.accept_prob)} · slot average {_fmt(n.slot_prob)}")
+        if n.residual_top:
+            lines.append("residual: " + ", ".join(f"{token_label(t, 10)} {pr:.2f}" for _, t, pr in n.residual_top[:3]))
+    return "<br>".join(lines)
+
+
+def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None,
+                color_by: str = "status", flagged: dict[int, str] | None = None, shown: dict[int, str] | None = None,
+                font: int | None = None, final: bool | None = None) -> go.Figure:
+    """The draft token tree of one step, coloured by verification status (``color_by="status"``) or by draft
+    source (``"source"``: draft model, target root, prompt lookup, token recycling; rejected and unverified nodes
+    faded). The marker's shape always tells the source (circle: draft model, diamond: target root, square: lookup,
+    triangle: recycled). Committed nodes get a thick outline, and the bonus token hangs off the committed path as a
+    blue star. Each node marker carries its node id as ``customdata`` (clicks select it); ``selected`` gets an
+    orange ring; ``flagged`` (node id -> why, e.g. the probe's flipped decisions) a magenta square.
+
+    ``shown`` (the classroom's phases, ``phases.shown_status``): node id -> the status to draw it with
+    (``phases.DRAFTED`` before its test); nodes absent are not drawn, and the commit's outline and bonus star appear
+    only when ``final`` (default: once every drawn node shows its own status). The layout is the whole tree's, so
+    nodes keep their places from phase to phase. ``font``: the text size in px of labels, titles and legend
+    (default: the desk sizes); markers grow with it."""
+    g = tree_graph(step)
+    pos = tree_layout(g)
+    by_id = {n.id: n for n in step.nodes}
+    if shown is not None:
+        step_nodes = [by_id[i] for i in sorted(shown)]
+        status_of = dict(shown)
+        if final is None:
+            final = all(status_of[n.id] == n.status for n in step_nodes)
+    else:
+        step_nodes, status_of, final = step.nodes, {n.id: n.status for n in step.nodes}, True
+    drawn = {n.id for n in step_nodes}
+    scale = (font or 11) / 11
+    fig = go.Figure()
+    ex, ey = [], []
+    for a, b in g.edges:
+        if a in drawn and b in drawn:
+            ex += [pos[a][0], pos[b][0], None]
+            ey += [pos[a][1], pos[b][1], None]
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=1), hoverinfo="skip",
+                             showlegend=False))
+    if color_by == "source":
+        groups = [(SOURCE_LABELS[src], SOURCE_COLORS[src], [n for n in step_nodes if n.source == src])
+                  for src in SOURCE_COLORS]
+    else:
+        groups = [(STATUS_LABELS[status], STATUS_COLORS[status], [n for n in step_nodes if status_of[n.id] == status])
+                  for status in (CONTEXT, DRAFTED, ACCEPTED, REJECTED, UNVERIFIED)]
+    for name, color, nodes in groups:
+        if not nodes:
+            continue
+        faded = color_by == "source"
+        outlined = [final and n.committed and n.status != CONTEXT for n in nodes]
+        fig.add_trace(go.Scatter(
+            x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
+            name=name, text=[token_label(n.text, 10) for n in nodes], textposition="top center",
+            textfont=dict(size=font or 11),
+            customdata=[n.id for n in nodes], hovertext=[_hover(n) for n in nodes], hoverinfo="text",
+            marker=dict(size=16 * scale, color=color, symbol=[SOURCE_SYMBOLS.get(n.source, "circle") for n in nodes],
+                        opacity=[0.35 if faded and n.status in (REJECTED, UNVERIFIED) else 1.0 for n in nodes],
+                        line=dict(color=["#000" if o else "#fff" for o in outlined],
+                                  width=[3 if o else 1 for o in outlined]))))
+    if selected is not None and selected in pos:
+        fig.add_trace(go.Scatter(x=[pos[selected][0]], y=[pos[selected][1]], mode="markers", hoverinfo="skip",
+                                 name="inspected", marker=dict(size=30, color="rgba(0,0,0,0)", symbol="circle",
+                                                               line=dict(color="#ff7f0e", width=4))))
+    flagged = {k: v for k, v in (flagged or {}).items() if k in pos}
+    if flagged:
+        fig.add_trace(go.Scatter(x=[pos[k][0] for k in flagged], y=[pos[k][1] for k in flagged], mode="markers",
+                                 name="flips on plain decoding (probe)", hovertext=list(flagged.values()),
+                                 hoverinfo="text", marker=dict(size=34, color="rgba(0,0,0,0)", symbol="square",
+                                                               line=dict(color="#e377c2", width=4))))
+    if step.bonus_token is not None and final:
+        path = [n for n in step.nodes if n.committed]
+        last = max(path, key=lambda n: n.depth)
+        x, y = pos[last.id][0] + 1, pos[last.id][1]
+        fig.add_trace(go.Scatter(x=[pos[last.id][0], x], y=[y, y], mode="lines", hoverinfo="skip",
+                                 line=dict(color=BONUS_COLOR, dash="dot"), showlegend=False))
+        text = step.committed_text[-1]
+        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", name="bonus token (from target)",
+                                 text=[token_label(text, 10)], textposition="middle right",
+                                 textfont=dict(size=font or 12),
+                                 hovertext=[f"<b>{token_label(text, 40)}</b><br>bonus token sampled from the "
+                                            "target after the accepted path"], hoverinfo="text",
+                                 marker=dict(size=18 * scale, color=BONUS_COLOR, symbol="star")))
+    depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
+    leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
+    fig.update_layout(
+        title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
+                   + (" · LOSSY rule" if step.lossy else ""), y=0.98),
+        height=height or max(340, min(900, 34 * leaves + 140)), margin=dict(l=10, r=10, t=80, b=10),
+        xaxis=dict(title="depth (position id - anchor position)", dtick=1, range=[-0.5, depth + 1.2], zeroline=False),
+        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
+        hoverlabel=dict(align="left"),
+        clickmode="event+select")
+    if font:
+        fig.update_layout(font=dict(size=font), title_font=dict(size=font + 2), legend_font=dict(size=font),
+                          xaxis=dict(title_font=dict(size=font), tickfont=dict(size=font)),
+                          hoverlabel=dict(font_size=font))
+    return fig
+
+
+def mask_figure(step: StepTrace, highlight: int | None = None, rows: list[int] | None = None,
+                font: int | None = None, height: int | None = None) -> go.Figure:
+    """The topology-aware attention mask sent to the target in this step (the step's own rows and columns; every
+    row also attends to all ``mask_context_len`` cached context tokens, not drawn). ``highlight``: a node id whose
+    row is outlined in orange (the node inspector's). ``rows``: draw only these node ids' rows and columns (the
+    classroom's slice of the levels drafted so far, ``phases.mask_rows``). ``font``: text size in px (default: the
+    desk sizes); where the rows are too many for labels of that size in ``height`` px, every k-th row is labelled."""
+    by_id = {n.id: n for n in step.nodes}
+    keep = [k for k, i in enumerate(step.mask_node_ids) if rows is None or i in set(rows)]
+    ids = [step.mask_node_ids[k] for k in keep]
+    z = [[step.mask[r][c] for c in keep] for r in keep]
+    labels = [f"{node_label(by_id[i])} @{step.position_ids[k]}" for i, k in zip(ids, keep)]
+    cols = [node_label(by_id[i]) for i in ids]
+    hover = [[f"row {labels[r]}<br>col {cols[c]}<br>{'attends' if v else 'masked'}"
+              for c, v in enumerate(row)] for r, row in enumerate(z)]
+    fig = go.Figure(go.Heatmap(z=z, x=cols, y=labels, colorscale=[[0, "#f4f4f4"], [1, "#3b6fb6"]],
+                               zmin=0, zmax=1, showscale=False, xgap=1, ygap=1, hovertext=hover,
+                               hoverinfo="text"))
+    n, full = len(z), len(step.mask)
+    size = f"{n}×{n}" + (f" of {full}×{full}" if n < full else "")
+    tick = font or 10
+    height = height or max(300, min(900, 22 * n + 160))
+    fig.update_layout(
+        title=f"Tree attention mask sent to the target: {size}<br><sup>+{step.mask_context_len} cached context "
+              "columns, all attended (not drawn)</sup>",
+        height=height, margin=dict(l=10, r=10, t=70, b=10),
+        yaxis=dict(autorange="reversed", title="query (node @ position id)", tickfont=dict(size=tick)),
+        xaxis=dict(title="key", tickangle=-60, tickfont=dict(size=tick)))
+    if font:
+        fig.update_layout(font=dict(size=font), title_font=dict(size=font + 2), hoverlabel=dict(font_size=font),
+                          xaxis=dict(title_font=dict(size=font)), yaxis=dict(title_font=dict(size=font)))
+        every = max(1, -(-n * (font + 4) // max(1, height - 200)))  # rows per label that still fit
+        if every > 1:
+            fig.update_yaxes(tickmode="array", tickvals=labels[::every], ticktext=labels[::every])
+            fig.update_xaxes(tickmode="array", tickvals=cols[::every], ticktext=cols[::every])
+    if highlight in ids:
+        r = ids.index(highlight)
+        fig.add_shape(type="rect", x0=-0.5, x1=n - 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color="#ff7f0e", width=3))
+    return fig
+
+
+def inspector_figure(node) -> go.Figure:
+    """Top tokens of p (target) and q (draft) at the node's parent, side by side; the node's own token is marked
+    with a star in its label, and after a rejection the residual distribution is a third series."""
+    series = [("p (target)", node.p_top, "#3182bd"), ("q (draft)", node.q_top, "#fdae6b"),
+              ("residual after rejection", node.residual_top, "#d62728")]
+    order: list[int] = []
+    text_of: dict[int, str] = {}
+    for _, top, _ in series:
+        for tok, text, _ in top:
+            if tok not in text_of:
+                order.append(tok)
+                text_of[tok] = text
+    if node.token_id not in text_of:
+        order.append(node.token_id)
+        text_of[node.token_id] = node.text
+    labels = [("★ " if t == node.token_id else "") + f"{token_label(text_of[t], 12)} ({t})" for t in order]
+    fig = go.Figure()
+    for name, top, color in series:
+        if not top:
+            continue
+        probs = {tok: pr for tok, _, pr in top}
+        fig.add_trace(go.Bar(x=labels, y=[probs.get(t) for t in order], name=name, marker_color=color,
+                             hovertemplate="%{x}<br>" + name + " %{y:.3f}<extra></extra>"))
+    fig.update_layout(barmode="group", height=320, margin=dict(l=10, r=10, t=60, b=10),
+                      title=f"Node {node.id} {token_label(node.text, 20)}: top tokens at its parent",
+                      yaxis=dict(title="probability", range=[0, 1]), xaxis=dict(tickangle=-40),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+    return fig
+
+
+def branch_figure(step: StepTrace) -> go.Figure:
+    """Drafted vs accepted draft tokens per branch (the anchor's children); the committed branch is marked."""
+    rows = step.branches
+    x = [f"b{r['branch']}: {token_label(r['root_text'], 10)}" + (" ✔" if r["chosen"] else "") for r in rows]
+    fig = go.Figure([
+        go.Bar(name="drafted", x=x, y=[r["drafted"] for r in rows], marker_color="#c7c7c7"),
+        go.Bar(name="accepted", x=x, y=[r["accepted"] for r in rows], marker_color=STATUS_COLORS[ACCEPTED]),
+    ])
+    fig.update_layout(barmode="overlay", height=300, margin=dict(l=10, r=10, t=50, b=10),
+                      title="Per-branch acceptance" + (" (each branch verified on its own: LOSSY)" if step.lossy
+                                                       else ""),
+                      yaxis=dict(title="draft tokens", dtick=1), legend=dict(orientation="h", y=-0.25))
+    if not rows:
+        fig.add_annotation(text="no draft tree in this step (autoregressive)", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+    return fig
+
+
+STOP_WORDS_UP_TO = 8  # levels up to which the stop chart names every decision
+
+
+def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
+    """Stop-policy score per level and branch against its threshold, the decision after each level, and the
+    branches pruned there (crosses). ``what_if``: ``{"rows": stopping.replay(...)}`` draws a second threshold
+    (each row's, on the score scale) and the decisions it would have made."""
+    fig = go.Figure()
+    sigs = step.stop_signals
+    branches = sorted({b for s in sigs for b in s.scores}, key=int)
+    for b in branches:
+        pts = [(s.level, s.scores[b]) for s in sigs if b in s.scores]
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                 name=f"branch {b}", legendgroup=b))
+        cut = [(s.level, s.scores[b]) for s in sigs if b in s.pruned and b in s.scores]
+        if cut and any(s.keep_drafting for s in sigs if b in s.pruned):  # pruned alone, not the whole tree
+            fig.add_trace(go.Scatter(x=[p[0] for p in cut], y=[p[1] for p in cut], mode="markers",
+                                     marker=dict(symbol="x", size=14, color="#d62728"), legendgroup=b,
+                                     name=f"branch {b} pruned", hovertext=f"branch {b} stops drafting here",
+                                     hoverinfo="text"))
+    if sigs:
+        policy = sigs[0].policy
+        if policy == "goodput" and len(branches) > 1:  # the rule compares the branches' summed gain
+            fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.score for s in sigs], mode="lines+markers",
+                                     name="all branches (the rule's gain)", line=dict(color="#555", width=3)))
+        label = {"specdec++": "1 − h", "goodput": "r(1+E)/(1+Dr)"}.get(policy, "τ")
+        fig.add_trace(go.Scatter(x=[s.level for s in sigs], y=[s.threshold for s in sigs], mode="lines",
+                                 name=f"threshold {label} ({policy})", line=dict(color="#000", dash="dash")))
+        wordy = len(sigs) <= STOP_WORDS_UP_TO  # beyond it the "continue" labels overlap: only stops are named
+        for s in sigs:
+            if wordy or not s.keep_drafting:
+                fig.add_annotation(x=s.level, y=1.08, text="continue" if s.keep_drafting else "<b>stop</b>",
+                                   showarrow=False, font=dict(color="#2ca02c" if s.keep_drafting else "#d62728"))
+        if what_if is not None:
+            rows = what_if["rows"]  # each level's threshold (goodput's rises with the step)
+            fig.add_trace(go.Scatter(x=[r["level"] for r in rows], y=[r["threshold"] for r in rows], mode="lines",
+                                     name=f"what-if {label}", line=dict(color="#9467bd", dash="dot", width=3)))
+            for row in what_if["rows"]:
+                if wordy or not row["keep_drafting"]:
+                    fig.add_annotation(x=row["level"], y=-0.08, showarrow=False, font=dict(color="#9467bd"),
+                                       text="go on" if row["keep_drafting"] else "<b>stop</b>")
+    else:
+        fig.add_annotation(text="no early-stop decisions in this step (static depth)", showarrow=False, x=0.5,
+                           y=0.5, xref="paper", yref="paper")
+    fig.update_layout(title="Stop signal per draft level", height=320, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="draft level", dtick=1), yaxis=dict(title="score", range=[-0.15, 1.15]),
+                      legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
+    """Online adaptation of the stop policy over a run (``StepTrace.adaptation``): the threshold in force at each
+    step; the mean label of the step's drafted tokens (their acceptance probability under the run's verification:
+    what the target accepted); for ``last-layer`` the mean
+    predicted acceptance of the same tokens by the shipped model and by the adapting one that drafted them; for
+    ``threshold`` the mean score. ``current``: the step shown in the explorer (0-based), marked."""
+    fig = go.Figure()
+    steps = [s for s in run.steps if s.adaptation]
+    if not steps:
+        fig.add_annotation(text="online adaptation is off in this run", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+        fig.update_layout(height=300, title="Stop-policy adaptation")
+        return fig
+    mode = steps[0].adaptation["mode"]
+    xs = [s.index + 1 for s in steps]
+
+    def line(key, name, **style):
+        ys = [s.adaptation.get(key) for s in steps]
+        if any(y is not None for y in ys):
+            fig.add_trace(go.Scatter(x=xs, y=ys, name=name, **style))
+
+    # the threshold a step was drafted with is the one in force after the previous step's refit; the first step's
+    # is the setting, or where the session's previous run left a refitted threshold it carried over
+    carried = run.settings.get("adaptation_carried") or {}
+    start = (carried if carried.get("mode") == "threshold" else run.settings.get("method", {})).get("threshold")
+    used = [start] + [s.adaptation.get("threshold") for s in steps[:-1]]
+    goodput = run.settings.get("method", {}).get("stop") == "goodput"  # its threshold setting is r
+    fig.add_trace(go.Scatter(x=xs, y=used, mode="lines", line=dict(color="#000", dash="dash", shape="hv"),
+                             name="threshold τ (adapting)" if mode == "threshold" else
+                             "cost ratio r" if goodput else "threshold τ"))
+    line("label_mean", "accepted (mean P(accept))", mode="markers", marker=dict(color=STATUS_COLORS[ACCEPTED]))
+    if mode == "last-layer":
+        line("pred_frozen", "predicted, shipped model", mode="lines", line=dict(color="#7f7f7f"))
+        line("pred_before", "predicted, adapting model", mode="lines+markers", line=dict(color="#1f77b4"))
+    else:
+        line("score_mean", "mean score", mode="lines+markers", line=dict(color="#1f77b4"))
+    if current is not None:
+        fig.add_vline(x=current + 1, line=dict(color="#9467bd", width=1, dash="dot"))
+    fig.update_layout(title=f"Stop-policy adaptation over the run ({mode})", height=300,
+                      margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="step", rangemode="tozero", dtick=max(1, round(max(xs) / 10))),  # whole steps
+                      yaxis=dict(title="probability / score", range=[0, 1.05]), legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def cost_ratio_figure(run: RunTrace, current: int | None = None) -> go.Figure:
+    """The goodput stop policy's measured cost ratio over a run (``StepTrace.cost``): the r each step drafted
+    with, and each step's own measurement (a draft level's ms over the rest of the step's) that the moving average
+    took in. ``current``: the step shown in the explorer (0-based), marked."""
+    steps = [s for s in run.steps if s.cost]
+    xs = [s.index + 1 for s in steps]
+    own = [s.cost["level_ms"] / s.cost["rest_ms"] if s.cost.get("level_ms") else None for s in steps]
+    fig = go.Figure([go.Scatter(x=xs, y=[s.cost["r"] for s in steps], mode="lines+markers", name="r in force",
+                                line=dict(color="#000", dash="dash", shape="hv")),
+                     go.Scatter(x=xs, y=own, mode="markers", name="this step: draft level ÷ rest of the step",
+                                marker=dict(color="#ff7f0e"))])
+    if current is not None:
+        fig.add_vline(x=current + 1, line=dict(color="#9467bd", width=1, dash="dot"))
+    fig.update_layout(title="Goodput cost ratio r, measured on this machine", height=280,
+                      margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title="step", rangemode="tozero", dtick=1),
+                      yaxis=dict(title="r", rangemode="tozero"), legend=dict(orientation="h", y=-0.35))
+    return fig
+
+
+def run_figure(run: RunTrace) -> go.Figure:
+    """Tokens committed per step: accepted draft tokens, target roots and the bonus token, stacked."""
+    xs = [s.index + 1 for s in run.steps]
+    bonus = [1 if s.bonus_token is not None else 0 for s in run.steps]
+    accepted = [s.accepted_draft_len for s in run.steps]
+    roots = [len(s.committed_ids) - a - b for s, a, b in zip(run.steps, accepted, bonus)]
+    fig = go.Figure([go.Bar(name="accepted draft tokens", x=xs, y=accepted, marker_color=STATUS_COLORS[ACCEPTED]),
+                     go.Bar(name="target root", x=xs, y=roots, marker_color="#9467bd"),
+                     go.Bar(name="bonus token", x=xs, y=bonus, marker_color=BONUS_COLOR)])
+    fig.update_layout(barmode="stack", height=260, margin=dict(l=10, r=10, t=40, b=10),
+                      title="Tokens committed per target call", xaxis=dict(title="step"),
+                      yaxis=dict(title="tokens", dtick=1), legend=dict(orientation="h", y=-0.35))
+    return fig
+
+
+def text_html(run: RunTrace, current: int | None = None) -> str:
+    """The generated text with each step's tokens in alternating shades; bonus tokens underlined in blue and the
+    ``current`` step outlined. All text is HTML-escaped."""
+    parts = []
+    for s in run.steps:
+        shade = "#e8f4e8" if s.index % 2 == 0 else "#e6eef8"
+        outline = "outline:2px solid #ff7f0e;" if current == s.index else ""
+        toks = []
+        for j, t in enumerate(s.committed_text):
+            esc = html.escape(t).replace("\n", "↵\n")
+            if s.bonus_token is not None and j == len(s.committed_text) - 1:
+                esc = f'<span style="border-bottom:2px solid {BONUS_COLOR}">{esc}</span>'
+            toks.append(esc)
+        parts.append(f'<span title="step {s.index + 1}" style="background:{shade};{outline}border-radius:3px">'
+                     + "".join(toks) + "</span>")
+    body = "".join(parts) or "<i>nothing generated yet: press Step</i>"
+    return f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">{body}</div>'
+
+
+def audit_figure(result: dict, which: str = "first", top: int = 20) -> go.Figure:
+    """Empirical against exact probabilities from an audit result (``AuditResult.to_dict()``), most likely first."""
+    cmp = result[which]
+    labels = result.get("labels", {})
+    order = sorted(range(len(cmp["categories"])), key=lambda i: -cmp["exact"][i])[:top]
+    names = [token_label(labels.get(cmp["categories"][i], cmp["categories"][i]), 18) + f" [{i}]" for i in order]
+    n = cmp["n"]
+    fig = go.Figure([
+        go.Bar(name="exact (target)", x=names, y=[cmp["exact"][i] for i in order], marker_color="#7f7f7f"),
+        go.Bar(name="empirical", x=names, y=[cmp["counts"][i] / n for i in order], marker_color=BONUS_COLOR),
+    ])
+    verdict = "consistent with the target" if cmp["p_value"] > result["alpha"] else "DIFFERS from the target"
+    title = "first token" if which == "first" else "first two tokens"
+    fig.update_layout(barmode="group", height=340, margin=dict(l=10, r=10, t=60, b=10),
+                      title=f"{title}: p-value {cmp['p_value']:.3g}, TV {cmp['tv_distance']:.3f} ({verdict})",
+                      yaxis=dict(title="probability"), legend=dict(orientation="h", y=1.12, x=0))
+    return fig
+
+
+def bench_figures(report: dict) -> list[go.Figure]:
+    """Benchmark charts: tokens/s per method and temperature (with ``ar`` as a dashed line), and where the time of
+    each method went (drafting, verification, everything else)."""
+    rows = report["summary"]
+    temps = sorted({r["temperature"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    speed = go.Figure()
+    for t in temps:
+        sel = [r for r in rows if r["temperature"] == t]
+        speed.add_trace(go.Bar(name=f"T = {t:g}", x=[r["method"] for r in sel],
+                               y=[r["tokens_per_s"] or 0 for r in sel],
+                               text=[("" if r["speedup_vs_ar"] is None else f"{r['speedup_vs_ar']:.2f}x")
+                                     for r in sel], textposition="outside"))
+    speed.update_layout(title="Tokens per second (label: speed-up over ar in the same run)", barmode="group",
+                        height=380, yaxis=dict(title="tokens/s"), margin=dict(l=10, r=10, t=50, b=10))
+    split = go.Figure()
+    labels = [f"{m} · T={t:g}" for t in temps for m in methods]
+    by_key = {(r["method"], r["temperature"]): r for r in rows}
+    def part_seconds(r, part):
+        if r.get("draft_s") is None:  # hf-assisted: no split, the whole wall time counts as "other"
+            return (r.get("seconds") or 0) if part == "other_s" else 0
+        return r.get(part) or 0
+
+    for part, color in (("draft_s", "#9ecae1"), ("verify_s", "#3182bd"), ("other_s", "#fdae6b")):
+        split.add_trace(go.Bar(name=part.removesuffix("_s"), x=labels, marker_color=color,
+                               y=[part_seconds(by_key[(m, t)], part) for t in temps for m in methods]))
+    split.update_layout(title="Where the time went (seconds; hf-assisted: wall time only, as 'other')",
+                        barmode="stack", height=380, margin=dict(l=10, r=10, t=50, b=10))
+    return [speed, split]
