@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from explorer.analysis.bench import (HF_ASSISTED, HF_ASSISTED_BF16, HF_GENERATE, aggregate, bench, hf_assisted_effective,
-                                     hf_assisted_settings)
+from explorer.analysis.bench import (HF_ASSISTED, HF_ASSISTED_BF16, HF_GENERATE, aggregate, bench,
+                                     hf_assisted_effective, hf_assisted_settings)
 from explorer.analysis.report import ReportError, load_report, loads_report, write_reports
 from explorer.cli.main import main
 from explorer.models.loading import quantize_draft

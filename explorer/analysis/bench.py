@@ -264,8 +264,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
     Args:
         configs: method name -> MethodConfig (default ``config.DEFAULTS``); a name may be any label, e.g.
             ``"mcsd-improved/prune"``, as long as its config says which method it is.
-        kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``engine/runtime/kv_cache.py``); ``graphs``: our forwards
-            through CUDA graphs (``engine/runtime/graphs.py``; needs ``static``).
+        kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``engine/runtime/kv_cache.py``); ``graphs``: our
+            forwards through CUDA graphs (``engine/runtime/graphs.py``; needs ``static``).
         decision_dir: a decision-model folder (``decision train``) the learned stop policies read instead of the
             one shipped for the pair (e.g. a model trained without the prompt kind being benched).
         samples: runs of every prompt at each temperature above 0, each with its own seed (``seed + prompt +
@@ -273,9 +273,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             how the random stream is used, never the law), so one sample per prompt also compares texts of
             different lengths; more samples average that out. Raises ValueError below 1.
     Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
-    run (a session's matrix keeps learning), and so do the goodput fallback's rates (``engine/policies/fallback.py``) and the stop
-    policy's online adaptation (``engine/stop_models/online.py``); each temperature starts afresh. A label ending in
-    ``+carry=off`` carries nothing (``carries``).
+    run (a session's matrix keeps learning), and so do the goodput fallback's rates (``engine/policies/fallback.py``)
+    and the stop policy's online adaptation (``engine/stop_models/online.py``); each temperature starts afresh. A label
+    ending in ``+carry=off`` carries nothing (``carries``).
 
     Returns:
         ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.

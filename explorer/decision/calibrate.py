@@ -23,7 +23,8 @@ CALIBRATION_SOURCES = ("prompt-mix", "humaneval", "mt-bench")
 
 
 def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list:
-    """``n`` prompts taken in turn from each category of the prompt mix, HumanEval and MT-bench (``analysis/prompts.py``)."""
+    """``n`` prompts taken in turn from each category of the prompt mix, HumanEval and MT-bench
+    (``analysis/prompts.py``)."""
     from ..analysis.prompts import load_prompt_set
 
     groups: dict[str, list] = {}

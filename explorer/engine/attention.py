@@ -6,8 +6,8 @@ A sliding-window layer (Mistral, Gemma 2 and 3, Qwen with ``use_sliding_window``
 than ``window - 1`` positions behind the query, as transformers' ``sliding_window_overlay`` does
 (``kv_idx > q_idx - window``). transformers takes a prepared 4D mask as it is, for every layer, so the window is
 ours to apply, by position: a cached column ``c`` holds position ``c`` (the cache layout after every step is that
-of a fresh prefill, ``engine/runtime/kv_cache.py``), and a new row holds its position id. Models with a ``layer_types`` list in
-their config (Qwen 2 and 3, Gemma 2 and 3) read a mapping ``{"full_attention": mask, "sliding_attention":
+of a fresh prefill, ``engine/runtime/kv_cache.py``), and a new row holds its position id. Models with a ``layer_types``
+list in their config (Qwen 2 and 3, Gemma 2 and 3) read a mapping ``{"full_attention": mask, "sliding_attention":
 mask}``; the others (Mistral, Phi-3) one mask, windowed when their config has ``sliding_window``.
 
 Attention logit soft-capping (Gemma 2) needs no mask change: the eager attention caps the scores before it adds

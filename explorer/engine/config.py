@@ -72,9 +72,9 @@ class MethodConfig:
         adapt: online adaptation of the stop policy (``engine/stop_models/online.py``): ``off`` (default), ``threshold``
             (refit from the session's ROC curve) or ``last-layer`` (refit the decision model's last layer); methods
             with a stop policy only. Changes how much is drafted, never the output law.
-        fallback: falling back to plain decoding steps when speculation measures slower (``engine/policies/fallback.py``, SmartSpec's
-            goodput rule): ``auto`` (default: on CUDA only), ``goodput`` (everywhere) or ``off``. Lossless methods
-            only (the lossy mode always speculates).
+        fallback: falling back to plain decoding steps when speculation measures slower
+            (``engine/policies/fallback.py``, SmartSpec's goodput rule): ``auto`` (default: on CUDA only), ``goodput``
+            (everywhere) or ``off``. Lossless methods only (the lossy mode always speculates).
         free_rows: most target rows (the anchor included) a step's tree may reach when the free drafters'
             branches join it (``drafters.base.merge_free``; branches are added best first and the rest left out).
             0 = auto (``free_row_budget``): ``FREE_ROWS_CPU`` on the CPU, no limit on CUDA; and on a CPU where

@@ -1,15 +1,16 @@
 """Where an engine's parts are built: one place from a ``MethodConfig``, a ``SamplingConfig`` and the pair.
 
-``Engine`` (``engine/machine.py``) is only the step machine (draft, verify, commit, record); the strategies and meters it
-steps with are built here:
+``Engine`` (``engine/machine.py``) is only the step machine (draft, verify, commit, record); the strategies and meters
+it steps with are built here:
 
 * the drafter (``drafters.make_drafter``) and the free rows its branches may fill (``config.free_row_budget``);
 * the stop policy (``stopping.make_stop_policy``) and, for the learned ones, the decision model that serves the
   pair (``resolve_decision``: its own, shipped or calibrated, else the embedded pair's, transferred, with online
   adaptation switched on);
-* the stop policy's online adaptation (``engine/stop_models/online.py``), started from an earlier run's state when that run
-  had the same pair, method, sampling and decision model;
-* the goodput fallback to plain decoding steps (``engine/policies/fallback.py``), with an earlier run's rates on the same terms;
+* the stop policy's online adaptation (``engine/stop_models/online.py``), started from an earlier run's state when that
+  run had the same pair, method, sampling and decision model;
+* the goodput fallback to plain decoding steps (``engine/policies/fallback.py``), with an earlier run's rates on the
+  same terms;
 * the row pricing of Token Recycling's branches on a CPU (``drafters/row_pricing.py``);
 * the goodput stop policy's measured cost ratio (``engine/policies/cost_ratio.py``);
 * the verifier's name for the sampling (``MethodConfig.verifier_for``).
@@ -160,8 +161,8 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             falls back, the rates start this run's (``fallback.GoodputFallback``, ``carried``); else ignored.
         adapter_state: the online adaptation an earlier run learned (``adapter_state()`` of that run's engine):
             where it comes from the same method, sampling (seed aside), pair, device and decision model, this run's
-            adapter starts from it (``engine/stop_models/online.py``; recorded in the trace as ``adaptation_carried`` for
-            replays); else ignored.
+            adapter starts from it (``engine/stop_models/online.py``; recorded in the trace as ``adaptation_carried``
+            for replays); else ignored.
     Raises:
         EngineError: as ``build_parts`` and ``Engine`` do (no decision model for a learned stop policy, an unknown
             ``kv_cache``, graphs without a static cache).

@@ -95,16 +95,16 @@ class EngineParts:
 
     Attributes:
         drafter: who proposes the tree (``drafters/``).
-        stop_policy: when the draft model stops drafting (``engine/policies/stopping.py``); its ``threshold`` follows the measured
-            cost ratio where ``cost_meter`` is set.
+        stop_policy: when the draft model stops drafting (``engine/policies/stopping.py``); its ``threshold`` follows
+            the measured cost ratio where ``cost_meter`` is set.
         verifier_name: the verification rule for this sampling (a ``verify.run_verifier`` name).
         decision_model: the learned model behind a learned stop policy, or None.
         free_rows / free_rows_run: the most target rows free branches may fill a tree to (None: no limit), and the
             same on a copy run (``config.free_row_budget``).
-        adapter: the stop policy's online adaptation (``engine/stop_models/online.py``), or None; ``adapter_key`` what its
-            state belongs to (``factory.carry_key``), ``adapter_carried`` the carried state it started from.
-        fallback: the goodput fallback to plain decoding steps (``engine/policies/fallback.py``), or None; ``fallback_key`` what its
-            rates belong to.
+        adapter: the stop policy's online adaptation (``engine/stop_models/online.py``), or None; ``adapter_key`` what
+            its state belongs to (``factory.carry_key``), ``adapter_carried`` the carried state it started from.
+        fallback: the goodput fallback to plain decoding steps (``engine/policies/fallback.py``), or None;
+            ``fallback_key`` what its rates belong to.
         row_pricing: the price of free rows (``drafters/row_pricing.py``), or None.
         cost_meter: the goodput stop policy's measured cost ratio r (``engine/policies/cost_ratio.py``), or None.
     """
@@ -137,14 +137,15 @@ class Engine:
         parts: the drafter, stop policy, verifier and meters (``EngineParts``).
         capture_features: keep every drafted node's decision features (``drafters.Drafted.features``) for
             ``decision collect``, whatever the stop policy.
-        kv_cache: ``dynamic`` (default) or ``static`` (preallocated for the run; fixed shapes, see ``engine/runtime/kv_cache.py``).
-            Both give the same tokens and traces.
+        kv_cache: ``dynamic`` (default) or ``static`` (preallocated for the run; fixed shapes, see
+            ``engine/runtime/kv_cache.py``). Both give the same tokens and traces.
         graphs: run forwards through ``graphs.GraphRunner`` (CUDA graphs per query-size bucket on a GPU, padded
             eager forwards elsewhere); needs ``kv_cache="static"``. Runners come from the pair's idle ones and go
             back with ``release()``.
         count_syncs: count each step's host synchronisations into ``StepTrace.host_syncs``: on CUDA torch's sync
             debug mode (process-wide, a few microseconds each), on the CPU the value reads that would synchronise on
-            a GPU (``engine/runtime/host_reads.py``; slows the step several-fold). For measurements and tests, not the app.
+            a GPU (``engine/runtime/host_reads.py``; slows the step several-fold). For measurements and tests, not the
+            app.
     Raises:
         EngineError: an unknown ``kv_cache``, graphs without a static cache; on ``start``, an empty prompt or one
             that leaves no room in the context window.

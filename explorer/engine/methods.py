@@ -1,8 +1,9 @@
 """The decoding methods, each described once: a drafter, the tree it builds, whether a stop policy applies.
 
 A method is a composition (issue 14): a *drafter* proposes the step's draft tree (``explorer/drafters``), a
-*verifier* decides what is committed (``engine/verify/rules.py``, chosen from the sampling settings and ``MethodConfig.verifier``),
-and for model drafting a *stop policy* ends drafting early (``engine/policies/stopping.py``). Plain data, no torch.
+*verifier* decides what is committed (``engine/verify/rules.py``, chosen from the sampling settings and
+``MethodConfig.verifier``), and for model drafting a *stop policy* ends drafting early
+(``engine/policies/stopping.py``). Plain data, no torch.
 
 The draft sources a tree's nodes come from (``draft``, ``target``, ``lookup``, ``recycled``) are the trace's
 vocabulary: ``trace/records.py`` (``FREE_SOURCES``, ``DRAFT_SOURCES``, ``SOURCE_LABELS``).
@@ -24,7 +25,8 @@ class MethodSpec:
             ``tree`` (``k_config``) or ``stoppable`` (``k_config`` then chains to ``max_depth``, with a stop policy).
         free: the free drafters whose branches join the tree, in verification order (``lookup``, ``recycling``).
         summary: one line for help texts and teach mode.
-        self_draft: the draft model is the target's own first layers (``models/early_exit.py``), whatever the pair's draft.
+        self_draft: the draft model is the target's own first layers (``models/early_exit.py``), whatever the pair's
+            draft.
     """
 
     name: str

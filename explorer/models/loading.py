@@ -114,7 +114,8 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
 
     Measured (docs/bench.md, "CPUs without native bf16"): on an AVX-512-BF16 CPU fp32 is 2-3x slower and its
     matrix-vector kernels make verifying k tokens cost several single steps; on a 2-core AVX2 CPU bf16 has no matrix
-    kernels and a 16-row target forward took 2563 ms in bf16 against 1318 ms in fp32 (one row: 230 against 399 ms), so tree verification, the point of this tool, is twice as fast in fp32 there.
+    kernels and a 16-row target forward took 2563 ms in bf16 against 1318 ms in fp32 (one row: 230 against 399 ms), so
+    tree verification, the point of this tool, is twice as fast in fp32 there.
     """
     forced = os.environ.get("SPEC_EXPLORER_DTYPE", "").strip()
     if forced and forced != "auto":

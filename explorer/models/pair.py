@@ -1,7 +1,7 @@
 """A loaded draft/target pair: the two models, their shared tokenizer and what the engine needs to know of them.
 
-Loading lives in ``models/loading.py`` (the embedded pair, Hugging Face folders and ids, GGUF files) and ``models/tiny.py`` (the tiny
-random pair); both wrap what they load with ``make_pair``.
+Loading lives in ``models/loading.py`` (the embedded pair, Hugging Face folders and ids, GGUF files) and
+``models/tiny.py`` (the tiny random pair); both wrap what they load with ``make_pair``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ModelPair:
     draft_quant: str = "none"
     unquantized_draft: torch.nn.Module | None = field(default=None, repr=False)
     graph_runners: dict = field(default_factory=dict, repr=False)  # idle CUDA-graph runners (graphs.acquire_runner)
-    measured: dict = field(default_factory=dict, repr=False)  # this machine's costs, once (engine/runtime/forward_costs.py)
+    measured: dict = field(default_factory=dict, repr=False)  # this machine's costs, once (runtime/forward_costs.py)
     packed_weights: bool = False  # float32 linears packed once for oneDNN (models/packed_weights.py)
 
 

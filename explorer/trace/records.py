@@ -58,9 +58,9 @@ class NodeTrace:
     matrix row's token (``row_token``, ``row_text``), the candidate's ``rank`` there, and the ``step`` and ``node``
     whose target logits wrote that row (step -1: carried over from an earlier run; -2: seeded from the prompt, node =
     the prompt position of the successor). ``accept_prob`` / ``slot_prob`` / ``test_order``: what the verification
-    rule implies about this node's test (``engine/verify/expectation.py``): the probability it accepts this token once its parent
-    is reached and the siblings tested before it (``test_order`` of them) were rejected, and the same averaged over
-    the tokens the draft could have proposed here; None for untested target roots and in older traces.
+    rule implies about this node's test (``engine/verify/expectation.py``): the probability it accepts this token once
+    its parent is reached and the siblings tested before it (``test_order`` of them) were rejected, and the same
+    averaged over the tokens the draft could have proposed here; None for untested target roots and in older traces.
     """
 
     id: int
@@ -99,7 +99,7 @@ class StopSignal:
     keep_drafting: bool
     policy: str
     pruned: list = field(default_factory=list)  # branches (str) that stop drafting at this level
-    expected: float | None = None  # goodput policy: tokens the step expected to accept so far (engine/policies/stopping.py)
+    expected: float | None = None  # goodput policy: tokens the step expected to accept so far (policies/stopping.py)
     forwards: int | None = None  # goodput policy: draft forwards so far
 
 
@@ -131,11 +131,11 @@ class StepTrace:
             (mean acceptance probability of the step's model-drafted tokens under the run's verification),
             and for ``last-layer`` the mean predictions ``pred_frozen`` / ``pred_before`` / ``pred_after``); empty
             when adaptation is off.
-        fallback: the goodput rule's decision before this step (``engine/policies/fallback.py``): ``speculate`` (False: a plain
-            decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` / ``ar_tok_s``
-            (tokens/s; None before the first step of that kind); empty when the rule is off.
-        cost: the goodput policy's measured cost ratio (``engine/policies/cost_ratio.py``, ``CostRatioMeter.observe``): ``r`` in
-            force during the step, this step's ``level_ms`` (a draft level, its verification rows included) and
+        fallback: the goodput rule's decision before this step (``engine/policies/fallback.py``): ``speculate`` (False:
+            a plain decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` /
+            ``ar_tok_s`` (tokens/s; None before the first step of that kind); empty when the rule is off.
+        cost: the goodput policy's measured cost ratio (``engine/policies/cost_ratio.py``, ``CostRatioMeter.observe``):
+            ``r`` in force during the step, this step's ``level_ms`` (a draft level, its verification rows included) and
             ``rest_ms`` (the rest of the step), ``row_ms`` (what a verification row was charged; absent in older
             traces) and ``next``, r for the next step; empty unless ``cost_ratio`` is ``measured``.
         host_syncs: host synchronisations with the device during the step, counted when the engine was asked to

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+import plotly.graph_objects as go
 import streamlit as st
 
 from ..analysis.report import ReportError, load_report, loads_report
@@ -75,14 +76,13 @@ def _keys(reports: dict[str, dict]) -> list[tuple[float, str]]:
     return [(t, m) for t in sorted({t for t, _ in found}) for m in methods if (t, m) in found]
 
 
-def machines_figure(reports: dict[str, dict]) -> "object":
+def machines_figure(reports: dict[str, dict]) -> go.Figure:
     """Speed-up over each machine's own ``ar`` per method and temperature, one bar group per machine."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for machine, rep in reports.items():
         rows = [r for r in rep["summary"] if r.get("speedup_vs_ar") is not None]
-        fig.add_trace(go.Bar(name=machine.upper() or "report", x=[f"{r['method']} · T={r['temperature']:g}" for r in rows],
+        fig.add_trace(go.Bar(name=machine.upper() or "report",
+                             x=[f"{r['method']} · T={r['temperature']:g}" for r in rows],
                              y=[r["speedup_vs_ar"] for r in rows],
                              text=[f"{r['speedup_vs_ar']:.2f}x" for r in rows], textposition="outside"))
     fig.add_hline(y=1.0, line=dict(color="#000", width=1, dash="dash"))

@@ -1,8 +1,8 @@
 """The Classroom page: a recorded lesson told phase by phase on one projector screen, with no model loaded.
 
 One row of controls (lesson, Back, Next, Play, pace, text size, Continue live), then the step's draft tree, the tree
-attention mask and the plain-language account of the phase on screen (``lessons/phases.py``), side by side. Next and Back
-move phase by phase across steps and runs; the keyboard does the same (Right arrow / Page Down, Left arrow / Page
+attention mask and the plain-language account of the phase on screen (``lessons/phases.py``), side by side. Next and
+Back move phase by phase across steps and runs; the keyboard does the same (Right arrow / Page Down, Left arrow / Page
 Up: what presentation clickers send); Play advances on its own at the chosen pace and stops at the end of the lesson
 or at any other key. **Continue live** loads the embedded pair, replays the lesson's run to the step on screen and
 carries on from there on the Explorer page.

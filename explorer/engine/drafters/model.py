@@ -29,8 +29,8 @@ class ModelDrafter(Drafter):
     uses_draft_model = True
 
     def __init__(self):
-        # the session features of drafted nodes (engine/stop_models/features.py): n-grams of the committed context, and the
-        # target's top candidates after each token (and pair of tokens) it scored, from the prompt's prefill on
+        # the session features of drafted nodes (engine/stop_models/features.py): n-grams of the committed context, and
+        # the target's top candidates after each token (and pair of tokens) it scored, from the prompt's prefill on
         self.copy_index = CopyIndex()
         self.memory = TargetMemory()
         self._seeded = TargetMemory()  # the memory right after the prefill, where ``rewind`` returns

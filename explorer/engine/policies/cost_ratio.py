@@ -17,9 +17,9 @@ differently; the output law never changes (verification does not read the stop p
 recorded values (``force``).
 
 A level also costs its rows in the verification. Where rows are nearly free (1.07x for 16 rows on the AVX-512-BF16
-CPU) that is noise; where they are dear (2.8x on a 2-core AVX2 CPU in fp32, ``engine/runtime/forward_costs.py``) the split above
-charges every drafted row to the rest of the step and under-states r by 5-10x, so the policy drafts deep trees
-that the verification then pays for. With ``row_ms`` (the target's marginal milliseconds per query row, measured
+CPU) that is noise; where they are dear (2.8x on a 2-core AVX2 CPU in fp32, ``engine/runtime/forward_costs.py``) the
+split above charges every drafted row to the rest of the step and under-states r by 5-10x, so the policy drafts deep
+trees that the verification then pays for. With ``row_ms`` (the target's marginal milliseconds per query row, measured
 once per pair: ``forward_costs.verification_cost``) each level is charged its share of the tree's rows:
 
     level_ms = (draft_ms + row_ms x tree nodes) / draft forwards

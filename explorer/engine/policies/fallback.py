@@ -4,8 +4,8 @@ SmartSpec (Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large L
 seed 002) speculates only as far as it raises *goodput*: committed tokens per second of execution, measured, not
 assumed. At batch size 1 the choice that matters most is binary: speculate this step, or run a plain decoding step
 (an empty draft tree, one target row). On a GPU a small pair is bound by kernel launches (docs/bench.md,
-"Machines"): a draft forward costs nearly what a target forward does, so on prompts where little is accepted (MT-bench) every
-speculative method ran at 0.5-0.95x of plain decoding in docs/bench.md.
+"Machines"): a draft forward costs nearly what a target forward does, so on prompts where little is accepted (MT-bench)
+every speculative method ran at 0.5-0.95x of plain decoding in docs/bench.md.
 
 ``GoodputFallback`` keeps, for each mode, exponential moving averages of the tokens a step committed and of the
 step's wall milliseconds (the step timeline's total, host work included). It speculates unless speculation's rate

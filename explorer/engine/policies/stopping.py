@@ -28,8 +28,8 @@ the score reaches the threshold", so one chart and one slider serve them all:
   accepted so far (the chance of reaching each drafted level, summed the same way), one more forward pays when
   the gain exceeds ``r (1 + E) / (1 + D r)``, the threshold recorded for the level (it rises as the step grows);
   drafting goes on or stops for all branches at once, since one forward serves them all. Calibrated predictions
-  make the rule right, which is what online adaptation provides (``engine/stop_models/online.py``). Sums, not maxima (the
-  best node's): a maximum is exact for a chain and short for a tree.
+  make the rule right, which is what online adaptation provides (``engine/stop_models/online.py``). Sums, not maxima
+  (the best node's): a maximum is exact for a chain and short for a tree.
 
 For the other policies a branch's score is the best score among its newest nodes. The rules themselves
 (``decide``) are pure functions of the branch scores, so the app can re-run them on a recorded step with another
@@ -54,8 +54,8 @@ DEFAULT_THRESHOLDS = {"none": 0.0, "confidence": 0.3, "decision": 0.75, "prune":
                       "goodput": 0.22}
 # The learned models a policy can read (engine/stop_models/model.py; docs/decision.md), the default first.
 DECISION_MODELS = ("context", "path", "dist", "hidden")
-# Online adaptation (``engine/stop_models/online.py``): which policies each mode can move. A threshold refit needs per-token
-# acceptance scores (not SpecDec++'s path products); a last-layer refit needs a decision model.
+# Online adaptation (``engine/stop_models/online.py``): which policies each mode can move. A threshold refit needs
+# per-token acceptance scores (not SpecDec++'s path products); a last-layer refit needs a decision model.
 ADAPT_MODES = ("off", "threshold", "last-layer")
 ADAPTABLE = {"off": STOP_POLICY_NAMES, "threshold": ("confidence", "decision", "prune"),
              "last-layer": LEARNED_POLICIES}

@@ -3,9 +3,10 @@
 
 On a GPU a small model's eager forward is mostly Python and kernel launches (docs/bench.md, "Machines": the 1.5B
 target's one-token forward takes 16.6 ms eager on an H200 and 4.55 ms replayed from a graph). A CUDA graph records one
-forward's kernels once and replays them with a single launch; it needs every shape and address fixed. So a ``GraphRunner`` serves one model on one
-``StaticKVCache`` and keeps, per query size bucket (``BUCKETS``), static input buffers (token ids, position ids,
-cache positions, the float mask over all ``key_width`` columns) and the graph's output buffers:
+forward's kernels once and replays them with a single launch; it needs every shape and address fixed. So a
+``GraphRunner`` serves one model on one ``StaticKVCache`` and keeps, per query size bucket (``BUCKETS``), static input
+buffers (token ids, position ids, cache positions, the float mask over all ``key_width`` columns) and the graph's
+output buffers:
 
 * a forward of ``q`` rows takes the smallest bucket ``B >= q``; rows ``q .. B-1`` are padding: token 0, each
   attending only to its own cache column, so every value they produce is finite; they write keys and values past

@@ -13,8 +13,8 @@ event fires when the device reaches it, which is when the work queued before it 
 when the host queued it, so a segment is the time the phase held up the step (a forward's ``gpu_ms`` is its device
 time). ``count_syncs`` also counts the step's host synchronisations: on CUDA through torch's sync debug mode (each
 becomes a warning; it costs microseconds per synchronisation and is process-wide), on the CPU as the reads of tensor
-values into Python that would synchronise on a GPU (``engine/runtime/host_reads.py``; it slows the step several-fold). Opt-in
-(bench, tests, scripts).
+values into Python that would synchronise on a GPU (``engine/runtime/host_reads.py``; it slows the step several-fold).
+Opt-in (bench, tests, scripts).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ Every node gets two probabilities, both computed from the step's own p (target) 
   mean over the nodes tested at a (depth, sibling rank) is an unbiased estimate of that slot's acceptance rate,
   with less noise than counting accepts: the acceptance vector Sequoia's tree search takes (Chen et al. 2024).
 
-The residual updates are ``engine/verify/rules.py``'s own (``engine/verify/residuals.py``), and for ``greedy``, ``rrs`` and
-``rrs-replacement`` the verifier walks on these very odds (``verify.ODDS_RULES``); nothing here draws a random
+The residual updates are ``engine/verify/rules.py``'s own (``engine/verify/residuals.py``), and for ``greedy``, ``rrs``
+and ``rrs-replacement`` the verifier walks on these very odds (``verify.ODDS_RULES``); nothing here draws a random
 number, and the values stay on the device until one transfer at the end (a host synchronisation on a GPU).
 Tensors: ``p_rows`` / ``q_rows`` as in ``engine/verify/rules.py`` (float32 ``(vocab,)`` rows).
 """

@@ -2,8 +2,8 @@
 a value into Python (each read is a host synchronisation on a GPU: issue 13).
 
 Tensors are float32 ``(vocab,)`` distributions; scalars stay 0-d tensors until the caller moves a whole step's
-worth to the host at once (``expectation.node_odds``). ``engine/verify/rules.py`` and ``engine/verify/expectation.py`` share these so that the
-odds the trace shows are the very numbers the walk tests.
+worth to the host at once (``expectation.node_odds``). ``engine/verify/rules.py`` and ``engine/verify/expectation.py``
+share these so that the odds the trace shows are the very numbers the walk tests.
 """
 
 from __future__ import annotations
