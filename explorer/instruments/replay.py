@@ -27,10 +27,7 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     from ..engine.factory import build_engine
     from ..engine.machine import EngineError
 
-    if trace.model.get("target_id") not in (None, pair.target_id) or trace.model.get("draft_id") not in (
-            None, pair.draft_id):
-        raise ReplayError(f"the trace was recorded with {trace.model.get('draft_id')} -> "
-                          f"{trace.model.get('target_id')}; the loaded pair is {pair.draft_id} -> {pair.target_id}")
+    _check_models(pair, trace, ("draft", "target"))
     recorded = {k: str(trace.model[k]).removeprefix("torch.") for k in ("dtype", "draft_quant") if k in trace.model}
     loaded = {"dtype": str(pair.dtype).removeprefix("torch."), "draft_quant": pair.draft_quant}
     differ = [f"{k} {recorded[k]} (loaded: {loaded[k]})" for k in recorded if recorded[k] != loaded[k]]
@@ -53,6 +50,15 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     except (KeyError, TypeError, ValueError) as exc:
         raise ReplayError(f"the trace's row pricing cannot be replayed: {exc!r}") from None
     return engine
+
+
+def _check_models(pair, trace: RunTrace, roles: tuple[str, ...]) -> None:
+    """Raises ReplayError where the trace names another model than ``pair`` holds for one of ``roles`` (``draft``,
+    ``target``; a trace that names none is taken as it is)."""
+    differ = [r for r in roles if trace.model.get(f"{r}_id") not in (None, getattr(pair, f"{r}_id"))]
+    if differ:
+        raise ReplayError("the trace was recorded with " + ", ".join(
+            f"the {r} {trace.model.get(f'{r}_id')} (loaded: {getattr(pair, f'{r}_id')})" for r in differ))
 
 
 def _settings(trace: RunTrace) -> tuple[MethodConfig, SamplingConfig, int]:
@@ -78,9 +84,7 @@ def engine_after_text(pair, trace: RunTrace, last: int, decision_model=None):
     from ..engine.machine import EngineError
 
     check_step(trace, last)
-    if trace.model.get("target_id") not in (None, pair.target_id):
-        raise ReplayError(f"the trace was recorded with the target {trace.model.get('target_id')}; the loaded pair's "
-                          f"is {pair.target_id}")
+    _check_models(pair, trace, ("target",))  # the draft only proposes: another one goes on from the same text
     config, sampling, max_new = _settings(trace)
     committed = [t for s in trace.steps[:last + 1] for t in s.committed_ids]
     text = "".join(t for s in trace.steps[:last + 1] for t in s.committed_text)

@@ -23,6 +23,7 @@ and raises ``LessonError`` with a message a user can act on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -134,8 +135,7 @@ class Lesson:
         if len(timings.runs) != len(self.runs):
             raise LessonError(f"timings of {len(timings.runs)} run(s) for a lesson of {len(self.runs)}")
         kept = [t for t in self.timings if t.machine != timings.machine]
-        return Lesson(self.id, self.title, self.question, self.runs, self.notes, self.recorded, self.audit,
-                      self.baseline, kept + [timings])
+        return dataclasses.replace(self, timings=kept + [timings])
 
     def phases(self) -> list[tuple[int, Phase]]:
         """Every phase of every run, in order: ``(run index, phase)``."""

@@ -200,15 +200,38 @@ LESSON_SPECS = (
 )
 
 
-def _runner(pair, spec: LessonSpec, graphs: bool = False):
-    """A function running one of ``spec``'s settings on ``pair`` to the end: ``run(config, sampling) -> RunTrace``
+def _prompt_ids(pair, spec: LessonSpec) -> list[int]:
+    """The lesson's prompt as the recorder and the timer feed it: the chat template applied."""
+    from ..analysis.prompts import encode_prompt
+
+    return encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
+
+
+def _recorded(pair, command: str) -> dict:
+    """What a lesson file says of the machine a recording or a timing ran on: ``command`` and ``bench.run_facts``."""
+    from ..analysis.bench import run_facts
+
+    facts = run_facts(pair)
+    return {"command": command, **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device",
+                                                          "draft_quant", "torch", "transformers")}}
+
+
+def _selected(only: list[str] | None) -> list[LessonSpec]:
+    """The specs named in ``only`` (all for None). Raises ValueError for an unknown lesson id."""
+    unknown = set(only or ()) - {s.id for s in LESSON_SPECS}
+    if unknown:
+        raise ValueError(f"unknown lesson(s) {', '.join(sorted(unknown))}; the lessons are "
+                         f"{', '.join(s.id for s in LESSON_SPECS)}")
+    return [s for s in LESSON_SPECS if not only or s.id in only]
+
+
+def _runner(pair, spec: LessonSpec, ids: list[int], graphs: bool = False):
+    """A function running one of ``spec``'s settings on ``pair`` from the prompt ``ids`` to the end:
+    ``run(config, sampling) -> RunTrace``
     (with ``graphs``: a static KV cache and CUDA graphs, as ``bench --graphs`` runs: every graph captured before the
     first step and the runners given back to the pair after the run, so a later run of the same size captures
     nothing; a GPU run that skipped both paid 50-60 ms captures inside its steps)."""
-    from ..analysis.prompts import encode_prompt
     from ..engine.factory import build_engine
-
-    ids = encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
 
     def run(config, sampling):
         engine = build_engine(pair, config, sampling, kv_cache="static" if graphs else "dynamic", graphs=graphs)
@@ -225,11 +248,9 @@ def _runner(pair, spec: LessonSpec, graphs: bool = False):
 def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
     """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit)."""
     from ..analysis.audit import audit
-    from ..analysis.bench import run_facts
-    from ..analysis.prompts import encode_prompt
 
-    ids = encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
-    run = _runner(pair, spec)
+    ids = _prompt_ids(pair, spec)
+    run = _runner(pair, spec, ids)
 
     traces = []
     for label, config, sampling in spec.runs:
@@ -245,10 +266,7 @@ def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
         result = {k: result[k] for k in ("samples", "alpha", "passed", "verifier")} | {
             "first": {k: result["first"][k] for k in ("p_value", "tv_distance", "dof")},
             "pairs": {k: result["pairs"][k] for k in ("p_value", "tv_distance", "dof")} if result["pairs"] else None}
-    facts = run_facts(pair)
-    recorded = {"command": f"python -m explorer lessons record --only {spec.id}",
-                **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device", "draft_quant", "torch",
-                                         "transformers")}}
+    recorded = _recorded(pair, f"python -m explorer lessons record --only {spec.id}")
     lesson = Lesson(spec.id, spec.title, spec.question, [LessonRun(label, t) for (label, _, _), t in
                                                          zip(spec.runs, traces)],
                     spec.notes(traces, result), recorded, result, baseline)
@@ -257,11 +275,7 @@ def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
 
 def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None, progress=print) -> list[Path]:
     """Record every lesson of ``LESSON_SPECS`` (or those named in ``only``) into ``out``; returns the files."""
-    specs = [s for s in LESSON_SPECS if not only or s.id in only]
-    unknown = set(only or ()) - {s.id for s in LESSON_SPECS}
-    if unknown:
-        raise ValueError(f"unknown lesson(s) {', '.join(sorted(unknown))}; the lessons are "
-                         f"{', '.join(s.id for s in LESSON_SPECS)}")
+    specs = _selected(only)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for spec in specs:
@@ -277,21 +291,14 @@ def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None,
 def time_lesson(pair, spec: LessonSpec, graphs: bool = False, progress=print) -> MachineTimings:
     """``spec``'s runs and its ``ar`` baseline timed on ``pair``'s machine, for the race on that machine. Each
     setting runs once untimed first (on a GPU that captures its CUDA graphs, which a timed run must not count)."""
-    from ..analysis.bench import run_facts
-
-    run = _runner(pair, spec, graphs)
-    settings = [(label, config, sampling) for label, config, sampling in spec.runs]
-    settings.append(("ar (the race's baseline)", DEFAULTS["ar"], spec.runs[0][2]))
+    run = _runner(pair, spec, _prompt_ids(pair, spec), graphs)
     traces = []
-    for label, config, sampling in settings:
+    for label, config, sampling in [*spec.runs, ("ar (the race's baseline)", DEFAULTS["ar"], spec.runs[0][2])]:
         progress(f"[{spec.id}] {label}: warm-up, then timed")
         run(config, sampling)
         traces.append(run(config, sampling))
-    facts = run_facts(pair)
-    recorded = {"command": f"python -m explorer lessons time --only {spec.id}" + (" --graphs" if graphs else ""),
-                "graphs": graphs, **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device",
-                                                           "draft_quant", "torch", "transformers")}}
-    return MachineTimings(recorded, traces[:-1], traces[-1])
+    command = f"python -m explorer lessons time --only {spec.id}" + (" --graphs" if graphs else "")
+    return MachineTimings(_recorded(pair, command) | {"graphs": graphs}, traces[:-1], traces[-1])
 
 
 def time_lessons(pair, folder: Path = LESSONS_DIR, only: list[str] | None = None, graphs: bool = False,
@@ -303,13 +310,8 @@ def time_lessons(pair, folder: Path = LESSONS_DIR, only: list[str] | None = None
         ValueError: an unknown lesson id.
         LessonError: a lesson file is missing or unreadable (record it first: ``lessons record``).
     """
-    specs = [s for s in LESSON_SPECS if not only or s.id in only]
-    unknown = set(only or ()) - {s.id for s in LESSON_SPECS}
-    if unknown:
-        raise ValueError(f"unknown lesson(s) {', '.join(sorted(unknown))}; the lessons are "
-                         f"{', '.join(s.id for s in LESSON_SPECS)}")
     paths = []
-    for spec in specs:
+    for spec in _selected(only):
         path = Path(folder) / f"{spec.id}.json"
         lesson = load_lesson(path).with_timings(time_lesson(pair, spec, graphs, progress))
         path.write_text(Lesson.from_dict(lesson.to_dict()).to_json(), encoding="utf-8")

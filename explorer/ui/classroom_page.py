@@ -223,17 +223,17 @@ def _view(lessons: dict[str, Lesson]) -> None:
         note = lesson.note_at(run_i, phase)
         if note:
             st.info("**What to notice.** " + note)
-    if lesson.race_lanes():
+    lanes = lesson.race_lanes()
+    if lanes:
         with st.expander("The race against plain decoding, and the speedup curve"):
-            _race(lesson, run_i, font)
+            _race(lesson, lanes, run_i, font)
 
 
-def _race(lesson: Lesson, run_i: int, font: int) -> None:
+def _race(lesson: Lesson, lanes: dict, run_i: int, font: int) -> None:
     """Run ``run_i`` of the lesson and ``ar`` as two lanes on one clock, and the expected speedup against
-    acceptance, timed on the machine the class picks (the lesson's recording, or its ``timings`` on others)."""
+    acceptance, timed on the machine the class picks among ``lanes`` (``Lesson.race_lanes``)."""
     from ..lessons.race import measured_point, race_figure, speedup_figure
 
-    lanes = lesson.race_lanes()
     name = next(iter(lanes))
     if len(lanes) > 1:  # the machine named in the caption below where the lesson was timed on one only
         name = st.radio("Timed on", list(lanes), horizontal=True, key=f"cls_machine_{lesson.id}",

@@ -73,23 +73,22 @@ def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
     then load the cached pair (seconds)."""
     from ..models import loading as models
 
+    torch_dtype = models.parse_dtype(dtype)
     if spec == "default":
-        missing = [m for m in (models.DEFAULT_DRAFT, models.DEFAULT_TARGET)
-                   if not models.is_prepared(m, models.parse_dtype(dtype))]
+        missing = [m for m in (models.DEFAULT_DRAFT, models.DEFAULT_TARGET) if not models.is_prepared(m, torch_dtype)]
         if missing:
             bar = st.progress(0.0, text="Preparing the embedded models (first start only)…")
             try:
                 for m in missing:
-                    models.prepare_embedded(m, models.parse_dtype(dtype), progress=lambda msg, f: bar.progress(
+                    models.prepare_embedded(m, torch_dtype, progress=lambda msg, f: bar.progress(
                         min(max(f, 0.0), 1.0), text=msg))
             finally:
                 bar.empty()
     # "auto" and the dtype it resolves to are one pair: another key loads it again, and the cache lets the old one go
     # only once the new one is in (the Classroom's Continue live names the lesson's dtype: on an H200 the app's peak,
     # 9.2 GB allocated against the CLI's 4.7 GB, had room for two pairs)
-    resolved = str(models.parse_dtype(dtype)).removeprefix("torch.")
     with st.spinner("Loading models…"):
-        return get_pair(spec, draft, target, resolved)
+        return get_pair(spec, draft, target, str(torch_dtype).removeprefix("torch."))
 
 
 def pair_or_message(settings):
