@@ -4,7 +4,7 @@ calls); on a GPU, replayed CUDA graphs give the traces of eager forwards."""
 import numpy as np
 import pytest
 import torch
-from method_grid import GRID, IDS, PROMPT, same_traces, session
+from method_grid import GRID, IDS, PROMPT, _case_id, same_traces, session
 
 from explorer.engine.config import DEFAULTS, MethodConfig
 from explorer.engine.factory import build_engine
@@ -137,3 +137,106 @@ def test_buckets_captured_up_front_leave_no_capture_to_the_run(tiny_cuda, case):
     before = captures()
     same_traces(lazy, session(tiny_cuda, cfg, temperature, "static", graphs=True))
     assert captures() == before
+
+
+# Chain replays (issue 45, item 6): the levels of one child per node run several at a time, tokens chosen on the device.
+# Each case drafts chains at least three levels deep on the tiny pair in some step, so replays run.
+_improved = MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=6, fallback="off")
+CHAINS = [(c, t) for c, t in GRID if c.method == "sd"] + [
+    (_improved.with_(stop="confidence", threshold=0.1), 0.0),
+    (_improved.with_(max_depth=8, stop="prune", threshold=0.35), 0.0),  # branches pruned, decision features read
+    (_improved.with_(lossy=True, width=2, k_config=(1,), max_depth=5, stop="none"), 0.0),
+    (DEFAULTS["hybrid"].with_(max_depth=6, stop="none", fallback="off"), 0.0),
+    (_improved.with_(stop="none"), 0.8),
+    (_improved.with_(stop="specdec++"), 0.8),
+    (_improved.with_(stop="goodput", threshold=0.1), 0.8),
+    (_improved.with_(verifier="spechub", stop="confidence"), 0.8),
+    (DEFAULTS["hybrid"].with_(max_depth=6, stop="confidence", verifier="mcns", fallback="off"), 0.8),
+]
+CHAIN_IDS = [_case_id(c, t) for c, t in CHAINS]
+REPLAY_KEYS = {"chain_replays", "chain_levels", "draft_calls"}  # what a replay may add or change in a trace
+
+
+def _without_replay_records(trace):
+    """A trace (``to_dict``) less what chain replays add or change: their record and the draft forwards counted
+    (levels a replay computes past the policy's stop count too)."""
+    if isinstance(trace, dict):
+        return {k: _without_replay_records(v) for k, v in trace.items() if k not in REPLAY_KEYS}
+    if isinstance(trace, list):
+        return [_without_replay_records(v) for v in trace]
+    return trace
+
+
+def _replays(traces) -> list[dict]:
+    return [r for t in traces for s in t["steps"] for r in (s.get("drafter") or {}).get("chain_replays", [])]
+
+
+@pytest.mark.parametrize("case", [i for i, (c, t) in enumerate(CHAINS) if t == 0.0], ids=lambda i: CHAIN_IDS[i])
+def test_chain_replays_draft_the_trees_of_level_by_level_drafting(tiny, case):
+    """Greedy: the tokens chosen on the device are the level loop's, so the trees, verifications and outputs are
+    the same; the replays ran, and read no level they did not compute."""
+    cfg, temperature = CHAINS[case]
+    plain = session(tiny, cfg, temperature, "static", graphs=True)
+    chained = session(tiny, cfg, temperature, "static", graphs=True, chain_levels=8)
+    replays = _replays(chained)
+    assert replays and all(2 <= r["levels"] <= 8 and 1 <= r["read"] <= r["levels"] for r in replays), replays
+    assert chained[0]["model"]["chain_levels"] == 8
+    same_traces(_without_replay_records(plain), _without_replay_records(chained))
+    calls = [sum(s["draft_calls"] for t in traces for s in t["steps"]) for traces in (plain, chained)]
+    assert calls[1] - calls[0] == sum(r["levels"] - r["read"] for r in replays)  # the levels past the stop
+
+
+@pytest.mark.parametrize("case", [i for i, (c, t) in enumerate(CHAINS) if t > 0.0], ids=lambda i: CHAIN_IDS[i])
+def test_sampled_chain_replays_run_and_replay_deterministically(tiny, case):
+    """Sampling: the replay draws from the same q with uniforms of the run's generator, so one seed gives one
+    trace; every drafted chain node records the q it was drawn from."""
+    cfg, temperature = CHAINS[case]
+    first = session(tiny, cfg, temperature, "static", graphs=True, chain_levels=4)
+    assert _replays(first)
+    same_traces(first, session(tiny, cfg, temperature, "static", graphs=True, chain_levels=4))
+    for trace in first:
+        for step in trace["steps"]:
+            assert all(n["q"] is not None and n["q"] > 0 for n in step["nodes"][1:] if n["source"] == "draft")
+
+
+@pytest.mark.parametrize("cfg", [MethodConfig(method="sd", gamma=4, verifier="rrs", fallback="off"),
+                                 MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="confidence",
+                                              threshold=0.1, fallback="off")], ids=["sd", "mcsd-improved"])
+def test_chain_replays_sample_from_the_target(tiny, cfg):
+    """The audit (first token and token pairs against the exact target law, fixed seeds): a chain node drawn on the
+    device keeps speculative sampling lossless."""
+    from explorer.analysis.audit import audit_engine
+
+    sampling = SamplingConfig(temperature=0.8, seed=777_000)
+    engine = build_engine(tiny, cfg, sampling, kv_cache="static", graphs=True, chain_levels=4)
+    r = audit_engine(engine, tiny.tokenizer.encode("def f(x):\n    return"), 1200)
+    assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
+    assert r.pairs.dof >= 3
+
+
+def test_chain_replays_need_graphs(tiny):
+    with pytest.raises(EngineError, match="chain_levels"):
+        build_engine(tiny, DEFAULTS["sd"], SamplingConfig(), kv_cache="static", chain_levels=4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", range(len(CHAINS)), ids=CHAIN_IDS)
+def test_cuda_chain_replays(tiny_cuda, case):
+    """On a GPU: greedy chain replays give the level loop's traces; sampled ones run; every chain shape the run
+    can use is captured up front (``capture_graphs``), so the run captures none."""
+    cfg, temperature = CHAINS[case]
+    chained = session(tiny_cuda, cfg, temperature, "static", graphs=True, chain_levels=8)
+    assert _replays(chained)
+    if temperature == 0.0:
+        same_traces(_without_replay_records(session(tiny_cuda, cfg, temperature, "static", graphs=True)),
+                    _without_replay_records(chained))
+    tiny_cuda.graph_runners.clear()
+    eng = build_engine(tiny_cuda, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3),
+                       kv_cache="static", graphs=True, chain_levels=8)
+    eng.start(tiny_cuda.tokenizer.encode(PROMPT), 24)
+    assert eng.capture_graphs() > 0
+    before = eng._graph_captures()
+    eng.run()
+    assert eng._graph_captures() == before
+    eng.release()

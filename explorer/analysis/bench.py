@@ -49,6 +49,7 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
                 "free_rows", "lookup_tokens", "cost_ratio")
 CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing of CARRIED)
+CHAIN_KEY = "chain="  # a bench label's +chain=N: draft levels of chains per replay (Engine's chain_levels)
 CARRIED = ("recycling_state", "fallback_state", "adapter_state")  # what a run learns for the next (Engine arguments)
 
 
@@ -59,11 +60,24 @@ def carries(label: str) -> bool:
     return not label.endswith(CARRY_OFF)
 
 
+def chain_of(label: str, default: int = 0) -> int:
+    """The chain replay depth of a bench label: its ``+chain=N`` (an engine setting, not the method's), else
+    ``default``. Raises ValueError for a value that is not a non-negative integer."""
+    for part in label.split("+")[1:]:
+        if part.startswith(CHAIN_KEY):
+            value = part[len(CHAIN_KEY):]
+            if not value.isdigit():
+                raise ValueError(f"bench label {label!r}: +chain= takes a number of levels, got {value!r}")
+            return int(value)
+    return default
+
+
 def method_for_label(label: str) -> MethodConfig:
     """The config of a bench label: a method name (``config.DEFAULTS``) optionally followed by ``+key=value``
-    settings (``VARIANT_KEYS``), and last ``CARRY_OFF`` (a bench setting, not the method's). Raises ValueError for
-    an unknown method, key or value."""
+    settings (``VARIANT_KEYS``), ``+chain=N`` and last ``CARRY_OFF`` (bench settings, not the method's). Raises
+    ValueError for an unknown method, key or value."""
     name, *parts = label.removesuffix(CARRY_OFF).split("+")
+    parts = [p for p in parts if not p.startswith(CHAIN_KEY)]
     if name not in DEFAULTS:
         raise ValueError(f"unknown bench method {name!r}; use {', '.join(BENCH_METHODS)}")
     changes: dict = {}
@@ -168,14 +182,17 @@ def run_hf_assisted(pair, prompt_ids: list[int], max_new_tokens: int, sampling: 
             "token_ids": out[0, len(prompt_ids):].tolist()}
 
 
-def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, decision_model=None) -> int:
+def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, decision_model=None,
+                chain_levels: int = 0, sampling: SamplingConfig | None = None) -> int:
     """Capture, before timing, every query-size bucket of the graph runners a run of ``config`` on ``prompt_ids``
-    will use (runners are shared through ``pair`` by cache width). Without it the timed runs paid the captures:
-    about 0.1-0.2 s each on an H100 against 5 ms for a graphed forward. Returns the number of graphs
-    captured (0 off CUDA or where all were captured already)."""
+    will use (runners are shared through ``pair`` by cache width), and with ``chain_levels`` every chain replay of
+    ``sampling``'s settings (default greedy). Without it the timed runs paid the captures: about 0.1-0.2 s each on
+    an H100 against 5 ms for a graphed forward. Returns the number of graphs captured (0 off CUDA or where all
+    were captured already)."""
     from ..engine.factory import build_engine
 
-    engine = build_engine(pair, config, SamplingConfig(), decision_model=decision_model, kv_cache="static", graphs=True)
+    engine = build_engine(pair, config, sampling or SamplingConfig(), decision_model=decision_model,
+                          kv_cache="static", graphs=True, chain_levels=chain_levels)
     engine.start(prompt_ids, max_new_tokens)
     try:
         return engine.capture_graphs()
@@ -186,13 +203,14 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
                recycling_state: dict | None = None, count_syncs: bool = False,
-               fallback_state: dict | None = None, adapter_state: dict | None = None) -> dict:
+               fallback_state: dict | None = None, adapter_state: dict | None = None, chain_levels: int = 0) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
     and what the run learned for the next prompt: ``recycling_state`` (Token Recycling's matrix),
     ``fallback_state`` (the goodput fallback's rates) and ``adapter_state`` (the stop policy's online adaptation),
     each None where the method has none.
-    ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little).
+    ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little). ``chain_levels``:
+    draft levels of chains per replay (``Engine``; needs ``graphs``).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
     trace), as for ``hf-assisted``, not the sum of the trace's step timers.
@@ -200,8 +218,8 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     from ..engine.factory import build_engine
 
     engine = build_engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
-                    recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state,
-                    adapter_state=adapter_state)
+                          recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state,
+                          adapter_state=adapter_state, chain_levels=chain_levels)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
@@ -258,7 +276,7 @@ def samples_at(temperature: float, samples: int) -> int:
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
           temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
           kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, samples: int = 1,
-          progress=lambda msg: None) -> dict:
+          chain_levels: int = 0, progress=lambda msg: None) -> dict:
     """Run ``methods`` over ``prompts_ids`` at each temperature.
 
     Args:
@@ -266,6 +284,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             ``"mcsd-improved/prune"``, as long as its config says which method it is.
         kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``engine/runtime/kv_cache.py``); ``graphs``: our
             forwards through CUDA graphs (``engine/runtime/graphs.py``; needs ``static``).
+        chain_levels: with ``graphs``, draft levels of chains per replay (``Engine``) for every method; a label's
+            ``+chain=N`` (``chain_of``) sets it for that label alone, e.g. ``mcsd-improved+chain=8`` beside
+            ``mcsd-improved`` in one run.
         decision_dir: a decision-model folder (``decision train``) the learned stop policies read instead of the
             one shipped for the pair (e.g. a model trained without the prompt kind being benched).
         samples: runs of every prompt at each temperature above 0, each with its own seed (``seed + prompt +
@@ -314,7 +335,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling, helper="plain")
         memory = carried.get(method, {})
         row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
-                         decision_model=decision_model(configs[method]), **memory)
+                         decision_model=decision_model(configs[method]), chain_levels=chain_of(method, chain_levels),
+                         **memory)
         learned = {key: row.pop(key) for key in CARRIED}
         if carries(method):
             carried[method] = learned
@@ -324,8 +346,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         for method in methods:
             one(method, prompts_ids[0], SamplingConfig(), 8)
     if graphs and warmup:  # each prompt's runners with every bucket captured: no timed step pays for a capture
-        captured = sum(warm_graphs(pair, configs[m], ids, max_new_tokens, decision_model(configs[m]))
-                       for ids in prompts_ids for m in methods if m not in HF_METHODS)
+        captured = sum(warm_graphs(pair, configs[m], ids, max_new_tokens, decision_model(configs[m]),
+                                   chain_of(m, chain_levels), SamplingConfig(temperature=t, top_p=top_p))
+                       for ids in prompts_ids for m in methods if m not in HF_METHODS for t in temperatures)
         progress(f"warm-up: {captured} CUDA graphs captured")
     runs = []
     for temperature in temperatures:
@@ -345,7 +368,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             for method in (m for m in methods if m not in HF_METHODS):
                 row = run_engine(pair, configs[method], prompts_ids[0], max_new_tokens,
                                  SamplingConfig(temperature=temperature, top_p=top_p, seed=seed), kv_cache=kv_cache,
-                                 graphs=graphs, decision_model=decision_model(configs[method]), count_syncs=True)
+                                 graphs=graphs, decision_model=decision_model(configs[method]), count_syncs=True,
+                                 chain_levels=chain_of(method, chain_levels))
                 syncs[temperature, method] = row.get("host_syncs_per_step")
     summary = []
     for temperature in temperatures:

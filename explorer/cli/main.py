@@ -190,13 +190,15 @@ def cmd_bench(args) -> int:
     result = bench(pair, ids, methods=methods, temperatures=temps, max_new_tokens=args.max_new_tokens,
                    seed=args.seed, warmup=args.warmup, top_p=args.top_p,
                    kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs,
-                   decision_dir=args.decision_dir, samples=args.samples, progress=progress)
+                   decision_dir=args.decision_dir, samples=args.samples, chain_levels=args.chain_levels,
+                   progress=progress)
     bar.close()
     result["meta"] = {
         "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
         "methods": methods, "temperatures": temps, "top_p": args.top_p, "seed": args.seed, "samples": args.samples,
         "warmup": args.warmup,
         "kv_cache": "static" if args.graphs else args.kv_cache, "graphs": args.graphs,
+        "chain_levels": args.chain_levels,
         "decision_dir": args.decision_dir or "shipped", **run_facts(pair)}
     paths = write_reports(result, args.out)
     print(Path(paths["md"]).read_text(encoding="utf-8"))
@@ -290,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--decision-dir", help="decision-model folder for the learned stop policies (default: shipped)")
     bn.add_argument("--graphs", action="store_true",
                     help="our forwards through CUDA graphs per query-size bucket (implies --kv-cache static)")
+    bn.add_argument("--chain-levels", type=int, default=0,
+                    help="with --graphs: draft levels of chains run in one graph replay, next tokens chosen on the "
+                         "device (0 = one forward per level; a label's +chain=N sets it for that label)")
     add_model_args(bn)
     bn.set_defaults(func=cmd_bench)
 

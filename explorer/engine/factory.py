@@ -144,7 +144,8 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
 def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
                  recycling_state: dict | None = None, count_syncs: bool = False,
-                 fallback_state: dict | None = None, adapter_state: dict | None = None) -> Engine:
+                 fallback_state: dict | None = None, adapter_state: dict | None = None,
+                 chain_levels: int = 0) -> Engine:
     """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
 
     Args:
@@ -153,7 +154,7 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
         decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
             (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
-        capture_features, kv_cache, graphs, count_syncs: the step machine's options (``Engine``).
+        capture_features, kv_cache, graphs, count_syncs, chain_levels: the step machine's options (``Engine``).
         recycling_state: a Token Recycling matrix carried over from an earlier run (``recycling_state()`` of that
             run's engine); None starts with an empty matrix.
         fallback_state: the goodput fallback's rates from an earlier run (``fallback_state()`` of that run's
@@ -179,7 +180,7 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             raise EngineError(str(exc)) from None
     parts = build_parts(pair, config, sampling, decision_model, recycling_state, fallback_state, adapter_state)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
-                  graphs=graphs, count_syncs=count_syncs)
+                  graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels)
 
 
 __all__ = ["TRANSFER_ADAPT", "build_engine", "build_parts", "can_fall_back", "carry_key", "prices_rows",

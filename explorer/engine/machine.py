@@ -31,6 +31,7 @@ from .attention import sliding_window
 from .config import MethodConfig
 from .drafters import Drafted
 from .drafters.base import Drafter, DraftView, empty_draft
+from .drafters.model import chain_depths, chain_widths
 from .drafters.row_pricing import RowPricing
 from .policies.cost_ratio import CostRatioMeter
 from .policies.fallback import GoodputFallback
@@ -142,18 +143,22 @@ class Engine:
         graphs: run forwards through ``graphs.GraphRunner`` (CUDA graphs per query-size bucket on a GPU, padded
             eager forwards elsewhere); needs ``kv_cache="static"``. Runners come from the pair's idle ones and go
             back with ``release()``.
+        chain_levels: with ``graphs``, the most draft levels of a step's chains (levels of one token per node)
+            run in one replay (``GraphRunner.chain``, next tokens chosen on the device); 0 (default) = one forward
+            per level. Levels past where the stop policy ends drafting are computed and dropped.
         count_syncs: count each step's host synchronisations into ``StepTrace.host_syncs``: on CUDA torch's sync
             debug mode (process-wide, a few microseconds each), on the CPU the value reads that would synchronise on
             a GPU (``engine/runtime/host_reads.py``; slows the step several-fold). For measurements and tests, not the
             app.
     Raises:
-        EngineError: an unknown ``kv_cache``, graphs without a static cache; on ``start``, an empty prompt or one
+        EngineError: an unknown ``kv_cache``, graphs without a static cache, ``chain_levels`` without graphs or
+            negative; on ``start``, an empty prompt or one
             that leaves no room in the context window.
     """
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, parts: EngineParts,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 count_syncs: bool = False):
+                 count_syncs: bool = False, chain_levels: int = 0):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
@@ -162,7 +167,11 @@ class Engine:
             # transformers' static sliding layers keep only the window: rows past it could not be kept or rewound
             raise EngineError("the static KV cache (and CUDA graphs) do not serve models with sliding-window "
                               "attention yet: use the dynamic cache")
+        if chain_levels < 0 or (chain_levels and not graphs):
+            raise EngineError(f"chain_levels must be >= 0 and needs graphs, got {chain_levels} "
+                              f"{'with' if graphs else 'without'} graphs")
         self.kv_cache, self.graphs = kv_cache, bool(graphs)
+        self.chain_levels = int(chain_levels)
         self.count_syncs = count_syncs  # count each step's host synchronisations (engine/runtime/timeline.py; opt-in)
         self._runners: dict = {}  # role -> GraphRunner (graphs only)
         self.pair = pair
@@ -258,6 +267,7 @@ class Engine:
                    "dtype": str(self.pair.dtype).removeprefix("torch."), "device": str(self.pair.device),
                    "draft_quant": self.pair.draft_quant, "packed_weights": self.pair.packed_weights,
                    "kv_cache": self.kv_cache, "graphs": self.graphs,
+                   **({"chain_levels": self.chain_levels} if self.chain_levels else {}),
                    **({"verification_cost": self.pair.measured["verification_cost"]}
                       if "verification_cost" in self.pair.measured else {}),
                    **({"row_pricing": self.row_pricing.prices} if self.row_pricing is not None else {})},
@@ -295,12 +305,17 @@ class Engine:
 
     def capture_graphs(self) -> int:
         """CUDA: capture every query-size bucket of this run's graph runners now (after ``start``), so that no
-        later step pays for a capture (the bench's warm-up; about 0.1-0.2 s a bucket on an H100). Returns the
-        number of graphs captured; 0 without graphs or off CUDA."""
-        with torch.inference_mode():  # as the forwards: the caches are inference tensors
+        later step pays for a capture (the bench's warm-up; about 0.1-0.2 s a bucket on an H100), and with
+        ``chain_levels`` every chain replay this run's tree and sampling can use. Returns the number of graphs
+        captured; 0 without graphs or off CUDA."""
+        with torch.inference_mode(), self.pair.lock:  # as the forwards: the caches are inference tensors
             n = sum(runner.capture_all() for runner in self._runners.values())
             if "draft" in self._runners and getattr(self.stop_policy, "needs_hidden", False):  # draft features
                 n += self._runners["draft"].capture_all(hidden=True)
+            if "draft" in self._runners and self.chain_levels:
+                n += self._runners["draft"].capture_chains(chain_widths(self.config, self.config.target_roots),
+                                                           chain_depths(self.chain_levels), self.pair.vocab_size,
+                                                           self.sampling)
         return n
 
     def reach(self) -> dict:
@@ -363,6 +378,19 @@ class Engine:
                 logits, h = eager_forward(model, kv, input_ids, position_ids, mask, keep, hidden, hidden_rows)
         logits = logits[:, : self.pair.vocab_size]
         return _Forward(logits=logits, first_row=len(input_ids) - logits.shape[0], hidden=h)
+
+    def draft_chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int,
+                    uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``levels`` draft forwards of ``len(input_ids)`` chains in one replay (``GraphRunner.chain``): returns
+        the chosen tokens int64 ``(levels, w)`` and the logits ``(levels * w, vocab)`` cut to the shared vocabulary.
+        Raises EngineError without a graph runner for the draft."""
+        runner = self._runners.get("draft")
+        if runner is None:
+            raise EngineError("a chain replay needs the draft's graph runner (graphs=True)")
+        rows = len(input_ids) * levels
+        segment = self._timeline.forward("draft", rows) if self._timeline else contextlib.nullcontext()
+        with torch.inference_mode(), self.pair.lock, segment:
+            return runner.chain(input_ids, position_ids, mask, levels, self.pair.vocab_size, self.sampling, uniforms)
 
     def _prompt_candidates(self, hidden: torch.Tensor) -> list[list[tuple[int, float]]]:
         """The target's best next tokens (id, plain probability) at the prompt rows whose last hidden states

@@ -86,13 +86,14 @@ class DraftView:
     records the decision features).
     The draft model: ``draft_model``, ``draft_kv`` / ``target_kv`` (the KV caches: ``layer-skip`` copies the target's
     layers into its draft's), ``draft_len()`` (committed tokens in the draft's cache) and ``draft_forward(...)``
-    (``Engine.forward`` of the draft model).
+    (``Engine.forward`` of the draft model); ``chain_levels`` and ``draft_chain(...)`` (``Engine.draft_chain``:
+    several levels of chains in one replay, where the run allows it).
     """
 
     __slots__ = ("_engine",)
     _FIELDS = ("committed", "n_prompt", "config", "sampling", "generator", "verifier_name", "branching", "next_logits",
                "next_dist", "prefill_top", "free_rows", "free_rows_run", "row_pricing", "stop_policy", "adapter",
-               "capture_features", "draft_kv", "target_kv")
+               "capture_features", "draft_kv", "target_kv", "chain_levels")
 
     def __init__(self, engine):
         object.__setattr__(self, "_engine", engine)
@@ -122,6 +123,10 @@ class DraftView:
     def draft_forward(self, input_ids: list[int], position_ids: list[int], mask, keep: int, hidden: bool = False):
         """One forward of the draft model appending to its KV cache (``Engine.forward``, role ``draft``)."""
         return self._engine.forward("draft", input_ids, position_ids, mask, keep=keep, hidden=hidden)
+
+    def draft_chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int, uniforms=None):
+        """Several draft levels of chains in one replay (``Engine.draft_chain``)."""
+        return self._engine.draft_chain(input_ids, position_ids, mask, levels, uniforms)
 
 
 def empty_draft(view) -> Drafted:

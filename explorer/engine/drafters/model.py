@@ -4,12 +4,20 @@ The tree's shape comes from ``MethodConfig.draft_branching()`` (a chain, a ``k_c
 MCSD's first levels and chains), its roots from the anchor or, in the seed's lossy mode, from the target
 (target-initialized candidates, Lu et al. 2024). After every drafted level the stop policy scores the branches:
 drafting ends, or (``prune``) only the branches that stopped get no children. Children are drawn the way the
-verifier expects (``drafting.candidates``). Every level is fed whole, so the draft cache keeps a breadth-first
-prefix of the tree.
+verifier expects (``drafting.candidates``). Every level is fed whole; ``Drafted.draft_rows`` says where each fed
+node sits in the draft cache.
+
+Where the run allows it (``Engine(chain_levels=N)``, graphs on), the levels where every node has one child (the
+chains of ``sd`` and of the improved MCSD after its first levels) run several at a time in one replay
+(``GraphRunner.chain``): the next tokens are chosen on the device, and the host reads the levels' tokens, best
+tokens and decision features in one transfer, then scores the levels one by one with the stop policy as before.
+The tree is the one the level-by-level loop would draft (for greedy decoding up to exact ties between logits); the
+levels the replay computed past the policy's stop are dropped (``Drafted.info["chain_replays"]``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...trace.records import TOP_K_SHOWN
@@ -20,6 +28,10 @@ from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, Nod
                                     model_inputs)
 from ..tree import DraftTree, step_mask, step_position_ids
 from .base import Drafted, Drafter
+
+
+CHAIN_MAX_WIDTH = 8
+"""Most chains one replay grows (each width and depth is a graph of its own)."""
 
 
 class ModelDrafter(Drafter):
@@ -34,6 +46,7 @@ class ModelDrafter(Drafter):
         self.copy_index = CopyIndex()
         self.memory = TargetMemory()
         self._seeded = TargetMemory()  # the memory right after the prefill, where ``rewind`` returns
+        self._chain_used: int | None = None  # chain levels read from replays in the last step that replayed
 
     @staticmethod
     def wants_features(view) -> bool:
@@ -95,7 +108,11 @@ class ModelDrafter(Drafter):
             tree.add_level([-1] * len(roots), roots, source="target")
         chain = view.committed[view.draft_len():]
         past = L - len(chain)
-        calls = fed = 0  # fed: tree nodes in the draft cache (a breadth-first prefix)
+        calls = 0
+        rows_of: dict[int, int] = {}  # fed tree node -> its draft-cache row after ``past + len(chain)``
+        next_row = 0  # the next free draft-cache row (relative to the same place)
+        replay: _ChainReplay | None = None  # the chain replay whose levels are being read, if any
+        replays: list[list[int]] = []  # per chain replay of this step: [levels computed, levels read]
         active: set[str] | None = None  # branches still drafting, once the first drafted level exists
         reach = view.reach()  # no level deeper than a committable node, no children under an EOS
         template = _template_children(config.tree)  # tree template: node -> its template children, else None
@@ -106,7 +123,7 @@ class ModelDrafter(Drafter):
         host = torch.device("cpu")  # the decision model runs on the host, wherever the models run
         in_template: dict[int, int] = {-1: -1}  # drafted node -> its template node
         accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
-        for k in view.branching:
+        for index, k in enumerate(view.branching):
             level = tree.n_levels
             if level >= reach["max_depth"]:
                 break
@@ -127,22 +144,47 @@ class ModelDrafter(Drafter):
             if level and all(tree.token[i] in reach["ends"] for i in range(start, stop)):
                 break  # a level of EOS tokens: no forward, nothing after them is committed
             first = calls == 0
-            ids = (chain if first else []) + tree.token[start:stop]
-            mask = None if (first and level == 0) else step_mask(past, len(chain), first, tree.anc, start, stop)
-            pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
-            fwd = view.draft_forward(ids, pos, mask, keep=max(stop - start, 1), hidden=want_hidden)
-            calls += 1
-            fed = stop
-            qd = RowDists(fwd.logits, sampling)
-            # the level's decision features and draws ride with its best tokens: one transfer (GPU sync) per level
-            if want_features:
-                qd.attach("dist", _dist_features(qd))
-            if draws_per_row:
-                n = qd.logits.shape[0]
-                qd.attach("draws", drafting.uniforms(view.generator, n * draws_per_row).reshape(n, draws_per_row))
+            if replay is not None and not replay.covers(level):
+                replay = None
+            if replay is None and not first:
+                levels = self._chain_plan(view, index, level, stop - start, reach, template, want_hidden,
+                                          first_of_step=not replays)
+                if levels > 1:
+                    mask = _level_mask(past, len(chain), tree, start, stop, rows_of, next_row)
+                    pos = step_position_ids(past, len(chain), False, tree.depth, start, stop)
+                    uniforms = None if sampling.greedy else drafting.uniforms(view.generator, levels * (stop - start))
+                    replay = _ChainReplay(view, tree, start, stop, levels, pos, mask, uniforms, want_features)
+                    for j in range(levels):
+                        for c in range(stop - start):
+                            replay.rows[j * (stop - start) + c] = next_row + j * (stop - start) + c
+                    next_row += levels * (stop - start)
+                    calls += levels
+                    replays.append([levels, 0])
+            if replay is not None:
+                qd, hidden = replay.dists, None
+                replays[-1][1] += 1
+                for node in range(start, stop):  # this level's nodes sit in the replay's rows
+                    rows_of[node] = replay.rows[replay.row(level, node)]
+            else:
+                ids = (chain if first else []) + tree.token[start:stop]
+                mask = (None if (first and level == 0) else
+                        _level_mask(past, len(chain), tree, start, stop, rows_of, next_row, chain_in_query=first))
+                pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
+                fwd = view.draft_forward(ids, pos, mask, keep=max(stop - start, 1), hidden=want_hidden)
+                calls += 1
+                rows_of.update({node: next_row + c for c, node in enumerate(range(start, stop))})
+                next_row += stop - start
+                qd, hidden = RowDists(fwd.logits, sampling), fwd.hidden
+                # the level's decision features and draws ride with its best tokens: one transfer (GPU sync) per level
+                if want_features:
+                    qd.attach("dist", _dist_features(qd))
+                if draws_per_row:
+                    n = qd.logits.shape[0]
+                    qd.attach("draws", drafting.uniforms(view.generator, n * draws_per_row).reshape(n, draws_per_row))
             branch_of = tree.branch_ids()
             parents, tokens = [], []
-            rows = [(r, node) for r, node in enumerate(range(start, stop) if level else [-1])
+            level_nodes = range(start, stop) if level else [-1]
+            rows = [(replay.row(level, node) if replay is not None else r, node) for r, node in enumerate(level_nodes)
                     if active is None or str(branch_of[node]) in active]  # a pruned branch gets no children
             tops = qd.top([r for r, _ in rows], TOP_K_SHOWN)
             dist = torch.tensor(qd.attached("dist"), dtype=torch.float32, device=host) if want_features else None
@@ -156,13 +198,18 @@ class ModelDrafter(Drafter):
                     continue
                 sure = (want > 1 and config.branch_threshold < 1.0 and tops[r]
                         and tops[r][0][1] >= config.branch_threshold)
-                kids = drafting.candidates(qd, r, 1 if sure else want, verifier=view.verifier_name,
-                                           generator=view.generator,
-                                           draws=qd.attached("draws")[r] if draws_per_row else None)
+                if replay is not None:  # the token the replay chose on the device after this node
+                    kids = [replay.token(level, node)]
+                else:
+                    kids = drafting.candidates(qd, r, 1 if sure else want, verifier=view.verifier_name,
+                                               generator=view.generator,
+                                               draws=qd.attached("draws")[r] if draws_per_row else None)
                 for j, t in enumerate(kids):
                     i = len(tree) + len(tokens)
                     if slots is not None:
                         in_template[i] = slots[j]
+                    if replay is not None:
+                        replay.chain_of[i] = replay.chain_of[node]
                     q_show[i] = qd.shown(r, t)
                     if dist is not None:
                         q1 = qd.plain(r, t)  # read with the row's best tokens: no read of its own
@@ -170,16 +217,112 @@ class ModelDrafter(Drafter):
                         parent_token, prev_token = _parent_tokens(view.committed, tree, node)
                         session = (*self.copy_index.features(tree.path_tokens(node) + [t]),
                                    *self.memory.features(prev_token, parent_token, t))
-                        features[i] = NodeFeatures(None if fwd.hidden is None else fwd.hidden[r], dist[r], q1, cum,
-                                                   session)
+                        features[i] = NodeFeatures(None if hidden is None else hidden[r], dist[r], q1, cum, session)
                     parents.append(node)
                     tokens.append(t)
             if not tokens:
                 break
             tree.add_level(parents, tokens, source="draft")
-        return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls,
-                       draft_rows={i: i for i in range(fed)}, head=past + len(chain), features=features, q_top=q_top,
-                       predicted=dict(accept))
+        if replays:
+            used = sum(r[1] for r in replays)
+            self._chain_used = used
+            info = {"chain_replays": [{"levels": a, "read": b} for a, b in replays]}
+        else:
+            info = {}
+        return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls, draft_rows=rows_of,
+                       head=past + len(chain), features=features, q_top=q_top, predicted=dict(accept), info=info)
+
+    def _chain_plan(self, view, index: int, level: int, width: int, reach: dict, template, want_hidden: bool,
+                    first_of_step: bool) -> int:
+        """How many levels the next chain replay runs (0: a plain forward). Only where the run allows replays
+        (``view.chain_levels``), every level left has one child per node (no template), the policy reads no hidden
+        states and at most ``CHAIN_MAX_WIDTH`` chains grow. A step's first replay runs about one level more than
+        the chains' levels read in the step before: levels past where the stop policy ends drafting are computed
+        for nothing, so a replay should end about where drafting ends. Replays run a power of two of levels
+        (``chain_depths``), so that a few graphs serve every step."""
+        if (not view.chain_levels or template is not None or want_hidden or width > CHAIN_MAX_WIDTH
+                or any(b != 1 for b in view.branching[index:])):
+            return 0
+        levels = min(view.chain_levels, len(view.branching) - index, reach["max_depth"] - level)
+        if first_of_step and self._chain_used is not None:
+            levels = min(levels, max(2, self._chain_used + 1))
+        return max((d for d in chain_depths(view.chain_levels) if d <= levels), default=0)
+
+
+def chain_depths(chain_levels: int) -> list[int]:
+    """The replay depths a run with ``chain_levels`` uses: the powers of two from 2 up to it."""
+    return [2 ** e for e in range(1, 8) if 2 ** e <= chain_levels]
+
+
+def chain_widths(config, lossy_roots: int = 0) -> list[int]:
+    """How many chains a step of ``config``'s tree can grow at once (1 .. the nodes of its last branching level,
+    at most ``CHAIN_MAX_WIDTH``); empty when its levels never become chains."""
+    branching = config.draft_branching()
+    if config.tree is not None or 1 not in branching:
+        return []
+    width = max(1, lossy_roots)
+    for b in branching[: branching.index(1)]:
+        width *= b
+    return list(range(1, min(width, CHAIN_MAX_WIDTH) + 1))
+
+
+class _ChainReplay:
+    """One chain replay's levels, read one by one by the drafting loop: ``levels`` forwards of the ``w`` nodes of
+    tree level ``first_level`` and of the chains growing under them.
+
+    Attributes:
+        first_level: the tree level whose nodes the replay's first forward fed.
+        dists: ``RowDists`` over the replay's ``levels * w`` rows (level-major), with its decision features
+            attached when the run computes them, and the chosen tokens: all reach the host in one transfer.
+        rows: replay row -> draft-cache row (relative to the step's head).
+        chain_of: tree node -> its chain (0 .. w-1), for the first level's nodes and every child read so far.
+    """
+
+    def __init__(self, view, tree: DraftTree, start: int, stop: int, levels: int, pos: list[int], mask, uniforms,
+                 want_features: bool):
+        self.first_level, self.levels, self.w = tree.n_levels, levels, stop - start
+        tokens, logits = view.draft_chain(tree.token[start:stop], pos, mask, levels, uniforms)
+        self.dists = RowDists(logits, view.sampling)
+        if want_features:
+            self.dists.attach("dist", _dist_features(self.dists))
+        self.dists.attach("tokens", tokens.reshape(-1, 1))
+        self.rows: dict[int, int] = {}
+        self.chain_of = {node: c for c, node in enumerate(range(start, stop))}
+        self._tokens: list[int] | None = None
+
+    def covers(self, level: int) -> bool:
+        return self.first_level <= level < self.first_level + self.levels
+
+    def row(self, level: int, node: int) -> int:
+        """The replay row that fed ``node`` (a node of tree level ``level``)."""
+        return (level - self.first_level) * self.w + self.chain_of[node]
+
+    def token(self, level: int, node: int) -> int:
+        """The token the replay chose after ``node``."""
+        if self._tokens is None:
+            self._tokens = [int(t[0]) for t in self.dists.attached("tokens")]
+        return self._tokens[self.row(level, node)]
+
+
+def _level_mask(past: int, chain_len: int, tree: DraftTree, start: int, stop: int, rows_of: dict[int, int],
+                next_row: int, chain_in_query: bool = False) -> np.ndarray:
+    """The bool attention mask of a draft forward feeding tree nodes ``start .. stop - 1`` at draft-cache rows
+    ``next_row ..`` (after ``past`` cached and ``chain_len`` new committed tokens): ``tree.step_mask`` while every
+    fed node sits at its own index (``rows_of`` is the identity, no chain replay yet), else built from ``rows_of``:
+    each row sees the committed tokens, its ancestors' rows and its own. ``(q, past + chain_len + next_row + q)``
+    with ``q`` the chain (when ``chain_in_query``) plus the nodes."""
+    if all(rows_of.get(i) == i for i in range(start)) and next_row == start:
+        return step_mask(past, chain_len, chain_in_query, tree.anc, start, stop)
+    n_ctx, w = past + chain_len, stop - start
+    mask = np.zeros((w, n_ctx + next_row + w), dtype=bool)
+    mask[:, :n_ctx] = True
+    for c, node in enumerate(range(start, stop)):
+        parent = tree.parent[node]
+        while parent >= 0:
+            mask[c, n_ctx + rows_of[parent]] = True
+            parent = tree.parent[parent]
+        mask[c, n_ctx + next_row + c] = True
+    return mask
 
 
 def _parent_tokens(committed: list[int], tree: DraftTree, node: int) -> tuple[int, int]:

@@ -17,6 +17,12 @@ output buffers:
 Forwards larger than the last bucket (the prefill) and forwards before the cache is allocated run eagerly. Without
 CUDA (``capture=False``) the runner pads to the same buckets and calls the model eagerly, which is what the CPU
 tests check: padded buckets give the logits of unpadded forwards.
+
+A *chain replay* (``GraphRunner.chain``, issue 45) runs several draft levels of ``w`` chains in one graph: each
+level's next tokens are chosen on the device (argmax, or an inverse-CDF draw from the processed distribution with
+uniforms drawn before the replay) and fed to the next level's forward, as gpt-fast's decode loop does, with the
+mask, position ids and cache positions advanced on the device. The host reads the levels' tokens and logits once,
+after the replay, instead of once per level.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 import torch
 
 from ..attention import forward_mask
+from ..sampling import SamplingConfig, logits_to_probs
 from .kv_cache import KVCache, StaticKVCache
 
 # Query sizes forwards are padded to. Up to 256: prompt lookup's default tree is 64 nodes plus the anchor, and the
@@ -107,6 +114,20 @@ class _Bucket:
         self._copied.record()
 
 
+class _Chain:
+    """Static buffers (and on a GPU the captured graph) of one chain replay: ``levels`` forwards of ``w`` rows."""
+
+    def __init__(self, w: int, levels: int, vocab: int, width: int, device, dtype):
+        self.w, self.levels, self.vocab = w, levels, vocab
+        self.ints = torch.zeros((3, w), dtype=torch.long, device=device)
+        self.ids, self.pos, self.cache_position = self.ints[0:1], self.ints[1:2], self.ints[2]
+        self.allowed = torch.zeros((w, width), dtype=torch.bool, device=device)
+        self.uniforms = torch.zeros((levels, w), dtype=torch.float64, device=device)
+        self.tokens = torch.zeros((levels, w), dtype=torch.long, device=device)
+        self.logits = torch.zeros((levels, w, vocab), dtype=dtype, device=device)
+        self.graph = None
+
+
 class GraphRunner:
     """Forwards of ``model`` appending to ``kv`` at fixed shapes; CUDA graphs when ``capture``.
 
@@ -127,6 +148,7 @@ class GraphRunner:
         self.capture = kv.device.type == "cuda" if capture is None else bool(capture)
         self.dtype = next(model.parameters()).dtype
         self._buckets: dict[tuple[int, bool], _Bucket] = {}
+        self._chains: dict[tuple, _Chain] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.replays = self.captures = self.eager_calls = 0
 
@@ -158,6 +180,126 @@ class GraphRunner:
         self.kv.after_forward(n)  # the padding rows are past `length`: stale, blocked, overwritten next time
         rows = slice(n - keep, n)
         return logits[0, rows].clone(), (hid[0, rows].float() if hid is not None else None)
+
+    def chain(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray, levels: int, vocab: int,
+              sampling: SamplingConfig, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``levels`` forwards of ``w = len(input_ids)`` chains in one replay (issue 45, item 6): the first feeds
+        ``input_ids``; each next one feeds the tokens chosen from the previous one's logits on the device, one
+        position further, each row attending to what its row attended to plus its own new column.
+
+        Args:
+            input_ids, position_ids: the first level's rows, ``w`` each.
+            mask: bool ``(w, kv.length + w)``: what the first level's rows attend to.
+            levels: forwards in the replay (>= 1).
+            vocab: the shared vocabulary; tokens are chosen among ids below it.
+            sampling: greedy chooses the largest logit (lowest id among ties, as ``argmax``); otherwise one draw
+                from ``logits_to_probs`` of the row (the draft's q), by inverse CDF on ``uniforms``.
+            uniforms: float64 ``(levels, w)`` U[0, 1) draws when sampling, on any device.
+        Returns:
+            ``(tokens, logits)``: int64 ``(levels, w)`` (row ``c`` of level ``j`` is the token chosen after level
+            ``j``'s row ``c``) and ``(levels * w, vocab)`` logits in the model dtype, level-major, fresh tensors.
+            The cache holds all ``levels * w`` rows, level-major, from ``kv.length`` on.
+        Raises:
+            ValueError: ``levels < 1``, sampling without ``uniforms``, or the rows do not fit in the cache.
+        """
+        w, length = len(input_ids), self.kv.length
+        if levels < 1:
+            raise ValueError(f"a chain replay needs at least one level, got {levels}")
+        if not sampling.greedy and uniforms is None:
+            raise ValueError("a sampled chain replay needs its uniform draws")
+        if length + levels * w > self.kv.key_width or not self._cache_ready():
+            raise ValueError(f"{levels} levels of {w} rows do not fit in the static cache after {length} positions")
+        c = self._stage_chain(input_ids, position_ids, mask, levels, vocab, sampling)
+        if uniforms is not None:
+            c.uniforms.copy_(uniforms.reshape(levels, w))
+        if self.capture and c.graph is None:
+            self._capture_chain(c, sampling)
+        self.kv.seek(levels * w)
+        if c.graph is not None:
+            c.graph.replay()
+            self.replays += 1
+        else:
+            self._chain_body(c, sampling)
+            self.eager_calls += levels
+        self.kv.after_forward(levels * w)
+        return c.tokens.clone(), c.logits.reshape(levels * w, vocab).clone()
+
+    def capture_chains(self, widths, depths, vocab: int, sampling: SamplingConfig) -> int:
+        """Capture the chain replays of ``w`` chains and ``levels`` levels for every ``w`` in ``widths`` and
+        ``levels`` in ``depths`` not captured yet, at the cache's current length, without changing the cache's
+        content up to it (as ``capture_all``). Returns how many graphs were captured (0 off CUDA)."""
+        length = self.kv.length
+        if not self.capture or not self._cache_ready():
+            return 0
+        done = self.captures
+        for w in widths:
+            for levels in depths:
+                if length + levels * w > self.kv.key_width:
+                    continue
+                mask = np.zeros((w, length + w), dtype=bool)
+                mask[:, :length] = True
+                mask[np.arange(w), length + np.arange(w)] = True
+                c = self._stage_chain([0] * w, [length] * w, mask, levels, vocab, sampling)
+                if c.graph is None:
+                    self._capture_chain(c, sampling)
+        return self.captures - done
+
+    def _stage_chain(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray, levels: int, vocab: int,
+                     sampling: SamplingConfig) -> _Chain:
+        """The chain replay's buffers for this shape and sampling (made on first use), filled with the inputs."""
+        w, length = len(input_ids), self.kv.length
+        key = (w, levels, vocab, sampling.temperature, sampling.top_k, sampling.top_p)
+        c = self._chains.get(key)
+        if c is None:
+            c = self._chains[key] = _Chain(w, levels, vocab, self.kv.key_width, self.kv.device, self.dtype)
+        host = np.stack([np.asarray(input_ids, dtype=np.int64), np.asarray(position_ids, dtype=np.int64),
+                         np.arange(length, length + w, dtype=np.int64)])
+        c.ints.copy_(torch.from_numpy(host))
+        c.allowed.copy_(torch.from_numpy(self.kv.pad_mask(mask)))
+        return c
+
+    def _chain_body(self, c: _Chain, sampling: SamplingConfig) -> None:
+        """The chain replay's work (captured on a GPU): forwards, next-token choices and the advance of the
+        mask and positions, all on the device; writes ``c.tokens`` and ``c.logits``. Reads the inputs without
+        changing them, so a replay starts from what the host staged."""
+        ids, pos, cache_position, allowed = c.ids, c.pos, c.cache_position, c.allowed
+        blocked = torch.finfo(self.dtype).min
+        for j in range(c.levels):
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device).masked_fill_(~allowed, blocked)
+            out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask[None, None],
+                             past_key_values=self.kv.hf, cache_position=cache_position, use_cache=True)
+            logits = out.logits[0, :, : c.vocab]
+            if sampling.greedy:
+                tokens = logits.argmax(-1)
+            else:
+                probs = logits_to_probs(logits, sampling)
+                cdf = probs.double().cumsum(-1)
+                u = (c.uniforms[j] * cdf[:, -1]).unsqueeze(1)
+                tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=c.vocab - 1)
+                # u rounded up to the total (chance ~2^-53) lands on a token of no mass: take the row's mode
+                tokens = torch.where(probs.gather(1, tokens) > 0, tokens, probs.argmax(-1, keepdim=True)).squeeze(1)
+            c.tokens[j].copy_(tokens)
+            c.logits[j].copy_(logits)
+            if j + 1 < c.levels:
+                ids, pos, cache_position = tokens[None], pos + 1, cache_position + c.w
+                allowed = allowed.scatter(1, cache_position[:, None], True)
+
+    def _capture_chain(self, c: _Chain, sampling: SamplingConfig) -> None:
+        """Warm up on a side stream, then record the chain's forwards in one graph (as ``_capture``)."""
+        device = self.kv.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.kv.seek(c.levels * c.w)
+                self._chain_body(c, sampling)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.kv.seek(c.levels * c.w)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._chain_body(c, sampling)
+        c.graph = graph
+        self.captures += 1
 
     def capture_all(self, hidden: bool = False) -> int:
         """Capture every bucket not captured yet (with ``hidden`` as given), at the cache's current length, without
