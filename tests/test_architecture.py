@@ -72,16 +72,13 @@ def _example_code(heading: str) -> str:
 
 @pytest.fixture
 def restore_verifier_tables():
-    """Registering the example verifier changes module tables; put them back for the other tests."""
-    from explorer.engine import drafting
-    from explorer.engine.verify import expectation
-    from explorer.engine.verify import rules as verify
+    """Registering a verifier adds it to the registry; remove what the test added, for the other tests."""
+    from explorer.engine.verify.registry import VERIFIER_REGISTRY, unregister_verifier
 
-    saved = [(table, dict(table)) for table in (verify.NODE_RULES, expectation.ODDS_RULES, drafting.DRAFT_RULES)]
+    before = set(VERIFIER_REGISTRY)
     yield
-    for table, content in saved:
-        table.clear()
-        table.update(content)
+    for name in set(VERIFIER_REGISTRY) - before:
+        unregister_verifier(name)
 
 
 @pytest.mark.parametrize("example", list(EXAMPLES))
@@ -91,9 +88,95 @@ def test_worked_example_runs_as_written(example, restore_verifier_tables):
 
 
 def test_a_verifier_name_is_taken_once(restore_verifier_tables):
+    from explorer.engine.verify.node_rules import mcns_node, mcns_odds
+    from explorer.engine.verify.registry import VERIFIER_REGISTRY, unregister_verifier
     from explorer.engine.verify.rules import VerifierError, register_verifier
 
+    before = dict(VERIFIER_REGISTRY)
+    for taken in ("rrs", "greedy", "longest-branch", "auto"):
+        with pytest.raises(VerifierError, match="exists already"):
+            register_verifier(taken, mcns_node, mcns_odds)
+    for law in ("sideways", "greedy"):  # greedy drafting (the top-k) belongs to the greedy rule alone
+        with pytest.raises(VerifierError, match="drafting law"):
+            register_verifier("new-rule", mcns_node, mcns_odds, draws=law)
+    with pytest.raises(TypeError):
+        register_verifier("new-rule", None, mcns_odds)
+    register_verifier("new-rule", mcns_node, mcns_odds)
     with pytest.raises(VerifierError, match="exists already"):
-        register_verifier("rrs", None, None)
-    with pytest.raises(VerifierError, match="drafting law"):
-        register_verifier("new-rule", None, None, draws="sideways")
+        register_verifier("new-rule", mcns_node, mcns_odds, draws="with")
+    unregister_verifier("new-rule")
+    with pytest.raises(VerifierError, match="built-in"):
+        unregister_verifier("rrs")
+    with pytest.raises(VerifierError, match="no verifier"):
+        unregister_verifier("new-rule")
+    assert dict(VERIFIER_REGISTRY) == before
+
+
+def test_the_derived_verifier_tables_are_read_only_views():
+    from explorer.engine import config, drafting
+    from explorer.engine.verify import expectation
+    from explorer.engine.verify import rules as verify
+    from explorer.engine.verify.registry import VERIFIER_REGISTRY
+
+    for table in (config.VERIFIER_LABELS, drafting.DRAFT_RULES, expectation.ODDS_RULES, verify.NODE_RULES,
+                  VERIFIER_REGISTRY):
+        with pytest.raises(TypeError):
+            table["x"] = None
+    assert config.VERIFIERS == ("rrs", "rrs-replacement", "mcns", "spechub")
+    assert verify.ODDS_RULES == ("greedy", "rrs", "rrs-replacement")
+    assert {name: drafting.DRAFT_RULES[name] for name in VERIFIER_REGISTRY} == {
+        "greedy": "greedy", "rrs": "without", "rrs-replacement": "with", "mcns": "without", "spechub": "hub",
+        "longest-branch": "without"}
+
+
+@pytest.mark.parametrize("original", ["mcns", "spechub"])
+def test_a_registered_verifier_is_seen_everywhere(tiny, original, restore_verifier_tables):
+    """A copy of a rule under a new name: MethodConfig and the CLI take it, the menus label it, the draft model
+    draws its children its way, expectation gives its odds, and an engine run with it commits exactly what the
+    original commits from the same seed, with the same odds. Once removed, MethodConfig refuses it again."""
+    import argparse
+
+    from explorer.cli.args import add_method_args, method_config_from_args
+    from explorer.engine import drafting
+    from explorer.engine.config import VERIFIER_LABELS, VERIFIERS, MethodConfig
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.engine.verify import expectation
+    from explorer.engine.verify import rules as verify
+    from explorer.engine.verify.registry import VERIFIER_REGISTRY, register_verifier, unregister_verifier
+
+    rule, name = VERIFIER_REGISTRY[original], f"{original}-copy"
+    entry = register_verifier(name, rule.node_rule, rule.odds_rule, draws=rule.draws, label="A copy")
+    assert VERIFIER_REGISTRY[name] is entry and entry.selectable
+    assert ("auto",) + VERIFIERS == ("auto", "rrs", "rrs-replacement", "mcns", "spechub", name)
+    assert VERIFIER_LABELS[name] == "A copy" and drafting.DRAFT_RULES[name] == rule.draws
+    assert expectation.ODDS_RULES[name] is rule.odds_rule and verify.NODE_RULES[name] is rule.node_rule
+    parser = argparse.ArgumentParser()
+    add_method_args(parser)
+    args = parser.parse_args(["--method", "mcsd", "--k-config", "2,2", "--verifier", name])
+    assert method_config_from_args(args).verifier == name
+
+    prompt = tiny.tokenizer.encode("def f(x):\n    return")
+    runs = {}
+    for verifier in (original, name):
+        # fallback off: timing-driven plain steps would make the two runs differ
+        config = MethodConfig(method="mcsd", k_config=(2, 2), verifier=verifier, fallback="off")
+        engine = build_engine(tiny, config, SamplingConfig(temperature=0.6, seed=5))
+        engine.start(prompt, max_new_tokens=24)
+        engine.run()
+        runs[verifier] = engine
+    ours, theirs = runs[name], runs[original]
+    assert ours.committed == theirs.committed
+    assert {s.verifier for s in ours.trace.steps} == {name}
+    assert [s.expected_tokens for s in ours.trace.steps] == [s.expected_tokens for s in theirs.trace.steps]
+    assert [[n.accept_prob for n in s.nodes] for s in ours.trace.steps] == \
+        [[n.accept_prob for n in s.nodes] for s in theirs.trace.steps]
+    assert sum(s.accepted_draft_len for s in ours.trace.steps) > 0  # the copy tested, and accepted, drafts
+
+    if original == "spechub":  # hub drafting draws pairs: MethodConfig refuses wider trees for the copy too
+        with pytest.raises(ValueError, match="at most two drafts"):
+            MethodConfig(method="mcsd", k_config=(3, 2), verifier=name)
+    unregister_verifier(name)
+    assert name not in VERIFIERS and name not in drafting.DRAFT_RULES
+    with pytest.raises(ValueError, match="unknown verifier"):
+        MethodConfig(method="mcsd", verifier=name)

@@ -13,6 +13,7 @@ from .policies.cost_ratio import COST_RATIO_MODES
 from .policies.fallback import FALLBACK_MODES
 from .policies.stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
 from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
+from .verify.registry import VERIFIER_REGISTRY, names, view
 
 MAX_TREE_NODES = 512
 FREE_ROWS_CPU = 32
@@ -24,14 +25,12 @@ FREE_ROWS_CPU_RUN = 64
 """The CPU row budget of a step that continues a copy run (prompt lookup committed its whole best branch last step):
 that branch alone may fill the next 32-row block. 64 rows cost 1.44x 32 rows (336 against 234 ms) and copy up to
 twice as much, and a branch that was committed whole is usually committed almost whole again (docs/bench.md)."""
-VERIFIERS = ("rrs", "rrs-replacement", "mcns", "spechub")
-VERIFIER_LABELS = {
-    "auto": "auto (greedy at T=0, else RRS)",
-    "rrs": "RRS without replacement (MCSD)",
-    "rrs-replacement": "RRS with replacement (SpecInfer)",
-    "mcns": "MCNS (naive multi-candidate)",
-    "spechub": "SpecHub (2 drafts per node)",
-}
+VERIFIERS = names(lambda v: v.selectable)
+"""The verifiers ``MethodConfig.verifier`` takes besides ``auto`` (``rrs``, ``rrs-replacement``, ``mcns``, ``spechub``
+and any that ``verify.registry.register_verifier`` added): a live, read-only view of the registry (``+`` with a
+tuple gives a tuple)."""
+VERIFIER_LABELS = view(lambda v: v.label, first={"auto": "auto (greedy at T=0, else RRS)"})
+"""Menu labels by verifier name, ``auto`` first: a live, read-only view of the registry."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,9 @@ class MethodConfig:
             only where the draft's top probability is below this, else one child (a sure draft's second candidate
             is rarely accepted but costs a draft row on every later level). 1.0 = the fixed k_config.
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
-            ``rrs-replacement`` (SpecInfer), ``mcns`` (naive) or ``spechub`` (two drafts per node). Drafting follows
-            the verifier. The lossy mode always uses the seed's longest-branch rule.
+            ``rrs-replacement`` (SpecInfer), ``mcns`` (naive), ``spechub`` (two drafts per node) or one that
+            ``register_verifier`` added (``VERIFIERS``). Drafting follows the verifier. The lossy mode always uses
+            the seed's longest-branch rule.
         lookup_tokens: prompt lookup: most tokens copied after a match (the adaptive copy length's cap; see
             ``drafters/lookup.py``; transformers copies a fixed ``prompt_lookup_num_tokens``).
         lookup_ngram: prompt lookup: the longest n-gram matched (shorter ones are tried when it has no match).
@@ -159,15 +159,17 @@ class MethodConfig:
         object.__setattr__(self, "branch_threshold", float(bt))
         if self.spec.has_stop_policy and len(self.k_config) > self.max_depth:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
-        if self.verifier not in ("auto",) + VERIFIERS:
+        if self.verifier != "auto" and self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; use auto or one of {', '.join(VERIFIERS)}")
         if self.lossy and self.method != "mcsd-improved":
             raise ValueError(f"the lossy mode belongs to mcsd-improved, not {self.method}")
         if self.lossy and self.verifier != "auto":
             raise ValueError("the lossy mode uses the seed's longest-branch rule; leave the verifier on auto")
-        if self.verifier == "spechub" and any(k > 2 for k in self.draft_branching()):
+        hub = self.verifier != "auto" and VERIFIER_REGISTRY[self.verifier].draws == "hub"  # SpecHub's pairs
+        if hub and any(k > 2 for k in self.draft_branching()):
             shape = f"tree template {self.tree}" if self.tree else f"k_config {self.k_config}"
-            raise TreeShapeError(f"SpecHub verifies at most two drafts per node; {shape} has "
+            who = "SpecHub" if self.verifier == "spechub" else f"{self.verifier} (SpecHub's hub drafting)"
+            raise TreeShapeError(f"{who} verifies at most two drafts per node; {shape} has "
                                  f"{max(self.draft_branching())} (use e.g. 2,2,2)")
         if "recycling" in self.spec.free and max(self.recycling_widths) > self.recycling_k:
             raise TreeShapeError(f"recycling widths {self.recycling_widths} ask for more candidates per token than "

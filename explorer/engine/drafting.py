@@ -16,47 +16,16 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import TOP_CACHED
+from .sampling import TOP_CACHED, inverse_cdf, sample_one, uniforms
+from .verify.registry import view
+
+# The draws (``uniforms``, ``sample_one``) live in sampling.py, re-exported here, so that the verifiers' node rules
+# draw without importing this module, which reads the verifier registry (no import circle).
 
 
 def greedy_candidates(logits: torch.Tensor, k: int) -> list[int]:
     """Top-``k`` token ids of ``logits`` (``(vocab,)``), best first."""
     return torch.topk(logits.float(), k).indices.tolist()
-
-
-def uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
-    """``n`` U[0, 1) draws (float64) from the engine's generator, on the generator's device, in one call."""
-    return torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)
-
-
-def _inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> tuple[list[int], list[float]]:
-    """``n`` i.i.d. draws from the non-negative weights ``probs`` (``(vocab,)``) by inverse CDF on a float64
-    running sum: a tenth of ``torch.multinomial``'s time over a 150,000-token row. The draws are made on the
-    device and reach the host in one transfer with the total and their weights (a GPU synchronises once).
-    Returns (token ids, their weights in ``probs``).
-
-    Raises:
-        ValueError: ``probs`` has no positive weight.
-    """
-    cdf = probs.double().cumsum(0)
-    total = cdf[-1]
-    u = uniforms(generator, n).to(probs.device) * total
-    # the first index whose running sum exceeds u has weight > 0, and u < total keeps it inside the row
-    idx = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
-    host = torch.cat([total.reshape(1), idx.double(), probs[idx].double()]).tolist()
-    if not host[0] > 0:
-        raise ValueError("cannot sample from a distribution with no mass")
-    ids, weights = [int(i) for i in host[1:1 + n]], host[1 + n:]
-    if any(w <= 0 for w in weights):  # u rounded up to total (chance ~2^-53): the last token with weight
-        last = int(torch.nonzero(probs > 0).max())
-        ids = [i if w > 0 else last for i, w in zip(ids, weights)]
-        weights = [w if w > 0 else float(probs[last]) for w in weights]
-    return ids, weights
-
-
-def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One draw from ``probs`` (``(vocab,)``, non-negative weights); the argmax when ``probs`` is one-hot."""
-    return _inverse_cdf(probs, 1, generator)[0][0]
 
 
 PRECISE_REST = 1e-3
@@ -94,7 +63,7 @@ def sample_without_replacement(top_ids: list[int], top_probs: list[float], full_
         if exclude:
             row[torch.tensor(exclude, dtype=torch.long, device=row.device)] = 0
         try:
-            ids, weights = _inverse_cdf(row, 1, generator)
+            ids, weights = inverse_cdf(row, 1, generator)
         except ValueError:  # no mass left
             return None
         return ids[0], weights[0]
@@ -139,7 +108,7 @@ def draw_without_replacement(probs: torch.Tensor, k: int, generator: torch.Gener
 
 def sample_with_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
     """``k`` i.i.d. draws from ``probs`` (``(vocab,)``)."""
-    return _inverse_cdf(probs, k, generator)[0]
+    return inverse_cdf(probs, k, generator)[0]
 
 
 def hub_pair(probs: torch.Tensor, generator: torch.Generator) -> list[int]:
@@ -160,9 +129,9 @@ def hub_pair(probs: torch.Tensor, generator: torch.Generator) -> list[int]:
     return [a, sample_one(rest / rest.sum(), generator)]
 
 
-DRAFT_RULES = {"rrs": "without", "mcns": "without", "longest-branch": "without", "rrs-replacement": "with",
-               "spechub": "hub", "greedy": "greedy"}
-"""How children are drawn for each verifier: the drafting must match what the verifier assumes."""
+DRAFT_RULES = view(lambda v: v.draws)
+"""How children are drawn for each verifier (``without``, ``with``, ``hub`` or ``greedy``): the drafting must match
+what the verifier assumes. A read-only view of ``verify.registry``, where each verifier states it."""
 
 
 def candidates(dists, row: int, k: int, *, verifier: str, generator: torch.Generator,

@@ -2,6 +2,9 @@
 
 Speculative sampling is lossless with respect to the *processed* target distribution: temperature, top-k and
 top-p must be applied the same way to p and q (Leviathan et al. 2023, section 2.3).
+
+The draws from the engine's generator (``uniforms``, ``inverse_cdf``, ``sample_one``) are here too, below both the
+drafting and the verifiers' node rules, which draw with them (``drafting.py`` re-exports them).
 """
 
 from __future__ import annotations
@@ -388,3 +391,41 @@ class LazyRows(Mapping):
 
     def __len__(self) -> int:
         return len(self._refs)
+
+
+# ------------------------------------------------------------------------------------------------ draws
+
+
+def uniforms(generator: torch.Generator, n: int) -> torch.Tensor:
+    """``n`` U[0, 1) draws (float64) from the engine's generator, on the generator's device, in one call."""
+    return torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)
+
+
+def inverse_cdf(probs: torch.Tensor, n: int, generator: torch.Generator) -> tuple[list[int], list[float]]:
+    """``n`` i.i.d. draws from the non-negative weights ``probs`` (``(vocab,)``) by inverse CDF on a float64
+    running sum: a tenth of ``torch.multinomial``'s time over a 150,000-token row. The draws are made on the
+    device and reach the host in one transfer with the total and their weights (a GPU synchronises once).
+    Returns (token ids, their weights in ``probs``).
+
+    Raises:
+        ValueError: ``probs`` has no positive weight.
+    """
+    cdf = probs.double().cumsum(0)
+    total = cdf[-1]
+    u = uniforms(generator, n).to(probs.device) * total
+    # the first index whose running sum exceeds u has weight > 0, and u < total keeps it inside the row
+    idx = torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+    host = torch.cat([total.reshape(1), idx.double(), probs[idx].double()]).tolist()
+    if not host[0] > 0:
+        raise ValueError("cannot sample from a distribution with no mass")
+    ids, weights = [int(i) for i in host[1:1 + n]], host[1 + n:]
+    if any(w <= 0 for w in weights):  # u rounded up to total (chance ~2^-53): the last token with weight
+        last = int(torch.nonzero(probs > 0).max())
+        ids = [i if w > 0 else last for i, w in zip(ids, weights)]
+        weights = [w if w > 0 else float(probs[last]) for w in weights]
+    return ids, weights
+
+
+def sample_one(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from ``probs`` (``(vocab,)``, non-negative weights); the argmax when ``probs`` is one-hot."""
+    return inverse_cdf(probs, 1, generator)[0][0]

@@ -14,9 +14,10 @@ Every node gets two probabilities, both computed from the step's own p (target) 
   mean over the nodes tested at a (depth, sibling rank) is an unbiased estimate of that slot's acceptance rate,
   with less noise than counting accepts: the acceptance vector Sequoia's tree search takes (Chen et al. 2024).
 
-The residual updates are ``engine/verify/rules.py``'s own (``engine/verify/residuals.py``), and for ``greedy``, ``rrs``
-and ``rrs-replacement`` the verifier walks on these very odds (``verify.ODDS_RULES``); nothing here draws a random
-number, and the values stay on the device until one transfer at the end (a host synchronisation on a GPU).
+Each verifier's odds rule (``node_rules``, held by ``registry``) applies the residual updates of its own node rule
+(``engine/verify/residuals.py``), and for ``greedy``, ``rrs`` and ``rrs-replacement`` the verifier walks on these
+very odds (``verify.ODDS_RULES``); nothing here draws a random number, and the values stay on the device until
+one transfer at the end (a host synchronisation on a GPU).
 Tensors: ``p_rows`` / ``q_rows`` as in ``engine/verify/rules.py`` (float32 ``(vocab,)`` rows).
 """
 
@@ -29,7 +30,8 @@ import torch
 
 from ...trace.records import FREE_SOURCES
 from ..tree import DraftTree
-from .residuals import fetch, normalize_or, ratio, rrs_rejected, spechub_plan, without
+from .registry import VERIFIER_REGISTRY, view
+from .residuals import fetch
 
 
 @dataclass(frozen=True)
@@ -43,55 +45,6 @@ class NodeOdds:
     slot_prob: float
     order: int
     ratio: float | None = None
-
-
-def _rrs(tokens, p, q, replacement: bool = False):
-    """Per child (in test order) its ratio and slot probability as 0-d device tensors: nothing is read here."""
-    out = []
-    for j, x in enumerate(tokens):
-        out.append((j, ratio(p[x], q[x]), torch.minimum(p, q).sum()))
-        p, q = rrs_rejected(p, q, x, replacement)  # the verifier's own residual update
-    return out, p
-
-
-def _rrs_replacement(tokens, p, q):
-    return _rrs(tokens, p, q, replacement=True)
-
-
-def _mcns(tokens, p, q):
-    # y ~ p; the first child equal to y is accepted. Given the earlier children were rejected, y ~ p without them.
-    out = []
-    for j, x in enumerate(tokens):
-        out.append((j, float(p[x]), float((q * p).sum()) if q is not None else float(p[x])))
-        if not float(p.sum() - p[x]) > 0:  # nothing else had mass: the walk stops here
-            break
-        p = without(p, x)
-        if q is not None:  # drafted without replacement: the next slot's draw excludes x
-            q = without(q, x)
-    return out, p
-
-
-def _spechub(tokens, p, q):
-    if len(tokens) == 1:
-        return _rrs(tokens, p, q)
-    plan = spechub_plan(p, q)
-    a = plan["hub"]
-    qa = float(q[a])
-    q_ai = q * qa / max(1.0 - qa, 1e-30)
-    non_hub = torch.ones_like(q, dtype=torch.bool)
-    non_hub[a] = False
-    # The first test is the non-hub draft's, whichever of the two pair kinds was drawn.
-    drawn = float(q[non_hub].sum() + q_ai[non_hub].sum())
-    captured = float((q * plan["alpha1"])[non_hub].sum() + (q_ai * plan["alpha2"])[non_hub].sum())
-    r1 = float((q * (1 - plan["alpha1"]))[non_hub].sum())
-    r2 = float((q_ai * (1 - plan["alpha2"]))[non_hub].sum())
-    hub_slot = (plan["beta1"] * r1 + plan["beta2"] * r2) / (r1 + r2) if r1 + r2 > 0 else 0.0
-    first_slot = captured / drawn if drawn > 0 else 0.0
-    if tokens[1] == a:
-        out = [(0, float(plan["alpha1"][tokens[0]]), first_slot), (1, plan["beta1"], hub_slot)]
-    else:
-        out = [(1, float(plan["alpha2"][tokens[1]]), first_slot), (0, plan["beta2"], hub_slot)]
-    return out, normalize_or(plan["residual"], p)
 
 
 def _point_masses(tokens, p) -> torch.Tensor:
@@ -116,7 +69,8 @@ def _point_odds(masses: list[float]) -> list[tuple[int, float, float]]:
     return out
 
 
-ODDS_RULES = {"rrs": _rrs, "rrs-replacement": _rrs_replacement, "mcns": _mcns, "spechub": _spechub}
+ODDS_RULES = view(lambda v: v.odds_rule, keep=lambda v: v.odds_rule is not None)
+"""Verifier name -> its odds rule (``node_rules``): a read-only view of ``registry``."""
 
 
 def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = False) -> dict[int, NodeOdds]:
@@ -126,11 +80,11 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
     their test would have been. Target-sampled roots of the lossy rule are not tested and get none. The values
     are computed on the device and reach the host in one transfer (greedy: none, the best tokens are there
     already); ``engine/verify/rules.py`` walks the tree with them.
-    Raises KeyError for an unknown verifier.
+    Raises KeyError for an unknown verifier (one ``registry`` does not hold).
     """
     if verifier == "greedy" or (verifier == "longest-branch" and greedy):
         return _greedy_odds(tree, p_rows)
-    rule = ODDS_RULES["rrs" if verifier == "longest-branch" else verifier]
+    rule = VERIFIER_REGISTRY[verifier].odds_rule  # longest-branch: rrs's, branch by branch
     tests = []  # (node, ratio, slot probability, order) of the model-drafted children, values maybe on the device
     points = []  # (free children, their p(x) and sum(p) on the device, order of the first)
     for node in [-1] + list(range(len(tree))):

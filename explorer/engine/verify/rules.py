@@ -37,40 +37,27 @@ number that depends only on the tree: every node's acceptance probability is com
 tree at once (``expectation.node_odds``) and the walk compares it with the node's own uniform draw on the host
 (``ODDS_RULES``): a few host synchronisations per step however large the tree, where a read per tested node
 stalled a GPU step dozens of times (issue 13). ``mcns`` and ``spechub`` walk node by node (``NODE_RULES``).
+
+The node rules and their odds live in ``node_rules``; the verifiers by name (label, drafting, node rule, odds rule)
+in ``registry``, where ``register_verifier`` adds one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ...trace.records import FREE_SOURCES
-from ..config import VERIFIERS
-from ..drafting import DRAFT_RULES, sample_one, uniforms
+from ..drafting import sample_one, uniforms
 from ..tree import DraftTree
 from . import expectation
-from .residuals import normalize_or
-from .residuals import ratio as accept_ratio
-from .residuals import rrs_rejected, spechub_plan, without
-
-RESIDUAL_TOP = 5
-
-
-class VerifierError(ValueError):
-    """A verifier cannot serve this tree (e.g. SpecHub with more than two children per node)."""
-
-
-@dataclass
-class NodeDecision:
-    """Why a node was accepted or rejected. ``u`` is the uniform draw of its test (None for greedy / MCNS);
-    ``ratio`` the acceptance probability's argument (p/q, or its SpecHub analogue); ``residual_top`` after a
-    rejection: ``[(token_id, prob), ...]`` of the distribution the next sibling (or the replacement token) faces."""
-
-    accepted: bool
-    ratio: float
-    u: float | None = None
-    residual_top: list[tuple[int, float]] = field(default_factory=list)
+from .node_rules import RESIDUAL_TOP, NodeDecision, VerifierError, point_stage
+from .node_rules import mcns_node, rrs_node, spechub_node  # noqa: F401  (re-exported: callers import them here)
+from .registry import VERIFIER_REGISTRY, names, view
+from .registry import register_verifier  # noqa: F401  (re-exported)
+from .residuals import rrs_rejected, without
+from .residuals import spechub_plan  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -96,96 +83,9 @@ class VerifyResult:
     next_row: int | None = None
 
 
-def _top(dist: torch.Tensor, k: int = RESIDUAL_TOP) -> list[tuple[int, float]]:
-    v, i = torch.topk(dist, min(k, dist.shape[-1]))
-    return [(int(t), float(p)) for t, p in zip(i.tolist(), v.tolist()) if p > 0]
-
-
-def _uniform(generator: torch.Generator, device) -> float:
-    return float(torch.rand((), generator=generator, device=device))
-
-
-# ------------------------------------------------------------------------------------------------ node rules
-# Node by node (``mcns``, ``spechub``, and ``rrs`` for SpecHub's one-child nodes). Each returns (index of the
-# accepted child or None, distribution of the next token if none, {child index: NodeDecision} for the children it
-# tested).
-
-
-def rrs_node(tokens, p, q, generator, replacement: bool = False):
-    decisions = {}
-    for j, x in enumerate(tokens):
-        ratio = float(accept_ratio(p[x], q[x]))
-        u = _uniform(generator, p.device)
-        if u < ratio:  # P(u < r) = min(1, r) for u ~ U[0, 1); "<=" would pass a p(x) = 0 draft at u = 0
-            decisions[j] = NodeDecision(accepted=True, ratio=ratio, u=u)
-            return j, None, decisions
-        p, q = rrs_rejected(p, q, x, replacement)
-        decisions[j] = NodeDecision(accepted=False, ratio=ratio, u=u, residual_top=_top(p))
-    return None, p, decisions
-
-
-def mcns_node(tokens, p, q, generator):
-    y = sample_one(p, generator)
-    decisions = {}
-    for j, x in enumerate(tokens):
-        ratio = float(accept_ratio(p[x], q[x])) if q is not None else 0.0
-        ok = x == y
-        decisions[j] = NodeDecision(accepted=ok, ratio=ratio)
-        if ok:
-            return j, None, decisions
-    return None, torch.nn.functional.one_hot(torch.tensor(y, device=p.device), p.shape[-1]).to(p), decisions
-
-
-def spechub_node(tokens, p, q, generator):
-    if len(tokens) == 1:
-        return rrs_node(tokens, p, q, generator)
-    if len(tokens) != 2:
-        raise VerifierError(f"SpecHub verifies two drafts per node; this node has {len(tokens)}")
-    plan = spechub_plan(p, q)
-    a = plan["hub"]
-    if tokens[1] == a:  # pair (i, a)
-        order, alpha, beta = [(0, tokens[0]), (1, a)], plan["alpha1"], plan["beta1"]
-    elif tokens[0] == a:  # pair (a, i)
-        order, alpha, beta = [(1, tokens[1]), (0, a)], plan["alpha2"], plan["beta2"]
-    else:
-        raise VerifierError("SpecHub needs its hub drafting: one of the two children must be argmax q")
-    decisions: dict[int, NodeDecision] = {}
-    (j_i, i), (j_a, _) = order
-    u = _uniform(generator, p.device)
-    ok = u < float(alpha[i])
-    decisions[j_i] = NodeDecision(accepted=ok, ratio=float(alpha[i]), u=u)
-    if ok:
-        return j_i, None, decisions
-    u = _uniform(generator, p.device)
-    ok = u < beta
-    decisions[j_a] = NodeDecision(accepted=ok, ratio=beta, u=u)
-    residual = normalize_or(plan["residual"], p)  # p when nothing was left to capture (probability 0)
-    if ok:
-        return j_a, None, decisions
-    decisions[j_a].residual_top = _top(residual)
-    decisions[j_i].residual_top = _top(residual)
-    return None, residual, decisions
-
-
-def point_stage(tokens, p, generator):
-    """Deterministic children (q = a point mass each), tested one after another against ``p`` (the residual the
-    draft-model children left): accept x when ``u < p(x)`` (u ~ U[0, 1)), else set ``p(x) = 0`` and renormalise.
-    Same return as the node rules."""
-    decisions = {}
-    for j, x in enumerate(tokens):
-        px = float(p[x])
-        u = _uniform(generator, p.device)
-        ok = u < px
-        decisions[j] = NodeDecision(accepted=ok, ratio=px, u=u)
-        if ok:
-            return j, None, decisions
-        p = without(p, x)  # p itself if p(x) == 1, where the rejection had probability 0
-        decisions[j].residual_top = _top(p)
-    return None, p, decisions
-
-
-NODE_RULES = {"mcns": mcns_node, "spechub": spechub_node}
-"""Rules walked node by node, each drawing as it tests (the rules whose tests ``ODDS_RULES`` cannot precompute)."""
+NODE_RULES = view(lambda v: v.node_rule, keep=lambda v: v.node_rule is not None)
+"""Rules walked node by node, each drawing as it tests (the rules whose tests ``ODDS_RULES`` cannot precompute);
+a read-only view of ``registry``."""
 
 
 # ------------------------------------------------------------------------------------------------ walks
@@ -226,14 +126,15 @@ def _branch_counts(tree: DraftTree, path: list[int]) -> dict[int, int]:
 
 # ------------------------------------------------------------------------------------------------ walks on odds
 
-ODDS_RULES = ("greedy", "rrs", "rrs-replacement")
+ODDS_RULES = names(lambda v: v.node_rule is None and v.name != "longest-branch")
 """Rules whose test of a node depends only on the tree (given that the earlier siblings were rejected, which the
 walk reaching it implies). Every node's acceptance probability is computed once, on the device, and reaches the host
 in one transfer (``expectation.node_odds``, which the trace shows anyway); the walk then compares each tested node's
 probability with its own uniform draw (``u < accept_prob``), all drawn at once. Afterwards only the residuals at
 the nodes the walk visited are computed: the rejected nodes' for the trace, the last for the bonus token. Host
 synchronisations per step: the odds, the uniforms, the residuals' top tokens, the bonus token (issue 13), however
-large the tree."""
+large the tree. A read-only view of ``registry`` (its verifiers without a node rule; ``longest-branch`` walks
+on the same odds branch by branch)."""
 
 
 def _uniforms(tree: DraftTree, generator: torch.Generator) -> list[float]:
@@ -350,38 +251,14 @@ def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torc
     return VerifyResult(path, None, decisions, counts, b, next_dist=next_dist, next_row=path[-1] + 1)
 
 
-def register_verifier(name: str, node_rule, odds_rule, draws: str = "without") -> None:
-    """Make a node rule a verifier by ``name`` (what ``run_verifier`` and ``EngineParts.verifier_name`` take).
-
-    Args:
-        node_rule: ``(tokens, p, q, generator) -> (index of the accepted child or None, distribution of the next
-            token when none was, {child index: NodeDecision})``, walked node by node (``NODE_RULES``); ``tokens``
-            the model-drafted children in draft order, ``p`` / ``q`` float32 ``(vocab,)``.
-        odds_rule: ``(tokens, p, q) -> ([(child index, ratio, slot probability), ...] in test order, p after the
-            last test)``, values as 0-d tensors or floats (``expectation.ODDS_RULES``): what the rule implies about
-            each node, for the trace and the expected tokens.
-        draws: how the draft model draws the children this rule tests (``drafting.DRAFT_RULES``): ``without``
-            (replacement), ``with``, or ``hub`` (SpecHub's pairs).
-    Raises VerifierError for a name taken already or an unknown ``draws``. To offer it in the CLI's and the app's
-    menus too, add the name to ``config.VERIFIERS`` and ``config.VERIFIER_LABELS`` (docs/architecture.md).
-    """
-    if name in NODE_RULES or name in ODDS_RULES or name == "longest-branch":
-        raise VerifierError(f"a verifier named {name!r} exists already")
-    if draws not in set(DRAFT_RULES.values()) - {"greedy"}:
-        raise VerifierError(f"unknown drafting law {draws!r}; use without, with or hub")
-    NODE_RULES[name] = node_rule
-    expectation.ODDS_RULES[name] = odds_rule
-    DRAFT_RULES[name] = draws
-
-
 def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,
                  greedy: bool = False, odds: dict | None = None) -> VerifyResult:
-    """Dispatch by name: ``greedy``, one of ``VERIFIERS`` (a rule of ``ODDS_RULES`` or ``NODE_RULES``), or
-    ``longest-branch``. ``odds``: the tree's
+    """Dispatch by name: a verifier of ``registry`` (``greedy``, one of ``config.VERIFIERS``, ``longest-branch``, or
+    one ``register_verifier`` added). ``odds``: the tree's
     ``expectation.node_odds`` under this verifier, when the caller has computed them (the engine does, for the
     trace); otherwise they are computed here where the rule walks on them."""
     if name == "longest-branch":
         return verify_longest_branch(tree, p_rows, q_rows, generator, greedy=greedy, odds=odds)
-    if name not in ODDS_RULES and name not in NODE_RULES:
-        raise VerifierError(f"unknown verifier {name!r}; use one of greedy, {', '.join(VERIFIERS)}, longest-branch")
+    if name not in VERIFIER_REGISTRY:
+        raise VerifierError(f"unknown verifier {name!r}; use one of {', '.join(VERIFIER_REGISTRY)}")
     return verify_tree(tree, p_rows, q_rows, generator, rule=name, odds=odds)
