@@ -16,6 +16,7 @@ from explorer.ui.classroom_page import classroom_page
 from explorer.ui.compare_page import compare_page
 from explorer.ui.explorer_page import explorer_page
 from explorer.ui.sidebar import sidebar
+from explorer.ui.state import App, keep_widget_values
 
 PAGES = ["Explorer", "Classroom", "Compare", "Benchmarks"]
 
@@ -26,35 +27,23 @@ def page_from_url() -> str | None:
     return next((p for p in PAGES if p.lower() == wanted), None)
 
 
-if "page" not in st.session_state and page_from_url():
-    st.session_state["page"] = page_from_url()
+if not App.PAGE.present() and page_from_url():
+    App.PAGE.set(page_from_url())
 st.set_page_config(page_title="Speculative decoding explorer", page_icon="🌳", layout="wide",
-                   initial_sidebar_state="collapsed" if st.session_state.get("page") == "Classroom" else "auto")
-KEPT = ("prompt_text", "chat", "example", "cmp_prompt", "cmp_chat", "pair_spec", "draft_path", "target_path",
-        "dtype", "method", "gamma", "lossy", "width", "max_depth", "stop", "decision_model", "verifier",
-        "temperature", "top_k", "top_p", "seed", "max_new", "teach", "tree_template")
-KEPT_PREFIXES = ("k_config_", "threshold_", "b_")
-
-
-def keep_widget_values() -> None:
-    """Streamlit forgets the value of a widget that a run does not draw (another page): writing each value back
-    at the top of the run keeps prompts and settings across page changes."""
-    for key in list(st.session_state):
-        if key in KEPT or str(key).startswith(KEPT_PREFIXES):
-            st.session_state[key] = st.session_state[key]
+                   initial_sidebar_state="collapsed" if App.PAGE.get() == "Classroom" else "auto")
 
 
 def mark_run_finished() -> None:
     """A hidden marker holding how many script runs of this session have finished: browser automation waits for
     it to change after a click instead of guessing how long the rerun takes (tests/browser.py)."""
-    n = st.session_state.get("_finished_runs", 0) + 1
-    st.session_state["_finished_runs"] = n
+    n = App.FINISHED_RUNS.get() + 1
+    App.FINISHED_RUNS.set(n)
     st.sidebar.html(f'<span data-spec-run="{n}" hidden></span>')
 
 
 def main() -> None:
-    keep_widget_values()
-    page = st.sidebar.radio("Page", PAGES, horizontal=True, key="page")
+    keep_widget_values()  # prompts and settings survive the pages that do not draw their widgets (ui/state.py)
+    page = st.sidebar.radio("Page", PAGES, horizontal=True, key=App.PAGE.name)
     if page == "Benchmarks":
         benchmarks_page()
         return

@@ -18,7 +18,7 @@ def test_step_twice_in_a_real_browser(tmp_path):
     assert report["prompt"].strip() and report["exceptions"] == 0 and report["errors"] == []
     assert report["cut"] == [], report["cut"]  # no "For..." buttons or "Generat..." metric labels
     # the server's log is clean too: no traceback, and no widget warning (every kept widget's value is written back
-    # each run, app.keep_widget_values, and the tiny pair is not the radio's first option: .streamlit/config.toml)
+    # each run, state.keep_widget_values, and the tiny pair is not the radio's first option: .streamlit/config.toml)
     assert "Traceback" not in log[0] and "Session State API" not in log[0], log[0]
     assert report["plots"] >= 5  # tree, mask, branches, stop signal, run
     titles = " ".join(report["titles"])

@@ -12,6 +12,9 @@
   step. Unlike block efficiency the prefill is not counted; ``ar`` is exactly 1.0 on both.
 * acceptance per draft position (vLLM's per-position counters) = for draft depth i, steps that committed a
   proposed token at depth i / steps whose tree had a proposed token at depth i.
+* committed and proposed tokens per draft source (draft model, prompt lookup, token recycling): how much each
+  drafter of a hybrid contributes; summed over the sources they are ``accepted_draft_tokens`` and
+  ``drafted_tokens``.
 """
 
 from __future__ import annotations
@@ -70,3 +73,15 @@ def position_acceptance(steps: list[StepTrace]) -> list[dict]:
             accepted[d] = accepted.get(d, 0) + 1
     return [{"position": d, "drafted": drafted[d], "accepted": accepted.get(d, 0),
              "rate": accepted.get(d, 0) / drafted[d]} for d in sorted(drafted)]
+
+
+def draft_source_counts(steps: list[StepTrace]) -> dict[str, tuple[int, int]]:
+    """Per draft source (``DRAFT_SOURCES``) that proposed anything: ``(committed, proposed)`` tokens over
+    ``steps``, in the order the sources first appear."""
+    out: dict[str, tuple[int, int]] = {}
+    for step in steps:
+        for n in step.nodes:
+            if n.source in DRAFT_SOURCES:
+                committed, proposed = out.get(n.source, (0, 0))
+                out[n.source] = (committed + int(n.committed), proposed + 1)
+    return out

@@ -7,9 +7,8 @@ Up: what presentation clickers send); Play advances on its own at the chosen pac
 or at any other key. **Continue live** loads the embedded pair, replays the lesson's run to the step on screen and
 carries on from there on the Explorer page.
 
-Session state: ``cls_lesson`` (the lesson's key), ``cls_pos`` (index into ``Lesson.phases()``), ``cls_playing``,
-``cls_tick`` (when Play last advanced), ``cls_every`` (the auto-rerun period the view was built with),
-``cls_uploaded`` (a lesson opened from a file).
+Session state: ``state.Classroom``, which says what each key holds. Continue live hands the lesson to the Explorer
+through ``state.hand_off_to_explorer``, which says what it writes.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from ..lessons import phases
 from ..lessons.lesson import MAX_LESSON_BYTES, Lesson, LessonError, load_lesson, loads_lesson, shipped_lessons
 from ..trace import figures
 from .common import parse_upload
+from .state import App, Classroom, hand_off_to_explorer
 
 PACES = (2, 3, 5, 8)  # seconds a phase stays on screen while playing
 TEXT_SIZES = (16, 18, 20, 24)  # px of every chart text; 16 is the floor for a 1280x720 projector
@@ -81,50 +81,45 @@ def _lessons() -> tuple[dict[str, Lesson], list[str]]:
             out[lesson.id] = lesson
         except (LessonError, OSError) as exc:
             problems.append(f"{Path(path).name}: {exc}")
-    uploaded = st.session_state.get("cls_uploaded")
+    uploaded = Classroom.UPLOADED.get()
     if uploaded is not None:
         out["file:" + uploaded.id] = uploaded
     return out, problems
 
 
-def _set_pos(pos: int) -> None:
-    st.session_state["cls_pos"] = pos
-
-
 def _move(delta: int, n: int) -> None:
-    st.session_state["cls_playing"] = False
-    _set_pos(max(0, min(n - 1, st.session_state.get("cls_pos", 0) + delta)))
+    Classroom.PLAYING.set(False)
+    Classroom.POS.set(max(0, min(n - 1, Classroom.POS.get() + delta)))
 
 
 def _toggle_play(n: int) -> None:
-    playing = not st.session_state.get("cls_playing", False)
-    if playing and st.session_state.get("cls_pos", 0) >= n - 1:
-        _set_pos(0)  # Play at the end starts the lesson again
-    st.session_state["cls_playing"] = playing
-    st.session_state["cls_tick"] = time.monotonic()
+    playing = not Classroom.PLAYING.get()
+    if playing and Classroom.POS.get() >= n - 1:
+        Classroom.POS.set(0)  # Play at the end starts the lesson again
+    Classroom.PLAYING.set(playing)
+    Classroom.TICK.set(time.monotonic())
 
 
 def _new_lesson() -> None:
-    st.session_state.update(cls_pos=0, cls_playing=False)
+    Classroom.POS.set(0)
+    Classroom.PLAYING.set(False)
 
 
 def _continue_live(lesson: Lesson, run: int, step: int) -> None:
     """Hand the lesson's run to the Explorer page, which loads the pair and replays it to ``step``."""
-    trace = lesson.runs[run].trace
-    dtype = str(trace.model.get("dtype", "auto"))
-    st.session_state.update(
-        continue_lesson={"trace": trace, "step": step, "title": lesson.title}, page="Explorer", cls_playing=False,
-        pair_spec="default", dtype={"bfloat16": "bf16", "float32": "fp32"}.get(dtype, "auto"),
-        prompt_text=trace.prompt, chat=True)
+    Classroom.PLAYING.set(False)
+    hand_off_to_explorer(lesson.runs[run].trace, step, lesson.title)
 
 
 def _open_file(upload) -> None:
-    lesson, problem = parse_upload(upload, "cls_file", MAX_LESSON_BYTES, loads_lesson, LessonError, "lesson")
+    lesson, problem = parse_upload(upload, Classroom.FILE, MAX_LESSON_BYTES, loads_lesson, LessonError, "lesson")
     if problem:
-        st.session_state["cls_error"] = problem
+        Classroom.ERROR.set(problem)
     if lesson is not None:
-        st.session_state.update(cls_uploaded=lesson, cls_lesson="file:" + lesson.id, cls_pos=0, cls_playing=False,
-                                cls_error=None)
+        Classroom.UPLOADED.set(lesson)
+        Classroom.LESSON.set("file:" + lesson.id)
+        _new_lesson()
+        Classroom.ERROR.set(None)
 
 
 def classroom_page() -> None:
@@ -136,48 +131,49 @@ def classroom_page() -> None:
     if not lessons:
         st.info("No lessons are installed: record them with `python -m explorer lessons record`.")
         return
-    if st.session_state.get("cls_lesson") not in lessons:
-        st.session_state["cls_lesson"] = next(iter(lessons))
+    if Classroom.LESSON.get() not in lessons:
+        Classroom.LESSON.set(next(iter(lessons)))
     every = _run_every()
-    st.session_state["cls_every"] = every
+    Classroom.EVERY.set(every)
     st.fragment(_view, run_every=every)(lessons)
     with st.expander("Open a lesson file"):
         st.caption("A lesson file from `python -m explorer lessons record` (JSON, up to "
                    f"{MAX_LESSON_BYTES // 2**20} MB). The shipped lessons were recorded on the embedded pair; the "
                    "commands and machines are in each file.")
         _open_file(st.file_uploader("Lesson file", type=["json"], key="cls_upload"))
-    if st.session_state.get("cls_error"):
-        st.error(st.session_state["cls_error"])
+    if Classroom.ERROR.get():
+        st.error(Classroom.ERROR.get())
 
 
 def _run_every() -> float | None:
     """While playing, the view reruns itself once a phase (the pace); else only on a click."""
-    return st.session_state.get("cls_pace", PACES[1]) if st.session_state.get("cls_playing", False) else None
+    return Classroom.PACE.get() if Classroom.PLAYING.get() else None
 
 
 def _view(lessons: dict[str, Lesson]) -> None:
-    if st.session_state.get("page") != "Classroom":  # Continue live switched pages from inside this fragment
+    if App.PAGE.get() != "Classroom":  # Continue live switched pages from inside this fragment
         st.rerun(scope="app")
-    lesson = lessons[st.session_state["cls_lesson"]]
+    lesson = lessons[Classroom.LESSON.get()]
     order = lesson.phases()
     n = len(order)
-    pos = max(0, min(n - 1, st.session_state.get("cls_pos", 0)))
-    playing = st.session_state.get("cls_playing", False)
-    pace = st.session_state.get("cls_pace", PACES[1])
-    if playing and time.monotonic() - st.session_state.get("cls_tick", 0.0) >= pace - 0.25:
+    pos = max(0, min(n - 1, Classroom.POS.get()))
+    playing = Classroom.PLAYING.get()
+    pace = Classroom.PACE.get()
+    if playing and time.monotonic() - Classroom.TICK.get() >= pace - 0.25:
         pos = min(n - 1, pos + 1)
-        st.session_state["cls_tick"] = time.monotonic()
+        Classroom.TICK.set(time.monotonic())
         if pos == n - 1:
-            playing = st.session_state["cls_playing"] = False
-    st.session_state["cls_pos"] = pos
-    if _run_every() != st.session_state.get("cls_every"):
+            playing = False
+            Classroom.PLAYING.set(False)
+    Classroom.POS.set(pos)
+    if _run_every() != Classroom.EVERY.get():
         st.rerun(scope="app")  # Play was pressed or ended, or the pace changed: the view's auto-rerun follows
 
     run_i, phase = order[pos]
     run = lesson.runs[run_i]
     step = run.trace.steps[phase.step]
     c = st.columns([2.7, 1.3, 1.3, 1.25, 1.25, 1.05, 1.5], vertical_alignment="bottom")
-    c[0].selectbox("Lesson", list(lessons), key="cls_lesson", on_change=_new_lesson,
+    c[0].selectbox("Lesson", list(lessons), key=Classroom.LESSON.name, on_change=_new_lesson,
                    format_func=lambda k: lessons[k].title)
     c[1].button("Back", key="cls_back", on_click=_move, args=(-1, n), disabled=pos == 0, shortcut="Left",
                 icon=":material/arrow_back:", width="stretch")
@@ -185,7 +181,8 @@ def _view(lessons: dict[str, Lesson]) -> None:
                 icon=":material/arrow_forward:", type="primary", width="stretch")
     c[3].button("Pause" if playing else "Play", key="cls_play", on_click=_toggle_play, args=(n,),
                 icon=":material/pause:" if playing else ":material/play_arrow:", width="stretch")
-    c[4].selectbox("Pace", PACES, index=1, key="cls_pace", format_func=lambda s: f"{s} s / phase")
+    c[4].selectbox("Pace", PACES, index=PACES.index(Classroom.PACE.default), key=Classroom.PACE.name,
+                   format_func=lambda s: f"{s} s / phase")
     font = c[5].selectbox("Text", TEXT_SIZES, index=1, key="cls_font", format_func=lambda s: f"{s} px")
     c[6].button("Continue live", key="cls_live", on_click=_continue_live, args=(lesson, run_i, phase.step),
                 width="stretch", help="load the embedded pair, replay this run to the step on screen and go on "

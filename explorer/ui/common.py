@@ -9,6 +9,7 @@ import streamlit as st
 from ..analysis.prompts import PromptError, humaneval, mt_bench
 from ..engine.config import DEFAULTS
 from ..engine.tree import TreeShapeError, parse_k_config, parse_tree_template
+from .state import Key, Shared
 
 PAIRS = {"default": "Embedded: Qwen2.5-Coder 0.5B → 1.5B", "tiny": "Tiny random pair (no download, for trying)",
          "custom": "Custom pair (folders, hub ids or .gguf)"}
@@ -49,10 +50,6 @@ def app_threads() -> int:
         except ValueError:
             pass  # a malformed setting is ignored: the default below
     return max(1, torch.get_num_threads() - 1)
-
-
-# What the prompt boxes hold on a fresh start, so that the first press of Step drafts a tree.
-STARTING_PROMPT = "Write a Python function that checks whether a number is prime."
 
 
 @st.cache_data(show_spinner=False)
@@ -104,13 +101,13 @@ def pair_or_message(settings):
         return None
 
 
-def parse_upload(upload, seen_key: str, max_bytes: int, parse, error: type[Exception], what: str):
+def parse_upload(upload, seen: Key[str | None], max_bytes: int, parse, error: type[Exception], what: str):
     """A newly uploaded file, parsed once: ``(parse(bytes), None)``; ``(None, message)`` for a file that is too
     large or does not parse, whatever it raises (the page goes on); ``(None, None)`` when there is no new file
-    (``seen_key`` in the session holds the last file's id)."""
-    if upload is None or st.session_state.get(seen_key) == upload.file_id:
+    (``seen``, the calling page's key, holds the last file's id)."""
+    if upload is None or seen.get() == upload.file_id:
         return None, None
-    st.session_state[seen_key] = upload.file_id
+    seen.set(upload.file_id)
     try:
         if upload.size > max_bytes:
             raise error(f"the file is {upload.size / 1e6:.1f} MB; {what}s are limited to {max_bytes / 1e6:.0f} MB")
@@ -121,12 +118,14 @@ def parse_upload(upload, seen_key: str, max_bytes: int, parse, error: type[Excep
         return None, f"Cannot load {upload.name}: malformed {what} ({type(exc).__name__}: {exc})"
 
 
-def set_error(message: str | None, key: str = "error") -> None:
-    st.session_state[key] = message
+def set_error(message: str | None, key: Key[str | None]) -> None:
+    """Show ``message`` (None: no message) through the calling page's error key."""
+    key.set(message)
 
 
-def guarded(action, *args, error_key: str = "error", **kwargs):
-    """Run an action; any failure becomes a message on the page (never a traceback) and the app keeps going."""
+def guarded(action, *args, error_key: Key[str | None], **kwargs):
+    """Run an action; any failure becomes a message in the calling page's ``error_key`` (never a traceback) and the
+    app keeps going."""
     from ..engine.machine import EngineError
     from ..models.loading import ModelPairError
     from ..trace.records import TraceError
@@ -156,9 +155,9 @@ def build_config(method: str, changes: dict):
 def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None = None,
                 changes: dict | None = None):
     """A started engine for the prompt (the prefill runs here). With Token Recycling and ``carry_matrix`` on, it
-    starts from the matrix the session's last recycling run left (``st.session_state["recycling_state"]``; the
-    caller stores it there), the goodput fallback from the rates its last run measured (``"fallback_state"``) and
-    the stop policy's online adaptation from where its last run left it (``"adapter_state"``).
+    starts from the matrix the session's last recycling run left (``Shared.RECYCLING_STATE``; ``state.keep_learned``
+    stores it there), the goodput fallback from the rates its last run measured (``Shared.FALLBACK_STATE``) and
+    the stop policy's online adaptation from where its last run left it (``Shared.ADAPTER_STATE``).
     Raises PromptError / EngineError / ValueError."""
     from ..analysis.prompts import encode_prompt
     from ..engine.factory import build_engine, times_verification
@@ -168,7 +167,7 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     config = build_config(method or settings["method"], changes)
     sampling = SamplingConfig(**settings["sampling"])
     ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
-    carried = st.session_state.get("recycling_state") if changes.get("carry_matrix") else None
+    carried = Shared.RECYCLING_STATE.get() if changes.get("carry_matrix") else None
     if times_verification(config, pair.device.type) and "verification_cost" not in pair.measured:
         from ..engine.runtime.forward_costs import DEAR_ROWS, verification_cost  # the engine would time it, silently
 
@@ -177,7 +176,6 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     # the goodput fallback's rates and the adaptation from the session's last run: the engine uses them only for
     # the same method, sampling, pair and device (and decision model)
     engine = build_engine(pair, config, sampling, recycling_state=carried,
-                    fallback_state=st.session_state.get("fallback_state"),
-                    adapter_state=st.session_state.get("adapter_state"))
+                    fallback_state=Shared.FALLBACK_STATE.get(), adapter_state=Shared.ADAPTER_STATE.get())
     engine.start(ids, settings["max_new"], prompt_text=prompt_text)
     return engine

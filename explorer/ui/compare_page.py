@@ -1,4 +1,7 @@
-"""The Compare page: two methods, or two settings of one method, on the same prompt and seed, side by side."""
+"""The Compare page: two methods, or two settings of one method, on the same prompt and seed, side by side.
+
+Session state: ``state.Compare``. The steps take the session's engine lock (``state.engine_lock``), which the
+Explorer's steps take too; the per-source counts come from ``trace.metrics.draft_source_counts``."""
 
 from __future__ import annotations
 
@@ -8,29 +11,29 @@ import streamlit as st
 
 from ..engine.config import METHOD_LABELS, METHODS
 from ..trace import figures
-from ..trace.metrics import run_metrics
-from ..trace.records import DRAFT_SOURCES, SOURCE_LABELS
-from .common import STARTING_PROMPT, guarded, make_engine, pair_or_message, set_error
-from .explorer_page import engine_lock
+from ..trace.metrics import draft_source_counts, run_metrics
+from ..trace.records import SOURCE_LABELS
+from .common import guarded, make_engine, pair_or_message, set_error
 from .sidebar import method_widgets
+from .state import Compare, engine_lock
 
-ERROR_KEY = "cmp_error"
+ERROR_KEY = Compare.ERROR
 
 
 def _reset() -> None:
-    st.session_state.pop("cmp_engines", None)
+    Compare.ENGINES.clear()
     set_error(None, ERROR_KEY)
 
 
 def _engines(settings, b_method, b_changes, prompt_text, chat):
-    engines = st.session_state.get("cmp_engines")
+    engines = Compare.ENGINES.get()
     if engines is None:
         pair = pair_or_message(settings)
         if pair is None:
             return None
         engines = [make_engine(pair, settings, prompt_text, chat),
                    make_engine(pair, settings, prompt_text, chat, method=b_method, changes=b_changes)]
-        st.session_state["cmp_engines"] = engines
+        Compare.ENGINES.set(engines)
     return engines
 
 
@@ -43,7 +46,7 @@ def _advance(settings, b_method, b_changes, prompt_text, chat, to_end: bool) -> 
         return
     bar = st.progress(0.0, text="Running both…") if to_end else None
     while True:  # alternate, so both runs see the same machine load
-        with engine_lock():  # an interrupted run may still be stepping (see explorer_page.engine_lock)
+        with engine_lock():  # an interrupted run may still be stepping (see state.engine_lock)
             for e in engines:
                 if not e.finished:
                     e.step()
@@ -60,22 +63,22 @@ def compare_page(settings) -> None:
     st.title("Compare two methods")
     st.caption("Run A uses the sidebar's settings; choose run B here. Both decode the same prompt with the same "
                "seed and sampling settings on the same models, one step each in turn.")
-    st.session_state.setdefault("cmp_prompt", STARTING_PROMPT)
-    prompt_text = st.text_area("Prompt", key="cmp_prompt", height=90)
-    chat = st.checkbox("Apply the chat template", value=True, key="cmp_chat")
+    Compare.PROMPT.ensure()
+    prompt_text = st.text_area("Prompt", key=Compare.PROMPT.name, height=90)
+    chat = st.checkbox("Apply the chat template", value=Compare.CHAT.default, key=Compare.CHAT.name)
     with st.expander("Run B settings", expanded=True):
         b_method = st.selectbox("Method (B)", METHODS, index=METHODS.index("sd"), format_func=METHOD_LABELS.get,
-                                key="b_method")
-        b_changes = method_widgets(st, b_method, prefix="b_")
+                                key=Compare.B_METHOD.name)
+        b_changes = method_widgets(st, b_method, prefix=Compare.B_WIDGETS.prefix)
     c = st.columns([1, 1.3, 1, 4])
     if c[0].button("Step both", type="primary", key="cmp_step"):
         guarded(_advance, settings, b_method, b_changes, prompt_text, chat, False, error_key=ERROR_KEY)
     if c[1].button("Run both to end", key="cmp_run"):
         guarded(_advance, settings, b_method, b_changes, prompt_text, chat, True, error_key=ERROR_KEY)
     c[2].button("Reset both", key="cmp_reset", on_click=_reset)
-    if st.session_state.get(ERROR_KEY):
-        st.error(st.session_state[ERROR_KEY])
-    engines = st.session_state.get("cmp_engines")
+    if ERROR_KEY.get():
+        st.error(ERROR_KEY.get())
+    engines = Compare.ENGINES.get()
     if not engines:
         st.info("Press **Step both** to run one step of each method.")
         return
@@ -83,17 +86,6 @@ def compare_page(settings) -> None:
     for name, col, engine in zip("AB", cols, engines):
         with col:
             column(name, engine.trace)
-
-
-def source_counts(trace) -> dict:
-    """Per draft source: (committed, proposed) tokens over the run so far."""
-    out: dict = {}
-    for step in trace.steps:
-        for n in step.nodes:
-            if n.source in DRAFT_SOURCES:
-                a, p = out.get(n.source, (0, 0))
-                out[n.source] = (a + int(n.committed), p + 1)
-    return out
 
 
 def column(name: str, trace) -> None:
@@ -124,7 +116,7 @@ def column(name: str, trace) -> None:
     if trace.steps:
         st.plotly_chart(figures.tree_figure(trace.steps[-1], color_by="source"), width="stretch",
                         key=f"cmp_tree_{name}")
-        by_source = source_counts(trace)
+        by_source = draft_source_counts(trace.steps)
         if by_source:
             st.caption("Committed drafts by source: " + ", ".join(f"{SOURCE_LABELS[s]} {a}/{p}"
                                                                   for s, (a, p) in by_source.items()))

@@ -1,7 +1,8 @@
 """The what-if panel of a step (issue 16): edit the step (replace a drafted token, add or remove a branch, change
 the verifier, temperature or seed), re-verify it from its saved state, and see it beside the recorded one; then go
-on from the edit as a new run of the session. The panel only asks (``cf_request``); the page does the work with the
-models (``explorer_page.run_instrument_requests``) and keeps the result as plain data (``counterfactuals``)."""
+on from the edit as a new run of the session. The panel only asks (``Explorer.CF_REQUEST``); the page does the work
+with the models (``explorer_page.run_instrument_requests``) and keeps the result as plain data
+(``Explorer.COUNTERFACTUALS``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..engine.config import VERIFIERS
 from ..trace import figures
 from ..trace.records import StepTrace
 from .instruments_panel import teach_caption
+from .state import Explorer
 
 TEACH_WHAT_IF = ("What would the target have done if the draft had proposed another word here? Pick a drafted "
                  "token and replace it (for instance with the target's own favourite, listed first), add a branch "
@@ -84,11 +86,11 @@ def _edit_form(step: StepTrace, temperature: float) -> None:
 
 
 def _request(request: dict) -> None:
-    st.session_state["cf_request"] = request
+    Explorer.CF_REQUEST.set(request)
 
 
 def _continue_from_edit(step_index: int) -> None:
-    st.session_state["cf_branch"] = step_index
+    Explorer.CF_BRANCH.set(step_index)
 
 
 def _show(step: StepTrace, result: dict) -> None:

@@ -1,31 +1,26 @@
 """The Explorer page: step a run on real models, travel back and forth through its steps, inspect nodes, save the
 session as a trace and replay a saved one with no model loaded.
 
-Session state (one browser session each; the models are shared):
-    ``engine``: the live Engine, or None (no run yet, or replaying a file).
-    ``trace``: the RunTrace on screen: ``engine.trace`` while live, the loaded file while replaying.
-    ``cursor``: index of the step on screen, or None to follow the latest step.
-    ``replay``: name of the replayed file, or None.
-    ``pending``: ``"step"`` / ``"run"`` set by the buttons' callbacks, done in the script body (so the page can
-    show progress and a Stop button while a run goes on).
-    ``runs`` / ``run_index``: the session's runs once a what-if edit was continued as a new run (``[{"name",
-    "engine", "trace"}]``); the one on screen is also in ``engine`` / ``trace``.
+Session state (one browser session each; the models are shared): ``state.Explorer``, which says what each key
+holds; the Classroom's lessons arrive through ``state.hand_off_to_explorer``.
 """
 
 from __future__ import annotations
 
 import html
-import threading
 
 import streamlit as st
 
 from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from . import panels
 from .common import guarded, make_engine, pair_or_message, parse_upload, set_error
+from .state import Explorer, engine_lock, keep_learned
+
+ERROR = Explorer.ERROR
 
 
 def _trace():
-    return st.session_state.get("trace")
+    return Explorer.TRACE.get()
 
 
 def _cursor() -> int | None:
@@ -33,7 +28,7 @@ def _cursor() -> int | None:
     trace = _trace()
     if trace is None or not trace.steps:
         return None
-    c = st.session_state.get("cursor")
+    c = Explorer.CURSOR.get()
     return len(trace.steps) - 1 if c is None else max(0, min(c, len(trace.steps) - 1))
 
 
@@ -42,53 +37,59 @@ def _go(delta: int) -> None:
     if c is not None:
         last = len(_trace().steps) - 1
         new = max(0, min(last, c + delta))
-        st.session_state["cursor"] = None if new == last else new
-        st.session_state["step_slider"] = new + 1
+        Explorer.CURSOR.set(None if new == last else new)
+        Explorer.STEP_SLIDER.set(new + 1)
 
 
 def _reset() -> None:
-    engine = st.session_state.get("engine")
+    engine = Explorer.ENGINE.get()
     if engine is not None:  # what the run learned serves the next one
-        for key, state in (("recycling_state", engine.recycling_state()), ("fallback_state", engine.fallback_state()),
-                           ("adapter_state", engine.adapter_state())):
-            if state is not None:
-                st.session_state[key] = state
-    for key in ("engine", "trace", "cursor", "replay", "pending", "run_settings", "stopped", "running", "runs",
-                "run_index", "counterfactuals", "continued"):
-        st.session_state.pop(key, None)
+        keep_learned(engine)
+    for key in (Explorer.ENGINE, Explorer.TRACE, Explorer.CURSOR, Explorer.REPLAY, Explorer.PENDING,
+                Explorer.RUN_SETTINGS, Explorer.STOPPED, Explorer.RUNNING, Explorer.RUNS, Explorer.RUN_INDEX,
+                Explorer.COUNTERFACTUALS, Explorer.CONTINUED):
+        key.clear()
     _forget_clicks()
-    set_error(None)
+    set_error(None, ERROR)
 
 
 def _forget_clicks() -> None:
     """Drop the node selections of the previous session's steps (they would reselect nodes of a new run)."""
-    for key in [k for k in st.session_state if str(k).startswith(("inspect_", "tree_chart_"))]:
-        del st.session_state[key]
+    Explorer.INSPECT.forget()
+    Explorer.TREE_CHART.forget()
 
 
 def _request(what: str) -> None:
-    st.session_state["pending"] = what
-    st.session_state.pop("stopped", None)
+    Explorer.PENDING.set(what)
+    Explorer.STOPPED.clear()
 
 
 def _slider_moved() -> None:
     trace = _trace()
     if trace is not None and trace.steps:
-        i = int(st.session_state["step_slider"]) - 1
-        st.session_state["cursor"] = None if i >= len(trace.steps) - 1 else i
+        i = int(Explorer.STEP_SLIDER.get()) - 1
+        Explorer.CURSOR.set(None if i >= len(trace.steps) - 1 else i)
 
 
 def _ensure_engine(pair, settings, prompt_text: str, chat: bool):
     """The session's live engine, started on the prompt when there is none or the pair changed under it."""
-    engine = st.session_state.get("engine")
+    engine = Explorer.ENGINE.get()
     if engine is not None and pair is not None and _runs_on(engine, pair):
         return engine
     if pair is None:
         raise ValueError("no model pair is loaded: see the message above")
     engine = make_engine(pair, settings, prompt_text, chat)
-    st.session_state.update(engine=engine, trace=engine.trace, cursor=None, replay=None,
-                            run_settings=_run_key(settings, prompt_text, chat))
+    _go_live(engine, _run_key(settings, prompt_text, chat))
     return engine
+
+
+def _go_live(engine, run_settings: dict) -> None:
+    """Make ``engine`` the session's live run, on screen from its latest step."""
+    Explorer.ENGINE.set(engine)
+    Explorer.TRACE.set(engine.trace)
+    Explorer.CURSOR.set(None)
+    Explorer.REPLAY.set(None)
+    Explorer.RUN_SETTINGS.set(run_settings)
 
 
 def _runs_on(engine, pair) -> bool:
@@ -102,18 +103,12 @@ def _run_key(settings, prompt_text, chat):
     return {k: v for k, v in settings.items() if k != "teach"} | {"prompt": prompt_text, "chat": chat}
 
 
-def engine_lock() -> threading.Lock:
-    """One lock per browser session around engine steps. Streamlit's fast reruns start the next script run while
-    an interrupted one may still be inside ``engine.step()``; the lock keeps two steps of one engine apart."""
-    return st.session_state.setdefault("engine_lock", threading.Lock())
-
-
-def _continue_lesson(pair, settings, lesson: dict) -> None:
+def _continue_lesson(pair, settings, lesson) -> None:
     """Replay a lesson's run (``lesson["trace"]``) on ``pair`` through step ``lesson["step"]`` and make it the
-    session's live run. Where this machine cannot replay the recorded steps (another device, dtype or draft
-    quantization: e.g. a lesson recorded on a CPU with an int8 draft, opened on a GPU), the run goes on live from the
-    recorded text instead (``replay.engine_after_text``), and the message says so. Raises ReplayError (another pair)
-    or ValueError."""
+    session's live run (``lesson``: what ``state.hand_off_to_explorer`` handed over). Where this machine cannot
+    replay the recorded steps (another device, dtype or draft quantization: e.g. a lesson recorded on a CPU with an
+    int8 draft, opened on a GPU), the run goes on live from the recorded text instead (``replay.engine_after_text``),
+    and the message says so. Raises ReplayError (another pair) or ValueError."""
     from ..instruments.replay import ReplayError, engine_after_text, replay_steps
 
     if pair is None:
@@ -127,19 +122,18 @@ def _continue_lesson(pair, settings, lesson: dict) -> None:
         engine = engine_after_text(pair, trace, step)
         said = (f"Continuing “{lesson['title']}” live from the text it had after step {step + 1}: its steps cannot "
                 f"be replayed here ({exc}). Step goes on from that text.")
-    st.session_state.update(engine=engine, trace=engine.trace, cursor=None, replay=None,
-                            run_settings=_run_key(settings, trace.prompt, True))  # the prompt box's text
-    st.session_state["continued"] = said
+    _go_live(engine, _run_key(settings, trace.prompt, True))  # the prompt box's text
+    Explorer.CONTINUED.set(said)
 
 
 def _do_step(pair, settings, prompt_text, chat) -> None:
     engine = _ensure_engine(pair, settings, prompt_text, chat)
     with engine_lock():
         if engine.finished:
-            set_error("This run has finished. Press Reset to start a new one.")
+            set_error("This run has finished. Press Reset to start a new one.", ERROR)
             return
         engine.step()
-    st.session_state["cursor"] = None
+    Explorer.CURSOR.set(None)
 
 
 def _do_run(pair, settings, prompt_text, chat) -> None:
@@ -147,18 +141,18 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
     every step is complete when it returns, so the trace and the caches stay consistent."""
     engine = _ensure_engine(pair, settings, prompt_text, chat)
     if engine.finished:
-        set_error("This run has finished. Press Reset to start a new one.")
+        set_error("This run has finished. Press Reset to start a new one.", ERROR)
         return
     bar = st.progress(0.0, text="Running to the end… (Stop interrupts after the current step)")
     total = engine.max_new_tokens
 
-    st.session_state["cursor"] = None  # follow the run (once: an interrupted run must not move it later)
+    Explorer.CURSOR.set(None)  # follow the run (once: an interrupted run must not move it later)
 
     def progress(_step):
         bar.progress(min(1.0, engine.n_generated / total), text=f"{engine.n_generated}/{total} tokens · "
                      "Stop interrupts after the current step")
 
-    st.session_state["running"] = True  # still set on the next rerun = this run was interrupted
+    Explorer.RUNNING.set(True)  # still set on the next rerun = this run was interrupted
     lock = engine_lock()
     try:
         while True:
@@ -168,9 +162,9 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
                 step = engine.step()
             progress(step)
     except Exception:  # a real error, not Streamlit's interrupt (a BaseException): not a stop
-        st.session_state.pop("running", None)
+        Explorer.RUNNING.clear()
         raise
-    st.session_state.pop("running", None)
+    Explorer.RUNNING.clear()
     bar.empty()
 
 
@@ -193,7 +187,7 @@ def _borrowed_stop_model(pair, trace) -> None:
         with engine_lock():
             card = calibrate(pair, on_progress=lambda message, fraction: bar.progress(fraction, text=message))
     except (ValueError, OSError) as exc:
-        set_error(f"Calibration failed: {exc}")
+        set_error(f"Calibration failed: {exc}", ERROR)
         return
     auc = card["models"].get(source.get("kind", "context"), {}).get("roc_auc")
     st.success(f"Calibrated on {card['data']['records']} drafted tokens"
@@ -203,17 +197,20 @@ def _borrowed_stop_model(pair, trace) -> None:
 
 def _load_trace(upload) -> None:
     """Validate and replay an uploaded trace; a bad file leaves the current session untouched."""
-    trace, problem = parse_upload(upload, "loaded_file", MAX_TRACE_BYTES, loads_run, TraceError, "trace")
+    trace, problem = parse_upload(upload, Explorer.LOADED_FILE, MAX_TRACE_BYTES, loads_run, TraceError, "trace")
     if problem:
-        set_error(problem)
+        set_error(problem, ERROR)
     if trace is None:
         return
     _forget_clicks()
-    for key in ("runs", "run_index", "counterfactuals", "probes"):  # the live session's runs end with it
-        st.session_state.pop(key, None)
-    st.session_state.update(engine=None, trace=trace, cursor=0 if trace.steps else None, replay=upload.name,
-                            step_slider=1)
-    set_error(None)
+    for key in (Explorer.RUNS, Explorer.RUN_INDEX, Explorer.COUNTERFACTUALS, Explorer.PROBES):
+        key.clear()  # the live session's runs end with it
+    Explorer.ENGINE.set(None)
+    Explorer.TRACE.set(trace)
+    Explorer.CURSOR.set(0 if trace.steps else None)
+    Explorer.REPLAY.set(upload.name)
+    Explorer.STEP_SLIDER.set(1)
+    set_error(None, ERROR)
 
 
 def controls(trace, replaying: bool) -> None:
@@ -235,9 +232,9 @@ def controls(trace, replaying: bool) -> None:
                          disabled=trace is None, on_click="ignore", wrap=True,
                          help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
     if n >= 2:
-        if st.session_state.get("step_slider") != c + 1:
-            st.session_state["step_slider"] = c + 1
-        st.slider("Go to step", 1, n, key="step_slider", on_change=_slider_moved)
+        if Explorer.STEP_SLIDER.get() != c + 1:
+            Explorer.STEP_SLIDER.set(c + 1)
+        st.slider("Go to step", 1, n, key=Explorer.STEP_SLIDER.name, on_change=_slider_moved)
 
 
 def explorer_page(settings) -> None:
@@ -248,39 +245,39 @@ def explorer_page(settings) -> None:
     if settings["teach"]:
         st.markdown(panels.TEACH_CSS, unsafe_allow_html=True)
 
-    from .common import STARTING_PROMPT, example_prompts
+    from .common import example_prompts
 
     examples = example_prompts()
 
     def use_example():
-        choice = st.session_state.get("example")
+        choice = Explorer.EXAMPLE.get()
         if choice and examples.get(choice):
-            st.session_state["prompt_text"] = examples[choice]
+            Explorer.PROMPT_TEXT.set(examples[choice])
 
-    st.selectbox("Example prompt", [""] + list(examples), key="example", on_change=use_example,
+    st.selectbox("Example prompt", [""] + list(examples), key=Explorer.EXAMPLE.name, on_change=use_example,
                  format_func=lambda s: s or "— pick an example, or type below —")
-    st.session_state.setdefault("prompt_text", STARTING_PROMPT)  # a real prompt: the first Step draws a tree
-    prompt_text = st.text_area("Prompt", key="prompt_text", height=110)
-    chat = st.checkbox("Apply the chat template", value=True, key="chat")
-    with st.expander("Save and replay", expanded=st.session_state.get("replay") is not None):
+    Explorer.PROMPT_TEXT.ensure()  # a real prompt: the first Step draws a tree
+    prompt_text = st.text_area("Prompt", key=Explorer.PROMPT_TEXT.name, height=110)
+    chat = st.checkbox("Apply the chat template", value=Explorer.CHAT.default, key=Explorer.CHAT.name)
+    with st.expander("Save and replay", expanded=Explorer.REPLAY.get() is not None):
         st.caption("**Download trace** saves the session as JSON (schema version, settings, model ids, every step). "
                    "**Load trace** replays one here with no model loaded: Back, Forward and the slider move "
                    f"through its steps. Files up to {MAX_TRACE_BYTES // 2**20} MB.")
         _load_trace(st.file_uploader("Load trace", type=["json"], key="trace_upload"))
 
-    lesson = st.session_state.pop("continue_lesson", None)
+    lesson = Explorer.CONTINUE_LESSON.pop()
     if lesson is not None:  # the Classroom's "Continue live": replay the lesson's run to its step, then go on
         _reset()
-        guarded(_continue_lesson, pair_or_message(settings), settings, lesson)
-    if st.session_state.pop("instrument_reset", None):  # "Run mcsd with this tree": a new run, straight away
+        guarded(_continue_lesson, pair_or_message(settings), settings, lesson, error_key=ERROR)
+    if Explorer.INSTRUMENT_RESET.pop():  # "Run mcsd with this tree": a new run, straight away
         _reset()
         _request("run")
-    pending = st.session_state.pop("pending", None)
-    if st.session_state.pop("running", False):
-        st.session_state["stopped"] = True
+    pending = Explorer.PENDING.pop()
+    if Explorer.RUNNING.pop():
+        Explorer.STOPPED.set(True)
         with engine_lock():  # the interrupted run may still be finishing its step: draw after it
             pass
-    replaying = st.session_state.get("replay") is not None
+    replaying = Explorer.REPLAY.get() is not None
     pair = None
     if not replaying:  # a replayed trace needs no model
         pair = pair_or_message(settings)
@@ -289,22 +286,23 @@ def explorer_page(settings) -> None:
                        f"{pair.device} · draft {pair.draft_quant}"
                        + (" · weights packed for oneDNN" if pair.packed_weights else ""))
     if pending == "step":
-        guarded(_do_step, pair, settings, prompt_text, chat)
+        guarded(_do_step, pair, settings, prompt_text, chat, error_key=ERROR)
     if not replaying:  # the instrument buttons' requests (they may switch the session to a new run)
         run_instrument_requests(pair, _trace())
     trace = _trace()
     runs_selector()
     controls(trace, replaying)
     if pending == "run":
-        guarded(_do_run, pair, settings, prompt_text, chat)
+        guarded(_do_run, pair, settings, prompt_text, chat, error_key=ERROR)
         st.rerun()  # redraw the controls for the finished run
     _borrowed_stop_model(pair, trace)
-    if st.session_state.get("error"):
-        st.error(st.session_state["error"])
-    elif st.session_state.get("continued") and st.session_state.get("engine") is not None:
-        st.success(st.session_state["continued"])
-    if st.session_state.get("stopped") and st.session_state.get("engine") is not None:
-        st.info(f"Stopped after {st.session_state['engine'].n_generated} tokens: Step or Run to end goes on.")
+    engine = Explorer.ENGINE.get()
+    if ERROR.get():
+        st.error(ERROR.get())
+    elif Explorer.CONTINUED.get() and engine is not None:
+        st.success(Explorer.CONTINUED.get())
+    if Explorer.STOPPED.get() and engine is not None:
+        st.info(f"Stopped after {engine.n_generated} tokens: Step or Run to end goes on.")
 
     if trace is None:
         st.info("Press **Step** to draft and verify one speculative round on the prompt, or load a saved trace.")
@@ -313,13 +311,12 @@ def explorer_page(settings) -> None:
         return
     if replaying:
         m = trace.model
-        st.info(f"Replaying **{html.escape(str(st.session_state['replay']))}** with no model loaded: "
+        st.info(f"Replaying **{html.escape(str(Explorer.REPLAY.get()))}** with no model loaded: "
                 f"{html.escape(str(m.get('name')))} ({html.escape(str(m.get('draft_id')))} → "
                 f"{html.escape(str(m.get('target_id')))}), method "
                 f"**{html.escape(str(trace.settings['method']['method']))}**. Back, Forward and the slider move "
                 "through its steps; Reset leaves the replay.")
-    engine = st.session_state.get("engine")
-    if not replaying and st.session_state.get("run_settings") != _run_key(settings, prompt_text, chat):
+    if not replaying and Explorer.RUN_SETTINGS.get() != _run_key(settings, prompt_text, chat):
         st.info("Settings or prompt changed since this run started: press Reset to apply them.")
     if trace.settings["method"].get("lossy"):
         st.warning("Lossy mode: the seed's longest-branch rule does not preserve the target's distribution.")
@@ -350,9 +347,9 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     if cursor is None:
         return
     step = trace.steps[cursor]
-    panels.step_panels(trace, step, teach, probe=_results("probes", trace).get(step.index),
+    panels.step_panels(trace, step, teach, probe=_results(Explorer.PROBES, trace).get(step.index),
                        can_probe=pair is not None)
-    counterfactual_section(step, _results("counterfactuals", trace).get(step.index),
+    counterfactual_section(step, _results(Explorer.COUNTERFACTUALS, trace).get(step.index),
                            can_edit=pair is not None, teach=teach,
                            temperature=float(trace.settings.get("sampling", {}).get("temperature", 0.0)))
     costs = _costs_for(pair)
@@ -362,60 +359,68 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     calibration_section(trace, teach)
 
 
-def _results(key: str, trace, create: bool = False) -> dict:
-    """Per-step results of an instrument (``probes``, ``counterfactuals``) held for ``trace``: step index -> plain
-    data. Results of another trace do not count; with ``create`` they make way for a new holder."""
-    held = st.session_state.get(key)
+def _results(key, trace, create: bool = False) -> dict:
+    """Per-step results of an instrument (``Explorer.PROBES``, ``Explorer.COUNTERFACTUALS``) held for ``trace``:
+    step index -> plain data. Results of another trace do not count; with ``create`` they make way for a new
+    holder."""
+    held = key.get()
     if held is not None and held.get("trace") is trace:
         return held
     if create:
-        held = st.session_state[key] = {"trace": trace}
+        held = {"trace": trace}
+        key.set(held)
         return held
     return {}
 
 
 def _costs_for(pair) -> dict | None:
-    held = st.session_state.get("forward_costs")
+    held = Explorer.FORWARD_COSTS.get()
     return held["costs"] if held and pair is not None and held["pair"] == pair.name else None
 
 
 def _store_current_run() -> None:
-    runs, i = st.session_state.get("runs"), st.session_state.get("run_index")
+    runs, i = Explorer.RUNS.get(), Explorer.RUN_INDEX.get()
     if runs is not None and i is not None:
-        runs[i].update(engine=st.session_state.get("engine"), trace=_trace())
+        runs[i].update(engine=Explorer.ENGINE.get(), trace=_trace())
+
+
+def _show_run(run: dict, index: int) -> None:
+    """Put ``run`` (one of ``Explorer.RUNS``, at ``index``) on screen from its latest step."""
+    Explorer.ENGINE.set(run["engine"])
+    Explorer.TRACE.set(run["trace"])
+    Explorer.CURSOR.set(None)
+    Explorer.RUN_INDEX.set(index)
+    _forget_clicks()
 
 
 def _switch_run() -> None:
     _store_current_run()
-    i = int(st.session_state["run_choice"])
-    run = st.session_state["runs"][i]
-    st.session_state.update(engine=run["engine"], trace=run["trace"], cursor=None, run_index=i)
-    _forget_clicks()
+    i = int(Explorer.RUN_CHOICE.get())
+    _show_run(Explorer.RUNS.get()[i], i)
 
 
 def new_run_from(engine, name: str) -> None:
-    """Make ``engine`` (a what-if branch) the session's current run; the runs so far stay in ``runs``."""
-    runs = st.session_state.setdefault("runs", [])
-    if st.session_state.get("run_index") is None:
-        runs.append({"name": "run 1 (as recorded)", "engine": st.session_state.get("engine"), "trace": _trace()})
+    """Make ``engine`` (a what-if branch) the session's current run; the runs so far stay in ``Explorer.RUNS``."""
+    runs = Explorer.RUNS.setdefault([])
+    if Explorer.RUN_INDEX.get() is None:
+        runs.append({"name": "run 1 (as recorded)", "engine": Explorer.ENGINE.get(), "trace": _trace()})
     else:
         _store_current_run()
     runs.append({"name": name, "engine": engine, "trace": engine.trace})
-    st.session_state.update(engine=engine, trace=engine.trace, cursor=None, run_index=len(runs) - 1,
-                            run_choice=len(runs) - 1)
-    _forget_clicks()
+    Explorer.RUN_CHOICE.set(len(runs) - 1)
+    _show_run(runs[-1], len(runs) - 1)
 
 
 def runs_selector() -> None:
     """Switch between the session's runs (a what-if edit continued makes a new one) and download them all."""
-    runs = st.session_state.get("runs")
+    runs = Explorer.RUNS.get()
     if not runs or len(runs) < 2:
         return
     import json
 
     c = st.columns([3, 1])
     c[0].selectbox("Run of this session", list(range(len(runs))), format_func=lambda i: runs[i]["name"],
-                   key="run_choice", on_change=_switch_run)
+                   key=Explorer.RUN_CHOICE.name, on_change=_switch_run)
     _store_current_run()
     c[1].download_button("Download all runs", file_name="spec-explorer-runs.json", mime="application/json",
                          data=lambda: json.dumps({"runs": [{"name": r["name"], "trace": r["trace"].to_dict()}
@@ -430,9 +435,9 @@ def run_instrument_requests(pair, trace) -> None:
     from ..instruments.probe import probe_last_step
     from ..instruments.replay import replay_steps
 
-    index = st.session_state.pop("probe_request", None)
+    index = Explorer.PROBE_REQUEST.pop()
     if index is not None and pair is not None and trace is not None and index < len(trace.steps):
-        engine = st.session_state.get("engine")
+        engine = Explorer.ENGINE.get()
 
         def probe():
             if engine is not None and engine.trace is trace and index == len(trace.steps) - 1:
@@ -443,40 +448,41 @@ def run_instrument_requests(pair, trace) -> None:
             return probe_last_step(replayed)
 
         with st.spinner(f"Probing step {index + 1}: one plain forward per node…"):
-            result = guarded(probe, error_key="probe_error")
+            result = guarded(probe, error_key=Explorer.PROBE_ERROR)
         if result is not None:
-            _results("probes", trace, create=True)[index] = result.to_dict()
-    if st.session_state.pop("costs_request", None) and pair is not None and trace is not None:
+            _results(Explorer.PROBES, trace, create=True)[index] = result.to_dict()
+    if Explorer.COSTS_REQUEST.pop() and pair is not None and trace is not None:
         with st.spinner("Timing draft and target forwards at 1 to 64 rows…"):
             costs = guarded(measure_forward_costs, pair, trace.prompt_ids + trace.generated_ids,
-                            error_key="probe_error")
+                            error_key=Explorer.PROBE_ERROR)
         if costs is not None:
-            st.session_state["forward_costs"] = {"pair": pair.name, "costs": costs}
+            Explorer.FORWARD_COSTS.set({"pair": pair.name, "costs": costs})
     _what_if_requests(pair, trace)
-    error = st.session_state.pop("probe_error", None)
+    error = Explorer.PROBE_ERROR.pop()
     if error:
         st.error(error)
 
 
 def _what_if_requests(pair, trace) -> None:
-    """A what-if re-verification (``cf_request``) and "continue from the edit" (``cf_branch``)."""
+    """A what-if re-verification (``Explorer.CF_REQUEST``) and "continue from the edit" (``Explorer.CF_BRANCH``)."""
     from ..instruments.counterfactual import counterfactual, parse_edits
 
-    request = st.session_state.pop("cf_request", None)
+    request = Explorer.CF_REQUEST.pop()
     if request is not None and pair is not None and trace is not None and request["step"] < len(trace.steps):
         def run():
             edit = parse_edits(request["edits"], pair.tokenizer)
             return counterfactual(pair, trace, request["step"], edit, continue_tokens=request["continue"])
 
         with st.spinner(f"Replaying to step {request['step'] + 1} and re-verifying it…"):
-            cf = guarded(run, error_key="probe_error")
+            cf = guarded(run, error_key=Explorer.PROBE_ERROR)
         if cf is not None:
-            _results("counterfactuals", trace, create=True)[request["step"]] = {**cf.to_dict(), "engine": cf.engine}
-    index = st.session_state.pop("cf_branch", None)
-    held = _results("counterfactuals", trace)
+            _results(Explorer.COUNTERFACTUALS, trace, create=True)[request["step"]] = {**cf.to_dict(),
+                                                                                      "engine": cf.engine}
+    index = Explorer.CF_BRANCH.pop()
+    held = _results(Explorer.COUNTERFACTUALS, trace)
     if index is not None and index in held:
         engine = held[index]["engine"]
-        n = len(st.session_state.get("runs") or [None]) + 1
+        n = len(Explorer.RUNS.get() or [None]) + 1
         if engine is not None:
             new_run_from(engine, f"run {n}: step {index + 1} edited ({'; '.join(held[index]['differences'][:1])})")
             held[index]["engine"] = None  # one run per branch: the engine now belongs to it
@@ -504,13 +510,13 @@ def audit_panel(pair, settings, prompt_text: str, chat: bool) -> None:
                 ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
                 result = audit(pair, config, sampling, ids, samples,
                                progress=lambda d, t: bar.progress(d / t, text=f"{d}/{t} samples"))
-                st.session_state["audit"] = result.to_dict()
+                Explorer.AUDIT.set(result.to_dict())
             except (PromptError, TreeShapeError, ValueError) as exc:
-                st.session_state.pop("audit", None)
+                Explorer.AUDIT.clear()
                 st.error(str(exc))
             finally:
                 bar.empty()
-        result = st.session_state.get("audit")
+        result = Explorer.AUDIT.get()
         if result:
             verdict = "passes" if result["passed"] else "FAILS"
             st.markdown(f"**{html.escape(result['method']['method'])}** with verifier `{result['verifier']}` "

@@ -13,6 +13,7 @@ from ..instruments import acceptance as acc
 from ..instruments import figures as ifig
 from ..instruments import optimal_tree as ot
 from ..trace.records import RunTrace, StepTrace
+from .state import Explorer, ask_for_tree_run
 
 TEACH_PROBE = ("The target checks the whole tree in one pass, with a mask that lets each token see only its own "
                "branch. The probe redoes the check the slow way, one token at a time along each branch, as ordinary "
@@ -65,7 +66,7 @@ def flagged_nodes(probe: dict | None) -> dict[int, str]:
 
 
 def _request_probe(index: int) -> None:
-    st.session_state["probe_request"] = index
+    Explorer.PROBE_REQUEST.set(index)
 
 
 def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: bool, prefix: str = "") -> None:
@@ -177,7 +178,7 @@ def calibration_section(trace: RunTrace, teach: bool) -> None:
 
 
 def _request_costs() -> None:
-    st.session_state["costs_request"] = True
+    Explorer.COSTS_REQUEST.set(True)
 
 
 def acceptance_section(trace: RunTrace, costs: dict | None, can_measure: bool, teach: bool) -> dict:
@@ -214,9 +215,7 @@ def acceptance_section(trace: RunTrace, costs: dict | None, can_measure: bool, t
 
 
 def _run_tree(parents: list[int]) -> None:
-    st.session_state["method"] = "mcsd"
-    st.session_state["tree_template"] = ",".join(map(str, parents))
-    st.session_state["instrument_reset"] = "run"
+    ask_for_tree_run(parents)
 
 
 def optimal_tree_section(trace: RunTrace, step: StepTrace | None, report: dict, can_run: bool,

@@ -11,6 +11,7 @@ from ..lessons.teach import explain_step, fallback_rates, layer_skip_words
 from ..trace import figures
 from ..trace.metrics import run_metrics
 from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
+from .state import Explorer
 
 TEACH_CSS = """<style>
 html, body, [class*="st-"], .stMarkdown p, .stMarkdown li { font-size: 1.3rem !important; }
@@ -80,8 +81,9 @@ def teach_box(step: StepTrace, method: dict | None = None, decision: dict | None
                 unsafe_allow_html=True)
 
 
-def selected_node(event, key: str) -> int | None:
-    """The node id a click on the tree selected (from ``st.plotly_chart(on_select=...)``), kept per step."""
+def selected_node(event, step_index: int, prefix: str = "") -> int | None:
+    """The node id a click on step ``step_index``'s tree selected (from ``st.plotly_chart(on_select=...)``), kept
+    per step (``Explorer.INSPECT``; ``prefix``: the caller's widget prefix)."""
     try:
         points = event.selection.points if event else []
     except AttributeError:
@@ -91,9 +93,9 @@ def selected_node(event, key: str) -> int | None:
         if isinstance(node, list):
             node = node[0] if node else None
         if isinstance(node, (int, float)):
-            st.session_state[key] = int(node)
+            Explorer.INSPECT.set(step_index, int(node), within=prefix)
             break
-    return st.session_state.get(key)
+    return Explorer.INSPECT.get(step_index, within=prefix)
 
 
 def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "", probe: dict | None = None,
@@ -105,9 +107,9 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
     step_caption(step, len(trace.steps))
     if teach:
         teach_box(step, trace.settings.get("method"), trace.settings.get("decision_model"))
-    inspect_key = f"{prefix}inspect_{step.index}"
-    chart_key = f"{prefix}tree_chart_{step.index}"  # per step: a click on one step's tree stays with that step
-    chosen = selected_node(st.session_state.get(chart_key), inspect_key)  # the click that caused this rerun
+    chart_key = Explorer.TREE_CHART.name(step.index, within=prefix)  # per step: a click stays with its step
+    event = Explorer.TREE_CHART.get(step.index, within=prefix)  # the click that caused this rerun
+    chosen = selected_node(event, step.index, prefix)
     chosen = chosen if chosen in {n.id for n in step.nodes} else None
     free = any(n.source in FREE_SOURCES for n in step.nodes)
     left, right = st.columns([3, 2])

@@ -1,4 +1,5 @@
-"""The sidebar: model pair, method and its shape, stop policy, sampling, teach mode. Returns plain settings."""
+"""The sidebar: model pair, method and its shape, stop policy, sampling, teach mode. Returns plain settings; its
+widgets' keys are ``state.Sidebar``'s."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..engine.policies.stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS,
                                         STOP_POLICY_LABELS, STOP_POLICY_NAMES)
 from ..models.loading import default_dtype
 from .common import PAIRS
+from .state import Sidebar
 
 FALLBACK_LABELS = {"auto": "auto", "goodput": "when slower", "off": "never"}
 ADAPT_LABELS = {"off": "off (frozen)", "threshold": "threshold (ROC refit)",
@@ -32,36 +34,38 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
     spec = METHOD_SPECS[method]
     changes: dict = {}
     if spec.model_tree == "chain":
-        changes["gamma"] = box.slider("Draft length γ", 1, 12, d.gamma, key=f"{prefix}gamma")
+        changes["gamma"] = box.slider("Draft length γ", 1, 12, d.gamma, key=Sidebar.GAMMA.widget_key(prefix))
     if spec.model_tree in ("tree", "stoppable"):
         lossy = False
         if method == "mcsd-improved":
-            lossy = box.checkbox("Seed's lossy mode (target-initialized roots, longest branch)", key=f"{prefix}lossy",
+            lossy = box.checkbox("Seed's lossy mode (target-initialized roots, longest branch)",
+                                 key=Sidebar.LOSSY.widget_key(prefix),
                                  help="Lu et al. 2024: w roots sampled from the target, each with a draft chain; "
                                       "the longest accepted branch wins. This biases the output distribution.")
         default_k = "1" if lossy else ",".join(map(str, d.k_config))
         changes["k_config"] = box.text_input("k_config (children per level)", default_k,
-                                             key=f"{prefix}k_config_{method}_{lossy}",
+                                             key=Sidebar.K_CONFIG.name(f"{method}_{lossy}", within=prefix),
                                              help="e.g. 4,2,2 = 4 children of the anchor, 2 under each, 2 under each")
         if method == "mcsd":
             changes["tree"] = box.text_input(
-                "Tree template (replaces the k_config tree)", key=f"{prefix}tree_template",
+                "Tree template (replaces the k_config tree)", key=Sidebar.TREE_TEMPLATE.widget_key(prefix),
                 placeholder="e.g. -1,-1,0,0,1 · empty = k_config",
                 help="each node's parent in breadth-first order, -1 for the anchor's children, siblings in rank "
                      "order; the optimal tree panel fills this in")
         changes["branch_threshold"] = box.slider(
             "Adaptive width: branch where top q <", 0.0, 1.0, d.branch_threshold, 0.05,
-            key=f"{prefix}branch_threshold_{method}",
+            key=Sidebar.BRANCH_THRESHOLD.name(method, within=prefix),
             help="a node gets its level's k children only where the draft's top probability is below this, "
                  "else one child; 1.0 keeps the fixed k_config")
         if spec.has_stop_policy:
             if method == "mcsd-improved":
                 changes["lossy"] = lossy
             if lossy:
-                changes["width"] = box.slider("Target roots w", 1, 8, d.width, key=f"{prefix}width")
-            changes["max_depth"] = box.slider("Max draft depth", 1, 16, d.max_depth, key=f"{prefix}max_depth")
+                changes["width"] = box.slider("Target roots w", 1, 8, d.width, key=Sidebar.WIDTH.widget_key(prefix))
+            changes["max_depth"] = box.slider("Max draft depth", 1, 16, d.max_depth,
+                                              key=Sidebar.MAX_DEPTH.widget_key(prefix))
             stop = box.selectbox("Stop policy", STOP_POLICY_NAMES, index=STOP_POLICY_NAMES.index(d.stop),
-                                 format_func=STOP_POLICY_LABELS.get, key=f"{prefix}stop",
+                                 format_func=STOP_POLICY_LABELS.get, key=Sidebar.STOP.widget_key(prefix),
                                  help="when drafting stops early: the draft's own confidence, or a learned decision "
                                       "model's predicted acceptance (the seed's rule, per-branch pruning, "
                                       "SpecDec++'s cumulative rule, or the expected gain of one more level "
@@ -70,10 +74,11 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
             changes["threshold"] = box.slider(
                 {"specdec++": "Threshold h (stop when P(reject) > h)",
                  "goodput": "Cost ratio r (a draft forward ÷ a target forward)"}.get(stop, "Threshold τ"), 0.0, 1.0,
-                DEFAULT_THRESHOLDS[stop], 0.05, key=f"{prefix}threshold_{stop}", disabled=stop == "none")
+                DEFAULT_THRESHOLDS[stop], 0.05, key=Sidebar.THRESHOLD.name(stop, within=prefix),
+                disabled=stop == "none")
             if stop == "goodput":
                 measured = box.checkbox("Measure r on this machine", value=d.cost_ratio == "measured",
-                                        key=f"{prefix}cost_ratio",
+                                        key=Sidebar.COST_RATIO.widget_key(prefix),
                                         help="r from each step's own timeline: a draft level's milliseconds over the "
                                              "rest of the step's, averaged over the run; the slider is where it "
                                              "starts. Timing-driven, so two runs may draft differently; the output "
@@ -81,47 +86,51 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                 changes["cost_ratio"] = "measured" if measured else "fixed"
             if stop in LEARNED_POLICIES:
                 changes["decision_model"] = box.selectbox("Decision model", DECISION_MODELS,
-                                                          key=f"{prefix}decision_model",
+                                                          key=Sidebar.DECISION_MODEL.widget_key(prefix),
                                                           format_func=DECISION_MODEL_LABELS.get,
                                                           help=DECISION_MODEL_HELP)
             modes = [m for m in ADAPT_MODES if stop in ADAPTABLE[m]]
             changes["adapt"] = box.selectbox(
                 "Online adaptation", modes, index=modes.index(d.adapt) if d.adapt in modes else 0,
-                format_func=ADAPT_LABELS.get, key=f"{prefix}adapt_{stop}", disabled=len(modes) == 1,
+                format_func=ADAPT_LABELS.get, key=Sidebar.ADAPT.name(stop, within=prefix), disabled=len(modes) == 1,
                 help="learn from every verified step during the run: refit the threshold from the run's ROC curve, "
                      "or the decision model's last layer; changes how much is drafted, never the output law")
     if "lookup" in spec.free:
-        changes["lookup_tokens"] = box.slider("Lookup: longest copy", 1, 64, d.lookup_tokens, key=f"{prefix}lk_tokens",
+        changes["lookup_tokens"] = box.slider("Lookup: longest copy", 1, 64, d.lookup_tokens,
+                                              key=Sidebar.LOOKUP_TOKENS.widget_key(prefix),
                                               help="the copy length adapts (doubles after a whole accepted copy, "
                                                    "halves after a miss; starts at 16) up to this")
         changes["lookup_branches"] = box.slider("Lookup: matches as branches", 1, 8, d.lookup_branches,
-                                                key=f"{prefix}lk_branches")
+                                                key=Sidebar.LOOKUP_BRANCHES.widget_key(prefix))
         changes["lookup_ngram"] = box.slider("Lookup: longest n-gram matched", 1, 6, d.lookup_ngram,
-                                             key=f"{prefix}lk_ngram")
+                                             key=Sidebar.LOOKUP_NGRAM.widget_key(prefix))
     if "recycling" in spec.free:
         changes["recycling_widths"] = box.text_input(
             "Recycling tree template (widths per level)", ",".join(map(str, d.recycling_widths)),
-            key=f"{prefix}rc_widths", help="a node at level l with sibling rank r gets floor(w_l / (r + 1)) children")
+            key=Sidebar.RECYCLING_WIDTHS.widget_key(prefix),
+            help="a node at level l with sibling rank r gets floor(w_l / (r + 1)) children")
         changes["recycling_k"] = box.slider("Recycling: candidates per token", 1, 16, d.recycling_k,
-                                            key=f"{prefix}rc_k")
+                                            key=Sidebar.RECYCLING_K.widget_key(prefix))
         changes["carry_matrix"] = box.checkbox("Carry the matrix over to the next run", value=True,
-                                               key=f"{prefix}rc_carry",
+                                               key=Sidebar.RECYCLING_CARRY.widget_key(prefix),
                                                help="Token Recycling keeps learning across the session's runs")
     if spec.free:
         changes["free_rows"] = box.number_input(
-            "Free branches: most target rows (0 = auto)", 0, MAX_TREE_NODES + 1, d.free_rows, key=f"{prefix}free_rows",
+            "Free branches: most target rows (0 = auto)", 0, MAX_TREE_NODES + 1, d.free_rows,
+            key=Sidebar.FREE_ROWS.widget_key(prefix),
             help=f"free branches fill the tree up to this many verification rows, best first; auto: {FREE_ROWS_CPU} "
                  "on the CPU, where a forward's 33rd row costs as much as rows 2-32 together, no limit on CUDA; on "
                  "a CPU where a verification row costs 5 ms or more, Token Recycling keeps only the template "
                  "slots whose measured acceptance pays for their rows")
     if spec.name != "ar" and not changes.get("lossy"):
         changes["fallback"] = box.selectbox(
-            "Fall back to plain decoding", FALLBACK_MODES, format_func=FALLBACK_LABELS.get, key=f"{prefix}fallback",
+            "Fall back to plain decoding", FALLBACK_MODES, format_func=FALLBACK_LABELS.get,
+            key=Sidebar.FALLBACK.widget_key(prefix),
             help="SmartSpec's goodput rule: take plain decoding steps while speculation measures slower than plain "
                  "decoding on this machine (probing speculation now and then); never changes the output law. auto: "
                  "on a GPU, and on a CPU where verifying costs many plain steps; when slower: always; never: off")
         changes["verifier"] = box.selectbox("Verifier", ("auto",) + VERIFIERS, format_func=VERIFIER_LABELS.get,
-                                            key=f"{prefix}verifier",
+                                            key=Sidebar.VERIFIER.widget_key(prefix),
                                             help="at temperature 0 every rule is greedy matching; free drafts "
                                                  "(lookup, recycled) are tested after the rule's own children")
     return changes
@@ -134,33 +143,33 @@ def sidebar() -> dict:
     sb.header("Model pair")
     initial = os.environ.get("SPEC_EXPLORER_PAIR", "default")
     spec = sb.radio("Pair", list(PAIRS), index=list(PAIRS).index(initial) if initial in PAIRS else 0,
-                    format_func=PAIRS.get, key="pair_spec")
+                    format_func=PAIRS.get, key=Sidebar.PAIR_SPEC.name)
     draft = target = ""
     if spec == "custom":
-        draft = sb.text_input("Draft model", key="draft_path", placeholder="empty: the target's own layers",
+        draft = sb.text_input("Draft model", key=Sidebar.DRAFT_PATH.name, placeholder="empty: the target's own layers",
                               help="a folder, hub id or .gguf file sharing the target's tokenizer; left empty, the "
                                    "target drafts with its own first layers (an early exit)")
-        target = sb.text_input("Target model", key="target_path", placeholder="path, hub id or file.gguf")
+        target = sb.text_input("Target model", key=Sidebar.TARGET_PATH.name, placeholder="path, hub id or file.gguf")
     auto = str(default_dtype()).removeprefix("torch.")
-    dtype = sb.selectbox("dtype", ["auto", "bf16", "fp32"], key="dtype", disabled=spec == "tiny",
+    dtype = sb.selectbox("dtype", ["auto", "bf16", "fp32"], key=Sidebar.DTYPE.name, disabled=spec == "tiny",
                          format_func=lambda d: f"auto ({auto} here)" if d == "auto" else d,
                          help="auto: bf16 on a GPU and on CPUs with native bf16 (AVX-512-BF16, AMX), fp32 on "
                               "other CPUs, where bf16 has no matrix kernels and a tree costs twice as much")
 
     sb.header("Method")
     method = sb.selectbox("Method", METHODS, index=METHODS.index("mcsd-improved"), format_func=METHOD_LABELS.get,
-                          key="method")
+                          key=Sidebar.METHOD.name)
     changes = method_widgets(sb, method)
 
     sb.header("Sampling")
-    temperature = sb.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, 0.05, key="temperature")
-    top_k = sb.number_input("top-k (0 = off)", 0, 1000, 0, key="top_k")
-    top_p = sb.slider("top-p", 0.05, 1.0, 1.0, 0.05, key="top_p")
-    seed = sb.number_input("Seed", 0, 2**31 - 1, 0, key="seed")
-    max_new = sb.slider("Max new tokens", 1, 512, 64, key="max_new")
+    temperature = sb.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, 0.05, key=Sidebar.TEMPERATURE.name)
+    top_k = sb.number_input("top-k (0 = off)", 0, 1000, 0, key=Sidebar.TOP_K.name)
+    top_p = sb.slider("top-p", 0.05, 1.0, 1.0, 0.05, key=Sidebar.TOP_P.name)
+    seed = sb.number_input("Seed", 0, 2**31 - 1, 0, key=Sidebar.SEED.name)
+    max_new = sb.slider("Max new tokens", 1, 512, 64, key=Sidebar.MAX_NEW.name)
 
     sb.header("Display")
-    teach = sb.toggle("Teach mode", key="teach",
+    teach = sb.toggle("Teach mode", key=Sidebar.TEACH.name,
                       help="large type for projectors and a plain-language account of every step")
     return {"spec": spec, "draft": draft, "target": target, "dtype": dtype, "method": method, "changes": changes,
             "sampling": dict(temperature=temperature, top_k=int(top_k), top_p=top_p, seed=int(seed)),
