@@ -220,6 +220,36 @@ def test_the_page_runs_a_small_benchmark(tiny, tmp_path, monkeypatch):
     assert {r["method"] for r in at.dataframe[0].value.to_dict("records")} == {"ar", "mcsd-improved", "hf-assisted"}
 
 
+def test_a_chain_label_runs_the_method_with_chain_replays(tiny, monkeypatch):
+    """``+chain=N`` is an engine setting beside the method: the same config, ``chain_levels`` N for that label alone,
+    the bench's ``chain_levels`` for the others; it needs graphs."""
+    import explorer.analysis.bench as bench_module
+    from explorer.analysis.bench import bench, chain_of, method_for_label
+    from explorer.engine.config import DEFAULTS
+
+    assert method_for_label("mcsd-improved+chain=16") == DEFAULTS["mcsd-improved"]
+    assert (chain_of("mcsd-improved+chain=16"), chain_of("mcsd-improved", 8), chain_of("sd+chain=0", 8)) == (16, 8, 0)
+    with pytest.raises(ValueError, match="chain"):
+        chain_of("sd+chain=many")
+    seen, real = [], bench_module.run_engine
+
+    def spy(pair, config, ids, n, sampling, **kw):
+        seen.append(kw["chain_levels"])
+        return real(pair, config, ids, n, sampling, **kw)
+
+    monkeypatch.setattr(bench_module, "run_engine", spy)
+    ids = [tiny.tokenizer.encode("def add(a, b):")]
+    methods = ["sd", "sd+chain=4"]
+    configs = {m: method_for_label(m).with_(fallback="off") for m in methods}
+    out = bench(tiny, ids, methods=methods, configs=configs, max_new_tokens=12, warmup=0, kv_cache="static",
+                graphs=True)
+    rows = {r["method"]: r for r in out["runs"]}
+    assert rows["sd"]["token_ids"] == rows["sd+chain=4"]["token_ids"]  # greedy: the same text either way
+    assert seen == [0, 4]
+    with pytest.raises(Exception, match="chain_levels"):
+        bench(tiny, ids, methods=["sd+chain=4"], max_new_tokens=4, warmup=0)
+
+
 def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypatch):
     """Token Recycling's matrix, the goodput fallback's rates and the stop policy's adaptation go to the method's
     next prompt within a temperature; a ``+carry=off`` label starts every run afresh."""

@@ -179,7 +179,8 @@ class GraphRunner:
             logits, hid = out.logits, (out.hidden_states[-1] if hidden else None)
         self.kv.after_forward(n)  # the padding rows are past `length`: stale, blocked, overwritten next time
         rows = slice(n - keep, n)
-        return logits[0, rows].clone(), (hid[0, rows].float() if hid is not None else None)
+        # copies: the next replay overwrites the graph's output buffers (``.float()`` of a float32 buffer is the buffer)
+        return logits[0, rows].clone(), (hid[0, rows].to(torch.float32, copy=True) if hid is not None else None)
 
     def chain(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray, levels: int, vocab: int,
               sampling: SamplingConfig, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
