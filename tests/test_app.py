@@ -411,10 +411,10 @@ def test_online_adaptation_carries_to_the_sessions_next_run(app):
     app.sidebar.slider(key="max_new").set_value(12)
     app.text_area(key="prompt_text").set_value("def add(a, b):")
     click(app, "run_btn")
-    learned = app.session_state["engine"].adapter_state()
+    learned = app.session_state["engine"].carried().adapter
     assert learned is not None and learned["labels"]
     click(app, "reset_btn")
-    assert app.session_state["adapter_state"] == learned
+    assert app.session_state["carried"].adapter == learned
     click(app, "step_btn")
     engine = app.session_state["engine"]
     assert engine.adapter.carried == len(learned["labels"]) and engine.trace.settings["adaptation_carried"] == learned
@@ -427,10 +427,10 @@ def test_the_goodput_fallback_carries_its_rates_to_the_sessions_next_run(app):
     app.sidebar.slider(key="max_new").set_value(10)
     app.text_area(key="prompt_text").set_value("hello")
     click(app, "run_btn")
-    measured = app.session_state["engine"].fallback_state()
+    measured = app.session_state["engine"].carried().fallback
     assert measured is not None and measured["rates"]["spec"] is not None
     click(app, "reset_btn")
-    assert app.session_state["fallback_state"] == measured
+    assert app.session_state["carried"].fallback == measured
     click(app, "step_btn")
     engine = app.session_state["engine"]
     assert engine.trace.settings["fallback_carried"] == engine.fallback.carried

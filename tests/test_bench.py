@@ -263,7 +263,8 @@ def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypat
     seen, real = [], bench_module.run_engine
 
     def spy(pair, config, ids, n, sampling, **kw):
-        seen.append(tuple(kw.get(key) is not None for key in ("recycling_state", "fallback_state", "adapter_state")))
+        c = kw.get("carried")
+        seen.append(tuple(c is not None and getattr(c, part) is not None for part in ("recycling", "fallback", "adapter")))
         return real(pair, config, ids, n, sampling, **kw)
 
     monkeypatch.setattr(bench_module, "run_engine", spy)

@@ -5,6 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from explorer.engine.carried import Carried
 from explorer.engine.config import (DEFAULTS, FREE_ROWS_CPU, FREE_ROWS_CPU_RUN, MAX_TREE_NODES, MethodConfig,
                                     free_row_budget)
 from explorer.engine.drafters import (Drafted, FreeNode, LookupDrafter, RecyclingDrafter, lookup_continuations,
@@ -256,8 +257,8 @@ def test_recycling_state_carries_over_to_the_next_run(tiny):
     first = build_engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
     first.start(ids, 16)
     first.run()
-    state = first.recycling_state()
-    second = build_engine(tiny, DEFAULTS["token-recycling"], SamplingConfig(), recycling_state=state)
+    state = first.carried().recycling
+    second = build_engine(tiny, DEFAULTS["token-recycling"], SamplingConfig(), carried=Carried(recycling=state))
     second.start(tiny.tokenizer.encode("x = 1"), 4)
     carried = second.trace.settings["recycling_initial"]
     assert carried["carried_rows"] == len(state["rows"]) > 0

@@ -256,3 +256,25 @@ def test_branch_threshold_gives_one_child_where_the_draft_is_sure(tiny, temperat
 def test_branch_threshold_is_validated():
     with pytest.raises(ValueError, match="branch_threshold"):
         MethodConfig(method="mcsd", branch_threshold=1.5)
+
+
+def test_what_a_run_learned_is_one_plain_record(tiny):
+    """``Engine.carried()``: the three kinds of learned state in one typed record of plain data; ``updated`` keeps a
+    kind the newer run did not learn."""
+    import json
+
+    from explorer.engine.carried import Carried
+
+    engine = build_engine(tiny, DEFAULTS["hybrid"].with_(fallback="goodput", adapt="threshold", stop="confidence"),
+                          SamplingConfig())
+    engine.start(tiny.tokenizer.encode(PROMPTS[0]), 12)
+    engine.run()
+    learned = engine.carried()
+    assert learned.recycling["rows"] and learned.fallback["key"] and learned.adapter["key"]
+    assert json.loads(json.dumps(learned.__dict__)) == learned.__dict__  # plain data: a session or trace can hold it
+    ar = build_engine(tiny, DEFAULTS["ar"], SamplingConfig())
+    ar.start(tiny.tokenizer.encode(PROMPTS[0]), 4)
+    ar.run()
+    assert ar.carried() == Carried()
+    assert learned.updated(ar.carried()) == learned and Carried().updated(learned) == learned
+    assert learned.without_recycling() == Carried(fallback=learned.fallback, adapter=learned.adapter)

@@ -265,17 +265,18 @@ def test_the_engine_carries_rates_only_to_the_same_method_and_sampling(tiny):
     first = build_engine(tiny, cfg, greedy)
     first.start(ids, 24)
     first.run()
-    state = first.fallback_state()
+    carried = first.carried()
+    state = carried.fallback
     assert state["rates"] == first.fallback.state() and state["rates"]["spec"] is not None
     assert "fallback_carried" not in first.trace.settings
-    nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=5), fallback_state=state)  # the seed may differ
+    nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=5), carried=carried)  # the seed may differ
     nxt.start(ids, 8)
     step = nxt.step()
     assert nxt.trace.settings["fallback_carried"] == nxt.fallback.carried and step.fallback["carried"]
     assert "earlier run of the session" in " ".join(explain_step(step))
     assert "carried" not in nxt.step().fallback
-    for other in (build_engine(tiny, cfg.with_(gamma=2), greedy, fallback_state=state),
-                  build_engine(tiny, cfg, SamplingConfig(temperature=0.7), fallback_state=state),
-                  build_engine(tiny, DEFAULTS["mcsd"].with_(fallback="goodput"), greedy, fallback_state=state)):
+    for other in (build_engine(tiny, cfg.with_(gamma=2), greedy, carried=carried),
+                  build_engine(tiny, cfg, SamplingConfig(temperature=0.7), carried=carried),
+                  build_engine(tiny, DEFAULTS["mcsd"].with_(fallback="goodput"), greedy, carried=carried)):
         assert other.fallback.carried is None and other.fallback.spec.tok_s is None
-    assert build_engine(tiny, DEFAULTS["sd"], greedy, fallback_state=state).fallback_state() is None  # CPU auto: off
+    assert build_engine(tiny, DEFAULTS["sd"], greedy, carried=carried).carried().fallback is None  # CPU auto: off

@@ -170,10 +170,11 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.3,
                        adapt="last-layer")
     first, before = _run(tiny, cfg, temperature=0.8, n=32)
-    state = first.adapter_state()
+    carried = first.carried()
+    state = carried.adapter
     assert "adaptation_carried" not in before.settings
     assert state["key"] and len(state["labels"]) == first.adapter.summary()["records"] > 16
-    nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.8, seed=9), adapter_state=state)  # the seed may differ
+    nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.8, seed=9), carried=carried)  # the seed may differ
     nxt.start(tiny.tokenizer.encode("def g(y):"), 24)
     trace = nxt.run()
     assert nxt.adapter.carried == len(state["labels"]) and trace.settings["adaptation_carried"] == state
@@ -182,11 +183,11 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
 
     assert adaptation_figure(trace).data[0].y[0] == cfg.threshold
     # learned under other settings: not used
-    for other in (build_engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=3), adapter_state=state),
+    for other in (build_engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=3), carried=carried),
                   build_engine(tiny, cfg.with_(max_depth=4), SamplingConfig(temperature=0.8, seed=3),
-                               adapter_state=state),
+                               carried=carried),
                   build_engine(tiny, cfg.with_(adapt="threshold"), SamplingConfig(temperature=0.8),
-                               adapter_state=state)):
+                               carried=carried)):
         assert other.adapter.carried == 0
     back = RunTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
     for i, engine in replay_steps(tiny, back, len(back.steps) - 1):  # a replay starts from the carried state too

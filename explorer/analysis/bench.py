@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.carried import Carried
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.policies.stopping import LEARNED_POLICIES
 from ..engine.sampling import SamplingConfig
@@ -48,14 +49,13 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
                 "free_rows", "lookup_tokens", "cost_ratio")
-CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing of CARRIED)
+CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing carried)
 CHAIN_KEY = "chain="  # a bench label's +chain=N: draft levels of chains per replay (Engine's chain_levels)
-CARRIED = ("recycling_state", "fallback_state", "adapter_state")  # what a run learns for the next (Engine arguments)
 
 
 def carries(label: str) -> bool:
     """Whether a bench label's runs carry what they learned (Token Recycling's matrix, the goodput fallback's
-    rates, the stop policy's adaptation: ``CARRIED``) to the method's next prompt: all but labels ending in
+    rates, the stop policy's adaptation: ``engine/carried.py``) to the method's next prompt: all but labels ending in
     ``CARRY_OFF``, e.g. ``hybrid+carry=off``."""
     return not label.endswith(CARRY_OFF)
 
@@ -202,13 +202,11 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
 
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
-               recycling_state: dict | None = None, count_syncs: bool = False,
-               fallback_state: dict | None = None, adapter_state: dict | None = None, chain_levels: int = 0) -> dict:
+               carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
-    and what the run learned for the next prompt: ``recycling_state`` (Token Recycling's matrix),
-    ``fallback_state`` (the goodput fallback's rates) and ``adapter_state`` (the stop policy's online adaptation),
-    each None where the method has none.
+    and ``carried``, what the run learned for the next prompt (``engine/carried.py``: Token Recycling's matrix, the
+    goodput fallback's rates, the stop policy's online adaptation).
     ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little). ``chain_levels``:
     draft levels of chains per replay (``Engine``; needs ``graphs``).
 
@@ -218,8 +216,7 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     from ..engine.factory import build_engine
 
     engine = build_engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
-                          recycling_state=recycling_state, count_syncs=count_syncs, fallback_state=fallback_state,
-                          adapter_state=adapter_state, chain_levels=chain_levels)
+                          carried=carried, count_syncs=count_syncs, chain_levels=chain_levels)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
@@ -233,8 +230,7 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
         metrics["cost_ratio"] = trace.steps[-1].cost["next"]
     if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
         metrics["host_syncs_per_step"] = sum(s.host_syncs for s in trace.steps) / len(trace.steps)
-    return {**metrics, "token_ids": trace.generated_ids, "recycling_state": engine.recycling_state(),
-            "fallback_state": engine.fallback_state(), "adapter_state": engine.adapter_state()}
+    return {**metrics, "token_ids": trace.generated_ids, "carried": engine.carried()}
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -312,7 +308,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if m not in HF_METHODS and m not in configs:
             configs[m] = method_for_label(m)
 
-    carried: dict = {}  # method -> what its last run learned for the next prompt (CARRIED)
+    carried: dict = {}  # method -> what its last run learned for the next prompt (a Carried)
     decision_models: dict = {}  # model kind -> the model read from decision_dir
 
     def decision_model(config):
@@ -333,11 +329,11 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling, helper="lookup")
         if method == HF_GENERATE:
             return run_hf_assisted(pair, ids, n, sampling, helper="plain")
-        memory = carried.get(method, {})
+        earlier = carried.get(method)
         row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
                          decision_model=decision_model(configs[method]), chain_levels=chain_of(method, chain_levels),
-                         **memory)
-        learned = {key: row.pop(key) for key in CARRIED}
+                         carried=earlier)
+        learned = row.pop("carried")
         if carries(method):
             carried[method] = learned
         return row

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 
 from ..models.pair import ModelPair
+from .carried import Carried
 from .config import MethodConfig, free_row_budget
 from .drafters import make_drafter
 from .drafters.row_pricing import RowPricing
@@ -100,8 +101,7 @@ def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None)
 
 
 def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
-                recycling_state: dict | None = None, fallback_state: dict | None = None,
-                adapter_state: dict | None = None) -> EngineParts:
+                carried: Carried | None = None) -> EngineParts:
     """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
     ``resolve_decision``'s config (a transferred decision model adapts online); ``build_engine`` gives the engine
     that config too.
@@ -112,10 +112,12 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
         ValueError: a stop policy threshold outside [0, 1] (``stopping.make_stop_policy``).
     """
     config, decision_model = resolve_decision(pair, config, decision_model)
+    carried = carried or Carried()
+    adapter_state, fallback_state = carried.adapter, carried.fallback
     policy = config.stop_policy_name()
     stop_policy = make_stop_policy(policy, config.threshold, decision_model)
     parts = EngineParts(
-        drafter=make_drafter(config, recycling_state), stop_policy=stop_policy,
+        drafter=make_drafter(config, carried.recycling), stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
         free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True))
@@ -143,9 +145,7 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
 
 def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 recycling_state: dict | None = None, count_syncs: bool = False,
-                 fallback_state: dict | None = None, adapter_state: dict | None = None,
-                 chain_levels: int = 0) -> Engine:
+                 carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0) -> Engine:
     """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
 
     Args:
@@ -155,15 +155,11 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
         decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
             (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
         capture_features, kv_cache, graphs, count_syncs, chain_levels: the step machine's options (``Engine``).
-        recycling_state: a Token Recycling matrix carried over from an earlier run (``recycling_state()`` of that
-            run's engine); None starts with an empty matrix.
-        fallback_state: the goodput fallback's rates from an earlier run (``fallback_state()`` of that run's
-            engine): where it comes from the same method, sampling (seed aside), pair and device, and this engine
-            falls back, the rates start this run's (``fallback.GoodputFallback``, ``carried``); else ignored.
-        adapter_state: the online adaptation an earlier run learned (``adapter_state()`` of that run's engine):
-            where it comes from the same method, sampling (seed aside), pair, device and decision model, this run's
-            adapter starts from it (``engine/stop_models/online.py``; recorded in the trace as ``adaptation_carried``
-            for replays); else ignored.
+        carried: what an earlier run of the session learned (``Engine.carried()`` of that run's engine,
+            ``engine/carried.py``): Token Recycling starts from its matrix; the goodput fallback's rates and the online
+            adaptation are used where they come from the same method, sampling (seed aside), pair and device (and
+            decision model), else ignored. The adaptation a run starts from is recorded in the trace
+            (``adaptation_carried``) for replays. None starts afresh.
     Raises:
         EngineError: as ``build_parts`` and ``Engine`` do (no decision model for a learned stop policy, an unknown
             ``kv_cache``, graphs without a static cache).
@@ -178,7 +174,7 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             pair = self_draft_pair(pair)
         except LayerSkipError as exc:
             raise EngineError(str(exc)) from None
-    parts = build_parts(pair, config, sampling, decision_model, recycling_state, fallback_state, adapter_state)
+    parts = build_parts(pair, config, sampling, decision_model, carried)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
                   graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels)
 

@@ -28,6 +28,7 @@ from ..models.pair import ModelPair
 from ..trace.records import (ACCEPTED, CONTEXT, DRAFT_SOURCES, REJECTED, TOP_K_SHOWN, UNVERIFIED, NodeTrace, RunTrace,
                              StepTrace)
 from .attention import sliding_window
+from .carried import Carried
 from .config import MethodConfig
 from .drafters import Drafted
 from .drafters.base import Drafter, DraftView, empty_draft
@@ -569,26 +570,16 @@ class Engine:
             self.finished = True
         return out
 
-    def recycling_state(self) -> dict | None:
-        """The Token Recycling matrix after this run (pass it to the next run's Engine), or None."""
-        for f in [self.drafter] + list(getattr(self.drafter, "free", [])):
-            if hasattr(f, "state"):
-                return f.state()
-        return None
-
-    def fallback_state(self) -> dict | None:
-        """The goodput fallback's rates after this run (pass them to the next run's Engine as ``fallback_state``),
-        or None where this engine does not fall back (or only replays recorded decisions). Plain data."""
-        if self.fallback is None or self.fallback.replay_only:
-            return None
-        return {"key": self._fallback_key, "rates": self.fallback.state()}
-
-    def adapter_state(self) -> dict | None:
-        """What the stop policy's online adaptation learned in this run (pass it to the next run's Engine as
-        ``adapter_state``), or None without adaptation. Plain data."""
-        if self.adapter is None:
-            return None
-        return {"key": self._adapter_key, **self.adapter.state()}
+    def carried(self) -> Carried:
+        """What this run learned for the session's next run (pass it to ``build_engine(..., carried=...)``): Token
+        Recycling's matrix, the goodput fallback's rates (none where this engine does not fall back or only replays
+        recorded decisions) and the stop policy's online adaptation, each None where there is none."""
+        recycling = next((f.state() for f in [self.drafter] + list(getattr(self.drafter, "free", []))
+                          if hasattr(f, "state")), None)
+        fallback = (None if self.fallback is None or self.fallback.replay_only
+                    else {"key": self._fallback_key, "rates": self.fallback.state()})
+        adapter = None if self.adapter is None else {"key": self._adapter_key, **self.adapter.state()}
+        return Carried(recycling=recycling, fallback=fallback, adapter=adapter)
 
     def target_len(self) -> int:
         """Committed tokens in the target's KV cache."""

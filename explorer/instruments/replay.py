@@ -8,6 +8,7 @@ that says where.
 
 from __future__ import annotations
 
+from ..engine.carried import Carried
 from ..engine.config import MethodConfig
 from ..engine.sampling import SamplingConfig
 from ..trace.records import RunTrace
@@ -37,8 +38,8 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     initial = trace.settings.get("recycling_initial")
     state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
     try:  # a run that started from a session's earlier adaptation replays from the same state
-        engine = build_engine(pair, config, sampling, decision_model=decision_model, recycling_state=state,
-                        adapter_state=trace.settings.get("adaptation_carried"))
+        engine = build_engine(pair, config, sampling, decision_model=decision_model,
+                              carried=Carried(recycling=state, adapter=trace.settings.get("adaptation_carried")))
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)

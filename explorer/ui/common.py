@@ -7,6 +7,7 @@ import os
 import streamlit as st
 
 from ..analysis.prompts import PromptError, humaneval, mt_bench
+from ..engine.carried import Carried
 from ..engine.config import DEFAULTS
 from ..engine.tree import TreeShapeError, parse_k_config, parse_tree_template
 from .state import Key, Shared
@@ -155,9 +156,9 @@ def build_config(method: str, changes: dict):
 def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None = None,
                 changes: dict | None = None):
     """A started engine for the prompt (the prefill runs here). With Token Recycling and ``carry_matrix`` on, it
-    starts from the matrix the session's last recycling run left (``Shared.RECYCLING_STATE``; ``state.keep_learned``
-    stores it there), the goodput fallback from the rates its last run measured (``Shared.FALLBACK_STATE``) and
-    the stop policy's online adaptation from where its last run left it (``Shared.ADAPTER_STATE``).
+    starts from what the session's runs learned (``Shared.CARRIED``, which ``state.keep_learned`` updates): the
+    matrix the last recycling run left, the goodput fallback's rates its last run measured and the stop policy's
+    online adaptation where its last run left it.
     Raises PromptError / EngineError / ValueError."""
     from ..analysis.prompts import encode_prompt
     from ..engine.factory import build_engine, times_verification
@@ -167,7 +168,9 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     config = build_config(method or settings["method"], changes)
     sampling = SamplingConfig(**settings["sampling"])
     ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
-    carried = Shared.RECYCLING_STATE.get() if changes.get("carry_matrix") else None
+    carried = Shared.CARRIED.get() or Carried()
+    if not changes.get("carry_matrix"):
+        carried = carried.without_recycling()
     if times_verification(config, pair.device.type) and "verification_cost" not in pair.measured:
         from ..engine.runtime.forward_costs import DEAR_ROWS, verification_cost  # the engine would time it, silently
 
@@ -175,7 +178,6 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
             verification_cost(pair)
     # the goodput fallback's rates and the adaptation from the session's last run: the engine uses them only for
     # the same method, sampling, pair and device (and decision model)
-    engine = build_engine(pair, config, sampling, recycling_state=carried,
-                    fallback_state=Shared.FALLBACK_STATE.get(), adapter_state=Shared.ADAPTER_STATE.get())
+    engine = build_engine(pair, config, sampling, carried=carried)
     engine.start(ids, settings["max_new"], prompt_text=prompt_text)
     return engine

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
 import streamlit as st
 
+from ..engine.carried import Carried
+
 if TYPE_CHECKING:
     from ..engine.machine import Engine
     from ..lessons.lesson import Lesson
@@ -260,9 +262,8 @@ class Shared:
 
     ENGINE_LOCK: Key[threading.Lock | None] = Key("engine_lock", "one lock per browser session around engine steps "
                                                   "(engine_lock())")
-    RECYCLING_STATE: Key[Any] = Key("recycling_state", "Token Recycling's matrix after the session's last run")
-    FALLBACK_STATE: Key[Any] = Key("fallback_state", "the goodput fallback's rates after the session's last run")
-    ADAPTER_STATE: Key[Any] = Key("adapter_state", "the stop policy's online adaptation after the session's last run")
+    CARRIED: Key[Carried | None] = Key("carried", "what the session's runs learned for the next one (the recycling "
+                                       "matrix, the fallback's rates, the online adaptation: engine/carried.py)")
 
 
 GROUPS: tuple[type, ...] = (App, Sidebar, Explorer, Classroom, Compare, Shared)
@@ -283,11 +284,7 @@ def engine_lock() -> threading.Lock:
 def keep_learned(engine: Engine) -> None:
     """Keep what ``engine``'s run learned (the recycling matrix, the fallback's rates, the online adaptation) for
     the session's next run: ``common.make_engine`` starts from it where the method and pair match."""
-    for key, learned in ((Shared.RECYCLING_STATE, engine.recycling_state()),
-                         (Shared.FALLBACK_STATE, engine.fallback_state()),
-                         (Shared.ADAPTER_STATE, engine.adapter_state())):
-        if learned is not None:
-            key.set(learned)
+    Shared.CARRIED.set((Shared.CARRIED.get() or Carried()).updated(engine.carried()))
 
 
 def hand_off_to_explorer(trace: RunTrace, step: int, title: str) -> None:
