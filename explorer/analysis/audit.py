@@ -81,6 +81,7 @@ def compare(counts: dict, exact: dict, n: int) -> Comparison:
     exact law and not from the sample (so no selection bias); everything else is pooled into one ``(other)``
     bucket whose expected count is what the tested categories leave. The TV distance is over these categories.
     """
+    # here, not at the top: scipy takes about 1 s to import, and the CLI imports this module at start
     from scipy.stats import chi2 as chi2_dist
 
     kept = sorted((c for c in exact if exact[c] * n >= MIN_EXPECTED), key=lambda c: -exact[c])

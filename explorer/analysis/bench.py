@@ -25,7 +25,10 @@ settings (``VARIANT_KEYS``), so variants of one method run side by side in one b
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -33,8 +36,10 @@ import torch
 
 from ..engine.carried import Carried
 from ..engine.config import DEFAULTS, MethodConfig
+from ..engine.factory import build_engine
 from ..engine.policies.stopping import LEARNED_POLICIES
 from ..engine.sampling import SamplingConfig
+from ..engine.stop_models.model import load_decision_model
 from ..trace.metrics import run_metrics
 
 HF_ASSISTED = "hf-assisted"
@@ -93,8 +98,6 @@ def method_for_label(label: str) -> MethodConfig:
 def source_commit() -> str:
     """The short git commit of the code that runs: ``$SPEC_EXPLORER_COMMIT`` where set (a copy of the tree without
     its git folder, as a GPU machine receives it), else git's, else ``unknown``."""
-    import subprocess
-
     if os.environ.get("SPEC_EXPLORER_COMMIT"):
         return os.environ["SPEC_EXPLORER_COMMIT"]
     try:
@@ -107,9 +110,7 @@ def source_commit() -> str:
 def run_facts(pair) -> dict:
     """What a measurement ran on: the pair, dtype, device, machine, library versions, threads, the UTC date and the
     code's commit."""
-    import datetime
-    import platform
-
+    # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports this module at start
     import transformers
 
     gpu = f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""
@@ -140,6 +141,7 @@ def hf_assisted_effective(draft) -> dict:
     """The assistant settings ``generate`` runs with, for the report: the draft's own where set, else transformers'
     defaults (5.23: 20 tokens, ``constant``, confidence 0.4, from ``GenerationConfig``'s defaults; None where this
     transformers does not say)."""
+    # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports this module at start
     from transformers import GenerationConfig
 
     defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()
@@ -189,8 +191,6 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
     ``sampling``'s settings (default greedy). Without it the timed runs paid the captures: about 0.1-0.2 s each on
     an H100 against 5 ms for a graphed forward. Returns the number of graphs captured (0 off CUDA or where all
     were captured already)."""
-    from ..engine.factory import build_engine
-
     engine = build_engine(pair, config, sampling or SamplingConfig(), decision_model=decision_model,
                           kv_cache="static", graphs=True, chain_levels=chain_levels)
     engine.start(prompt_ids, max_new_tokens)
@@ -213,8 +213,6 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
     trace), as for ``hf-assisted``, not the sum of the trace's step timers.
     """
-    from ..engine.factory import build_engine
-
     engine = build_engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
                           carried=carried, count_syncs=count_syncs, chain_levels=chain_levels)
     t0 = time.perf_counter()
@@ -315,8 +313,6 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if decision_dir is None or config.stop_policy_name() not in LEARNED_POLICIES:
             return None  # the engine loads the shipped one
         if config.decision_model not in decision_models:
-            from ..engine.stop_models.model import load_decision_model
-
             decision_models[config.decision_model] = load_decision_model(decision_dir, config.decision_model)
         return decision_models[config.decision_model]
 

@@ -9,6 +9,7 @@ import html
 import json
 from pathlib import Path
 
+from ..trace import figures
 from ..trace.jsonfile import parse_json, read_file
 
 REPORT_NAME = "bench"
@@ -55,8 +56,6 @@ def markdown_table(report: dict) -> str:
 
 def write_reports(report: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write ``bench.json``, ``bench.csv``, ``bench.md`` and ``bench.html`` into ``out_dir``; returns the paths."""
-    from ..trace import figures
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"{REPORT_NAME}.{ext}" for ext in ("json", "csv", "md", "html")}

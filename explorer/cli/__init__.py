@@ -1,2 +1,3 @@
 """The command line (top floor): ``python -m explorer`` and its subcommands (``main``), the options they share
-(``args``), and the subcommands of the decision tools (``decision``) and the instruments (``instruments``)."""
+(``args``), the decision models' subcommands (``decision``: collect, train, calibrate, eval, generalise, ablation)
+and the instruments' (``instruments``: probe, acceptance, calibration, timeline, counterfactual)."""

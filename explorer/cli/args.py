@@ -12,7 +12,9 @@ from ..engine.config import DEFAULTS, FREE_ROWS_CPU, METHODS, VERIFIERS, MethodC
 from ..engine.policies.cost_ratio import COST_RATIO_MODES
 from ..engine.policies.fallback import FALLBACK_MODES
 from ..engine.policies.stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
+from ..engine.stop_models.model import load_decision_model
 from ..engine.tree import parse_k_config, parse_tree_template
+from ..models.loading import load_named_pair
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -130,7 +132,6 @@ def decision_model_from_args(args, config: MethodConfig):
     """The decision model named by ``--decision-dir``, or None (the engine then loads the shipped one)."""
     if not getattr(args, "decision_dir", None):
         return None
-    from ..engine.stop_models.model import load_decision_model
 
     return load_decision_model(args.decision_dir, config.decision_model)
 
@@ -146,8 +147,6 @@ def prompts_from_args(args) -> list[Prompt]:
 def load_pair_from_args(args, keep_unquantized: bool = False):
     """The model pair the options name (``models.load_named_pair``), loading progress on stderr. Raises
     ModelPairError."""
-    from ..models.loading import load_named_pair
-
     spec = "custom" if (args.draft or args.target) else args.models
     return load_named_pair(spec, dtype=args.dtype, device=args.device, draft=args.draft, target=args.target,
                            draft_quant=args.draft_quant, keep_unquantized=keep_unquantized,

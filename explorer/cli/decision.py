@@ -1,19 +1,25 @@
-"""``python -m explorer decision collect | train | eval``: the decision models' pipeline on the command line."""
+"""``python -m explorer decision collect | train | calibrate | eval | generalise | ablation``: the decision
+models' pipeline on the command line (``explorer/decision/``)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+from ..analysis.bench import run_facts
+from ..analysis.prompts import encode_prompt, range_spec, select_prompts
+from ..decision.calibrate import calibrate
+from ..decision.collect import collect
+from ..decision.evaluate import evaluate
+from ..decision.train import train_models
+from ..engine.config import DEFAULTS
 from ..engine.policies.stopping import DECISION_MODELS
-from ..engine.stop_models.model import KINDS
+from ..engine.stop_models.model import KINDS, load_decision_model
 from .args import add_model_args, load_pair_from_args
 
 
 def cmd_collect(args) -> int:
-    from ..analysis.prompts import select_prompts
-    from ..decision.collect import collect
-
     prompts = select_prompts(args.prompts)
     pair = load_pair_from_args(args)
     out = Path(args.out)
@@ -25,8 +31,6 @@ def cmd_collect(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from ..decision.train import train_models
-
     layers = {}
     if args.hidden_layers:
         layers["hidden"] = tuple(int(x) for x in args.hidden_layers.split(","))
@@ -41,10 +45,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    import sys
-
-    from ..decision.calibrate import calibrate
-
     pair = load_pair_from_args(args)
 
     def say(message: str, fraction: float) -> None:
@@ -59,8 +59,6 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from ..decision.evaluate import evaluate
-
     report = evaluate(args, load_pair=lambda: load_pair_from_args(args))
     if args.json:
         print(json.dumps(report, indent=1))
@@ -79,8 +77,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_generalise(args) -> int:
-    import sys
-
+    # here, not at the top: decision.ablation has a markdown_table too
     from ..decision.generalise import leave_one_kind_out, markdown_table
 
     held = [k for k in (args.held_out or "").split(",") if k]
@@ -94,13 +91,8 @@ def cmd_generalise(args) -> int:
 
 
 def cmd_ablation(args) -> int:
-    import sys
-
-    from ..analysis.bench import run_facts
-    from ..analysis.prompts import encode_prompt, range_spec, select_prompts
+    # here, not at the top: decision.generalise has a markdown_table too
     from ..decision.ablation import ablation, markdown_table, write_report
-    from ..engine.config import DEFAULTS
-    from ..engine.stop_models.model import KINDS, load_decision_model
 
     spec = range_spec(args.prompt_file, args.range)
     prompts = select_prompts([spec])

@@ -12,17 +12,27 @@ import json
 import sys
 import time
 
+from ..analysis.bench import bench
+from ..analysis.prompts import encode_prompt
+from ..engine.config import DEFAULTS
+from ..engine.factory import build_engine
+from ..engine.runtime.timeline import phase_totals, plain_decoding_ms
+from ..engine.sampling import SamplingConfig
+from ..instruments.acceptance import measure_forward_costs, run_report
+from ..instruments.calibration import calibration_report
+from ..instruments.counterfactual import counterfactual, parse_edits
+from ..instruments.probe import ReferenceDecoder, probe_last_step
+from ..instruments.replay import replay_steps
+from ..trace.records import load_run
+from .args import (add_method_args, add_model_args, add_sampling_args, decision_model_from_args, load_pair_from_args,
+                   method_config_from_args, prompts_from_args)
+
 NEAR_TIE_STEPS = 4.0  # rows whose best two logits are this many rounding steps apart or closer are listed
 
 
 def _runs_from_args(args, pair):
     """Yield ``(prompt_id, engine, step_ms)`` after each step of each prompt's run (``--prompt`` /
     ``--prompt-file``); ``step_ms``: the wall time of that ``engine.step()``, measured around it."""
-    from ..analysis.prompts import encode_prompt
-    from ..engine.factory import build_engine
-    from ..engine.sampling import SamplingConfig
-    from .args import decision_model_from_args, method_config_from_args, prompts_from_args
-
     config = method_config_from_args(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     decision = decision_model_from_args(args, config)
@@ -73,11 +83,6 @@ def _probe_summary(prompt_id, probes: list, method: str) -> dict:
 
 
 def cmd_probe(args) -> int:
-    from ..instruments.probe import ReferenceDecoder, probe_last_step
-    from ..instruments.replay import replay_steps
-    from ..trace.records import load_run
-    from .args import load_pair_from_args
-
     pair = load_pair_from_args(args)
     summaries = []
     if args.trace:
@@ -136,10 +141,6 @@ def cmd_probe(args) -> int:
 
 
 def cmd_acceptance(args) -> int:
-    from ..instruments.acceptance import measure_forward_costs, run_report
-    from ..trace.records import load_run
-    from .args import load_pair_from_args, method_config_from_args
-
     if args.trace:
         runs = [load_run(p) for p in args.trace]
         pair = load_pair_from_args(args) if (args.costs or args.bench) else None
@@ -166,9 +167,6 @@ def cmd_acceptance(args) -> int:
 def _bench_trees(args, pair, runs, report, config) -> list[dict]:
     """The run's method, ``mcsd`` with the optimal tree (and the fastest one) and ``ar``, back to back on the same
     prompts (``bench.bench``): measured tokens per target call and tokens/s beside the expectations."""
-    from ..analysis.bench import bench
-    from ..engine.config import DEFAULTS
-
     configs = {"ar": DEFAULTS["ar"], f"{config.method} (as run)": config}
     for name, key in (("mcsd optimal tree", "optimal_tree"), ("mcsd fastest tree", "fastest_tree")):
         if (report.get(key) or {}).get("parents"):  # an empty tree is plain decoding: ar already runs
@@ -217,10 +215,6 @@ def _print_report(r: dict) -> None:
 
 
 def cmd_counterfactual(args) -> int:
-    from ..instruments.counterfactual import counterfactual, parse_edits
-    from ..trace.records import load_run
-    from .args import load_pair_from_args
-
     trace = load_run(args.trace)
     pair = load_pair_from_args(args)
     edit = parse_edits(args.edit or [], pair.tokenizer)
@@ -239,10 +233,6 @@ def cmd_counterfactual(args) -> int:
 
 
 def cmd_calibration(args) -> int:
-    from ..instruments.calibration import calibration_report
-    from ..trace.records import load_run
-    from .args import load_pair_from_args
-
     if args.trace:
         runs = [load_run(p) for p in args.trace]
     else:
@@ -271,9 +261,6 @@ def cmd_calibration(args) -> int:
 
 def cmd_timeline(args) -> int:
     """Each step's timeline, with the step's wall time measured around ``engine.step()`` from outside."""
-    from ..engine.runtime.timeline import phase_totals, plain_decoding_ms
-    from .args import load_pair_from_args
-
     pair = load_pair_from_args(args)
     rows, steps = [], []
     for prompt_id, engine, wall in _runs_from_args(args, pair):
@@ -303,8 +290,6 @@ def cmd_timeline(args) -> int:
 
 
 def add_instrument_parsers(sub) -> None:
-    from .args import add_method_args, add_model_args, add_sampling_args
-
     def prompt_args(p):
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--prompt", help="prompt text")

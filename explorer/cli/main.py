@@ -1,6 +1,8 @@
-"""Command line: ``python -m explorer generate | greedy-check | audit | verifiers | bench | lessons | decision | probe |
-acceptance | calibration | timeline | counterfactual`` (``decision``: ``cli/decision.py``; the last five, the
-instruments: ``cli/instruments.py``).
+"""Command line of the speculative decoding explorer: ``python -m explorer <subcommand> [options]``.
+
+Subcommands: ``generate``, ``greedy-check``, ``audit``, ``verifiers``, ``bench`` and ``lessons`` (here);
+``decision collect | train | calibrate | eval | generalise | ablation`` (``cli/decision.py``); the instruments
+``probe``, ``acceptance``, ``calibration``, ``timeline`` and ``counterfactual`` (``cli/instruments.py``).
 
 ``generate`` decodes one prompt or a prompt file with one method and prints the text and metrics, or with
 ``--json`` one JSON object a line per prompt. ``greedy-check`` runs transformers' greedy ``generate``, ``ar`` and
@@ -8,6 +10,10 @@ every lossless method on a prompt set and reports where and why outputs differ (
 ``audit`` samples the first tokens many times from one context and tests them against the target's exact law.
 ``verifiers`` compares the verification rules on the same trees, ``bench`` times every method against transformers'
 baselines (docs/bench.md), ``lessons`` lists, records or times the classroom's lessons.
+
+Methods (``--method``; ``engine/methods.py``): ``ar``, ``sd``, ``mcsd``, ``mcsd-improved`` (``generate``'s
+default), ``prompt-lookup``, ``token-recycling``, ``hybrid`` and ``layer-skip``.
+
 Errors in the input are printed as one line on stderr with exit status 2.
 """
 
@@ -18,20 +24,29 @@ import json
 import sys
 from pathlib import Path
 
-from ..analysis.prompts import PromptError
+from tqdm import tqdm
+
+from ..analysis.audit import audit
+from ..analysis.bench import BENCH_METHODS, HF_ASSISTED_BF16, bench, run_facts, samples_at
+from ..analysis.equivalence import check_prompt
+from ..analysis.prompts import PromptError, encode_prompt, range_spec, select_prompts
 from ..engine.config import VERIFIERS
+from ..engine.factory import build_engine
+from ..engine.machine import EngineError
+from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError
+from ..lessons.lesson import LESSONS_DIR, load_lesson, shipped_lessons
+from ..lessons.record import record_lessons, time_lessons
+from ..models.loading import ModelPairError
+from ..trace.metrics import run_metrics
+from ..trace.records import save_run
 from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, decision_model_from_args,
                    load_pair_from_args, method_config_from_args, prompts_from_args)
+from .decision import add_decision_parser
+from .instruments import add_instrument_parsers
 
 
 def cmd_generate(args) -> int:
-    from ..analysis.prompts import encode_prompt
-    from ..engine.factory import build_engine
-    from ..engine.sampling import SamplingConfig
-    from ..trace.metrics import run_metrics
-    from ..trace.records import save_run
-
     config = method_config_from_args(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     prompts = prompts_from_args(args)
@@ -69,9 +84,6 @@ def cmd_generate(args) -> int:
 
 
 def cmd_greedy_check(args) -> int:
-    from ..analysis.equivalence import check_prompt
-    from ..analysis.prompts import encode_prompt
-
     prompts = prompts_from_args(args)
     pair = load_pair_from_args(args)
     totals: dict[str, dict] = {}
@@ -95,12 +107,6 @@ def cmd_greedy_check(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from tqdm import tqdm
-
-    from ..analysis.audit import audit
-    from ..analysis.prompts import encode_prompt
-    from ..engine.sampling import SamplingConfig
-
     config = method_config_from_args(args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     pair = load_pair_from_args(args)
@@ -137,11 +143,6 @@ def cmd_audit(args) -> int:
 
 def cmd_verifiers(args) -> int:
     """Tokens per target call of every lossless verifier on the same tree shape and prompts, per temperature."""
-    from ..analysis.prompts import encode_prompt
-    from ..engine.factory import build_engine
-    from ..engine.sampling import SamplingConfig
-    from ..trace.metrics import run_metrics
-
     prompts = prompts_from_args(args)
     pair = load_pair_from_args(args)
     encoded = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
@@ -168,10 +169,7 @@ def cmd_verifiers(args) -> int:
 
 def cmd_bench(args) -> int:
     """Benchmark methods against ar and hf-assisted on one prompt set; write JSON, CSV, Markdown and HTML."""
-    from tqdm import tqdm
-
-    from ..analysis.bench import HF_ASSISTED_BF16, bench, run_facts, samples_at
-    from ..analysis.prompts import encode_prompt, range_spec, select_prompts
+    # here, not at the top: its figures (plotly, networkx: 0.3 s) would slow every command's start
     from ..analysis.report import write_reports
 
     spec = range_spec(args.prompt_file, args.range)
@@ -207,8 +205,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_lessons(args) -> int:
-    from ..lessons.lesson import load_lesson, shipped_lessons
-
     if args.action == "list":
         for path in shipped_lessons():
             lesson = load_lesson(path)
@@ -218,7 +214,6 @@ def cmd_lessons(args) -> int:
                   f"{lesson.recorded.get('machine', '?')}, {lesson.recorded.get('dtype', '?')}; race timed on "
                   f"{', '.join(lesson.race_lanes()) or 'no machine'})")
         return 0
-    from ..lessons.record import record_lessons, time_lessons
 
     pair = load_pair_from_args(args)
     only = args.only.split(",") if args.only else None
@@ -271,8 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(ver)
     ver.set_defaults(func=cmd_verifiers, method="mcsd", k_config="2,2,2")
 
-    from ..analysis.bench import BENCH_METHODS
-
     bn = sub.add_parser("bench", help="tokens/s of each method against ar and hf-assisted, same run; reports")
     bn.add_argument("--prompt-file", required=True, help="humaneval, mt-bench or a JSONL file")
     bn.add_argument("--range", default="0:4", metavar="START:STOP", help="slice of the prompt file")
@@ -298,8 +291,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(bn)
     bn.set_defaults(func=cmd_bench)
 
-    from ..lessons.lesson import LESSONS_DIR
-
     les = sub.add_parser("lessons", help="the classroom's lessons: list them, record them on a real pair, or time "
                                          "their runs on this machine for the race (time)")
     les.add_argument("action", choices=["list", "record", "time"])
@@ -310,19 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(les)
     les.set_defaults(func=cmd_lessons)
 
-    from .decision import add_decision_parser
-
     add_decision_parser(sub)
-    from .instruments import add_instrument_parsers
-
     add_instrument_parsers(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    from ..engine.machine import EngineError
-    from ..models.loading import ModelPairError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -14,7 +14,10 @@ from __future__ import annotations
 import shutil
 from typing import Callable
 
+from ..analysis.prompts import load_prompt_set
 from ..engine.stop_models.model import calibration_dir, find_calibrated
+from .collect import collect
+from .train import train_models
 
 CALIBRATION_PROMPTS = 24
 CALIBRATION_TOKENS = 32
@@ -25,8 +28,6 @@ CALIBRATION_SOURCES = ("prompt-mix", "humaneval", "mt-bench")
 def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list:
     """``n`` prompts taken in turn from each category of the prompt mix, HumanEval and MT-bench
     (``analysis/prompts.py``)."""
-    from ..analysis.prompts import load_prompt_set
-
     groups: dict[str, list] = {}
     for source in CALIBRATION_SOURCES:
         for prompt in load_prompt_set(source):
@@ -48,9 +49,6 @@ def calibrate(pair, *, prompts: int | None = None, max_new_tokens: int | None = 
     ``on_progress(message, fraction)``: called after each prompt and before training (fraction 0..1).
     Raises ValueError for fewer than 4 prompts (a validation split needs some), DataError when no prompt fits the
     models' context window."""
-    from .collect import collect
-    from .train import train_models
-
     prompts = CALIBRATION_PROMPTS if prompts is None else prompts
     max_new_tokens = CALIBRATION_TOKENS if max_new_tokens is None else max_new_tokens
     if prompts < 4:

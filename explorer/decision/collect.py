@@ -26,9 +26,14 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
 
-from ..analysis.prompts import Prompt
+from ..analysis.prompts import Prompt, encode_prompt, prompt_kind
 from ..engine.config import MethodConfig
+from ..engine.factory import build_engine
+from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..engine.stop_models.features import DIST_FEATURE_NAMES, SESSION_FEATURE_NAMES, token_labels
 
@@ -135,13 +140,6 @@ def collect(pair, prompts: list[Prompt], out: str | Path, *, max_new_tokens: int
     ``on_prompt(done, total)``, when given, is called after each prompt (done, skipped or too long).
     Raises DataError when ``out`` holds data of another pair or other settings.
     """
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-
-    from ..analysis.prompts import encode_prompt, prompt_kind
-    from ..engine.factory import build_engine
-    from ..engine.machine import EngineError
-
     out = Path(out)
     open_data_dir(out, _meta(pair, config, max_new_tokens))
     hidden_size = int(pair.draft.config.hidden_size)
@@ -193,8 +191,6 @@ def load_data(folders: list[str | Path]) -> tuple[dict, dict[str, torch.Tensor],
     splitting by prompt or by kind.
     Raises DataError for missing folders, folders of different pairs, or unreadable shards.
     """
-    from safetensors import SafetensorError, safe_open
-
     meta = None
     parts: dict[str, list] = {k: [] for k in SHARD_TENSORS}
     owners: list[str] = []

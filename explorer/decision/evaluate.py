@@ -9,7 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis.prompts import range_spec, select_prompts
+from ..engine.stop_models.model import (TRANSFERABLE_KINDS, DecisionModelError, find_calibrated, find_shipped,
+                                        load_decision_model, read_card)
 from ..engine.stop_models.scores import score_metrics
+from .collect import DataError, collect, load_data
+from .train import kind_inputs
 
 
 def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
@@ -18,10 +23,6 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
     model kind: roc_auc}}, ...}``. Data of another pair than the models' measures how they transfer: only the
     kinds that can (``model.TRANSFERABLE_KINDS``) are scored, and ``"transferred_from"`` names the models' pair.
     Raises DataError / DecisionModelError for unusable inputs."""
-    from ..engine.stop_models.model import TRANSFERABLE_KINDS, load_decision_model, read_card
-    from .collect import DataError, load_data
-    from .train import kind_inputs
-
     card = read_card(model_dir)
     meta, t, owners = load_data(folders)
     transferred = meta["pair"].get("draft_id") != card.get("pair", {}).get("draft_id")
@@ -55,10 +56,6 @@ def evaluate_on(model_dir: str | Path, folders: list[str | Path]) -> dict:
 
 def evaluate(args, load_pair) -> dict:
     """``decision eval``: collect features on ``args.prompt_file`` (or read ``args.data``) and score the models."""
-    from ..analysis.prompts import range_spec, select_prompts
-    from ..engine.stop_models.model import DecisionModelError, find_calibrated, find_shipped
-    from .collect import collect
-
     if args.data:
         folders = args.data
         model_dir = args.model

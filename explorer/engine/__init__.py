@@ -1,11 +1,17 @@
-"""The engine wing: the step machine (``machine.Engine``: draft, verify, commit, record) and everything a step runs.
+"""The engine wing: the step machine and everything a step runs (torch; imports ``models`` and ``trace`` below it,
+nothing above: ``tests/test_architecture.py``).
 
-* ``factory`` builds an engine and its parts for a ``config.MethodConfig`` (``methods``: the methods by name);
-  ``tree`` (draft trees, masks, position ids), ``attention`` (4D float masks), ``sampling`` (distributions, top-k/p),
-  ``drafting`` (how a node's candidates are drawn), ``speedup`` (expected tokens and speedup of a chain or a tree);
-* ``drafters/`` (who proposes the tree), ``verify/`` (the verification rules, residuals, expected acceptance),
-  ``policies/`` (stop policies, the goodput fallback, the cost ratio), ``runtime/`` (KV caches, CUDA graph runners,
-  step timelines, host reads, measured forward costs), ``stop_models/`` (the learned decision models a run uses:
-  features, model, online adaptation, scores).
+Modules:
 
-Imports ``models`` and ``trace`` below it, nothing above (``tests/test_architecture.py``)."""
+* ``machine``: the step machine (``Engine``: prefill, draft, verify, commit, record a ``StepTrace``) and
+  ``VerifiedStep``; ``factory``: builds an engine and its parts (``build_engine``, ``build_parts``) for a
+  ``config.MethodConfig``; ``config``: the method settings, validated; ``methods``: the methods by name
+  (``MethodSpec``); ``carried``: what a run learned for the session's next run (``Carried``);
+* ``tree`` (draft trees, masks, position ids), ``attention`` (the 4D float masks a forward hands a model, windowed
+  for sliding-window layers), ``sampling`` (p and q from logits, top-k / top-p, lazy per-row distributions, draws),
+  ``drafting`` (how a node's candidates are drawn), ``speedup`` (expected tokens and speedup of a chain or a tree).
+
+Subpackages: ``drafters/`` (who proposes the tree), ``verify/`` (the verifiers by name, their node and odds rules,
+residuals, expected acceptance), ``policies/`` (stop policies, the goodput fallback, the measured cost ratio),
+``runtime/`` (KV caches, CUDA graph runners, step timelines, host reads, measured forward costs), ``stop_models/``
+(the learned stop models a run uses: features, models, online adaptation, scores)."""

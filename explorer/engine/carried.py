@@ -19,10 +19,11 @@ class Carried:
     """The learned state one run hands to the next. All plain data (JSON-able), None where nothing was learned.
 
     Attributes:
-        recycling: Token Recycling's matrix, ``{"k": int, "rows": {token id: [candidate ids, best first]}}``
+        recycling: Token Recycling's matrix, ``{"k": int, "rows": {token id (str): [candidate ids, best first]}}``
             (``RecyclingDrafter.state``).
-        fallback: the goodput fallback's rates, ``{"key": str, "rates": {...}}`` (tokens per ms of speculative
-            and plain steps, ``GoodputFallback.state``).
+        fallback: the goodput fallback's rates, ``{"key": str, "rates": {"spec": {"tokens", "ms"} or None, "ar":
+            ...}}``: moving averages of committed tokens and wall milliseconds per speculative and per plain step
+            (``GoodputFallback.state``).
         adapter: the online adaptation, ``{"key": str, ...}`` (``OnlineAdapter.state``: the refitted threshold or
             last layer and the labels it learned from).
     """

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 
+from ..models.early_exit import LayerSkipError, self_draft_pair
 from ..models.pair import ModelPair
 from .carried import Carried
 from .config import MethodConfig, free_row_budget
@@ -33,6 +34,8 @@ from .policies.fallback import GoodputFallback, asks_row_costs, fallback_active
 from .policies.stopping import LEARNED_POLICIES, adapt_problem, make_stop_policy
 from .runtime.forward_costs import row_ms, row_prices, rows_are_dear
 from .sampling import SamplingConfig
+from .stop_models.model import DecisionModelError, decision_model_for
+from .stop_models.online import AdaptError, make_adapter
 
 # The online adaptation a run gets where its decision model was trained on another pair and the method asks for
 # none: the transferred model is a prior, and the last-layer refit learns this pair's acceptance as the run goes.
@@ -88,8 +91,6 @@ def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None)
     if policy not in LEARNED_POLICIES:
         return config, decision_model
     if decision_model is None:
-        from .stop_models.model import DecisionModelError, decision_model_for
-
         try:
             decision_model = decision_model_for(pair.draft_id, pair.target_id, config.decision_model)
         except DecisionModelError as exc:
@@ -122,8 +123,6 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
         free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True))
     if config.adapt != "off":
-        from .stop_models.online import AdaptError, make_adapter
-
         parts.adapter = make_adapter(config.adapt, stop_policy)
         parts.adapter_key = carry_key(pair, config, sampling, parts.adapter.model_id)
         if adapter_state and adapter_state.get("key") == parts.adapter_key:
@@ -166,8 +165,6 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
     """
     config, decision_model = resolve_decision(pair, config, decision_model)
     if config.spec.self_draft:  # the target drafts with its own first layers, whatever the pair's draft model
-        from ..models.early_exit import LayerSkipError, self_draft_pair
-
         if kv_cache != "dynamic":
             raise EngineError("layer-skip moves its exit layer between steps: it runs on the dynamic KV cache")
         try:

@@ -1,7 +1,7 @@
 """The step machine: prefill, draft, verify, commit, trim the KV caches; every step emits a StepTrace.
 
 One engine drives all methods (``methods.METHODS``); they differ only in the drafter that proposes the tree
-(``explorer/drafters``: none, the draft model, prompt lookup, Token Recycling, or the draft model plus free
+(``engine/drafters/``: none, the draft model, prompt lookup, Token Recycling, or the draft model plus free
 branches), the stop policy and the verifier (see ``config.MethodConfig``).
 
 Invariants between steps (batch size 1):
@@ -70,24 +70,48 @@ class _Forward:
 class VerifiedStep:
     """What verification produced for one step: what drafters learn from (``Drafter.learn``) and instruments read
     (``Engine.last_step``: the latest step's ``(Drafted, VerifiedStep)``). Tensors live on the pair's device; N is
-    the number of tree nodes, R the rows sent to the target (the anchor, when fed, and the N nodes)."""
+    the number of tree nodes, R the rows sent to the target (the anchor, when fed, and the N nodes), vocab the
+    pair's shared vocabulary.
 
-    result: verify.VerifyResult  # the accepted path, the bonus token and each tested node's draw
-    p_rows: RowDists  # the target's processed distributions: row 0 the anchor, row i + 1 tree node i
-    mask: object  # numpy bool (R, R): the step's own columns of the mask sent to the target
-    position_ids: list[int]  # R position ids (L - 1 + depth)
-    past: int  # cached context columns every row also attends to
-    anchor_fed: bool  # whether the anchor was a row of this forward (it was not in the target's cache yet)
-    calls: int  # target forwards this verification took (1)
-    head: int  # target cache length before the tree rows
-    parent_rows: list[int]  # p rows with children in the tree (batched in p_rows; their top tokens are traced)
-    anchor_token: int  # the last committed token, root of the tree
-    anchor_logits: torch.Tensor  # (vocab,) model dtype: the target's logits at the anchor
-    node_logits: torch.Tensor  # (N, vocab) model dtype: the target's logits at every tree node, tree order
-    odds: dict  # tree index -> expectation.NodeOdds: what the rule implies about each node's test
-    expected_tokens: float  # tokens the step commits in expectation over the verifier's draws (bonus included)
-    rng_state: torch.Tensor  # uint8: the generator's state right before verification (the probe re-verifies)
-    full_mask: object  # numpy bool (R, past + R): the whole mask the target was sent (the probe lints it)
+    Attributes:
+        result: the walk's outcome (``verify.VerifyResult``): the accepted path (tree indices), the bonus token,
+            each tested node's ``NodeDecision``, per-branch accepted counts, the chosen branch.
+        p_rows: the target's processed distributions (``sampling.RowDists``): row 0 the anchor, row i + 1 tree
+            node i, each float32 ``(vocab,)`` (one-hot when greedy), computed when read.
+        mask: numpy bool ``(R, R)``: the step's own columns of the mask sent to the target (True = attend).
+        position_ids: R ints, ``L - 1 + depth`` (the anchor, when fed, at ``L - 1``).
+        past: cached context columns every row also attends to.
+        anchor_fed: whether the anchor was a row of this forward (it was not in the target's cache yet).
+        calls: target forwards this verification took: 1, or 0 on a first ``ar`` step (nothing to feed).
+        head: target cache length before the tree rows (``past`` plus the anchor when fed), in tokens.
+        parent_rows: sorted p rows with children in the tree (batched in ``p_rows``; their top tokens are traced).
+        anchor_token: the last committed token id, root of the tree.
+        anchor_logits: ``(vocab,)`` the target's logits at the anchor: model dtype when the anchor was fed, else
+            float32 (kept from the prefill or the previous lossy step).
+        node_logits: ``(N, vocab)`` model dtype: the target's logits at every tree node, tree order.
+        odds: tree index -> ``expectation.NodeOdds`` (``accept_prob``, ``slot_prob`` in [0, 1], ``order``,
+            ``ratio``): what the rule implies about each tested node.
+        expected_tokens: tokens the step commits in expectation over the verifier's draws (bonus included).
+        rng_state: uint8 CPU tensor, the generator's state right before verification (the probe re-verifies).
+        full_mask: numpy bool ``(R, past + R)``: the whole mask the target was sent (the probe lints it).
+    """
+
+    result: verify.VerifyResult
+    p_rows: RowDists
+    mask: object
+    position_ids: list[int]
+    past: int
+    anchor_fed: bool
+    calls: int
+    head: int
+    parent_rows: list[int]
+    anchor_token: int
+    anchor_logits: torch.Tensor
+    node_logits: torch.Tensor
+    odds: dict
+    expected_tokens: float
+    rng_state: torch.Tensor
+    full_mask: object
 
 
 @dataclass

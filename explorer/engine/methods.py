@@ -1,6 +1,6 @@
 """The decoding methods, each described once: a drafter, the tree it builds, whether a stop policy applies.
 
-A method is a composition (issue 14): a *drafter* proposes the step's draft tree (``explorer/drafters``), a
+A method is a composition (issue 14): a *drafter* proposes the step's draft tree (``engine/drafters/``), a
 *verifier* decides what is committed (``engine/verify/rules.py``, chosen from the sampling settings and
 ``MethodConfig.verifier``), and for model drafting a *stop policy* ends drafting early
 (``engine/policies/stopping.py``). Plain data, no torch.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..engine.config import VERIFIERS
 from ..engine.drafters import Drafted
 from ..engine.sampling import LazyRows, RowDists
 from ..engine.tree import DraftTree, step_mask, step_position_ids
@@ -285,8 +286,6 @@ def counterfactual(pair, trace: RunTrace, step: int, edit: StepEdit | None = Non
 
     Raises ReplayError when the trace does not replay here, EditError for an edit that cannot apply.
     """
-    from ..engine.config import VERIFIERS
-
     edit = edit or StepEdit()
     check_step(trace, step)
     if edit.verifier is not None and edit.verifier not in VERIFIERS + ("greedy",):

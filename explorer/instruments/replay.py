@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from ..engine.carried import Carried
 from ..engine.config import MethodConfig
+from ..engine.factory import build_engine
+from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..trace.records import RunTrace
 
@@ -25,9 +27,6 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     Raises ReplayError when the trace was recorded on another model pair, dtype or draft quantization, or its
     settings do not parse.
     """
-    from ..engine.factory import build_engine
-    from ..engine.machine import EngineError
-
     _check_models(pair, trace, ("draft", "target"))
     recorded = {k: str(trace.model[k]).removeprefix("torch.") for k in ("dtype", "draft_quant") if k in trace.model}
     loaded = {"dtype": str(pair.dtype).removeprefix("torch."), "draft_quant": pair.draft_quant}
@@ -81,9 +80,6 @@ def engine_after_text(pair, trace: RunTrace, last: int, decision_model=None):
 
     Raises ReplayError when ``last`` is not a recorded step, the trace's settings do not parse, or the engine cannot
     be built on ``pair`` (e.g. another tokenizer's ids)."""
-    from ..engine.factory import build_engine
-    from ..engine.machine import EngineError
-
     check_step(trace, last)
     _check_models(pair, trace, ("target",))  # the draft only proposes: another one goes on from the same text
     config, sampling, max_new = _settings(trace)

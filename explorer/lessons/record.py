@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..analysis.audit import audit
+from ..analysis.bench import run_facts
+from ..analysis.prompts import encode_prompt
 from ..engine.config import DEFAULTS, MethodConfig
+from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
 from ..trace.records import REJECTED, RunTrace
 from .lesson import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
@@ -202,15 +206,11 @@ LESSON_SPECS = (
 
 def _prompt_ids(pair, spec: LessonSpec) -> list[int]:
     """The lesson's prompt as the recorder and the timer feed it: the chat template applied."""
-    from ..analysis.prompts import encode_prompt
-
     return encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
 
 
 def _recorded(pair, command: str) -> dict:
     """What a lesson file says of the machine a recording or a timing ran on: ``command`` and ``bench.run_facts``."""
-    from ..analysis.bench import run_facts
-
     facts = run_facts(pair)
     return {"command": command, **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device",
                                                           "draft_quant", "torch", "transformers")}}
@@ -231,8 +231,6 @@ def _runner(pair, spec: LessonSpec, ids: list[int], graphs: bool = False):
     (with ``graphs``: a static KV cache and CUDA graphs, as ``bench --graphs`` runs: every graph captured before the
     first step and the runners given back to the pair after the run, so a later run of the same size captures
     nothing; a GPU run that skipped both paid 50-60 ms captures inside its steps)."""
-    from ..engine.factory import build_engine
-
     def run(config, sampling):
         engine = build_engine(pair, config, sampling, kv_cache="static" if graphs else "dynamic", graphs=graphs)
         engine.start(ids, spec.max_new_tokens, prompt_text=spec.prompt)
@@ -247,8 +245,6 @@ def _runner(pair, spec: LessonSpec, ids: list[int], graphs: bool = False):
 
 def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
     """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit)."""
-    from ..analysis.audit import audit
-
     ids = _prompt_ids(pair, spec)
     run = _runner(pair, spec, ids)
 

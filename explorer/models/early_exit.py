@@ -1,6 +1,6 @@
 """A target that drafts for itself: its first layers, an early exit through its final norm and LM head.
 
-Self-speculative decoding (seed 002's family: LayerSkip, Elhoushi et al. 2024; DEL, Zarch et al. 2025; SWIFT,
+Self-speculative decoding (LayerSkip, Elhoushi et al. 2024, arXiv 2404.16710; DEL, Zarch et al. 2025; SWIFT,
 Xia et al. 2024, arXiv 2410.06916) drafts with the target's own weights, some layers skipped, so a user with only a
 target still gets speculative decoding and no second model is held in memory. ``EarlyExitDraft`` is such a draft:
 the target's decoder layers ``0 .. exit_layer - 1``, then its final norm and LM head, shared with the target (no
@@ -18,6 +18,7 @@ Which exit drafts is the ``layer-skip`` drafter's choice, step by step (``engine
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 
@@ -120,8 +121,6 @@ def self_draft_pair(pair):
     """``pair`` with an ``EarlyExitDraft`` of its target as the draft (the same lock, tokenizer and measured costs;
     ``draft_id`` says so); a pair whose draft already is one comes back as it is. Raises LayerSkipError for a target
     without a decoder layer list."""
-    from dataclasses import replace
-
     if getattr(pair.draft, "shares_target", False):
         return pair
     return replace(pair, draft=EarlyExitDraft(pair.target), draft_quant="none", unquantized_draft=None,

@@ -11,18 +11,24 @@ safetensors once with transformers, and load the converted folder on later start
 
 from __future__ import annotations
 
+import copy
 import functools
+import gc
 import hashlib
 import importlib.metadata
 import os
 import threading
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from .early_exit import EarlyExitDraft, LayerSkipError
+from .packed_weights import PACK_MODES, can_pack, pack_linear_weights
 from .pair import ModelPair, make_pair
+from .tiny import tiny_pair
 
 ProgressFn = Callable[[str, float], None]
 """``progress(message, fraction)``: ``fraction`` in [0, 1] for the current phase."""
@@ -239,6 +245,7 @@ def prepare_embedded(model: EmbeddedModel, dtype: torch.dtype, progress: Progres
 
 
 def _prepare_embedded(model: EmbeddedModel, dtype: torch.dtype, progress: ProgressFn) -> Path:
+    # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports this module at start
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = _converted_dir(model, dtype)
@@ -263,6 +270,7 @@ def _prepare_embedded(model: EmbeddedModel, dtype: torch.dtype, progress: Progre
 def _dequantize_config():
     """Unpack GGUF blocks into a dense model: packed GGUF matmuls compute in fp32, cannot be saved, and we want
     plain bf16 weights for fast batched (tree) verification."""
+    # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports this module at start
     from transformers import GgufConfig
 
     return GgufConfig(dequantize=True)
@@ -274,6 +282,7 @@ def _dequantize_config():
 
 def _load_lm(source: str, dtype: torch.dtype, device: torch.device):
     """Load one causal LM from a local folder, a hub id, or a ``.gguf`` file."""
+    # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports this module at start
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(source).expanduser()
@@ -356,8 +365,6 @@ def load_target_alone(target: str, *, dtype=None, device=None, progress: Progres
     Raises:
         ModelPairError: the model cannot be loaded, or it has no list of decoder layers to exit from.
     """
-    from .early_exit import EarlyExitDraft, LayerSkipError
-
     device = torch.device(device) if device else default_device()
     dtype = parse_dtype(dtype, device)
     progress(f"loading target {target}", 0.0)
@@ -403,8 +410,6 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
     if spec == "default":
         pair = load_default_pair(dtype=dtype, device=device, progress=progress)
     elif spec == "tiny":
-        from .tiny import tiny_pair
-
         pair = tiny_pair(device=device)
         draft_quant = "none" if draft_quant in (None, "auto") else draft_quant
         packed = "off" if packed in (None, "auto") else packed
@@ -438,8 +443,6 @@ def freeze_heap() -> None:
     still freed by reference counting; cycles among them wait for the next load, which first unfreezes everything
     (so a pair the app let go of is collected then).
     """
-    import gc
-
     gc.unfreeze()
     gc.collect()
     gc.freeze()
@@ -452,8 +455,6 @@ def pack_weights(pair: ModelPair, mode: str = "auto", progress: ProgressFn = _no
     ``mode``: ``auto`` (pack where ``packed_weights.can_pack``: float32 on a CPU with oneDNN), ``on`` (the same,
     but an error where it cannot) or ``off``. Raises ModelPairError for another mode, or for ``on`` where the
     target cannot be packed."""
-    from .packed_weights import PACK_MODES, can_pack, pack_linear_weights
-
     if mode not in PACK_MODES:
         raise ModelPairError(f"unknown packed-weights mode {mode!r}; use {', '.join(PACK_MODES)}")
     if mode == "off" or pair.packed_weights:
@@ -517,10 +518,6 @@ def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = 
     Raises:
         ModelPairError: unknown ``how``, or int8 asked for on a device other than the CPU.
     """
-    import copy
-    import warnings
-    from dataclasses import replace
-
     if how not in DRAFT_QUANTS:
         raise ModelPairError(f"unknown draft quantization {how!r}; use {', '.join(DRAFT_QUANTS)} or auto")
     if how == "none":

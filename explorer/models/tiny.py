@@ -8,6 +8,7 @@ copies), so the two distributions are correlated the way a real draft's are, and
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
@@ -22,6 +23,7 @@ _CHAT_TEMPLATE = (
 
 def tiny_tokenizer():
     """Byte-level tokenizer: 256 byte tokens + 3 specials (ids 256..258). Any text round-trips."""
+    # here, not at the top: transformers and its tokenizers take about 0.8 s to import; models.loading imports this
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -37,6 +39,7 @@ def tiny_tokenizer():
 
 
 def tiny_config(vocab_size: int, n_layers: int = 2):
+    # here, not at the top: transformers takes about 0.8 s to import; models.loading imports this module
     from transformers import Qwen2Config
 
     return Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
@@ -69,6 +72,7 @@ def tiny_family_pair(family: str, seed: int = 0, dtype=torch.float32, target_lay
     distributions agree often but not always, as ``tiny_pair``'s do), on the byte tokenizer. fp32, CPU.
 
     Raises ValueError for an unknown family."""
+    # here, not at the top: transformers takes about 0.8 s to import; models.loading imports this module
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -99,8 +103,6 @@ def tiny_family_pair(family: str, seed: int = 0, dtype=torch.float32, target_lay
 def save_pair(pair: ModelPair, directory) -> tuple[str, str]:
     """Write the pair's two models and the tokenizer as Hugging Face folders ``<directory>/draft`` and
     ``<directory>/target`` (what ``--draft`` / ``--target`` and the app's custom pair load); returns their paths."""
-    from pathlib import Path
-
     out = []
     for role, model in (("draft", pair.draft), ("target", pair.target)):
         folder = Path(directory) / role
@@ -112,6 +114,7 @@ def save_pair(pair: ModelPair, directory) -> tuple[str, str]:
 
 def tiny_pair(seed: int = 0, device=None, dtype=torch.float32) -> ModelPair:
     """Build the tiny pair deterministically from ``seed`` (fp32 by default, so greedy tests have no bf16 ties)."""
+    # here, not at the top: transformers takes about 0.8 s to import; models.loading imports this module
     from transformers import AutoModelForCausalLM
 
     tok = tiny_tokenizer()

@@ -44,23 +44,50 @@ class TraceError(ValueError):
 
 @dataclass
 class NodeTrace:
-    """One node of a step's draft tree.
+    """One node of a step's draft tree (``StepTrace.nodes``).
 
-    ``id`` 0 is the anchor (last committed token); drafted nodes follow in breadth-first order (tree index + 1).
-    ``p`` and ``q`` are target and draft probabilities of this token at its parent (processed by temperature /
-    top-k / top-p; in greedy mode the plain softmax, for display). ``u`` and ``ratio`` are the uniform draw and
-    p/q of its acceptance test when it had one. ``residual_top`` lists ``[token_id, text, prob]`` of the residual
-    distribution after this node was rejected. ``p_top`` / ``q_top`` list ``[token_id, text, prob]`` of the
-    ``TOP_K_SHOWN`` most likely tokens of p and q at the parent (the distributions this node was drafted from and
-    checked against; ``q_top`` is empty for target-sampled roots). ``provenance`` says where a free node
-    (``lookup``, ``recycled``) came from: for lookup ``copied_from`` (position in prompt + output), the matched
-    n-gram's length ``ngram``, position ``match_at`` and text ``match_text``, and ``in_prompt``; for recycling the
-    matrix row's token (``row_token``, ``row_text``), the candidate's ``rank`` there, and the ``step`` and ``node``
-    whose target logits wrote that row (step -1: carried over from an earlier run; -2: seeded from the prompt, node =
-    the prompt position of the successor). ``accept_prob`` / ``slot_prob`` / ``test_order``: what the verification
-    rule implies about this node's test (``engine/verify/expectation.py``): the probability it accepts this token once
-    its parent is reached and the siblings tested before it (``test_order`` of them) were rejected, and the same
-    averaged over the tokens the draft could have proposed here; None for untested target roots and in older traces.
+    Probabilities are in [0, 1] and, like ``p_top`` / ``q_top``, *as shown*: the processed distribution
+    (temperature / top-k / top-p) when sampling, the plain softmax when greedy.
+
+    Attributes:
+        id: 0 for the anchor (the last committed token); drafted node i (breadth-first tree index) is ``i + 1``.
+        parent: the parent's ``id`` (0 = the anchor); None for the anchor.
+        token_id / text: the token's vocabulary id, and its text decoded alone (``Engine.token_text``).
+        depth: 0 for the anchor, 1 for its children, and so on.
+        position_id: ``L - 1 + depth``, L the committed tokens before the step (the anchor sits at ``L - 1``).
+        source: ``context`` (the anchor), ``draft``, ``target``, ``lookup`` or ``recycled`` (the proposed ones:
+            ``DRAFT_SOURCES``).
+        status: ``context``, ``accepted``, ``rejected`` or ``unverified`` (never ``drafted``); target roots are
+            ``accepted``.
+        committed: on the committed path (the anchor: True).
+        branch: index of the anchor's child whose subtree holds the node; None for the anchor.
+        q: the draft's probability of this token at its parent; None for free nodes, target roots and the anchor.
+        p: the target's probability of this token at its parent; None for the anchor.
+        u: the uniform draw in [0, 1) of its acceptance test; None where the test drew none (greedy, ``mcns``) or
+            the node was not tested.
+        ratio: the test's argument (``NodeDecision.ratio``): ``p'(x) / q'(x)`` for ``rrs`` (may exceed 1),
+            ``p'(x)`` for a free node and for ``mcns``, SpecHub's alpha or beta, 1 or 0 when greedy; None when
+            untested or not finite.
+        residual_top: after a rejection when sampling, ``[token_id, text, prob]`` of the residual distribution
+            the next sibling (or the replacement token) faces, at most ``node_rules.RESIDUAL_TOP`` (5) long, best
+            first; else empty.
+        p_top / q_top: ``[token_id, text, prob]`` of the ``TOP_K_SHOWN`` (8) most likely tokens of p and q at the
+            parent (the distributions this node was checked against and drafted from), best first; ``q_top`` is
+            empty where the draft model did not draft at the parent (target roots, free nodes below free nodes,
+            methods without a draft model).
+        provenance: where a free node came from (None for the others). Lookup: ``copied_from`` (position in prompt
+            + output), the matched n-gram's length ``ngram``, position ``match_at`` and text ``match_text``, and
+            ``in_prompt``. Recycling: the matrix row's token (``row_token``, ``row_text``), the candidate's
+            ``rank`` there, and the ``step`` and ``node`` whose target logits wrote that row (step -1: carried
+            over from an earlier run; -2: seeded from the prompt, node = the prompt position of the successor).
+            Both hold ``source``.
+        accept_prob / slot_prob / test_order: what the verification rule implies about this node's test
+            (``engine/verify/expectation.py``): the probability it accepts this token once its parent is reached
+            and the siblings tested before it were rejected; the same averaged over the tokens the draft could
+            have proposed here; its place among its siblings in test order (0 = tested first). None for untested
+            target roots and in older traces.
+        predicted_accept: the learned stop policy's predicted acceptance of this node, in [0, 1]; None for nodes
+            of levels it did not score and without a learned policy.
     """
 
     id: int
@@ -69,7 +96,7 @@ class NodeTrace:
     text: str
     depth: int
     position_id: int
-    source: str  # context | draft | target | lookup | recycled (engine/methods.py)
+    source: str  # context | draft | target | lookup | recycled (the draft sources above)
     status: str
     committed: bool = False
     branch: int | None = None
@@ -89,11 +116,26 @@ class NodeTrace:
 
 @dataclass
 class StopSignal:
-    """The stop policy's view after drafting level ``level``: one score per branch still drafting, the threshold
-    on the score scale (keep drafting while a score reaches it), the decision, and the branches that stop here."""
+    """The stop policy's view after drafting level ``level`` (``engine/policies/stopping.py``); every rule reads
+    "keep drafting while the score reaches the threshold".
+
+    Attributes:
+        level: the tree level just drafted, 1-based (the target roots' level counts in the lossy mode).
+        scores: branch index (str) -> that branch's score, for the branches still drafting: a probability in
+            [0, 1] (the best new node's draft probability, predicted acceptance, or for ``specdec++`` predicted
+            path acceptance); for ``goodput`` the expected tokens the branch's next level adds.
+        score: the level's score: the best branch's (``goodput``: the branches' sum, in tokens).
+        threshold: what a score must reach to keep drafting, on the score scale (``specdec++``: ``1 - h``;
+            ``goodput``: ``r (1 + E) / (1 + D r)`` tokens, from ``expected`` and ``forwards``).
+        keep_drafting: whether any branch drafts on after this level.
+        policy: the stop policy's name (``stopping.STOP_POLICY_NAMES``).
+        pruned: branch indices (str) that stop drafting at this level (all of them when drafting stops).
+        expected / forwards: ``goodput`` only (None for the others): the tokens the step expected to accept so far
+            (E) and the draft forwards so far (D).
+    """
 
     level: int
-    scores: dict  # branch index (as str in JSON) -> score
+    scores: dict  # branch index (str) -> score
     score: float
     threshold: float
     keep_drafting: bool
@@ -105,42 +147,72 @@ class StopSignal:
 
 @dataclass
 class StepTrace:
-    """Everything one speculative step did, as plain data.
+    """Everything one speculative step did, as plain data. Times are wall-clock milliseconds, token counts are
+    tokens; R below is ``len(mask_node_ids)``, the rows the step sent to the target.
 
     Attributes:
-        mask: the topology-aware mask rows sent to the target, restricted to the step's own columns
-            (``mask_node_ids`` x ``mask_node_ids``, 1 = attend); every row also sees ``mask_context_len`` cached
-            context columns, omitted here.
-        position_ids: position id of each row of ``mask``.
-        committed_ids / committed_text: tokens this step added, the bonus token included (last).
-        accepted_draft_len: accepted proposed tokens on the committed path; max_draft_len: the configured
-            maximum draft depth.
-        draft_ms / verify_ms / step_ms: wall-clock milliseconds.
+        index: the step's place in the run, 0-based.
+        method / lossy / verifier: the method's name (``methods.METHODS``), whether its verification is lossy
+            (the seed's target-initialized roots), and the verification rule's name (``""`` in older traces).
+        nodes: the anchor (id 0) then every drafted node in breadth-first order (``NodeTrace``): 1 + N long.
+        mask: the topology-aware mask rows sent to the target, restricted to the step's own columns: R rows of R
+            ints (1 = attend), row and column j being node ``mask_node_ids[j]``; every row also sees
+            ``mask_context_len`` cached context columns, omitted here.
+        mask_node_ids: the node id of each mask row: 0 (the anchor, only when it was fed to the target this step,
+            i.e. not cached yet), then 1 .. N.
+        mask_context_len: cached context columns every row attends to.
+        position_ids: R ints, the position id of each row of ``mask``.
+        branches: one dict per branch (the anchor's children, tree order): ``branch`` (index), ``root_id``,
+            ``root_text``, ``accepted`` and ``drafted`` (accepted and proposed tokens in the branch) and ``chosen``
+            (the committed path runs through it).
+        stop_signals: one ``StopSignal`` per drafted level the stop policy checked (empty when it checked none).
+        committed_ids / committed_text: the tokens this step added, the bonus token included (last), cut after an
+            EOS (kept) and at ``max_new_tokens``; the text each adds (``""`` for a token that ends inside a multi-byte
+            character: the token completing it carries the whole character), as long as ``committed_ids``.
+        bonus_token: the token drawn after the accepted path when it was committed (``committed_ids[-1]``); None
+            for the lossy rule (the next step's roots take its place) or when EOS or ``max_new_tokens`` cut it.
+        accepted_draft_len: proposed tokens (``DRAFT_SOURCES``) on the committed path; max_draft_len: the deepest
+            level a step of this configuration can draft (``MethodConfig.max_draft_depth``).
+        drafted: proposed tokens in the tree (draft model, lookup and recycled; ``DRAFT_SOURCES``).
+        draft_calls / target_calls: draft-model forwards (a chain replay counts each level it computed) and target
+            forwards (1, or 0 on a first ``ar`` step, whose anchor distribution came from the prefill).
+        draft_ms / verify_ms / step_ms: from ``timeline`` (``timeline.step_times``): drafting and draft forwards;
+            mask, target forward, verification and odds; every segment but the trace recording.
+        finished: the run finished with this step (EOS or ``max_new_tokens``).
         forward_ms: of ``step_ms``, the milliseconds spent inside model forwards (draft and target); the rest is
-            the engine's own work (tree, masks, sampling, verification, cache trimming, the trace itself).
-        drafter: what the drafter read to propose the tree, as plain data (Token Recycling: ``recycling_row``,
-            the anchor's matrix row with its ``candidates`` and the ``step`` / ``node`` that wrote it), and
-            ``tokens_left`` before ``max_new_tokens`` (no node is drafted deeper than one less: ``Engine.reach``).
-        drafted: proposed tokens in the tree (draft model, lookup and recycled; ``methods.DRAFT_SOURCES``).
+            the engine's own work (tree, masks, sampling, verification, cache trimming). None in older traces.
+        drafter: what the drafter read to propose the tree, as plain data (``Drafted.info`` with token texts added):
+            ``tokens_left`` before ``max_new_tokens`` on speculating steps (no node is drafted deeper than one
+            less: ``Engine.reach``); Token Recycling's ``recycling_row`` (the anchor's matrix row: ``token``,
+            ``candidates``, ``step`` / ``node`` that wrote it, ``token_text``, ``candidate_texts``); prompt lookup's
+            ``lookup_length``, ``lookup_branches``, ``long_copy``; the hybrid's ``lookup_trusted``; ``row_pricing``
+            (``{"offered", "kept", "expected_tokens", "row_ms", "jump_ms", "one_row_ms"}``); ``layer_skip``
+            (``{"exit_layer", "layers", "candidates"}``); ``chain_replays`` (``[{"levels", "read"}]``).
         expected_tokens: the tokens this step commits in expectation over the verifier's own draws, given the
-            drafted tree (``expectation.expected_tokens``; bonus token included, before EOS / length cuts).
+            drafted tree (``expectation.expected_tokens``; bonus token included, before EOS / length cuts). None
+            in older traces.
         timeline: where the step's time went (``engine/runtime/timeline.py``): ``[{"phase", "start_ms", "ms", "rows"?,
-            "gpu_ms"?}]``, contiguous segments from the step's start to the end of its trace recording.
+            "gpu_ms"?}]`` (``rows``: a forward's query rows; ``gpu_ms``: a forward's device time on CUDA),
+            contiguous segments from the step's start to the end of its trace recording; empty in older traces.
         adaptation: what online adaptation of the stop policy learned from this step (``engine/stop_models/online.py``,
-            ``OnlineAdapter.update``: ``mode``, ``threshold`` in force for the next step, ``records``, ``label_mean``
-            (mean acceptance probability of the step's model-drafted tokens under the run's verification),
-            and for ``last-layer`` the mean predictions ``pred_frozen`` / ``pred_before`` / ``pred_after``); empty
-            when adaptation is off.
+            ``OnlineAdapter.update``: ``mode``, ``tokens`` labelled, ``threshold`` in force for the next step,
+            ``records``, ``label_mean`` (mean acceptance probability of the step's model-drafted tokens under the
+            run's verification), ``score_mean`` in threshold mode, and for ``last-layer`` the mean predictions
+            ``pred_frozen`` / ``pred_before`` / ``pred_after``, ``bias`` and ``weight_shift``); empty when
+            adaptation is off.
         fallback: the goodput rule's decision before this step (``engine/policies/fallback.py``): ``speculate`` (False:
             a plain decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` /
-            ``ar_tok_s`` (tokens/s; None before the first step of that kind); empty when the rule is off.
-        cost: the goodput policy's measured cost ratio (``engine/policies/cost_ratio.py``, ``CostRatioMeter.observe``):
-            ``r`` in force during the step, this step's ``level_ms`` (a draft level, its verification rows included) and
-            ``rest_ms`` (the rest of the step), ``row_ms`` (what a verification row was charged; absent in older
-            traces) and ``next``, r for the next step; empty unless ``cost_ratio`` is ``measured``.
+            ``ar_tok_s`` (tokens/s; None before the first step of that kind), ``carried`` (the first step read an
+            earlier run's rates) and ``unmeasured`` (the step's time was not measured: a graph capture); empty
+            when the rule is off.
         host_syncs: host synchronisations with the device during the step, counted when the engine was asked to
             (``build_engine(count_syncs=True)``; None otherwise): on CUDA the real ones, on the CPU the reads of tensor
             values into Python that would be ones on a GPU (``engine/runtime/host_reads.py``).
+        cost: the goodput policy's measured cost ratio (``engine/policies/cost_ratio.py``, ``CostRatioMeter.observe``):
+            ``r`` in force during the step, this step's ``level_ms`` (a draft level, its verification rows included) and
+            ``rest_ms`` (the rest of the step), ``row_ms`` (what a verification row was charged; absent in older
+            traces) and ``next``, r for the next step; ``level_ms`` / ``rest_ms`` None where the step did not
+            measure them; empty unless ``cost_ratio`` is ``measured``.
     """
 
     index: int
@@ -188,7 +260,22 @@ class StepTrace:
 
 @dataclass
 class RunTrace:
-    """A whole session: settings, prompt, every step, and the text so far."""
+    """A whole run: settings, prompt, every step, and the text so far.
+
+    Attributes:
+        settings: how the run was configured: ``method`` (``MethodConfig.to_dict``), ``sampling``
+            (``SamplingConfig.to_dict``), ``max_new_tokens``, ``verifier``; where they apply, the drafter's
+            ``recycling_initial`` (the Token Recycling matrix the run started from), ``fallback_carried`` and
+            ``adaptation_carried`` (state carried over from an earlier run) and ``decision_model`` (``kind`` and
+            where it came from).
+        model: the pair and how it ran: ``name``, ``draft_id``, ``target_id``, ``dtype``, ``device``,
+            ``draft_quant``, ``packed_weights``, ``kv_cache``, ``graphs``; where they apply, ``chain_levels``,
+            ``verification_cost`` and ``row_pricing`` (the prices of free rows, ms).
+        prompt / prompt_ids: the prompt's text (``""`` when the caller gave none) and its token ids.
+        steps: every step so far, in order.
+        prefill_ms: wall-clock milliseconds of the prefill (both models, and the drafter's start).
+        schema_version: ``SCHEMA_VERSION`` of the writer (``from_dict`` reads only its own).
+    """
 
     settings: dict
     model: dict  # name, draft_id, target_id, dtype, device

@@ -15,7 +15,9 @@ from pathlib import Path
 import plotly.graph_objects as go
 import streamlit as st
 
-from ..analysis.report import ReportError, load_report, loads_report
+from ..analysis.bench import bench, run_facts
+from ..analysis.prompts import encode_prompt, select_prompts
+from ..analysis.report import ReportError, load_report, loads_report, write_reports
 from ..trace import figures
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -139,9 +141,7 @@ def show_report(report: dict, source: str, key: str = "bench_chart") -> None:
 
 def run_small_bench() -> None:
     """The page's small benchmark on the embedded pair, with a progress bar; writes ``reports/bench``."""
-    from ..analysis.bench import bench, run_facts
-    from ..analysis.prompts import encode_prompt, select_prompts
-    from ..analysis.report import write_reports
+    # here, not at the top: read at each call, as tests swap common.load_pair_with_progress for a tiny pair
     from .common import load_pair_with_progress
 
     pair = load_pair_with_progress("default", "", "", "auto")

@@ -21,6 +21,7 @@ import streamlit as st
 
 from ..lessons import phases
 from ..lessons.lesson import MAX_LESSON_BYTES, Lesson, LessonError, load_lesson, loads_lesson, shipped_lessons
+from ..lessons.race import measured_point, race_figure, speedup_figure
 from ..trace import figures
 from .common import parse_upload
 from .state import App, Classroom, hand_off_to_explorer
@@ -229,8 +230,6 @@ def _view(lessons: dict[str, Lesson]) -> None:
 def _race(lesson: Lesson, lanes: dict, run_i: int, font: int) -> None:
     """Run ``run_i`` of the lesson and ``ar`` as two lanes on one clock, and the expected speedup against
     acceptance, timed on the machine the class picks among ``lanes`` (``Lesson.race_lanes``)."""
-    from ..lessons.race import measured_point, race_figure, speedup_figure
-
     name = next(iter(lanes))
     if len(lanes) > 1:  # the machine named in the caption below where the lesson was timed on one only
         name = st.radio("Timed on", list(lanes), horizontal=True, key=f"cls_machine_{lesson.id}",

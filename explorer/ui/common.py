@@ -5,11 +5,19 @@ from __future__ import annotations
 import os
 
 import streamlit as st
+import torch
 
-from ..analysis.prompts import PromptError, humaneval, mt_bench
+from ..analysis.prompts import PromptError, encode_prompt, humaneval, mt_bench
 from ..engine.carried import Carried
 from ..engine.config import DEFAULTS
+from ..engine.factory import build_engine, times_verification
+from ..engine.machine import EngineError
+from ..engine.runtime.forward_costs import DEAR_ROWS, verification_cost
+from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError, parse_k_config, parse_tree_template
+from ..models import loading as models
+from ..models.loading import ModelPairError, load_named_pair
+from ..trace.records import TraceError
 from .state import Key, Shared
 
 PAIRS = {"default": "Embedded: Qwen2.5-Coder 0.5B → 1.5B", "tiny": "Tiny random pair (no download, for trying)",
@@ -22,10 +30,6 @@ def get_pair(spec: str, draft: str, target: str, dtype: str):
     keeps its own engine and KV caches. One pair at a time: loading another lets the last one go (two fp32 pairs
     would not fit a 16 GB machine). No Streamlit calls in here: a cached function may not touch page elements
     created outside it."""
-    import torch
-
-    from ..models.loading import load_named_pair
-
     torch.set_num_threads(app_threads())
     return load_named_pair(spec, dtype=dtype, draft=draft or None, target=target or None,
                            draft_quant=os.environ.get("SPEC_EXPLORER_DRAFT_QUANT") or None,
@@ -42,8 +46,6 @@ def app_threads() -> int:
     AVX-512-BF16 CPU the app's draft took 255-480 ms against the CLI's 35-39 ms. With one thread the app's steps
     took draft 47-64 / verify 317-405 ms, the CLI's at one thread 48-54 / 359-379 ms (``scripts/app_step_bench.py``,
     docs/bench.md "The app's steps against the CLI's")."""
-    import torch
-
     value = os.environ.get("SPEC_EXPLORER_THREADS", "").strip()
     if value:
         try:
@@ -69,8 +71,6 @@ def example_prompts() -> dict[str, str]:
 def load_pair_with_progress(spec: str, draft: str, target: str, dtype: str):
     """First start of the embedded pair: assemble, verify and convert it (on disk, once) with a progress bar;
     then load the cached pair (seconds)."""
-    from ..models import loading as models
-
     torch_dtype = models.parse_dtype(dtype)
     if spec == "default":
         missing = [m for m in (models.DEFAULT_DRAFT, models.DEFAULT_TARGET) if not models.is_prepared(m, torch_dtype)]
@@ -127,10 +127,6 @@ def set_error(message: str | None, key: Key[str | None]) -> None:
 def guarded(action, *args, error_key: Key[str | None], **kwargs):
     """Run an action; any failure becomes a message in the calling page's ``error_key`` (never a traceback) and the
     app keeps going."""
-    from ..engine.machine import EngineError
-    from ..models.loading import ModelPairError
-    from ..trace.records import TraceError
-
     try:
         set_error(None, error_key)
         return action(*args, **kwargs)
@@ -160,10 +156,6 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     matrix the last recycling run left, the goodput fallback's rates its last run measured and the stop policy's
     online adaptation where its last run left it.
     Raises PromptError / EngineError / ValueError."""
-    from ..analysis.prompts import encode_prompt
-    from ..engine.factory import build_engine, times_verification
-    from ..engine.sampling import SamplingConfig
-
     changes = settings["changes"] if changes is None else changes
     config = build_config(method or settings["method"], changes)
     sampling = SamplingConfig(**settings["sampling"])
@@ -172,8 +164,7 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
     if not changes.get("carry_matrix"):
         carried = carried.without_recycling()
     if times_verification(config, pair.device.type) and "verification_cost" not in pair.measured:
-        from ..engine.runtime.forward_costs import DEAR_ROWS, verification_cost  # the engine would time it, silently
-
+        # the engine would time it, silently
         with st.spinner(f"Timing a {DEAR_ROWS}-row verification on this machine (once per model pair)…"):
             verification_cost(pair)
     # the goodput fallback's rates and the adaptation from the session's last run: the engine uses them only for

@@ -8,12 +8,25 @@ holds; the Classroom's lessons arrive through ``state.hand_off_to_explorer``.
 from __future__ import annotations
 
 import html
+import json
 
 import streamlit as st
 
+from ..analysis.audit import audit
+from ..analysis.prompts import PromptError, encode_prompt
+from ..decision.calibrate import calibrate
+from ..engine.sampling import SamplingConfig
+from ..engine.tree import TreeShapeError
+from ..instruments.acceptance import measure_forward_costs
+from ..instruments.counterfactual import counterfactual, parse_edits
+from ..instruments.probe import probe_last_step
+from ..instruments.replay import ReplayError, engine_after_text, replay_steps
+from ..trace import figures
 from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from . import panels
-from .common import guarded, make_engine, pair_or_message, parse_upload, set_error
+from .common import build_config, example_prompts, guarded, make_engine, pair_or_message, parse_upload, set_error
+from .counterfactual_panel import counterfactual_section
+from .instruments_panel import acceptance_section, calibration_section, optimal_tree_section, timeline_section
 from .state import Explorer, engine_lock, keep_learned
 
 ERROR = Explorer.ERROR
@@ -109,8 +122,6 @@ def _continue_lesson(pair, settings, lesson) -> None:
     replay the recorded steps (another device, dtype or draft quantization: e.g. a lesson recorded on a CPU with an
     int8 draft, opened on a GPU), the run goes on live from the recorded text instead (``replay.engine_after_text``),
     and the message says so. Raises ReplayError (another pair) or ValueError."""
-    from ..instruments.replay import ReplayError, engine_after_text, replay_steps
-
     if pair is None:
         raise ValueError("no model pair is loaded: see the message above")
     trace, step = lesson["trace"], int(lesson["step"])
@@ -180,7 +191,6 @@ def _borrowed_stop_model(pair, trace) -> None:
             "1.5B target on a 2-core CPU); the next run uses it.")
     if pair is None or not st.button("Calibrate the stop model for this pair", key="calibrate_btn"):
         return
-    from ..decision.calibrate import calibrate
 
     bar = st.progress(0.0, text="Calibrating…")
     try:
@@ -244,8 +254,6 @@ def explorer_page(settings) -> None:
                "Recycling, a hybrid of both with the draft model, and layer skip (the target drafting for itself).")
     if settings["teach"]:
         st.markdown(panels.TEACH_CSS, unsafe_allow_html=True)
-
-    from .common import example_prompts
 
     examples = example_prompts()
 
@@ -336,10 +344,6 @@ def explorer_page(settings) -> None:
 def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
     """The run on screen: metrics, text, the step at ``cursor`` and the run's instruments (``pair``: the loaded
     models, which the probe and the cost measurement need; None when replaying a file)."""
-    from ..trace import figures
-    from .counterfactual_panel import counterfactual_section
-    from .instruments_panel import acceptance_section, calibration_section, optimal_tree_section, timeline_section
-
     panels.metrics_row(trace, cursor)
     st.markdown("**Generated text** (each step's tokens shaded; bonus tokens underlined in blue; the step on "
                 "screen outlined)")
@@ -416,7 +420,6 @@ def runs_selector() -> None:
     runs = Explorer.RUNS.get()
     if not runs or len(runs) < 2:
         return
-    import json
 
     c = st.columns([3, 1])
     c[0].selectbox("Run of this session", list(range(len(runs))), format_func=lambda i: runs[i]["name"],
@@ -431,10 +434,6 @@ def runs_selector() -> None:
 def run_instrument_requests(pair, trace) -> None:
     """Do what the instrument buttons asked for (they only set a flag): probe a step, measure forward costs. The
     results are plain data in the session; errors become a message and the session goes on."""
-    from ..instruments.acceptance import measure_forward_costs
-    from ..instruments.probe import probe_last_step
-    from ..instruments.replay import replay_steps
-
     index = Explorer.PROBE_REQUEST.pop()
     if index is not None and pair is not None and trace is not None and index < len(trace.steps):
         engine = Explorer.ENGINE.get()
@@ -465,8 +464,6 @@ def run_instrument_requests(pair, trace) -> None:
 
 def _what_if_requests(pair, trace) -> None:
     """A what-if re-verification (``Explorer.CF_REQUEST``) and "continue from the edit" (``Explorer.CF_BRANCH``)."""
-    from ..instruments.counterfactual import counterfactual, parse_edits
-
     request = Explorer.CF_REQUEST.pop()
     if request is not None and pair is not None and trace is not None and request["step"] < len(trace.steps):
         def run():
@@ -490,13 +487,6 @@ def _what_if_requests(pair, trace) -> None:
 
 def audit_panel(pair, settings, prompt_text: str, chat: bool) -> None:
     """Sample the first two tokens many times and test them against the target's exact distribution."""
-    from ..analysis.audit import audit
-    from ..analysis.prompts import PromptError, encode_prompt
-    from ..engine.sampling import SamplingConfig
-    from ..engine.tree import TreeShapeError
-    from ..trace import figures
-    from .common import build_config
-
     with st.expander("Losslessness audit: does this method sample exactly from the target?"):
         st.caption("Samples the first two committed tokens N times from the prompt (one speculative step each) and "
                    "compares them with the target's exact probabilities (chi-square test, total variation). Needs "

@@ -9,9 +9,11 @@ import html
 
 import streamlit as st
 
+from ..engine.runtime import timeline
 from ..instruments import acceptance as acc
 from ..instruments import figures as ifig
 from ..instruments import optimal_tree as ot
+from ..instruments.calibration import calibration_report
 from ..trace.records import RunTrace, StepTrace
 from .state import Explorer, ask_for_tree_run
 
@@ -113,8 +115,6 @@ def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: b
 
 def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach: bool) -> None:
     """The step's waterfall and, over the run, where the time went beside plain decoding's estimated cost."""
-    from ..engine.runtime import timeline
-
     with st.expander("The step's timeline: where the time went"):
         if teach:
             teach_caption(TEACH_TIMELINE)
@@ -148,8 +148,6 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
 
 def calibration_section(trace: RunTrace, teach: bool) -> None:
     """Stop-signal calibration over the run: reliability, ROC with the run's operating point, threshold costs."""
-    from ..instruments.calibration import calibration_report
-
     with st.expander("Stop-signal calibration"):
         if teach:
             teach_caption(TEACH_CALIBRATION)

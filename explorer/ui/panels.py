@@ -7,10 +7,12 @@ import html
 
 import streamlit as st
 
+from ..engine.policies.stopping import SETTING_NAMES, recorded_setting, what_if
 from ..lessons.teach import explain_step, fallback_rates, layer_skip_words
 from ..trace import figures
 from ..trace.metrics import run_metrics
 from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
+from .instruments_panel import flagged_nodes, probe_section, teach_caption
 from .state import Explorer
 
 TEACH_CSS = """<style>
@@ -102,8 +104,6 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
                 can_probe: bool = False) -> None:
     """Everything about one step: tree (click to inspect), mask with the inspected row, inspector, details, and
     the tree-attention probe (``probe``: its result for this step, if any; ``can_probe``: the models are here)."""
-    from .instruments_panel import flagged_nodes, probe_section
-
     step_caption(step, len(trace.steps))
     if teach:
         teach_box(step, trace.settings.get("method"), trace.settings.get("decision_model"))
@@ -183,8 +183,6 @@ def adaptation_panel(trace, step: StepTrace, teach: bool, prefix: str = "") -> N
                  f"({len(carried.get('labels', []))} labelled tokens), not from the shipped model.")
     st.caption(note)
     if teach:
-        from .instruments_panel import teach_caption
-
         teach_caption(TEACH_ADAPTATION)
 
 
@@ -267,8 +265,6 @@ def cost_ratio_words(cost: dict) -> str:
 
 def stop_panel(step: StepTrace, prefix: str = "") -> None:
     """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
-    from ..engine.policies.stopping import SETTING_NAMES, recorded_setting, what_if
-
     sigs = step.stop_signals
     policy = sigs[0].policy if sigs else "none"
     if not sigs or policy == "none":

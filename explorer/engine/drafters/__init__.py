@@ -1,11 +1,18 @@
-"""Drafters: who proposes a step's draft tree (``base.Drafter``). ``make_drafter`` builds the one a method names
-(``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, the hybrid, or the target's
-own first layers (``layer-skip``)."""
+"""Drafters: who proposes a step's draft tree. ``make_drafter`` builds the one a method names
+(``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, the hybrid, or the
+target's own first layers (``layer-skip``).
+
+Modules: ``base`` (the interface: ``Drafter``, ``DraftView``, the step's ``Drafted`` record, ``FreeNode`` and
+``merge_free``, which joins free branches to a tree as a trie), ``model`` (the draft model's tree, level by level,
+with the stop policy), ``lookup`` (prompt lookup decoding), ``recycling`` (Token Recycling), ``hybrid`` (the draft
+model's tree plus free branches), ``layer_skip`` (the target's first layers, the exit chosen from measured
+acceptance) and ``row_pricing`` (which free rows pay for their verification)."""
 
 from __future__ import annotations
 
 from .base import Drafted, Drafter, FreeNode, merge_free
 from .hybrid import HybridDrafter
+from .layer_skip import LayerSkipDrafter
 from .lookup import LookupDrafter, lookup_continuations
 from .model import ModelDrafter
 from .recycling import RecyclingDrafter
@@ -25,8 +32,6 @@ def make_drafter(config, recycling_state: dict | None = None) -> Drafter:
         elif name == "recycling":
             free.append(RecyclingDrafter(config.recycling_widths, config.recycling_k, recycling_state))
     if spec.self_draft:
-        from .layer_skip import LayerSkipDrafter
-
         return LayerSkipDrafter(config.gamma)
     model = ModelDrafter() if spec.uses_draft_model else None
     if model is not None and free:

@@ -23,9 +23,11 @@ from ..tree import DraftTree
 
 @dataclass
 class FreeNode:
-    """One deterministic proposal: ``parent`` indexes an earlier FreeNode of the same list (-1 = the anchor).
-    ``slot``: which of the drafter's recurring positions it fills (hashable; ``row_pricing.RowPricing`` measures
-    each slot's acceptance), or None."""
+    """One deterministic proposal: ``parent`` indexes an earlier FreeNode of the same list (-1 = the anchor);
+    ``token`` a vocabulary id; ``source`` ``lookup`` or ``recycled``; ``provenance`` plain data for
+    ``NodeTrace.provenance`` (``source`` and, for lookup, ``copied_from``, ``ngram``, ``match_at``, ``in_prompt``;
+    for recycling ``row_token``, ``rank``, ``step``, ``node``). ``slot``: which of the drafter's recurring positions
+    it fills (hashable; ``row_pricing.RowPricing`` measures each slot's acceptance), or None."""
 
     parent: int
     token: int
@@ -36,23 +38,38 @@ class FreeNode:
 
 @dataclass
 class Drafted:
-    """What drafting produced for one step.
+    """What drafting produced for one step. N is ``len(tree)``; a *row* is a node's index + 1 (row 0 = the
+    anchor), the row a node's children were drafted from and are verified against. Node-keyed dicts use tree
+    indices (0-based, breadth-first); ``merge_free`` re-keys them when free branches join.
 
     Attributes:
-        tree: the draft tree (breadth-first).
-        q_rows: row (node + 1; 0 = the anchor) -> q the draft-model children of that row were drawn from
-            (sampling only; free children need none).
-        q_show: node -> displayed draft probability of its token (draft-model nodes).
-        signals: ``StopSignal`` per checked level.
-        calls: draft-model forwards.
-        draft_rows: node -> its row among the tree rows in the draft model's KV cache (the nodes fed to the draft
-            model: a breadth-first prefix of its own tree).
-        head: draft cache length before the tree rows (context + chain).
-        features: node -> (hidden (H,) or None, dist (11,), q(x), prod q of its path): decision features.
-        q_top: row -> [(token, q)] top tokens of the distribution its children were drafted from.
-        provenance: node -> where a free node came from (plain data for the trace).
-        info: plain data the drafter wants in the step trace (e.g. the matrix rows it read).
-        predicted: node -> the learned stop policy's predicted acceptance of it (nodes of the levels it scored).
+        tree: the draft tree (``tree.DraftTree``): N nodes in breadth-first order, each with its token, parent and
+            source (``draft``, ``target``, ``lookup``, ``recycled``).
+        q_rows: row -> the draft's processed distribution there, float32 ``(vocab,)`` on the pair's device,
+            computed when first read (``sampling.LazyRows``); only rows whose draft-model children were drawn by
+            sampling (greedy: none; free children need none).
+        q_show: node -> the draft's probability of its own token at its parent, in [0, 1], as displayed
+            (processed when sampling, plain softmax when greedy); draft-model nodes only.
+        signals: one ``trace.records.StopSignal`` per level the stop policy checked.
+        calls: draft-model forwards this step (a chain replay counts each level it computed).
+        draft_rows: fed node -> its row offset in the draft model's KV cache after ``head`` (the row is
+            ``head + offset``); only the nodes fed to the draft model (the levels it ran a forward on, target roots
+            included: a breadth-first prefix of its own tree; never free nodes). The engine keeps the accepted
+            path's rows by it.
+        head: draft cache length before the tree rows (the cached context plus this step's chain), in tokens.
+        features: node -> ``stop_models.features.NodeFeatures`` (temperature 1): ``hidden`` float32 ``(H,)`` on
+            the device or None, ``dist`` float32 ``(11,)`` on the host, ``q`` = q(x), ``cum_q`` = prod q over its
+            path, ``session`` (10 floats); model-drafted nodes, only when the run computes decision features.
+        q_top: row -> ``[(token_id, q)]``, the ``TOP_K_SHOWN`` (8) most likely tokens of the distribution its
+            children were drafted from, best first, probabilities as in ``q_show``.
+        provenance: node -> where a free node came from (``FreeNode.provenance``: lookup's ``copied_from``,
+            ``ngram``, ``match_at``, ``in_prompt``; recycling's ``row_token``, ``rank``, ``step``, ``node``).
+        info: plain data for ``StepTrace.drafter``: ``tokens_left`` (the engine's, on speculating steps),
+            ``chain_replays`` (``[{"levels": computed, "read": used}]``, one per chain replay), ``recycling_row``,
+            ``lookup_length`` / ``lookup_branches`` / ``long_copy``, ``lookup_trusted`` (hybrid), ``row_pricing``,
+            ``layer_skip``, as the drafter has them.
+        predicted: node -> the learned stop policy's predicted acceptance, in [0, 1] (nodes of the levels it
+            scored).
     """
 
     tree: DraftTree

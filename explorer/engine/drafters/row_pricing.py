@@ -11,8 +11,9 @@ expected tokens per millisecond:
 One committed token per step is certain (the bonus token); ``one_row_ms`` is a plain step, and a tree's first
 extra row may cost more than the others (``jump_ms``). Keeping no slot makes the step a plain one. A slot's path
 acceptance is the product of the conditional acceptances along its path, so a child never ranks above its parent
-and every prefix is a tree. This is SmartSpec's goodput rule (seed 002) applied to the rows of one tree instead of
-to the number of draft steps; Sequoia sizes its trees from the same ratio of accepted tokens to verification cost.
+and every prefix is a tree. This is SmartSpec's goodput rule (Liu et al. 2024, arXiv 2406.14066) applied to the rows
+of one tree instead of to the number of draft steps; Sequoia sizes its trees from the same ratio of accepted tokens
+to verification cost.
 
 Every offered slot is observed, kept or not, once the committed text reaches its depth (often a few steps later):
 whether its token continues the text there given that its parent's did. Greedy, that is exactly whether it would

@@ -1,7 +1,7 @@
 """Falling back to plain decoding when speculation does not pay on this hardware (issue 13).
 
 SmartSpec (Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large Language Models Using Goodput",
-seed 002) speculates only as far as it raises *goodput*: committed tokens per second of execution, measured, not
+arXiv 2406.14066) speculates only as far as it raises *goodput*: committed tokens per second of execution, measured, not
 assumed. At batch size 1 the choice that matters most is binary: speculate this step, or run a plain decoding step
 (an empty draft tree, one target row). On a GPU a small pair is bound by kernel launches (docs/bench.md,
 "Machines"): a draft forward costs nearly what a target forward does, so on prompts where little is accepted (MT-bench)

@@ -19,7 +19,7 @@ the score reaches the threshold", so one chart and one slider serve them all:
   Shown on the same scale: score = ``prod(predicted acceptance)`` of the best path in a branch, threshold
   ``1 - h``.
 * ``goodput``: draft one more level only while it is expected to raise the step's tokens per millisecond (the
-  goodput of SmartSpec, Liu et al. 2024, seed 002, applied per level). The setting is ``r``, the cost of a draft
+  goodput of SmartSpec, Liu et al. 2024, arXiv 2406.14066, applied per level). The setting is ``r``, the cost of a draft
   forward over the rest of a step (target forward and host work). Score of a node = ``reach(x) * a(x)``, the
   expected tokens its next level adds (``reach``: the predicted chance the whole path to x is accepted, ``a``:
   x's own predicted acceptance, standing in for its child's). Exactly one path of a tree is accepted, so these

@@ -91,6 +91,7 @@ class DynamicKVCache(KVCache):
     kind = "dynamic"
 
     def __init__(self):
+        # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports the engine at start
         from transformers import DynamicCache
 
         self.hf = DynamicCache()
@@ -121,6 +122,7 @@ class StaticKVCache(KVCache):
     kind = "static"
 
     def __init__(self, model, max_len: int):
+        # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports the engine at start
         from transformers import StaticCache
 
         self.device = next(model.parameters()).device

@@ -25,8 +25,11 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ...models.loading import cache_dir
 from ...trace.jsonfile import parse_json, read_file
 from .features import N_DIST_FEATURES
 
@@ -112,8 +115,6 @@ class DecisionModel:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``<directory>/<kind>.safetensors`` (weights + standardisation); the card is written separately."""
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.net.state_dict().items()}
@@ -138,9 +139,6 @@ def load_decision_model(directory: str | Path, kind: str = "hidden") -> Decision
     Raises:
         DecisionModelError: missing or malformed files, or tensors that do not fit the card's layer sizes.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     card = read_card(directory)
     info = card["models"].get(kind)
     if info is None:
@@ -186,8 +184,6 @@ def shipped_decision_model(draft_id: str, target_id: str, kind: str = "hidden") 
 def calibration_dir(draft_id: str, target_id: str) -> Path:
     """The cache folder of a pair's calibrated models: ``<cache>/decision/<draft>--<target>-<hash>`` (the hash
     of both ids, which may be long paths)."""
-    from ...models.loading import cache_dir
-
     digest = hashlib.sha256(f"{draft_id}\0{target_id}".encode()).hexdigest()[:10]
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{Path(draft_id).name}--{Path(target_id).name}")[:80]
     return cache_dir() / "decision" / f"{name}-{digest}"

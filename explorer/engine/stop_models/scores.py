@@ -25,6 +25,7 @@ def choose_threshold(pred: np.ndarray, soft: np.ndarray, fnr_cost: float = 1.0) 
     """The threshold minimising ``fpr + fnr_cost * fnr`` on soft labels; with ``fnr_cost`` 1 (default) that is the
     largest Youden's J (TPR - FPR): the score that best separates tokens the target accepts from those it rejects.
     Returned in [0, 1]."""
+    # here, not at the top: scikit-learn takes about 2 s to import; runs and the CLI's start need none of it
     from sklearn.metrics import roc_curve
 
     s, y, w = _doubled(pred, soft)
@@ -40,6 +41,7 @@ def score_metrics(pred, soft, greedy, threshold: float) -> dict:
     threshold, precision / recall (soft) and precision_greedy / recall_greedy of "predicted >= threshold",
     ece (expected calibration error against the soft label, 10 equal-width bins) and the bins themselves.
     """
+    # here, not at the top: scikit-learn takes about 2 s to import; runs and the CLI's start need none of it
     from sklearn.metrics import precision_score, recall_score, roc_auc_score
 
     pred = np.asarray(pred, dtype=np.float64)

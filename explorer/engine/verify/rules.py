@@ -66,12 +66,13 @@ class VerifyResult:
 
     Attributes:
         path: tree indices of the committed nodes, root first (for lossy rules the target-sampled root included).
-        bonus: the token drawn after the path (from p, or the residual after a rejection); None for the lossy rule,
-            which instead hands ``next_dist`` (``(vocab,)``) to the next step's roots.
-        decisions: per verified node.
-        branch_accepted: per branch (index among the anchor's children) the accepted draft tokens in that branch.
+        bonus: the token id drawn after the path (from p, or the residual after a rejection); None for the lossy
+            rule, which instead hands ``next_dist`` (float32 ``(vocab,)``, on the device) to the next step's roots.
+        decisions: tree index -> ``NodeDecision`` of every node whose test ran (accepted or not).
+        branch_accepted: branch (index among the anchor's children) -> the accepted draft tokens in that branch.
         chosen_branch: the branch the committed path runs through, or None when no child was accepted.
-        next_row: p row after the committed path (lossy greedy roots come from its raw logits).
+        next_row: lossy rule only: the p row after the committed path (lossy greedy roots come from its raw
+            logits); None otherwise.
     """
 
     path: list[int]
