@@ -771,3 +771,42 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def play_exported(path: Path, presses: int = 30, viewport=(1280, 720), out_dir: Path | None = None) -> dict:
+    """Open an exported lesson (``lessons export``) from disk with every request that is not the file itself
+    aborted and counted, press Right ``presses`` times, and tap the right edge once at phone widths. Returns
+    ``{"requests": [...], "phases": [phase index after each press], "draw_ms": [...], "open_s", "tap"}``."""
+    from playwright.sync_api import sync_playwright
+
+    url, report = path.resolve().as_uri(), {"requests": []}
+
+    def route(r):
+        if r.request.url == url:
+            r.continue_()
+        else:
+            report["requests"].append(r.request.url)
+            r.abort()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+        page.route("**/*", route)
+        t0 = time.monotonic()
+        page.goto(url)
+        page.wait_for_function("window.shownPhase === 0")
+        report["open_s"] = time.monotonic() - t0
+        report["phases"], report["draw_ms"] = [], []
+        for _ in range(presses):
+            page.keyboard.press("ArrowRight")
+            shown, ms = page.evaluate("[window.shownPhase, window.lastDrawMs]")
+            report["phases"].append(shown)
+            report["draw_ms"].append(ms)
+        if viewport[0] <= 700:  # a phone: a tap on the right edge goes forward
+            before = page.evaluate("window.shownPhase")
+            page.mouse.click(viewport[0] - 10, viewport[1] // 2)
+            report["tap"] = page.evaluate("window.shownPhase") - before
+        if out_dir is not None:
+            page.screenshot(path=str(out_dir / f"player-{viewport[0]}x{viewport[1]}.png"))
+        browser.close()
+    return report

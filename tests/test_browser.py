@@ -237,3 +237,20 @@ def test_a_whole_class_on_one_app(tmp_path, tiny):
     assert len({load_run(p).prompt for p in r["traces"]}) == 5  # each session its own run
     first, last = r["memory"][1]["rss"], r["memory"][-1]["rss"]
     assert last <= first * 1.15 + 50, r["memory"]  # flat: rounds do not pile up memory
+
+
+def test_an_exported_lesson_plays_offline_in_a_real_browser(tmp_path):
+    """``lessons export``: a shipped lesson's page opened from disk, every other request aborted: 30 Right presses
+    show 30 phases in order with no request, at a projector's size and on a phone (where a tap on the right edge
+    goes forward)."""
+    from browser import play_exported
+
+    from explorer.lessons.lesson import LESSONS_DIR, load_lesson
+    from explorer.lessons.player import export_html
+
+    page = export_html(load_lesson(LESSONS_DIR / "03-temperature-one.json"), tmp_path)
+    for viewport in ((1280, 720), (390, 844)):
+        report = play_exported(page, viewport=viewport, out_dir=tmp_path)
+        assert report["requests"] == [] and report["phases"] == list(range(1, 31)), report
+        assert all(ms is not None for ms in report["draw_ms"])
+    assert report["tap"] == 1

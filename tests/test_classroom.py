@@ -387,3 +387,31 @@ def test_continue_live_goes_on_from_the_text_where_the_steps_cannot_be_replayed(
     at.button(key="step_btn").click().run()
     live = at.session_state["engine"]
     assert len(live.trace.steps) == 1 and live.trace.prompt_ids[: len(trace.prompt_ids)] == trace.prompt_ids
+
+
+def test_the_players_data_holds_every_phase_of_the_lesson(tiny_lesson, tmp_path):
+    """``lessons export``: the page's data has every step and phase of the lesson with the Classroom's own words
+    (one source), the trees and masks of the trace, and the page holds Plotly.js itself (no request)."""
+    import plotly
+
+    from explorer.lessons.player import TEMPLATE, export_html, player_data
+
+    data = json.loads(json.dumps(player_data(tiny_lesson)))  # plain data
+    assert data["title"] == tiny_lesson.title and len(data["runs"]) == len(tiny_lesson.runs)
+    for r, (run, lesson_run) in enumerate(zip(data["runs"], tiny_lesson.runs)):
+        trace = lesson_run.trace
+        expected = [(p.step, p.kind, p.label, phases.account(trace.steps[p.step], p, run["greedy"]),
+                     tiny_lesson.note_at(r, p)) for p in phases.run_phases(trace)]
+        assert [(s, p["kind"], p["label"], p["account"], p["note"]) for s, p in run["phases"]] == expected
+        for step, drawn in zip(trace.steps, run["steps"]):
+            assert [(n[0], n[1], n[5], n[6], n[7]) for n in drawn["nodes"]] == [
+                (n.id, n.parent, n.source, n.status, n.committed) for n in step.nodes]
+            assert drawn["mask"] == step.mask and drawn["mask_ids"] == list(step.mask_node_ids)
+        first_verify = next(p for s, p in run["phases"] if p["kind"] == "verify")
+        assert set(first_verify["shown"].values()) - {"context", "drafted", "accepted", "rejected"} == set()
+        assert run["race"] and all(lane["point"]["speedup"] > 0 for lane in run["race"].values())
+    assert any(p["note"] for run in data["runs"] for _, p in run["phases"])
+    page = export_html(tiny_lesson, tmp_path).read_text(encoding="utf-8")
+    assert "src=" not in TEMPLATE.read_text() and "href=" not in TEMPLATE.read_text()  # nothing loaded from outside
+    assert page.count("/*PLOTLY_JS*/") == 0 and plotly.offline.get_plotlyjs()[:200] in page  # Plotly.js inlined
+    assert len(page.encode()) < 8 * 1024 * 1024

@@ -36,6 +36,7 @@ from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError
 from ..lessons.lesson import LESSONS_DIR, load_lesson, shipped_lessons
+from ..lessons.player import export_html
 from ..lessons.record import record_lessons, time_lessons
 from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
@@ -214,9 +215,17 @@ def cmd_lessons(args) -> int:
                   f"{lesson.recorded.get('machine', '?')}, {lesson.recorded.get('dtype', '?')}; race timed on "
                   f"{', '.join(lesson.race_lanes()) or 'no machine'})")
         return 0
+    only = args.only.split(",") if args.only else None
+    if args.action == "export":  # no model: the lesson files hold everything the page draws
+        out = Path(args.out if args.out != str(LESSONS_DIR) else "reports/lessons")
+        for path in shipped_lessons():
+            lesson = load_lesson(path)
+            if only is None or lesson.id in only:
+                written = export_html(lesson, out)
+                print(f"{written} ({written.stat().st_size / 1e6:.1f} MB)")
+        return 0
 
     pair = load_pair_from_args(args)
-    only = args.only.split(",") if args.only else None
     if args.action == "time":
         time_lessons(pair, Path(args.out), only=only, graphs=args.graphs,
                      progress=lambda msg: print(msg, file=sys.stderr))
@@ -291,13 +300,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(bn)
     bn.set_defaults(func=cmd_bench)
 
-    les = sub.add_parser("lessons", help="the classroom's lessons: list them, record them on a real pair, or time "
-                                         "their runs on this machine for the race (time)")
-    les.add_argument("action", choices=["list", "record", "time"])
-    les.add_argument("--only", help="comma-separated lesson ids to record or time (default: all)")
+    les = sub.add_parser("lessons", help="the classroom's lessons: list them, record them on a real pair, time "
+                                         "their runs on this machine for the race (time), or write each as one "
+                                         "HTML page that plays in any browser (export)")
+    les.add_argument("action", choices=["list", "record", "time", "export"])
+    les.add_argument("--only", help="comma-separated lesson ids to record, time or export (default: all)")
     les.add_argument("--graphs", action="store_true",
                      help="time: our forwards through CUDA graphs (a static KV cache), as bench --graphs")
-    les.add_argument("--out", default=str(LESSONS_DIR), help="folder for the lesson files (default: assets/lessons)")
+    les.add_argument("--out", default=str(LESSONS_DIR),
+                     help="folder for the lesson files (default: assets/lessons; export: reports/lessons)")
     add_model_args(les)
     les.set_defaults(func=cmd_lessons)
 
