@@ -415,3 +415,19 @@ def test_the_players_data_holds_every_phase_of_the_lesson(tiny_lesson, tmp_path)
     assert "src=" not in TEMPLATE.read_text() and "href=" not in TEMPLATE.read_text()  # nothing loaded from outside
     assert page.count("/*PLOTLY_JS*/") == 0 and plotly.offline.get_plotlyjs()[:200] in page  # Plotly.js inlined
     assert len(page.encode()) < 8 * 1024 * 1024
+
+
+def test_any_trace_plays_as_a_page(tiny, tmp_path):
+    """A plain run (no lesson, no baseline) becomes a player page of one run without a race: the Explorer's
+    Download as HTML and ``generate --html``."""
+    from explorer.cli.main import main
+    from explorer.lessons.player import player_data, trace_lesson
+
+    run = _run(tiny, MethodConfig(method="sd", gamma=3), tokens=8)
+    data = player_data(trace_lesson(run))
+    assert len(data["runs"]) == 1 and data["runs"][0]["race"] == {} and data["recorded"]["machine"] is None
+    assert [s for s, _ in data["runs"][0]["phases"]] == [p.step for p in phases.run_phases(run)]
+    assert main(["generate", "--models", "tiny", "--prompt", "def f(x):", "--method", "sd", "--max-new-tokens", "6",
+                 "--html", str(tmp_path)]) == 0
+    page = (tmp_path / "trace_000.html").read_text(encoding="utf-8")
+    assert '"player_schema":1' in page and "def f(x):" in page

@@ -36,7 +36,7 @@ from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError
 from ..lessons.lesson import LESSONS_DIR, load_lesson, shipped_lessons
-from ..lessons.player import export_html
+from ..lessons.player import export_html, trace_html
 from ..lessons.record import record_lessons, time_lessons
 from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
@@ -63,6 +63,10 @@ def cmd_generate(args) -> int:
             out = Path(args.save_trace)
             out.mkdir(parents=True, exist_ok=True)
             save_run(trace, out / f"trace_{n:03d}.json")
+        if args.html:  # the run as a page that plays in any browser (lessons/player.py)
+            out = Path(args.html)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"trace_{n:03d}.html").write_text(trace_html(trace), encoding="utf-8")
         if args.json:
             print(json.dumps({"prompt_id": prompt.id, "method": config.method, "lossy": config.is_lossy,
                               "token_ids": trace.generated_ids, "text": trace.generated_text,
@@ -230,7 +234,9 @@ def cmd_lessons(args) -> int:
         time_lessons(pair, Path(args.out), only=only, graphs=args.graphs,
                      progress=lambda msg: print(msg, file=sys.stderr))
         return 0
-    record_lessons(pair, Path(args.out), only=only, progress=lambda msg: print(msg, file=sys.stderr))
+    written = record_lessons(pair, Path(args.out), only=only, progress=lambda msg: print(msg, file=sys.stderr))
+    for path in written:  # each lesson file gets its page beside it
+        print(export_html(load_lesson(path), Path(args.out)), file=sys.stderr)
     return 0
 
 
@@ -242,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_prompt_source_args(gen)
     gen.add_argument("--json", action="store_true", help="one JSON object a line per prompt")
     gen.add_argument("--save-trace", metavar="DIR", help="write each run's step trace as JSON into DIR")
+    gen.add_argument("--html", metavar="DIR", help="write each run as one HTML page that plays its steps in any "
+                                                   "browser, offline (DIR/trace_NNN.html, about 5 MB each)")
     add_method_args(gen)
     add_sampling_args(gen)
     add_model_args(gen)

@@ -21,7 +21,7 @@ import plotly.io as pio
 from ..trace.figures import (BONUS_COLOR, SOURCE_SYMBOLS, STATUS_COLORS, STATUS_LABELS, token_label, tree_graph,
                              tree_layout)
 from ..trace.records import DRAFTED, RunTrace, StepTrace
-from .lesson import Lesson, machine_name
+from .lesson import Lesson, LessonRun, machine_name
 from .phases import account, mask_rows, shown_status, step_phases
 from .race import measured_point, race_figure
 
@@ -79,7 +79,7 @@ def player_data(lesson: Lesson) -> dict:
                      "phases": [[s.index, p] for s in trace.steps for p in _phase_data(lesson, r, s, greedy)],
                      "race": _race_data(lesson, r)})
     recorded = {k: lesson.recorded.get(k) for k in ("date", "commit", "dtype")}
-    recorded["machine"] = machine_name(lesson.recorded)
+    recorded["machine"] = machine_name(lesson.recorded) if lesson.recorded.get("machine") else None
     return {"player_schema": PLAYER_SCHEMA, "id": lesson.id, "title": lesson.title, "question": lesson.question,
             "recorded": recorded, "runs": runs, "font": FONT,
             "style": {"status_colors": {**STATUS_COLORS}, "status_labels": {**STATUS_LABELS},
@@ -99,6 +99,22 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def trace_lesson(trace: RunTrace, title: str = "") -> Lesson:
+    """Any recorded run as a lesson of one run, no notes and no race (a trace has no baseline): what the player
+    plays for the Explorer's "Download as HTML" and ``generate --html``."""
+    method = trace.settings.get("method", {})
+    label = method.get("method", "run") if isinstance(method, dict) else str(method)
+    prompt = " ".join(trace.prompt.split())
+    return Lesson(id="trace", title=title or f"{label}: {prompt[:60]}{'…' if len(prompt) > 60 else ''}",
+                  question=f"{len(trace.steps)} steps of {label} on {trace.model.get('name', 'a model pair')}",
+                  runs=[LessonRun(label, trace)], recorded=dict(trace.model))
+
+
+def trace_html(trace: RunTrace, title: str = "") -> str:
+    """One recorded run as a player page (``trace_lesson``, ``player_html``)."""
+    return player_html(trace_lesson(trace, title))
+
+
 def export_html(lesson: Lesson, out_dir: str | Path) -> Path:
     """Write ``<out_dir>/<lesson id>.html`` (``player_html``); returns its path. Raises OSError where the folder
     cannot be written."""
@@ -109,4 +125,4 @@ def export_html(lesson: Lesson, out_dir: str | Path) -> Path:
     return path
 
 
-__all__ = ["PLAYER_SCHEMA", "export_html", "player_data", "player_html"]
+__all__ = ["PLAYER_SCHEMA", "export_html", "player_data", "player_html", "trace_html", "trace_lesson"]

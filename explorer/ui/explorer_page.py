@@ -21,6 +21,7 @@ from ..instruments.acceptance import measure_forward_costs
 from ..instruments.counterfactual import counterfactual, parse_edits
 from ..instruments.probe import probe_last_step
 from ..instruments.replay import ReplayError, engine_after_text, replay_steps
+from ..lessons.player import trace_html
 from ..trace import figures
 from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from . import panels
@@ -229,7 +230,7 @@ def controls(trace, replaying: bool) -> None:
     the next run sees the ``running`` flag still set."""
     c = _cursor()
     n = len(trace.steps) if trace is not None else 0
-    b = st.columns([1, 1, 1, 1.3, 1, 1, 1.6])  # labels wrap where a column is narrow: never cut to "For..."
+    b = st.columns([1, 1, 1, 1.3, 1, 1, 1.6, 1.6])  # labels wrap where a column is narrow: never cut to "For..."
     b[0].button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
                 help="draft and verify one speculative round on the real models", wrap=True)
     b[1].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0, wrap=True)
@@ -241,6 +242,12 @@ def controls(trace, replaying: bool) -> None:
                          file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
                          disabled=trace is None, on_click="ignore", wrap=True,
                          help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
+    # built on the click, on its own thread (about 5 MB: Plotly.js inlined), not on every rerun
+    b[7].download_button("Download as HTML", data=(lambda t=trace: trace_html(t)) if trace is not None else "",
+                         file_name="spec-explorer-trace.html", mime="text/html", key="download_html_btn",
+                         disabled=trace is None, on_click="ignore", wrap=True,
+                         help="the session as one page that plays its steps in any browser, offline: for a bug "
+                              "report or a hand-in")
     if n >= 2:
         if Explorer.STEP_SLIDER.get() != c + 1:
             Explorer.STEP_SLIDER.set(c + 1)
