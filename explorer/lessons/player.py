@@ -12,6 +12,7 @@ formula), and makes no request: ``export_html`` inlines Plotly.js and the data. 
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def player_data(lesson: Lesson) -> dict:
     runs = []
     for r, lesson_run in enumerate(lesson.runs):
         trace: RunTrace = lesson_run.trace
-        greedy = float(trace.settings.get("sampling", {}).get("temperature", 0.0)) == 0.0
+        greedy = trace.greedy
         runs.append({"label": lesson_run.label, "greedy": greedy, "prompt": trace.prompt,
                      "steps": [_step_data(s) for s in trace.steps],
                      "phases": [[s.index, p] for s in trace.steps for p in _phase_data(lesson, r, s, greedy)],
@@ -91,12 +92,8 @@ def player_html(lesson: Lesson) -> str:
     page = TEMPLATE.read_text(encoding="utf-8")
     data = json.dumps(player_data(lesson), separators=(",", ":")).replace("</", "<\\/")  # no early </script>
     plotly_js = plotly.offline.get_plotlyjs()
-    page = page.replace("{{TITLE}}", _escape(lesson.title))
+    page = page.replace("{{TITLE}}", html.escape(lesson.title, quote=False))
     return page.replace("/*PLOTLY_JS*/", plotly_js, 1).replace("/*PLAYER_DATA*/", data, 1)
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def trace_lesson(trace: RunTrace, title: str = "") -> Lesson:

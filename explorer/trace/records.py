@@ -293,6 +293,15 @@ class RunTrace:
     def generated_text(self) -> str:
         return "".join(t for s in self.steps for t in s.committed_text)
 
+    @property
+    def temperature(self) -> float:
+        """The run's sampling temperature (0 = greedy) as its settings recorded it."""
+        return float(self.settings.get("sampling", {}).get("temperature", 0.0))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
     def to_dict(self) -> dict:
         return {"schema_version": self.schema_version, "settings": self.settings, "model": self.model,
                 "prompt": self.prompt, "prompt_ids": self.prompt_ids, "prefill_ms": self.prefill_ms,

@@ -195,7 +195,7 @@ def _view(lessons: dict[str, Lesson]) -> None:
                 f'<p class="cls-where">{where}</p><span data-cls-pos="{lesson.id}:{pos}" hidden></span>',
                 unsafe_allow_html=True)
 
-    greedy = float(run.trace.settings.get("sampling", {}).get("temperature", 0.0)) == 0.0
+    greedy = run.trace.greedy
     left, middle, right = st.columns([5, 3.6, 3.4])
     shown = phases.shown_status(step, phase)
     highlight = phase.node if phase.kind == "verify" else None

@@ -362,7 +362,7 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
                        can_probe=pair is not None)
     counterfactual_section(step, _results(Explorer.COUNTERFACTUALS, trace).get(step.index),
                            can_edit=pair is not None, teach=teach,
-                           temperature=float(trace.settings.get("sampling", {}).get("temperature", 0.0)))
+                           temperature=trace.temperature)
     costs = _costs_for(pair)
     timeline_section(trace, step, costs, teach)
     report = acceptance_section(trace, costs, can_measure=pair is not None, teach=teach)
