@@ -150,13 +150,11 @@ class ModelDrafter(Drafter):
                 levels = self._chain_plan(view, index, level, stop - start, reach, template, want_hidden,
                                           first_of_step=not replays)
                 if levels > 1:
-                    mask = _level_mask(past, len(chain), tree, start, stop, rows_of, next_row)
+                    mask = _level_mask(past, len(chain), tree, start, stop, rows_of, next_row, bool(replays))
                     pos = step_position_ids(past, len(chain), False, tree.depth, start, stop)
                     uniforms = None if sampling.greedy else drafting.uniforms(view.generator, levels * (stop - start))
-                    replay = _ChainReplay(view, tree, start, stop, levels, pos, mask, uniforms, want_features)
-                    for j in range(levels):
-                        for c in range(stop - start):
-                            replay.rows[j * (stop - start) + c] = next_row + j * (stop - start) + c
+                    replay = _ChainReplay(view, tree, start, stop, levels, pos, mask, uniforms, want_features,
+                                          first_row=next_row)
                     next_row += levels * (stop - start)
                     calls += levels
                     replays.append([levels, 0])
@@ -164,11 +162,12 @@ class ModelDrafter(Drafter):
                 qd, hidden = replay.dists, None
                 replays[-1][1] += 1
                 for node in range(start, stop):  # this level's nodes sit in the replay's rows
-                    rows_of[node] = replay.rows[replay.row(level, node)]
+                    rows_of[node] = replay.first_row + replay.row(level, node)
             else:
                 ids = (chain if first else []) + tree.token[start:stop]
                 mask = (None if (first and level == 0) else
-                        _level_mask(past, len(chain), tree, start, stop, rows_of, next_row, chain_in_query=first))
+                        _level_mask(past, len(chain), tree, start, stop, rows_of, next_row, bool(replays),
+                                    chain_in_query=first))
                 pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
                 fwd = view.draft_forward(ids, pos, mask, keep=max(stop - start, 1), hidden=want_hidden)
                 calls += 1
@@ -274,19 +273,18 @@ class _ChainReplay:
         first_level: the tree level whose nodes the replay's first forward fed.
         dists: ``RowDists`` over the replay's ``levels * w`` rows (level-major), with its decision features
             attached when the run computes them, and the chosen tokens: all reach the host in one transfer.
-        rows: replay row -> draft-cache row (relative to the step's head).
+        first_row: the draft-cache row (relative to the step's head) of the replay's row 0; its rows follow it.
         chain_of: tree node -> its chain (0 .. w-1), for the first level's nodes and every child read so far.
     """
 
     def __init__(self, view, tree: DraftTree, start: int, stop: int, levels: int, pos: list[int], mask, uniforms,
-                 want_features: bool):
-        self.first_level, self.levels, self.w = tree.n_levels, levels, stop - start
+                 want_features: bool, first_row: int):
+        self.first_level, self.levels, self.w, self.first_row = tree.n_levels, levels, stop - start, first_row
         tokens, logits = view.draft_chain(tree.token[start:stop], pos, mask, levels, uniforms)
         self.dists = RowDists(logits, view.sampling)
         if want_features:
             self.dists.attach("dist", _dist_features(self.dists))
         self.dists.attach("tokens", tokens.reshape(-1, 1))
-        self.rows: dict[int, int] = {}
         self.chain_of = {node: c for c, node in enumerate(range(start, stop))}
         self._tokens: list[int] | None = None
 
@@ -305,13 +303,13 @@ class _ChainReplay:
 
 
 def _level_mask(past: int, chain_len: int, tree: DraftTree, start: int, stop: int, rows_of: dict[int, int],
-                next_row: int, chain_in_query: bool = False) -> np.ndarray:
+                next_row: int, replayed: bool, chain_in_query: bool = False) -> np.ndarray:
     """The bool attention mask of a draft forward feeding tree nodes ``start .. stop - 1`` at draft-cache rows
-    ``next_row ..`` (after ``past`` cached and ``chain_len`` new committed tokens): ``tree.step_mask`` while every
-    fed node sits at its own index (``rows_of`` is the identity, no chain replay yet), else built from ``rows_of``:
-    each row sees the committed tokens, its ancestors' rows and its own. ``(q, past + chain_len + next_row + q)``
-    with ``q`` the chain (when ``chain_in_query``) plus the nodes."""
-    if all(rows_of.get(i) == i for i in range(start)) and next_row == start:
+    ``next_row ..`` (after ``past`` cached and ``chain_len`` new committed tokens): ``tree.step_mask`` until the step
+    ran a chain replay (``replayed``; until then every fed node sits at its own index), else built from
+    ``rows_of``: each row sees the committed tokens, its ancestors' rows and its own.
+    ``(q, past + chain_len + next_row + q)`` with ``q`` the chain (when ``chain_in_query``) plus the nodes."""
+    if not replayed:
         return step_mask(past, chain_len, chain_in_query, tree.anc, start, stop)
     n_ctx, w = past + chain_len, stop - start
     mask = np.zeros((w, n_ctx + next_row + w), dtype=bool)

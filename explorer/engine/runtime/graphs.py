@@ -214,7 +214,7 @@ class GraphRunner:
         if uniforms is not None:
             c.uniforms.copy_(uniforms.reshape(levels, w))
         if self.capture and c.graph is None:
-            self._capture_chain(c, sampling)
+            c.graph, _ = self._record(levels * w, lambda: self._chain_body(c, sampling))
         self.kv.seek(levels * w)
         if c.graph is not None:
             c.graph.replay()
@@ -242,7 +242,7 @@ class GraphRunner:
                 mask[np.arange(w), length + np.arange(w)] = True
                 c = self._stage_chain([0] * w, [length] * w, mask, levels, vocab, sampling)
                 if c.graph is None:
-                    self._capture_chain(c, sampling)
+                    c.graph, _ = self._record(levels * w, lambda: self._chain_body(c, sampling))
         return self.captures - done
 
     def _stage_chain(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray, levels: int, vocab: int,
@@ -284,23 +284,6 @@ class GraphRunner:
             if j + 1 < c.levels:
                 ids, pos, cache_position = tokens[None], pos + 1, cache_position + c.w
                 allowed = allowed.scatter(1, cache_position[:, None], True)
-
-    def _capture_chain(self, c: _Chain, sampling: SamplingConfig) -> None:
-        """Warm up on a side stream, then record the chain's forwards in one graph (as ``_capture``)."""
-        device = self.kv.device
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.kv.seek(c.levels * c.w)
-                self._chain_body(c, sampling)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.kv.seek(c.levels * c.w)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._chain_body(c, sampling)
-        c.graph = graph
-        self.captures += 1
 
     def capture_all(self, hidden: bool = False) -> int:
         """Capture every bucket not captured yet (with ``hidden`` as given), at the cache's current length, without
@@ -345,21 +328,29 @@ class GraphRunner:
         return self._buckets[key]
 
     def _capture(self, b: _Bucket, hidden: bool) -> None:
-        """Warm up on a side stream (as PyTorch's CUDA graph notes ask), then record one forward."""
-        stream = torch.cuda.Stream(self.kv.device)
-        stream.wait_stream(torch.cuda.current_stream(self.kv.device))
+        """Record bucket ``b``'s forward (``_record``); its outputs become the bucket's output buffers."""
+        b.graph, out = self._record(b.size, lambda: self._call(b, hidden))
+        b.logits = out.logits
+        b.hidden = out.hidden_states[-1] if hidden else None
+
+    def _record(self, rows: int, work):
+        """Warm ``work`` (the forwards of ``rows`` cache rows from ``kv.length``) up twice on a side stream, as
+        PyTorch's CUDA graph notes ask, then record it in one graph of this runner's memory pool. Returns the graph
+        and what the recorded call returned (its tensors are the graph's output buffers)."""
+        device = self.kv.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.kv.seek(b.size)
-                self._call(b, hidden)
-        torch.cuda.current_stream(self.kv.device).wait_stream(stream)
-        self.kv.seek(b.size)
+                self.kv.seek(rows)
+                work()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.kv.seek(rows)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._call(b, hidden)
-        b.graph, b.logits = graph, out.logits
-        b.hidden = out.hidden_states[-1] if hidden else None
+            out = work()
         self.captures += 1
+        return graph, out
 
 
 def acquire_runner(pair, role: str, min_width: int) -> GraphRunner:
