@@ -6,14 +6,16 @@
 #               transformers' baselines in the same run (OUT_DIR/bench-<set>/bench.json: assets/bench/gpu-<set>.json)
 #   chain-*     the model-drafting methods with and without chain replays (several draft levels in one graph,
 #               bench --chain-levels / +chain=N) on the same sets, ar in the same run
+#   fused-*     ar and the chained model-drafting methods with the models' norms, MLPs and rotary embedding compiled
+#               into fused kernels (--fused-kernels on) and without, one bench run each (ratios within a run)
 #   lessons     every lesson's runs and ar timed on this machine (OUT_DIR/lessons/*.json: assets/lessons/)
 #   app         the app headless on the GPU, steps against the CLI's, peak GPU memory (scripts/app_device_check.py)
 #   cuda-real   the CUDA tests on the embedded pair (the tiny-pair CUDA tests: pytest -m "cuda and not real")
 # Usage: scripts/gpu_check.sh OUT_DIR. A part that fails or runs out of time does not stop the next; each part's
 # output is OUT_DIR/<part>.log and OUT_DIR/progress says where the run is. Environment: DEADLINE (epoch seconds: no
 # part runs past it), WAIT_FOR (a file whose existence means the GPU is free; waited for before the timed parts),
-# MODELS (default; tiny for a dry run), DEVICE (cuda), SETS, RANGE, TOKENS, BENCH_METHODS, CHAIN_METHODS, PARTS (the
-# parts to run, default all: prepare bench chain lessons app cuda-real).
+# MODELS (default; tiny for a dry run), DEVICE (cuda), SETS, RANGE, TOKENS, BENCH_METHODS, CHAIN_METHODS,
+# FUSED_METHODS, FUSED_TEMPS, PARTS (the parts to run, default all: prepare bench chain fused lessons app cuda-real).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${1:?usage: scripts/gpu_check.sh OUT_DIR}
@@ -25,7 +27,8 @@ DEVICE=${DEVICE:-cuda}
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 3600 ))}
 M=${BENCH_METHODS:-ar,hf-assisted,hf-prompt-lookup,sd,mcsd,mcsd-improved,prompt-lookup,token-recycling,hybrid}
 C=${CHAIN_METHODS:-ar,sd,sd+chain=4,mcsd-improved,mcsd-improved+chain=16,hybrid,hybrid+chain=16}
-PARTS=${PARTS:-prepare bench chain lessons app cuda-real}
+F=${FUSED_METHODS:-ar,sd+chain=4,mcsd-improved+chain=16,hybrid+chain=16}
+PARTS=${PARTS:-prepare bench chain fused lessons app cuda-real}
 
 part() {
   local name=$1 left=$(( DEADLINE - $(date +%s) ))
@@ -51,6 +54,13 @@ for set in ${SETS:-humaneval mt-bench}; do
   part "chain-$set" "$PY" -m explorer bench --models "$MODELS" --device "$DEVICE" --prompt-file "$set" \
     --range "${RANGE:-0:3}" --temperatures 0,0.7 --max-new-tokens "${TOKENS:-128}" --graphs --methods "$C" \
     --out "$R/chain-$set"
+done
+for set in ${SETS:-humaneval mt-bench}; do
+  for fused in off on; do
+    part "fused-$set-$fused" "$PY" -m explorer bench --models "$MODELS" --device "$DEVICE" --prompt-file "$set" \
+      --range "${RANGE:-0:3}" --temperatures "${FUSED_TEMPS:-0,0.7}" --max-new-tokens "${TOKENS:-128}" --graphs \
+      --methods "$F" --fused-kernels "$fused" --out "$R/fused-$set-$fused"
+  done
 done
 rm -rf "$R/lessons" && cp -r assets/lessons "$R/lessons"
 part lessons "$PY" -m explorer lessons time --models "$MODELS" --device "$DEVICE" --graphs --out "$R/lessons"

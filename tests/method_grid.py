@@ -62,9 +62,9 @@ IDS = [_case_id(c, t) for c, t in GRID]
 TIMERS = {"draft_ms", "verify_ms", "step_ms", "forward_ms", "prefill_ms", "timeline"}
 
 
-def session(pair, cfg, temperature, kv_cache, graphs=False, chain_levels=0):
+def session(pair, cfg, temperature, kv_cache, graphs=False, chain_levels=0, top_p=0.95):
     """Three steps, rewind with another seed, three steps, rewind to the first seed, two steps: the traces."""
-    eng = build_engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=0.95, seed=3), kv_cache=kv_cache,
+    eng = build_engine(pair, cfg, SamplingConfig(temperature=temperature, top_p=top_p, seed=3), kv_cache=kv_cache,
                        graphs=graphs, chain_levels=chain_levels)
     eng.start(pair.tokenizer.encode(PROMPT), 24)
     traces = [eng.run(max_steps=3).to_dict()]

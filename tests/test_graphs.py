@@ -101,8 +101,12 @@ def test_cuda_graphs_give_the_eager_traces(tiny_cuda, case):
 
     cfg, temperature = GRID[case]
     replays = sum(r.replays for r in runners())
-    same_traces(session(tiny_cuda, cfg, temperature, "static"),
-                session(tiny_cuda, cfg, temperature, "static", graphs=True))
+    # The full distribution, not top-p 0.95: which tokens a nucleus keeps is a step function of the logits, and
+    # graphed and eager kernels round differently. On the H100 a row's mass before its boundary token was 0.95 +
+    # 6e-8 eager and 0.95 exactly graphed (a reused runner prefills through a bucket graph, a fresh one eagerly):
+    # 37 tokens kept against 36, a visible change in p. The CPU's padded-bucket test keeps top-p.
+    same_traces(session(tiny_cuda, cfg, temperature, "static", top_p=1.0),
+                session(tiny_cuda, cfg, temperature, "static", graphs=True, top_p=1.0))
     assert runners() and all(r.capture for r in runners()) and sum(r.replays for r in runners()) > replays
     assert all(r.captures <= 2 * len(BUCKETS) for r in runners())
 

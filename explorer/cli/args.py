@@ -18,7 +18,8 @@ from ..models.loading import load_named_pair
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """The model pair's options: --models, --draft, --target, --dtype, --device, --draft-quant, --packed-weights."""
+    """The model pair's options: --models, --draft, --target, --dtype, --device, --draft-quant, --packed-weights,
+    --fused-kernels."""
     g = p.add_argument_group("models")
     g.add_argument("--models", default="default", choices=["default", "tiny", "custom"],
                    help="default: embedded Qwen2.5-Coder 0.5B -> 1.5B pair; tiny: random test pair; "
@@ -35,6 +36,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--packed-weights", default="auto", choices=["auto", "on", "off"],
                    help="float32 linear weights packed once for oneDNN instead of on every call (CPU; faster "
                         "forwards, logits within about 1e-4). auto (default): on for real float32 pairs on a CPU")
+    g.add_argument("--fused-kernels", default="off", choices=["on", "off"],
+                   help="on: the models' norms, MLPs and rotary embedding compiled into fused kernels "
+                        "(torch.compile; a GPU's forwards are mostly such small kernels). Default off")
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
@@ -150,5 +154,5 @@ def load_pair_from_args(args, keep_unquantized: bool = False):
     spec = "custom" if (args.draft or args.target) else args.models
     return load_named_pair(spec, dtype=args.dtype, device=args.device, draft=args.draft, target=args.target,
                            draft_quant=args.draft_quant, keep_unquantized=keep_unquantized,
-                           packed=args.packed_weights,
+                           packed=args.packed_weights, fused=getattr(args, "fused_kernels", "off"),
                            progress=lambda msg, frac: print(f"[models] {msg}", file=sys.stderr) if frac == 0 else None)

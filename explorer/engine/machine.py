@@ -293,6 +293,7 @@ class Engine:
                    "draft_quant": self.pair.draft_quant, "packed_weights": self.pair.packed_weights,
                    "kv_cache": self.kv_cache, "graphs": self.graphs,
                    **({"chain_levels": self.chain_levels} if self.chain_levels else {}),
+                   **({"fused_kernels": True} if self.pair.fused_kernels else {}),
                    **({"verification_cost": self.pair.measured["verification_cost"]}
                       if "verification_cost" in self.pair.measured else {}),
                    **({"row_pricing": self.row_pricing.prices} if self.row_pricing is not None else {})},

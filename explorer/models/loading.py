@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from .early_exit import EarlyExitDraft, LayerSkipError
+from .fused_kernels import FUSE_MODES, FusedKernelsError, fuse_kernels
 from .packed_weights import PACK_MODES, can_pack, pack_linear_weights
 from .pair import ModelPair, make_pair
 from .tiny import tiny_pair
@@ -400,12 +401,13 @@ def load_default_pair(*, dtype=None, device=None, progress: ProgressFn = _noop_p
 
 def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = None, target: str | None = None,
                     draft_quant: str | None = None, keep_unquantized: bool = False, packed: str | None = None,
-                    progress: ProgressFn = _noop_progress) -> ModelPair:
+                    fused: str = "off", progress: ProgressFn = _noop_progress) -> ModelPair:
     """``spec``: ``"default"``, ``"tiny"`` or ``"custom"`` (then ``draft`` and ``target`` name the models).
 
     ``draft_quant``: ``none``, ``int8`` or None / ``auto`` (int8 on CPU for real pairs, none on CUDA and for the
     tiny pair); see ``quantize_draft``. ``packed``: ``on``, ``off`` or None / ``auto`` (on where ``pack_weights``
-    can, for real pairs; off for the tiny pair).
+    can, for real pairs; off for the tiny pair). ``fused``: ``on`` compiles the models' elementwise pieces into
+    fused kernels (``fuse_pair``), ``off`` (default) leaves them.
     """
     if spec == "default":
         pair = load_default_pair(dtype=dtype, device=device, progress=progress)
@@ -428,7 +430,28 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
         progress("quantizing the draft to int8", 0.0)
         pair = quantize_draft(pair, how, keep_unquantized=keep_unquantized, consume=True)
     pair = pack_weights(pair, packed or "auto", progress)
+    pair = fuse_pair(pair, fused, progress)
     freeze_heap()
+    return pair
+
+
+def fuse_pair(pair: ModelPair, mode: str = "on", progress: ProgressFn = _noop_progress) -> ModelPair:
+    """Compile the norms, MLPs and rotary embedding of the pair's models (target, draft, the unquantized draft kept
+    for the bench) into fused kernels (``models/fused_kernels.py``); they compile on first use, about 3 s on a GPU
+    machine. In place; returns ``pair``. ``mode``: ``on`` or ``off``. Raises ModelPairError for another mode or where
+    this PyTorch cannot compile."""
+    if mode not in FUSE_MODES:
+        raise ModelPairError(f"unknown fused-kernels mode {mode!r}; use {', '.join(FUSE_MODES)}")
+    if mode == "off" or pair.fused_kernels:
+        return pair
+    progress("compiling fused kernels (on first use)", 0.0)
+    try:
+        for model in (pair.target, pair.draft, pair.unquantized_draft):
+            if model is not None and not getattr(model, "shares_target", False):
+                fuse_kernels(model)
+    except FusedKernelsError as exc:
+        raise ModelPairError(f"{exc}; use --fused-kernels off") from exc
+    pair.fused_kernels = True
     return pair
 
 

@@ -25,6 +25,7 @@ class ModelPair:
             embedding matrix are never real tokens).
         name, draft_id, target_id: labels for traces and reports.
         packed_weights: the float32 models' linear layers hold their weights packed for oneDNN (``pack_weights``).
+        fused_kernels: the models' norms, MLPs and rotary embedding run compiled, fused kernels (``fuse_pair``).
         draft_quant: ``none`` or ``int8`` (the draft's linear layers dynamically quantized; see ``quantize_draft``).
         unquantized_draft: the draft before quantization, kept only when asked (``bench`` runs transformers'
             assisted generation with it as the users' baseline); None otherwise.
@@ -47,6 +48,7 @@ class ModelPair:
     graph_runners: dict = field(default_factory=dict, repr=False)  # idle CUDA-graph runners (graphs.acquire_runner)
     measured: dict = field(default_factory=dict, repr=False)  # this machine's costs, once (runtime/forward_costs.py)
     packed_weights: bool = False  # float32 linears packed once for oneDNN (models/packed_weights.py)
+    fused_kernels: bool = False  # norms, MLPs and rotary compiled into fused kernels (models/fused_kernels.py)
 
 
 def _eos_ids(lm, tok) -> tuple[int, ...]:

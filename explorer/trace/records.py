@@ -270,7 +270,7 @@ class RunTrace:
             where it came from).
         model: the pair and how it ran: ``name``, ``draft_id``, ``target_id``, ``dtype``, ``device``,
             ``draft_quant``, ``packed_weights``, ``kv_cache``, ``graphs``; where they apply, ``chain_levels``,
-            ``verification_cost`` and ``row_pricing`` (the prices of free rows, ms).
+            ``fused_kernels``, ``verification_cost`` and ``row_pricing`` (the prices of free rows, ms).
         prompt / prompt_ids: the prompt's text (``""`` when the caller gave none) and its token ids.
         steps: every step so far, in order.
         prefill_ms: wall-clock milliseconds of the prefill (both models, and the drafter's start).
