@@ -1,6 +1,6 @@
 """Per-forward wall time of each model, eager against a replayed CUDA graph, for k new query rows after a context.
 
-    python scripts/forward_times.py --device cuda [--context 300] [--ks 1,16,64] [--repeats 30]
+    python scripts/forward_times.py --device cuda [--context 300] [--ks 1,16,64] [--repeats 30] [--fused-kernels on]
 
 Eager: a plain forward on a dynamic cache cropped back after each call (what the engine did before issue 13).
 Graph: ``graphs.GraphRunner`` on a static cache (captured once per bucket, then replayed). Prints one JSON line per
@@ -34,8 +34,10 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--ks", default="1,16,64")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--fused-kernels", default="off", choices=["on", "off"],
+                    help="the models' norms, MLPs and rotary embedding compiled (models/fused_kernels.py)")
     args = ap.parse_args()
-    pair = load_named_pair(args.models, device=args.device, draft_quant="none")
+    pair = load_named_pair(args.models, device=args.device, draft_quant="none", fused=args.fused_kernels)
     gen = torch.Generator().manual_seed(0)
     top = min(5000, pair.vocab_size)
     ctx = torch.randint(10, top, (args.context,), generator=gen).tolist()
