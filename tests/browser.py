@@ -546,9 +546,12 @@ def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fi
     return report
 
 
-CLASSROOM_POS = "() => document.querySelector('[data-cls-pos]')?.getAttribute('data-cls-pos') ?? null"
+# The Classroom's lesson player: an iframe (ui/lesson_player.py; inside the component's shadow root, which
+# Playwright's CSS selectors pierce) whose page says the phase on screen in window.shownPhase.
+PLAYER_POS = """f => { const w = f.contentWindow;
+  return w && w.shownPhase !== undefined ? f.dataset.src.split('/').pop().split('.')[0] + ':' + w.shownPhase : null; }"""
 # Things a projector must show whole: no button, selectbox value, metric or label cut (scrollWidth > clientWidth).
-CUT_TEXT = """() => [...document.querySelectorAll('button *, input[role=combobox], '
+CUT_TEXT = """() => [...document.querySelectorAll('button *, button, select, input[role=combobox], '
   + '[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *, [data-testid="stWidgetLabel"] *')]
   .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth)
   .map(e => (e.innerText || e.value || '').slice(0, 40))"""
@@ -556,31 +559,59 @@ CUT_TEXT = """() => [...document.querySelectorAll('button *, input[role=combobox
 MIN_CHART_TEXT = """() => Math.min(...[...document.querySelectorAll('.js-plotly-plot text')]
   .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0)
   .map(t => parseFloat(getComputedStyle(t).fontSize)))"""
-BOXES = """() => Object.fromEntries([['tree', '.st-key-cls_tree'], ['mask', '.st-key-cls_mask'],
-  ['account', '.cls-account'], ['controls', '.st-key-cls_next']].map(([k, sel]) => {
-    const e = document.querySelector(sel); if (!e) return [k, null];
-    const r = e.getBoundingClientRect(); return [k, [r.left, r.top, r.right, r.bottom]]; }))"""
+# Where the player's tree, mask, account and Next button lie on the page (the iframe's offset added).
+BOXES = """f => { const o = f.getBoundingClientRect(), d = f.contentDocument;
+  return Object.fromEntries([['tree', '#tree'], ['mask', '#mask'], ['account', '#account'], ['controls', '#next']]
+    .map(([k, sel]) => { const e = d.querySelector(sel); if (!e) return [k, null];
+      const r = e.getBoundingClientRect(); return [k, [o.left + r.left, o.top + r.top, o.left + r.right,
+                                                        o.top + r.bottom]]; })); }"""
 
 
-def _classroom_moved(page, before, timeout_ms: int = 30_000) -> str:
-    """Wait until the classroom's phase marker differs from ``before`` and no script run is in progress."""
-    page.wait_for_function(f"b => ({CLASSROOM_POS})() !== b", arg=before, timeout=timeout_ms)
-    page.wait_for_selector(IDLE, timeout=timeout_ms)
-    return page.evaluate(CLASSROOM_POS)
+def player_pos(page) -> str | None:
+    """``<lesson>:<phase>`` of the Classroom's player, or None before it shows one."""
+    frame = page.locator("iframe")
+    return frame.first.evaluate(PLAYER_POS) if frame.count() else None
 
 
-def _classroom_key(page, key: str) -> str:
-    before = page.evaluate(CLASSROOM_POS)
+def player_frame(page):
+    """The player's page (a Playwright Frame), once it has drawn its first phase."""
+    frame = page.locator("iframe").first.element_handle(timeout=120_000).content_frame()
+    frame.wait_for_function("window.shownPhase !== undefined", timeout=120_000)
+    return frame
+
+
+def _player_moved(page, before, timeout_ms: int = 10_000) -> str | None:
+    """Wait until the player's position differs from ``before``; the position then (``before`` at the timeout)."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while time.monotonic() < deadline:
+        now = player_pos(page)
+        if now is not None and now != before:
+            return now
+        time.sleep(0.01)
+    return before
+
+
+def _player_key(page, key: str) -> str:
+    before = player_pos(page)
     page.keyboard.press(key)
-    return _classroom_moved(page, before)
+    return _player_moved(page, before)
 
 
-def classroom_tour(url: str, out_dir: Path, sizes=((1280, 720), (1920, 1080)), bad_lesson: Path | None = None) -> dict:
-    """The Classroom as a projector shows it: for each screen size open ``?page=classroom`` in a new session (the
-    sidebar collapsed), time the first lesson's opening, press Right three times, then check that the tree, the mask
-    and the account lie inside the viewport, that no text is cut and the charts' smallest text; open every lesson
-    (the time each takes); Page Down / Page Up / Left; Play at 2 s a phase, then any key stops it; a malformed lesson
-    file gets a message. Screenshots in ``out_dir``."""
+def cpu_s(pid: int) -> float:
+    """The process's CPU time so far (user + system, s: /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def classroom_tour(url: str, out_dir: Path, pid: int | None = None, sizes=((1280, 720), (1920, 1080), (390, 844)),
+                   bad_lesson: Path | None = None, presses: int = 30) -> dict:
+    """The Classroom as a projector and a phone show it: for each screen size open ``?page=classroom`` in a new
+    session (the sidebar collapsed) and time the lesson's opening; press Right ``presses`` times, counting the
+    websocket frames and (with ``pid``) the server's CPU seconds they cost; check that the player's tree, mask,
+    account and controls lie inside the viewport (the phone: the tree and the account on the first screen), that no
+    text is cut, and the charts' smallest text; Page Down / Page Up / Left; Play at 0.5 s a phase, then any key
+    stops it. At the first size: pick every lesson with the mouse and press Right at once (the keys reach the
+    player), and a malformed lesson file gets a message. Screenshots in ``out_dir``."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -590,64 +621,75 @@ def classroom_tour(url: str, out_dir: Path, sizes=((1280, 720), (1920, 1080)), b
         for width, height in sizes:
             r: dict = {}
             report[f"{width}x{height}"] = r
-            page = browser.new_page(viewport={"width": width, "height": height})
+            phone = width < 700
+            page = browser.new_page(viewport={"width": width, "height": height}, is_mobile=phone, has_touch=phone)
             errors: list[str] = []
+            frames: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("websocket", lambda ws: (ws.on("framesent", lambda f: frames.append("sent")),
+                                             ws.on("framereceived", lambda f: frames.append("received"))))
             t0 = time.monotonic()
             page.goto(url + "/?page=classroom")
-            page.wait_for_selector(".st-key-cls_tree .js-plotly-plot", timeout=120_000)
+            frame = player_frame(page)
+            frame.wait_for_selector("#tree .main-svg", timeout=60_000)
             page.wait_for_selector(IDLE, timeout=120_000)
             r["open_s"] = round(time.monotonic() - t0, 2)
             r["sidebar_collapsed"] = page.evaluate(
                 "() => { const s = document.querySelector('[data-testid=stSidebar]');"
                 " return !s || s.getAttribute('aria-expanded') === 'false' || s.getBoundingClientRect().right <= 0; }")
-            r["positions"] = [page.evaluate(CLASSROOM_POS)] + [_classroom_key(page, "ArrowRight") for _ in range(3)]
+            time.sleep(1.0)  # the last of the page's own messages
+            sent, cpu0 = len(frames), cpu_s(pid) if pid else None
+            start = player_pos(page)
+            r["positions"] = [start] + [_player_key(page, "ArrowRight") for _ in range(presses)]
+            time.sleep(1.0)
+            r["press_frames"] = len(frames) - sent
+            r["press_cpu_s"] = round(cpu_s(pid) - cpu0, 3) if pid else None
+            r["where"] = page.locator(".where").inner_text()  # the component heard the player's position
+            for _ in range(presses - 3):
+                page.keyboard.press("ArrowLeft")
+            r["positions_back"] = player_pos(page)
             time.sleep(0.5)  # let Plotly finish laying out
-            r["boxes"], r["viewport"] = page.evaluate(BOXES), [width, height]
-            r["cut"] = page.evaluate(CUT_TEXT)
-            r["min_chart_px"] = page.evaluate(MIN_CHART_TEXT)
+            r["boxes"], r["viewport"] = page.locator("iframe").first.evaluate(BOXES), [width, height]
+            r["cut"] = page.evaluate(CUT_TEXT) + frame.evaluate(CUT_TEXT)
+            r["min_chart_px"] = frame.evaluate(MIN_CHART_TEXT)
             page.screenshot(path=str(out_dir / f"classroom_{width}x{height}.png"))
-            r["page_down"] = _classroom_key(page, "PageDown")
-            r["page_up"] = _classroom_key(page, "PageUp")
-            r["left"] = _classroom_key(page, "ArrowLeft")
-            # Play at 2 s a phase: it advances on its own; any other key stops it
-            page.locator(".st-key-cls_pace input[role=combobox]").click()
-            page.get_by_role("option", name="2 s / phase").click()
-            page.wait_for_selector(IDLE)
-            before = page.evaluate(CLASSROOM_POS)
-            page.locator(".st-key-cls_play button").click()
-            time.sleep(6.5)
-            r["played"] = [before, page.evaluate(CLASSROOM_POS)]
-            page.keyboard.press("b")  # a clicker's "blank screen" key, or any other
-            page.wait_for_function(
-                "() => document.querySelector('.st-key-cls_play button')?.innerText.includes('Play')", timeout=20_000)
-            page.wait_for_selector(IDLE)
-            stopped = page.evaluate(CLASSROOM_POS)
-            time.sleep(4.5)
-            r["stopped"] = [stopped, page.evaluate(CLASSROOM_POS)]
+            r["page_down"] = _player_key(page, "PageDown")
+            r["page_up"] = _player_key(page, "PageUp")
+            r["left"] = _player_key(page, "ArrowLeft")
+            if not phone:  # Play at 0.5 s a phase advances on its own; any other key stops it
+                frame.select_option("#pace", "0.5")
+                before = player_pos(page)
+                frame.click("#play")
+                time.sleep(1.8)
+                r["played"] = [before, player_pos(page)]
+                page.keyboard.press("b")  # a clicker's "blank screen" key, or any other
+                stopped = player_pos(page)
+                time.sleep(1.2)
+                r["stopped"] = [stopped, player_pos(page)]
             if (width, height) == sizes[0]:
-                r["lessons"] = {}
+                r["lessons"], r["after_pick"] = {}, {}
                 page.locator(".st-key-cls_lesson input[role=combobox]").click()
                 count = len(page.get_by_role("option").all())
                 page.keyboard.press("Escape")
-                for i in list(range(1, count)) + [0]:  # each pick a new lesson: it opens at its first phase
+                for i in list(range(1, count)) + [0]:  # each pick with the mouse, then the clicker's key
                     page.locator(".st-key-cls_lesson input[role=combobox]").click()
                     option = page.get_by_role("option").nth(i)
                     name = option.inner_text()
-                    before = page.evaluate(CLASSROOM_POS)
+                    before = player_pos(page)
                     t0 = time.monotonic()
                     option.click()
-                    page.wait_for_function(f"b => ({CLASSROOM_POS})() !== b && ({CLASSROOM_POS})().endsWith(':0')",
-                                           arg=before, timeout=30_000)
-                    page.wait_for_selector(".st-key-cls_tree .js-plotly-plot", timeout=30_000)
-                    page.wait_for_selector(IDLE)
+                    _player_moved(page, before, 60_000)
+                    player_frame(page).wait_for_selector("#tree .main-svg", timeout=60_000)
                     r["lessons"][name] = round(time.monotonic() - t0, 2)
+                    page.wait_for_selector(IDLE)
+                    time.sleep(0.3)
+                    r["after_pick"][name] = _player_key(page, "ArrowRight")
                 if bad_lesson is not None:
                     page.get_by_text("Open a lesson file").click()
                     page.locator(".st-key-cls_upload input[type=file]").set_input_files(str(bad_lesson))
                     page.wait_for_selector("[data-testid=stAlert]:has-text('Cannot load')", timeout=30_000)
                     r["bad_lesson"] = page.locator("[data-testid=stAlert]").all_inner_texts()
-                    r["after_bad_lesson"] = page.evaluate(CLASSROOM_POS)
+                    r["after_bad_lesson"] = player_pos(page)
             r["page_errors"] = errors
             page.close()
         browser.close()
@@ -684,7 +726,7 @@ def whole_class(url: str, out_dir: Path, pid: int, students: int = 10, rounds: i
             page.on("pageerror", lambda e: report["errors"].append(str(e)))
             if i % 2 == 0:
                 page.goto(url + "/?page=classroom")
-                page.wait_for_selector(".st-key-cls_tree .js-plotly-plot", timeout=120_000)
+                player_frame(page).wait_for_selector("#tree .main-svg", timeout=120_000)
                 page.wait_for_selector(IDLE, timeout=120_000)
                 classroom.append(page)
             else:
@@ -693,7 +735,7 @@ def whole_class(url: str, out_dir: Path, pid: int, students: int = 10, rounds: i
         for _ in range(rounds):
             pending = []
             for page in classroom:
-                pending.append(("phase", page, page.evaluate(CLASSROOM_POS), time.monotonic()))
+                pending.append(("phase", page, player_pos(page), time.monotonic()))
                 page.keyboard.press("ArrowRight")
             for page in live:
                 pending.append(("step", page, runs(page), time.monotonic()))
@@ -702,7 +744,7 @@ def whole_class(url: str, out_dir: Path, pid: int, students: int = 10, rounds: i
             while pending and time.monotonic() < deadline:
                 for item in list(pending):
                     kind, page, before, t0 = item
-                    now = page.evaluate(CLASSROOM_POS) if kind == "phase" else runs(page)
+                    now = player_pos(page) if kind == "phase" else runs(page)
                     idle = page.evaluate("() => document.querySelector(\"[data-testid='stApp']\")"
                                          "?.getAttribute('data-test-script-state') === 'notRunning'")
                     if now != before and idle:
@@ -710,7 +752,7 @@ def whole_class(url: str, out_dir: Path, pid: int, students: int = 10, rounds: i
                         pending.remove(item)
                 time.sleep(0.02)
             report["memory"].append(memory_mb(pid))
-        report["positions"] = [page.evaluate(CLASSROOM_POS) for page in classroom]
+        report["positions"] = [player_pos(page) for page in classroom]
         report["traces"] = []
         for i, page in enumerate(live):
             with page.expect_download() as dl:

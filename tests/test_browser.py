@@ -176,37 +176,46 @@ def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
 
 
 def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path):
-    """The Classroom at 1280x720 and 1920x1080, sidebar collapsed, no model loaded: after Right-arrow presses the
-    tree, the mask and the account lie inside the viewport, no text is cut, chart text is at least 16 px; Page
-    Down / Page Up / Left move phase by phase; Play advances and a key stops it; every lesson opens; a malformed
-    lesson file gets a message and the class goes on."""
+    """The Classroom at 1280x720, 1920x1080 and on a phone, sidebar collapsed, no model loaded: 30 Right presses
+    show 30 phases in order with no websocket message (the player runs in the browser); the tree, the mask, the
+    account and the controls lie inside the viewport (a phone: the tree and the account), no text is cut, chart
+    text is at least 16 px; Page Down / Page Up / Left move phase by phase; Play advances and a key stops it; every
+    lesson opens, and a clicker's key works right after picking it with the mouse; a malformed lesson file gets a
+    message and the class goes on."""
     from browser import classroom_tour
 
     bad = tmp_path / "bad_lesson.json"
     bad.write_text('{"lesson_schema": 99}')
-    with running_app("tiny") as url:
-        report = classroom_tour(url, tmp_path, bad_lesson=bad)
+    procs: list = []
+    with running_app("tiny", procs=procs) as url:
+        report = classroom_tour(url, tmp_path, pid=procs[0].pid, bad_lesson=bad)
     for size, r in report.items():
         width, height = r["viewport"]
         assert r["sidebar_collapsed"] and r["page_errors"] == [], (size, r)
         lesson = r["positions"][0].split(":")[0]
-        assert r["positions"] == [f"{lesson}:{i}" for i in range(4)], r["positions"]
-        for name in ("tree", "mask", "account", "controls"):
+        assert r["positions"] == [f"{lesson}:{i}" for i in range(31)], r["positions"]
+        assert r["press_frames"] == 0, (size, r["press_frames"])  # no message to the server, none from it
+        assert r["where"].endswith("31/" + r["where"].rsplit("/", 1)[1])  # Continue live knows the phase
+        assert r["positions_back"] == f"{lesson}:3"
+        names = ("tree", "account") if width < 700 else ("tree", "mask", "account", "controls")
+        for name in names:
             left, top, right, bottom = r["boxes"][name]
-            assert 0 <= left and 0 <= top and right <= width and bottom <= height, (size, name, r["boxes"][name])
+            assert 0 <= left and 0 <= top and right <= width + 1 and bottom <= height + 1, (size, name, r["boxes"])
         tree_top, tree_bottom = r["boxes"]["tree"][1], r["boxes"]["tree"][3]
-        assert tree_bottom - tree_top >= 0.6 * height, (size, r["boxes"]["tree"])  # the charts fill the screen
+        assert tree_bottom - tree_top >= 0.45 * height, (size, r["boxes"]["tree"])  # the charts fill the screen
         assert r["cut"] == [], (size, r["cut"])
         assert r["min_chart_px"] >= 16, (size, r["min_chart_px"])
         assert (r["page_down"], r["page_up"], r["left"]) == (f"{lesson}:4", f"{lesson}:3", f"{lesson}:2")
-        before, after = r["played"]
-        assert int(after.split(":")[1]) >= int(before.split(":")[1]) + 2, r["played"]  # Play advanced on its own
-        assert r["stopped"][0] == r["stopped"][1], r["stopped"]  # and the key stopped it
+        if "played" in r:
+            before, after = r["played"]
+            assert int(after.split(":")[1]) >= int(before.split(":")[1]) + 2, r["played"]  # Play advanced
+            assert r["stopped"][0] == r["stopped"][1], r["stopped"]  # and the key stopped it
         assert (tmp_path / f"classroom_{width}x{height}.png").stat().st_size > 20_000
     first = report["1280x720"]
-    assert len(first["lessons"]) >= 6 and max(first["lessons"].values()) < 10, first["lessons"]
+    assert len(first["lessons"]) >= 6 and max(first["lessons"].values()) < 15, first["lessons"]
+    assert all(pos.endswith(":1") for pos in first["after_pick"].values()), first["after_pick"]
     assert any("schema version 99" in m for m in first["bad_lesson"]), first["bad_lesson"]
-    assert first["after_bad_lesson"].endswith(":0")  # the lesson on screen stayed
+    assert first["after_bad_lesson"].endswith(":1")  # the lesson on screen stayed
 
 
 def test_a_whole_class_on_one_app(tmp_path, tiny):

@@ -181,30 +181,70 @@ def test_shipped_lessons_replay_token_for_token_on_the_embedded_pair(lesson_pair
             assert len(steps) == len(run.trace.steps)  # replay_steps raises where a step commits other tokens
 
 
-def test_the_classroom_opens_a_lesson_with_no_model_and_steps_through_phases(monkeypatch):
+def press_continue_live(at, run: int, step: int):
+    """What the player's Continue live sends (a trigger value of the ``lesson_player`` component, which AppTest
+    cannot click): the script reruns with that trigger in its widget states."""
+    from streamlit.components.v2.bidi_component.main import _make_trigger_id
+    from streamlit.proto.WidgetStates_pb2 import WidgetStates
+
+    states = WidgetStates()
+    states.CopyFrom(at._tree.get_widget_states())
+    trigger = states.widgets.add()
+    trigger.id = _make_trigger_id(at.get("bidi_component")[0].proto.id, "events")
+    trigger.json_trigger_value = json.dumps([{"event": "live", "value": {"run": run, "step": step}}])
+    return at._run(states)
+
+
+def player_of(at) -> dict:
+    """The data the Classroom's embedded player was mounted with (``ui/lesson_player.py``)."""
+    players = at.get("bidi_component")
+    assert len(players) == 1 and players[0].proto.component_name == "lesson_player"
+    return json.loads(players[0].proto.json)
+
+
+def test_the_classroom_plays_a_lesson_with_no_model_and_no_rerun_per_phase(monkeypatch, tmp_path):
+    """The page mounts the lesson's player page (published into the app's static folder) and reruns only when
+    another lesson is picked: phases change in the browser (tests/test_browser.py presses the keys)."""
     from streamlit.testing.v1 import AppTest
 
-    from explorer.ui import common
+    from explorer.ui import common, lesson_player
 
     def no_model(*args, **kwargs):
         raise AssertionError("the classroom must not load a model")
 
     monkeypatch.setattr(common, "get_pair", no_model)
+    monkeypatch.setattr(lesson_player, "STATIC_DIR", tmp_path)
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=60)
     at.query_params["page"] = "classroom"
     at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert at.session_state["page"] == "Classroom" and at.session_state["cls_pos"] == 0
-    at.button(key="cls_next").click().run()
-    at.button(key="cls_next").click().run()
-    assert at.session_state["cls_pos"] == 2 and not at.exception
-    at.button(key="cls_back").click().run()
-    assert at.session_state["cls_pos"] == 1
+    assert not at.exception and not at.error, [e.value for e in at.exception] + [e.value for e in at.error]
+    data = player_of(at)
+    first = load_lesson(shipped_lessons()[0])
+    assert data["title"] == first.title and data["src"].startswith("app/static/lessons/01-code-chains.")
+    page = (tmp_path / "lessons" / data["src"].rsplit("/", 1)[1]).read_text(encoding="utf-8")
+    assert f'"id":"{first.id}"' in page and "Plotly" in page  # the lesson's own player page, Plotly inlined
     options = at.selectbox(key="cls_lesson").options
     assert len(options) >= 6
     at.selectbox(key="cls_lesson").select_index(len(options) - 1).run()
-    assert at.session_state["cls_pos"] == 0 and not at.exception
-    assert any("What to notice" in i.value for i in at.info)  # the last lesson marks its first phase
+    other = player_of(at)
+    assert other["src"] != data["src"] and not at.exception
+    assert sorted(p.name for p in (tmp_path / "lessons").iterdir()) == sorted(
+        d["src"].rsplit("/", 1)[1] for d in (data, other))
+
+
+def test_the_classroom_says_where_the_player_cannot_be_published(monkeypatch, tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    from explorer.ui import lesson_player
+
+    blocker = tmp_path / "static"
+    blocker.write_text("a file where the folder should be")
+    monkeypatch.setattr(lesson_player, "STATIC_DIR", blocker)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=60)
+    at.query_params["page"] = "classroom"
+    at.run()
+    assert not at.exception and any("cannot be written" in e.value for e in at.error)
+    assert not at.get("bidi_component")
 
 
 def test_chain_speedup_follows_leviathan():
@@ -275,11 +315,7 @@ def test_continue_live_replays_the_lesson_to_its_step_and_steps_on(lesson_pair, 
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)
     at.query_params["page"] = "classroom"
     at.run()
-    order = lesson.phases()
-    pos = next(i for i, (_, p) in enumerate(order) if p.step == 1)  # the first phase of the second step
-    at.session_state["cls_pos"] = pos
-    at.run()
-    at.button(key="cls_live").click().run()
+    press_continue_live(at, 0, 1)  # the player showed the second step of the first run
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert at.session_state["page"] == "Explorer"
     engine = at.session_state["engine"]
@@ -335,27 +371,20 @@ def test_a_lesson_keeps_its_runs_timed_on_other_machines(tiny, tiny_lesson):
         tiny_lesson.with_timings(dataclasses.replace(gpu, runs=gpu.runs * 2))
 
 
-def test_the_classroom_race_picks_the_machine(tiny_lesson, tmp_path, monkeypatch):
-    """With a lesson timed on a second machine, the race's expander offers both and draws the one picked."""
-    from streamlit.testing.v1 import AppTest
-
+def test_the_players_race_offers_every_machine_the_lesson_was_timed_on(tiny_lesson):
+    """With a lesson timed on a second machine, the player's race (its machine picker) has a lane set for each, each
+    with its own figure and measured point."""
     from explorer.lessons.lesson import MachineTimings
+    from explorer.lessons.player import player_data
 
     other = MachineTimings(tiny_lesson.recorded | {"machine": "Linux, 16 CPUs, NVIDIA H200", "device": "cuda:0"},
                            [r.trace for r in tiny_lesson.runs], tiny_lesson.baseline)
-    folder = tmp_path / "lessons"
-    folder.mkdir()
-    (folder / "01-tiny.json").write_text(tiny_lesson.with_timings(other).to_json())
-    monkeypatch.setattr("explorer.lessons.lesson.LESSONS_DIR", folder)
-    monkeypatch.setattr("explorer.ui.classroom_page.shipped_lessons", lambda: [folder / "01-tiny.json"])
-    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=60)
-    at.query_params["page"] = "classroom"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    key = f"cls_machine_{tiny_lesson.id}"
-    assert at.radio(key=key).options[-1] == "NVIDIA H200"
-    at.radio(key=key).set_value("NVIDIA H200").run()
-    assert not at.exception and any("Timings: NVIDIA H200" in c.value for c in at.caption)
+    data = player_data(tiny_lesson.with_timings(other))
+    for run in data["runs"]:
+        race = run["race"]
+        assert list(race)[-1] == "NVIDIA H200" and len(race) == 2
+        for name, lane in race.items():
+            assert name in lane["figure"]["layout"]["title"]["text"] and lane["point"]["speedup"] > 0
 
 
 def test_continue_live_goes_on_from_the_text_where_the_steps_cannot_be_replayed(tiny, tiny_lesson, monkeypatch):

@@ -19,7 +19,7 @@ GROUP_NAMES = {g.__name__ for g in GROUPS}
 OWNERS = {"app.py": {"App"}, "sidebar.py": {"Sidebar"}, "explorer_page.py": {"Explorer"}, "panels.py": {"Explorer"},
           "instruments_panel.py": {"Explorer"}, "counterfactual_panel.py": {"Explorer"},
           "classroom_page.py": {"Classroom"}, "compare_page.py": {"Compare"}, "bench_page.py": set(),
-          "common.py": {"Shared"}, "__init__.py": set()}
+          "common.py": {"Shared"}, "lesson_player.py": set(), "__init__.py": set()}
 # The functions of state.py that write another part's keys, each on its docstring's word; the rest write Shared only.
 CROSSINGS = {"hand_off_to_explorer": {"Explorer", "Sidebar", "App"}, "ask_for_tree_run": {"Sidebar", "Explorer"}}
 READS = {"get", "present", "default", "doc"}  # what a module may do with another group's key
@@ -205,9 +205,6 @@ def test_the_kept_widget_values_are_the_ones_the_app_always_kept():
 
 
 def test_defaults_match_the_widgets():
-    from explorer.ui.classroom_page import PACES
-
-    assert state.Classroom.PACE.default in PACES
     assert state.Explorer.PROMPT_TEXT.default == state.Compare.PROMPT.default == state.STARTING_PROMPT
 
 
@@ -220,9 +217,9 @@ def session(monkeypatch):
 
 
 def test_keys_read_their_default_while_absent(session):
-    assert state.Classroom.POS.get() == 0 and state.Explorer.ENGINE.get() is None
-    state.Classroom.POS.set(3)
-    assert session == {"cls_pos": 3} and state.Classroom.POS.pop() == 3 and state.Classroom.POS.pop() == 0
+    assert state.Classroom.FILE.get() is None and state.Explorer.ENGINE.get() is None
+    state.Classroom.FILE.set("f3")
+    assert session == {"cls_file": "f3"} and state.Classroom.FILE.pop() == "f3" and state.Classroom.FILE.pop() is None
     state.Explorer.INSPECT.set(2, 5)
     state.Explorer.TREE_CHART.set(2, "event")
     session["inspector_2_5"] = "a chart's id, not a selection"
@@ -233,17 +230,18 @@ def test_keys_read_their_default_while_absent(session):
 @pytest.mark.parametrize("dtype, named", [("bfloat16", "bf16"), ("float32", "fp32"), ("float16", "auto")])
 def test_the_hand_off_gives_the_explorer_what_its_docstring_says(session, dtype, named):
     trace = SimpleNamespace(prompt="def f(x):", model={"dtype": dtype})
-    session["cls_playing"] = True  # the Classroom's own keys are its business
+    session["cls_lesson"] = "01-code-chains"  # the Classroom's own keys are its business
     state.hand_off_to_explorer(trace, 2, "Chains")
     assert session == {"continue_lesson": {"trace": trace, "step": 2, "title": "Chains"}, "prompt_text": "def f(x):",
                        "chat": True, "pair_spec": "default", "dtype": named, "page": "Explorer",
-                       "cls_playing": True}
+                       "cls_lesson": "01-code-chains"}
 
 
 def test_continue_live_hands_the_lesson_to_the_explorer_page(monkeypatch):
     """The Classroom's Continue live, clicked: the Explorer takes the lesson on the same run, with the lesson's prompt
     in its box and the embedded pair in the sidebar. No model is loaded: the pair's loading is faked and refused."""
     from streamlit.testing.v1 import AppTest
+    from test_classroom import press_continue_live
 
     from explorer.lessons.lesson import load_lesson, shipped_lessons
     from explorer.models import loading
@@ -261,7 +259,7 @@ def test_continue_live_hands_the_lesson_to_the_explorer_page(monkeypatch):
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
     at.query_params["page"] = "classroom"
     at.run()
-    at.button(key="cls_live").click().run()
+    press_continue_live(at, 0, 1)
     assert not at.exception, [e.value for e in at.exception]
     ss = at.session_state
     assert ss["page"] == "Explorer" and "continue_lesson" not in ss  # taken by the Explorer on this run
@@ -270,7 +268,6 @@ def test_continue_live_hands_the_lesson_to_the_explorer_page(monkeypatch):
     assert ss["dtype"] == {"bfloat16": "bf16", "float32": "fp32"}.get(recorded, "auto")
     assert asked and asked[-1][0] == "default"  # it asked for the embedded pair...
     assert any("no model pair is loaded" in e.value for e in at.error)  # ...and says why it cannot go on
-    assert ss["cls_playing"] is False
 
 
 def test_the_per_source_counts_add_up_to_the_run_metrics(tiny):

@@ -17,7 +17,8 @@ keeps those where they are drawn, and no other code reads them.
 Groups and who writes them: ``App`` (app.py), ``Sidebar`` (sidebar.py), ``Explorer`` (explorer_page.py and its
 panels: panels.py, instruments_panel.py, counterfactual_panel.py), ``Classroom`` (classroom_page.py), ``Compare``
 (compare_page.py), ``Shared`` (common.py and this module: the session's engine lock and what its runs learned). The
-Benchmarks page keeps no session state: its widgets are read where they are drawn.
+Benchmarks page and the lesson player's component (lesson_player.py, mounted under ``Classroom.PLAYER``) keep no
+session state of their own.
 """
 
 from __future__ import annotations
@@ -231,15 +232,12 @@ class Explorer:
 
 
 class Classroom:
-    """classroom_page.py: the lesson on screen and where in it the class is."""
+    """classroom_page.py: the lesson on screen (where in it the class is lives in the browser: the player)."""
 
     LESSON: Key[str | None] = Key("cls_lesson", "the lesson's key (a shipped lesson's id, or file:<id>)",
                                   widget=True)
-    POS: Key[int] = Key("cls_pos", "index into Lesson.phases() of the phase on screen", 0)
-    PLAYING: Key[bool] = Key("cls_playing", "Play is on", False)
-    TICK: Key[float] = Key("cls_tick", "time.monotonic() when Play last advanced", 0.0)
-    PACE: Key[int] = Key("cls_pace", "seconds a phase stays on screen while playing", 3, widget=True)
-    EVERY: Key[float | None] = Key("cls_every", "the auto-rerun period the view was built with (None: no rerun)")
+    PLAYER: Key[Any] = Key("cls_player", "the embedded lesson player's component value (ui/lesson_player.py); in its "
+                           "Continue live callback, the run and step the player showed", widget=True)
     UPLOADED: Key[Lesson | None] = Key("cls_uploaded", "a lesson opened from a file")
     FILE: Key[str | None] = Key("cls_file", "file id of the last lesson uploaded (each file loads once)")
     ERROR: Key[str | None] = Key("cls_error", "why the last lesson file could not be opened")
