@@ -460,3 +460,57 @@ def test_any_trace_plays_as_a_page(tiny, tmp_path):
                  "--html", str(tmp_path)]) == 0
     page = (tmp_path / "trace_000.html").read_text(encoding="utf-8")
     assert '"player_schema":1' in page and "def f(x):" in page
+
+
+def test_a_teachers_lesson_from_a_run_with_notes_at_chosen_phases(tiny):
+    """Save as lesson: a run, a title, the question and notes one per line become a lesson of the shipped schema
+    that round-trips through its file, shows each note at its phase in the player's data, and is refused with a
+    message where a note does not read or points past the run."""
+    from explorer.lessons.authoring import lesson_from_run, parse_notes
+    from explorer.lessons.player import player_data
+
+    eng = build_engine(tiny, DEFAULTS["mcsd"].with_(fallback="off"), SamplingConfig(temperature=0.0))
+    eng.start(tiny.tokenizer.encode("def f(x):\n    return"), 16)
+    eng.run(max_steps=3)
+    trace = eng.trace
+    assert parse_notes("2 verify: tested\n\n 3  draft 1 : first level ") == [
+        {"run": 0, "step": 1, "phase": "verify", "text": "tested"},
+        {"run": 0, "step": 2, "phase": "draft", "text": "first level", "level": 1}]
+    lesson = lesson_from_run(trace, "  Why   a tree ", "What does a second candidate buy?",
+                             "1 mask: the mask the target sees\n3 commit: **bonus** token")
+    assert (lesson.id, lesson.title, len(lesson.runs), len(lesson.notes)) == ("why-a-tree", "Why a tree", 1, 2)
+    again = loads_lesson(lesson.to_json())
+    assert again.to_dict() == lesson.to_dict()
+    marked = [(p["kind"], p["note"]) for _, p in player_data(again)["runs"][0]["phases"] if p["note"]]
+    assert marked == [("mask", "the mask the target sees"), ("commit", "**bonus** token")]
+    for notes, message in (("2 verfy: typo", "note line 1"), ("9 commit: past the end", "step 9"),
+                           ("1 mask 2: no level here", "only a draft phase")):
+        with pytest.raises(LessonError, match=message):
+            lesson_from_run(trace, "A title", "", notes)
+    with pytest.raises(LessonError, match="title"):
+        lesson_from_run(trace, "   ", "", "")
+
+
+def test_save_as_lesson_opens_the_lesson_in_the_classroom(monkeypatch, tmp_path):
+    """The Explorer's Save as lesson, on the tiny pair: two steps, a title and a note, Open in the Classroom: the
+    Classroom plays that lesson (its player page published), with the lesson in its list."""
+    from streamlit.testing.v1 import AppTest
+
+    from explorer.ui import lesson_player
+
+    monkeypatch.setattr(lesson_player, "STATIC_DIR", tmp_path)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=120)
+    at.session_state["pair_spec"] = "tiny"
+    at.run()
+    at.button(key="step_btn").click().run()
+    at.button(key="step_btn").click().run()
+    at.text_input(key="lesson_title").input("My own lesson").run()
+    at.text_area(key="lesson_notes").input("2 verify: look here").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    at.button(key="lesson_open_btn").click().run()
+    assert not at.exception and at.session_state["page"] == "Classroom"
+    assert at.session_state["cls_lesson"] == "file:my-own-lesson"
+    data = player_of(at)
+    assert data["title"] == "My own lesson" and data["src"].startswith("app/static/lessons/file-my-own-lesson.")
+    page = (tmp_path / "lessons" / data["src"].rsplit("/", 1)[1]).read_text(encoding="utf-8")
+    assert "look here" in page

@@ -22,7 +22,8 @@ import plotly.io as pio
 from ..trace.figures import (BONUS_COLOR, SOURCE_SYMBOLS, STATUS_COLORS, STATUS_LABELS, token_label, tree_graph,
                              tree_layout)
 from ..trace.records import DRAFTED, RunTrace, StepTrace
-from .lesson import Lesson, LessonRun, machine_name
+from .authoring import lesson_from_run
+from .lesson import Lesson, machine_name
 from .phases import account, mask_rows, shown_status, step_phases
 from .race import measured_point, race_figure
 
@@ -98,13 +99,12 @@ def player_html(lesson: Lesson) -> str:
 
 def trace_lesson(trace: RunTrace, title: str = "") -> Lesson:
     """Any recorded run as a lesson of one run, no notes and no race (a trace has no baseline): what the player
-    plays for the Explorer's "Download as HTML" and ``generate --html``."""
+    plays for the Explorer's "Download as HTML" and ``generate --html`` (``authoring.lesson_from_run``)."""
     method = trace.settings.get("method", {})
     label = method.get("method", "run") if isinstance(method, dict) else str(method)
     prompt = " ".join(trace.prompt.split())
-    return Lesson(id="trace", title=title or f"{label}: {prompt[:60]}{'…' if len(prompt) > 60 else ''}",
-                  question=f"{len(trace.steps)} steps of {label} on {trace.model.get('name', 'a model pair')}",
-                  runs=[LessonRun(label, trace)], recorded=dict(trace.model))
+    return lesson_from_run(trace, title or f"{label}: {prompt[:60]}{'…' if len(prompt) > 60 else ''}",
+                           f"{len(trace.steps)} steps of {label} on {trace.model.get('name', 'a model pair')}")
 
 
 def trace_html(trace: RunTrace, title: str = "") -> str:

@@ -28,6 +28,7 @@ from . import panels
 from .common import build_config, example_prompts, guarded, make_engine, pair_or_message, parse_upload, set_error
 from .counterfactual_panel import counterfactual_section
 from .instruments_panel import acceptance_section, calibration_section, optimal_tree_section, timeline_section
+from .lesson_panel import save_as_lesson
 from .state import Explorer, engine_lock, keep_learned
 
 ERROR = Explorer.ERROR
@@ -245,7 +246,7 @@ def controls(trace, replaying: bool) -> None:
     # built on the click, on its own thread (about 5 MB: Plotly.js inlined), not on every rerun
     b[7].download_button("Download as HTML", data=(lambda t=trace: trace_html(t)) if trace is not None else "",
                          file_name="spec-explorer-trace.html", mime="text/html", key="download_html_btn",
-                         disabled=trace is None, on_click="ignore", wrap=True,
+                         disabled=trace is None or not trace.steps, on_click="ignore", wrap=True,
                          help="the session as one page that plays its steps in any browser, offline: for a bug "
                               "report or a hand-in")
     if n >= 2:
@@ -307,6 +308,7 @@ def explorer_page(settings) -> None:
     trace = _trace()
     runs_selector()
     controls(trace, replaying)
+    save_as_lesson(trace)
     if pending == "run":
         guarded(_do_run, pair, settings, prompt_text, chat, error_key=ERROR)
         st.rerun()  # redraw the controls for the finished run

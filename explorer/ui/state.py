@@ -5,7 +5,8 @@ bare string keys nothing said which page a key belongs to, what it holds or wher
 Classroom handed a lesson to the Explorer by writing the Explorer's keys itself. Here each page has a group (a
 class of ``Key`` constants); the pages and panels read and write their state only through these keys, write only
 their own group's, and the few places where one part gives another its state are functions of this module, each
-saying what it writes (``hand_off_to_explorer``, ``ask_for_tree_run``, ``keep_learned``). This module is the only
+saying what it writes (``hand_off_to_explorer``, ``hand_lesson_to_classroom``, ``ask_for_tree_run``,
+``keep_learned``). This module is the only
 one in ``explorer/ui`` and ``app.py`` that touches ``st.session_state`` (``tests/test_ui_state.py`` checks it).
 
 What is declared: every key that code reads or writes through the session state, every widget key bound to such a
@@ -15,8 +16,8 @@ whose values ``keep_widget_values`` keeps across pages (``kept``). Not declared:
 keeps those where they are drawn, and no other code reads them.
 
 Groups and who writes them: ``App`` (app.py), ``Sidebar`` (sidebar.py), ``Explorer`` (explorer_page.py and its
-panels: panels.py, instruments_panel.py, counterfactual_panel.py), ``Classroom`` (classroom_page.py), ``Compare``
-(compare_page.py), ``Shared`` (common.py and this module: the session's engine lock and what its runs learned). The
+panels: panels.py, instruments_panel.py, counterfactual_panel.py, lesson_panel.py), ``Classroom``
+(classroom_page.py), ``Compare`` (compare_page.py), ``Shared`` (common.py and this module: the session's engine lock and what its runs learned). The
 Benchmarks page and the lesson player's component (lesson_player.py, mounted under ``Classroom.PLAYER``) keep no
 session state of their own.
 """
@@ -304,6 +305,16 @@ def hand_off_to_explorer(trace: RunTrace, step: int, title: str) -> None:
     Sidebar.PAIR_SPEC.set("default")
     Sidebar.DTYPE.set({"bfloat16": "bf16", "float32": "fp32"}.get(dtype, "auto"))
     App.PAGE.set("Explorer")
+
+
+def hand_lesson_to_classroom(lesson: "Lesson") -> None:
+    """The Explorer's Save as lesson, "Open in the Classroom" (a button callback): the Classroom opens ``lesson`` as
+    a lesson opened from a file. Writes ``Classroom.UPLOADED`` = ``lesson``, ``Classroom.LESSON`` = ``"file:" +
+    lesson.id``, ``Classroom.ERROR`` = None and ``App.PAGE`` = ``"Classroom"``."""
+    Classroom.UPLOADED.set(lesson)
+    Classroom.LESSON.set("file:" + lesson.id)
+    Classroom.ERROR.set(None)
+    App.PAGE.set("Classroom")
 
 
 def ask_for_tree_run(parents: list[int]) -> None:
