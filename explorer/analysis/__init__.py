@@ -1,3 +1,3 @@
 """The analysis wing: measuring methods on prompt sets. The bench against transformers' baselines (``bench``) and
-its reports (``report``), the losslessness audit (``audit``), greedy equivalence checks (``equivalence``) and the
-prompt sets (``prompts``: MT-bench, HumanEval, JSONL files)."""
+its reports (``report``), the losslessness audit (``audit``), greedy equivalence checks (``equivalence``), rejection
+forensics over many runs (``forensics``) and the prompt sets (``prompts``: MT-bench, HumanEval, JSONL files)."""

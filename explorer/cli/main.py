@@ -44,6 +44,7 @@ from ..trace.records import save_run
 from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, decision_model_from_args,
                    load_pair_from_args, method_config_from_args, prompts_from_args)
 from .decision import add_decision_parser
+from .forensics import add_forensics_parser
 from .instruments import add_instrument_parsers
 
 
@@ -322,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_decision_parser(sub)
     add_instrument_parsers(sub)
+    add_forensics_parser(sub)
     return parser
 
 

@@ -11,14 +11,15 @@
   MCSD's analysis treats its k candidates (Yang et al. 2024): a level is passed with probability
   ``1 - (1 - alpha)^width``, so tokens per target call ``= 1 + sum_l prod_{j<=l} (1 - (1 - alpha)^w_j)`` over
   ``len(widths) c + 1`` target-forward costs (one draft forward per level). With every width 1 this is Leviathan's
-  chain. The run's measured point: its acceptance and its speedup over the recorded ``ar`` run.
+  chain. The run's measured point: its acceptance and its speedup over the recorded ``ar`` run (``measured_point``;
+  the lesson player, ``player.html``, draws the curve with its cost slider from it).
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..engine.speedup import expected_tokens, fitted_alpha, tree_speedup
+from ..engine.speedup import expected_tokens, fitted_alpha
 from ..trace.records import RunTrace
 
 LANE_PARTS = {"drafting": "draft", "draft forward": "draft", "mask": "verify", "target forward": "verify",
@@ -164,37 +165,4 @@ def measured_point(run: RunTrace, baseline: RunTrace) -> dict:
             "c": c, "speedup": rate(run) / rate(baseline) if rate(baseline) else 0.0}
 
 
-def _shape(widths: list[float]) -> str:
-    """``γ = 4`` for a chain, ``widths 2, 1.5, 1`` for a tree."""
-    if all(abs(w - 1.0) < 1e-9 for w in widths):
-        return f"γ = {len(widths)}"
-    return "widths " + ", ".join(f"{w:.2g}" for w in widths)
-
-
-def speedup_figure(point: dict, c: float, font: int = 16) -> go.Figure:
-    """Expected speedup against acceptance for the run's mean tree shape (a chain: Leviathan's curve) at cost ratio
-    ``c``, beside the same curve at the run's measured c (where it differs), and the run's measured point."""
-    widths = point["widths"] or [1.0]
-    xs = [i / 100 for i in range(0, 100)] + [0.999]
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xs, y=[tree_speedup(a, widths, c) for a in xs], mode="lines",
-                             name=f"expected, {_shape(widths)}, c = {c:.2f}", line=dict(width=3, color="#3b6fb6")))
-    if point["c"] is not None and abs(point["c"] - c) > 1e-3:
-        fig.add_trace(go.Scatter(x=xs, y=[tree_speedup(a, widths, point["c"]) for a in xs], mode="lines",
-                                 name=f"at the measured c = {point['c']:.2f}", line=dict(dash="dot", color="#888")))
-    fig.add_trace(go.Scatter(x=[point["alpha"]], y=[point["speedup"]], mode="markers+text", name="this run",
-                             text=[f"{point['speedup']:.2f}x"], textposition="top center",
-                             marker=dict(size=16, color="#d62728", symbol="star")))
-    fig.add_hline(y=1.0, line=dict(color="#000", width=1, dash="dash"))
-    tree = point.get("alpha_fitted")
-    fig.update_layout(height=300, margin=dict(l=10, r=10, t=60, b=10), font=dict(size=font),
-                      title=dict(text="Speedup against acceptance rate" + (
-                          " (a tree: MCSD's independent candidates)" if tree else " (Leviathan et al. 2023)"),
-                          font=dict(size=font + 2)),
-                      xaxis=dict(title="acceptance rate α" + (" per candidate" if tree else ""), range=[0, 1]),
-                      yaxis=dict(title="speedup over ar"),
-                      legend=dict(orientation="h", yanchor="top", y=-0.25, x=0, font=dict(size=font)))
-    return _sized(fig, font)
-
-
-__all__ = ["commit_times", "lane_segments", "mean_widths", "measured_point", "race_figure", "speedup_figure"]
+__all__ = ["commit_times", "lane_segments", "mean_widths", "measured_point", "race_figure"]
