@@ -89,3 +89,34 @@ def test_the_command_reads_a_folder_and_names_what_it_skipped(tiny, tmp_path, ca
     (folder / "run0.json").unlink()
     (folder / "run1.json").unlink()
     assert main(["forensics", "--trace", str(folder), "--out", str(tmp_path / "out2")]) == 2
+
+
+def test_the_report_and_the_diff_of_two_runs(tiny, tmp_path, capsys):
+    """The command writes forensics.html (figures and tables, offline) and with --compare the diff against an
+    earlier forensics of the same prompts: greedy against sampled runs of the same prompts."""
+    from explorer.analysis.forensics_report import ForensicsError, diff, load_forensics
+    from explorer.cli.main import main
+
+    for name, temperature in (("greedy", 0.0), ("sampled", 0.8)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for i, trace in enumerate(_runs(tiny, temperature)):
+            save_run(trace, folder / f"run{i}.json")
+    assert main(["forensics", "--trace", str(tmp_path / "greedy"), "--out", str(tmp_path / "a")]) == 0
+    assert main(["forensics", "--trace", str(tmp_path / "sampled"), "--out", str(tmp_path / "b"),
+                 "--compare", str(tmp_path / "a")]) == 0
+    a, b = load_forensics(tmp_path / "a"), load_forensics(tmp_path / "b" / "forensics.json")
+    d = b["diff"]
+    assert d == diff(a, {k: v for k, v in b.items() if k != "diff"})
+    for group, r in d["by_class"].items():
+        if r["delta"] is not None:
+            assert r["delta"] == pytest.approx(b["by_class"][group]["rate"] - a["by_class"][group]["rate"])
+    assert [p["prompt"] for p in d["prompts"]] == ["run0", "run1"]
+    page = (tmp_path / "b" / "forensics.html").read_text(encoding="utf-8")
+    assert "B against A" in page and "Acceptance by token class" in page and "<script" in page
+    assert "src=\"http" not in page  # Plotly.js inlined: opens offline
+    (tmp_path / "bad.json").write_text('{"forensics_schema": 7}')
+    with pytest.raises(ForensicsError, match="schema"):
+        load_forensics(tmp_path / "bad.json")
+    assert main(["forensics", "--trace", str(tmp_path / "greedy"), "--out", str(tmp_path / "c"),
+                 "--compare", str(tmp_path / "bad.json")]) == 2

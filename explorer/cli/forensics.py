@@ -2,9 +2,10 @@
 
 Runs ``generate``'s pair, method and sampling options over ``--prompt`` / ``--prompt-file`` (``--save-traces DIR``
 keeps each run), or reads saved traces (``--trace``: files or folders of ``*.json``; a file that cannot be read is
-reported by name and the report is made from the rest), then writes ``OUT/forensics.json`` and prints the tables by
-token class and depth, the top confusions and the costliest rejections (trace file and step: open them in the
-Explorer's Load trace).
+reported by name and the report is made from the rest), then writes ``OUT/forensics.json`` and ``OUT/forensics.html``
+(``analysis/forensics_report.py``) and prints the tables by token class and depth, the top confusions and the
+costliest rejections (trace file and step: open them in the Explorer's Load trace). ``--compare A`` (an earlier
+``forensics.json`` on the same prompts) adds where this run gains and loses against it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..analysis.forensics import Forensics
+from ..analysis.forensics_report import ForensicsError, diff, load_forensics, write_forensics_report
 from ..analysis.prompts import encode_prompt
 from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
@@ -66,11 +68,18 @@ def cmd_forensics(args) -> int:
         return 2
     data = result.to_dict()
     data["skipped"] = problems
+    if args.compare:
+        try:
+            data["diff"] = diff(load_forensics(args.compare), data)
+        except ForensicsError as exc:
+            print(f"error: --compare {exc}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "forensics.json").write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+    page = write_forensics_report(data, out)
     _print(data)
-    print(f"wrote {out / 'forensics.json'}", file=sys.stderr)
+    print(f"wrote {out / 'forensics.json'}, {page}", file=sys.stderr)
     return 0
 
 
@@ -90,6 +99,11 @@ def _print(data: dict) -> None:
     for c in data["confusions"][:10]:
         print(f"  {c['drafted']!r:>14} -> {c['committed']!r:<14} x{c['count']}  mean p {c['mean_p']:.2f}  "
               f"mean q {c['mean_q']:.2f}  near ties {c['near_tie_share']:.0%}")
+    if data.get("diff"):
+        print("\nB (this run) against A (--compare), acceptance by token class:")
+        for name, r in data["diff"]["by_class"].items():
+            if r["delta"] is not None:
+                print(f"  {name:>18}  {r['a']:.2f} -> {r['b']:.2f}  ({r['delta']:+.2f})")
     print("\ncostliest rejections (expected tokens cut):")
     for r in data["costliest"][:10]:
         where = f"{r['trace']} step {r['step'] + 1}" if r["trace"] else f"{r['prompt']} step {r['step'] + 1}"
@@ -104,7 +118,9 @@ def add_forensics_parser(sub) -> None:
     src.add_argument("--trace", nargs="+", help="saved traces: files, or folders of *.json")
     fo.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
     fo.add_argument("--save-traces", metavar="DIR", help="keep each run's trace (DIR/trace_NNN.json)")
-    fo.add_argument("--out", default="reports/forensics", help="folder for forensics.json")
+    fo.add_argument("--out", default="reports/forensics", help="folder for forensics.json and forensics.html")
+    fo.add_argument("--compare", metavar="A", help="an earlier forensics.json (or its folder) on the same prompts: "
+                                                   "this run is B, and the report says where B gains and loses")
     add_method_args(fo)
     add_sampling_args(fo)
     add_model_args(fo)
