@@ -15,10 +15,11 @@ from explorer.ui.bench_page import benchmarks_page
 from explorer.ui.classroom_page import classroom_page
 from explorer.ui.compare_page import compare_page
 from explorer.ui.explorer_page import explorer_page
+from explorer.ui.forensics_page import forensics_page
 from explorer.ui.sidebar import sidebar
 from explorer.ui.state import App, keep_widget_values
 
-PAGES = ["Explorer", "Classroom", "Compare", "Benchmarks"]
+PAGES = ["Explorer", "Classroom", "Compare", "Forensics", "Benchmarks"]
 
 
 def page_from_url() -> str | None:
@@ -53,6 +54,8 @@ def main() -> None:
     settings = sidebar()
     if page == "Compare":
         compare_page(settings)
+    elif page == "Forensics":
+        forensics_page(settings)
     else:
         explorer_page(settings)
 

@@ -120,3 +120,25 @@ def test_the_report_and_the_diff_of_two_runs(tiny, tmp_path, capsys):
         load_forensics(tmp_path / "bad.json")
     assert main(["forensics", "--trace", str(tmp_path / "greedy"), "--out", str(tmp_path / "c"),
                  "--compare", str(tmp_path / "bad.json")]) == 2
+
+
+def test_the_forensics_page_runs_a_built_in_set(tiny):
+    """The app's Forensics page on the tiny pair: a built-in prompt set runs with the sidebar's settings and the page
+    shows the report's figures and tables (uploads are read by the same ``Forensics.add`` the command uses)."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=120)
+    at.query_params["page"] = "forensics"
+    at.session_state["max_new"] = 12
+    at.run()
+    assert not at.exception and at.session_state["page"] == "Forensics"
+    at.selectbox(key="fo_set").set_value("MT-bench, first 5").run()
+    at.button(key="fo_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    data = at.session_state["fo_result"]
+    assert len(data["prompts"]) == 5 and data["nodes"] > 0
+    assert {p["category"] for p in data["prompts"]} <= {"writing", "roleplay", "reasoning", "math", "coding",
+                                                         "extraction", "stem", "humanities", "mt-bench"}
+    assert len(at.get("plotly_chart")) >= 4 and len(at.dataframe) == 3

@@ -18,7 +18,8 @@ GROUP_NAMES = {g.__name__ for g in GROUPS}
 # Which groups each module may write (state.py's docstring); a new module under explorer/ui must be placed here.
 OWNERS = {"app.py": {"App"}, "sidebar.py": {"Sidebar"}, "explorer_page.py": {"Explorer"}, "panels.py": {"Explorer"},
           "instruments_panel.py": {"Explorer"}, "counterfactual_panel.py": {"Explorer"}, "lesson_panel.py": {"Explorer"},
-          "classroom_page.py": {"Classroom"}, "compare_page.py": {"Compare"}, "bench_page.py": set(),
+          "classroom_page.py": {"Classroom"}, "compare_page.py": {"Compare"}, "forensics_page.py": {"Forensics"},
+          "bench_page.py": set(),
           "common.py": {"Shared"}, "lesson_player.py": set(), "__init__.py": set()}
 # The functions of state.py that write another part's keys, each on its docstring's word; the rest write Shared only.
 CROSSINGS = {"hand_off_to_explorer": {"Explorer", "Sidebar", "App"}, "ask_for_tree_run": {"Sidebar", "Explorer"},

@@ -37,7 +37,8 @@ def load_forensics(path: str | Path) -> dict:
     return data
 
 
-def _rates_figure(table: dict, title: str, xtitle: str, order: list | None = None) -> go.Figure:
+def _rates_figure(table: dict, title: str, xtitle: str | None = None, order: list | None = None) -> go.Figure:
+    """Realised and expected acceptance of each group, the nodes tested written above the realised bar."""
     keys = [k for k in (order or list(table)) if k in table]
     rows = [table[k] for k in keys]
     fig = go.Figure()
@@ -63,7 +64,7 @@ def _calibration_figure(table: dict) -> go.Figure:
     fig.add_scatter(x=mids, y=[table[k]["rate"] for k in keys], mode="lines+markers+text", name="accepted",
                     text=[str(table[k]["tested"]) for k in keys], textposition="top center",
                     line=dict(color=REALISED, width=3))
-    fig.update_layout(title="Acceptance against the draft's confidence q (counts above)", height=360,
+    fig.update_layout(title="Acceptance against the draft's q", height=360,
                       font=dict(size=FONT), xaxis=dict(title="draft probability q of the drafted token", range=[0, 1]),
                       yaxis=dict(title="acceptance", range=[0, 1.05]), legend=dict(orientation="h", y=-0.3),
                       margin=dict(l=10, r=10, t=50, b=10))
@@ -73,14 +74,13 @@ def _calibration_figure(table: dict) -> go.Figure:
 def forensics_figures(data: dict) -> list[go.Figure]:
     """By token class, by depth, against the draft's confidence, against the target's entropy, by category (where
     there is more than one) and, with a ``diff`` in ``data``, B against A."""
-    figs = [_rates_figure(data["by_class"], "Acceptance by token class (tested counts above)", "token class",
-                          list(TOKEN_CLASSES)),
+    figs = [_rates_figure(data["by_class"], "Acceptance by token class", None, list(TOKEN_CLASSES)),
             _rates_figure(data["by_depth"], "Acceptance by depth", "depth"),
             _calibration_figure(data["by_confidence"]),
-            _rates_figure(data["by_entropy"], "Acceptance by the target's entropy at the parent (nats)",
-                          "entropy", ["<0.1", "<0.5", "<1.0", "<2.0", ">=2.0"])]
+            _rates_figure(data["by_entropy"], "Acceptance by the target's entropy (nats)", None,
+                          ["<0.1", "<0.5", "<1.0", "<2.0", ">=2.0"])]
     if len(data["by_category"]) > 1:
-        figs.append(_rates_figure(data["by_category"], "Acceptance by prompt category", "category"))
+        figs.append(_rates_figure(data["by_category"], "Acceptance by prompt category"))
     if data.get("diff"):
         figs.append(diff_figure(data["diff"]))
     return figs
@@ -149,7 +149,8 @@ def write_forensics_report(data: dict, out_dir: str | Path, title: str = "Reject
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
             "body{font-family:system-ui,sans-serif;margin:16px;}table{border-collapse:collapse;margin:8px 0 24px;}"
             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p>{data['nodes']} tested drafted nodes in {len(data['prompts'])} runs. "
+            f"<h1>{html.escape(title)}</h1><p>{data['nodes']} tested drafted nodes in {len(data['prompts'])} runs "
+            "(the numbers above the bars: nodes tested). "
             "Expected acceptance: the verification rule's probability that each node passes once its parent is "
             "reached; realised below expected is bad luck, both low is the draft's miss.</p>"
             + "".join(charts)

@@ -17,9 +17,9 @@ keeps those where they are drawn, and no other code reads them.
 
 Groups and who writes them: ``App`` (app.py), ``Sidebar`` (sidebar.py), ``Explorer`` (explorer_page.py and its
 panels: panels.py, instruments_panel.py, counterfactual_panel.py, lesson_panel.py), ``Classroom``
-(classroom_page.py), ``Compare`` (compare_page.py), ``Shared`` (common.py and this module: the session's engine lock and what its runs learned). The
-Benchmarks page and the lesson player's component (lesson_player.py, mounted under ``Classroom.PLAYER``) keep no
-session state of their own.
+(classroom_page.py), ``Compare`` (compare_page.py), ``Forensics`` (forensics_page.py), ``Shared`` (common.py
+and this module: the session's engine lock and what its runs learned). The Benchmarks page and the lesson player's
+component (lesson_player.py, mounted under ``Classroom.PLAYER``) keep no session state of their own.
 """
 
 from __future__ import annotations
@@ -256,6 +256,15 @@ class Compare:
     ERROR: Key[str | None] = Key("cmp_error", "the message of the last failed action")
 
 
+class Forensics:
+    """forensics_page.py: the last report over a prompt set or uploaded traces."""
+
+    RESULT: Key[dict | None] = Key("fo_result", "the report (analysis.forensics.Forensics.to_dict) of the last batch "
+                                                "or traces read; a stopped batch's holds the prompts done")
+    SKIPPED: Key[list] = Key("fo_skipped", "the uploaded trace files that could not be read, with the reason", [])
+    ERROR: Key[str | None] = Key("fo_error", "the message of the last failed action")
+
+
 class Shared:
     """common.py and this module: what the session's pages share."""
 
@@ -265,7 +274,7 @@ class Shared:
                                        "matrix, the fallback's rates, the online adaptation: engine/carried.py)")
 
 
-GROUPS: tuple[type, ...] = (App, Sidebar, Explorer, Classroom, Compare, Shared)
+GROUPS: tuple[type, ...] = (App, Sidebar, Explorer, Classroom, Compare, Forensics, Shared)
 
 
 def declared(group: type) -> dict[str, Key | KeyFamily]:
