@@ -423,7 +423,7 @@ def test_the_players_data_holds_every_phase_of_the_lesson(tiny_lesson, tmp_path)
     (one source), the trees and masks of the trace, and the page holds Plotly.js itself (no request)."""
     import plotly
 
-    from explorer.lessons.player import TEMPLATE, export_html, player_data
+    from explorer.lessons.player import PLOTLY_CARTESIAN, TEMPLATE, export_html, player_data
 
     data = json.loads(json.dumps(player_data(tiny_lesson)))  # plain data
     assert data["title"] == tiny_lesson.title and len(data["runs"]) == len(tiny_lesson.runs)
@@ -442,7 +442,9 @@ def test_the_players_data_holds_every_phase_of_the_lesson(tiny_lesson, tmp_path)
     assert any(p["note"] for run in data["runs"] for _, p in run["phases"])
     page = export_html(tiny_lesson, tmp_path).read_text(encoding="utf-8")
     assert "src=" not in TEMPLATE.read_text() and "href=" not in TEMPLATE.read_text()  # nothing loaded from outside
-    assert page.count("/*PLOTLY_JS*/") == 0 and plotly.offline.get_plotlyjs()[:200] in page  # Plotly.js inlined
+    # plotly.js inlined: the cartesian bundle of the plotly package's own version (every trace the player draws)
+    assert page.count("/*PLOTLY_JS*/") == 0 and PLOTLY_CARTESIAN.read_text()[:200] in page
+    assert f"plotly.js (cartesian - minified) v{plotly.offline.get_plotlyjs_version()}" in page
     assert len(page.encode()) < 8 * 1024 * 1024
 
 

@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object a line per prompt")
     gen.add_argument("--save-trace", metavar="DIR", help="write each run's step trace as JSON into DIR")
     gen.add_argument("--html", metavar="DIR", help="write each run as one HTML page that plays its steps in any "
-                                                   "browser, offline (DIR/trace_NNN.html, about 5 MB each)")
+                                                   "browser, offline (DIR/trace_NNN.html, about 1.6 MB each)")
     add_method_args(gen)
     add_sampling_args(gen)
     add_model_args(gen)

@@ -29,6 +29,9 @@ from .race import measured_point, race_figure
 
 PLAYER_SCHEMA = 1
 TEMPLATE = Path(__file__).with_name("player.html")
+# plotly.js's cartesian bundle (1.5 MB: every trace type the player draws), of the version the plotly package
+# bundles in full (4.6 MB): a lesson page opens about twice as fast (assets/ATTRIBUTION.md)
+PLOTLY_CARTESIAN = Path(__file__).resolve().parents[2] / "assets" / "vendor" / "plotly-cartesian-4.1.1.min.js"
 FONT = 16  # px: chart text on a projector (issue 43: at least 16 px)
 
 
@@ -92,9 +95,16 @@ def player_html(lesson: Lesson) -> str:
     """The lesson as one HTML page: the player, Plotly.js and ``player_data`` inlined (no request at all)."""
     page = TEMPLATE.read_text(encoding="utf-8")
     data = json.dumps(player_data(lesson), separators=(",", ":")).replace("</", "<\\/")  # no early </script>
-    plotly_js = plotly.offline.get_plotlyjs()
+    plotly_js = _plotly_js()
     page = page.replace("{{TITLE}}", html.escape(lesson.title, quote=False))
     return page.replace("/*PLOTLY_JS*/", plotly_js, 1).replace("/*PLAYER_DATA*/", data, 1)
+
+
+def _plotly_js() -> str:
+    """The cartesian bundle where it matches the plotly package's plotly.js version, else the full bundle."""
+    if PLOTLY_CARTESIAN.exists() and plotly.offline.get_plotlyjs_version() in PLOTLY_CARTESIAN.name:
+        return PLOTLY_CARTESIAN.read_text(encoding="utf-8")
+    return plotly.offline.get_plotlyjs()
 
 
 def trace_lesson(trace: RunTrace, title: str = "") -> Lesson:

@@ -243,7 +243,7 @@ def controls(trace, replaying: bool) -> None:
                          file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
                          disabled=trace is None, on_click="ignore", wrap=True,
                          help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
-    # built on the click, on its own thread (about 5 MB: Plotly.js inlined), not on every rerun
+    # built on the click, on its own thread (about 1.6 MB: Plotly.js inlined), not on every rerun
     b[7].download_button("Download as HTML", data=(lambda t=trace: trace_html(t)) if trace is not None else "",
                          file_name="spec-explorer-trace.html", mime="text/html", key="download_html_btn",
                          disabled=trace is None or not trace.steps, on_click="ignore", wrap=True,
