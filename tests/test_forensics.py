@@ -142,3 +142,7 @@ def test_the_forensics_page_runs_a_built_in_set(tiny):
     assert {p["category"] for p in data["prompts"]} <= {"writing", "roleplay", "reasoning", "math", "coding",
                                                          "extraction", "stem", "humanities", "mt-bench"}
     assert len(at.get("plotly_chart")) >= 4 and len(at.dataframe) == 3
+    row = data["costliest"][at.selectbox(key="fo_pick").value]
+    at.button(key="fo_open").click().run()  # that rejection's step, replayed on the Explorer page
+    assert not at.exception and at.session_state["page"] == "Explorer"
+    assert at.session_state["replay"] == row["trace"] and at.session_state["cursor"] == row["step"]

@@ -23,7 +23,8 @@ OWNERS = {"app.py": {"App"}, "sidebar.py": {"Sidebar"}, "explorer_page.py": {"Ex
           "common.py": {"Shared"}, "lesson_player.py": set(), "__init__.py": set()}
 # The functions of state.py that write another part's keys, each on its docstring's word; the rest write Shared only.
 CROSSINGS = {"hand_off_to_explorer": {"Explorer", "Sidebar", "App"}, "ask_for_tree_run": {"Sidebar", "Explorer"},
-             "hand_lesson_to_classroom": {"Classroom", "App"}}
+             "hand_lesson_to_classroom": {"Classroom", "App"}, "replay_in_explorer": {"Explorer"},
+             "open_in_explorer": {"App"}}
 READS = {"get", "present", "default", "doc"}  # what a module may do with another group's key
 STATE_CALLS = {"get", "pop", "setdefault"}
 

@@ -29,7 +29,7 @@ from .common import build_config, example_prompts, guarded, make_engine, pair_or
 from .counterfactual_panel import counterfactual_section
 from .instruments_panel import acceptance_section, calibration_section, optimal_tree_section, timeline_section
 from .lesson_panel import save_as_lesson
-from .state import Explorer, engine_lock, keep_learned
+from .state import Explorer, engine_lock, keep_learned, replay_in_explorer
 
 ERROR = Explorer.ERROR
 
@@ -214,14 +214,7 @@ def _load_trace(upload) -> None:
         set_error(problem, ERROR)
     if trace is None:
         return
-    _forget_clicks()
-    for key in (Explorer.RUNS, Explorer.RUN_INDEX, Explorer.COUNTERFACTUALS, Explorer.PROBES):
-        key.clear()  # the live session's runs end with it
-    Explorer.ENGINE.set(None)
-    Explorer.TRACE.set(trace)
-    Explorer.CURSOR.set(0 if trace.steps else None)
-    Explorer.REPLAY.set(upload.name)
-    Explorer.STEP_SLIDER.set(1)
+    replay_in_explorer(trace, upload.name)
     set_error(None, ERROR)
 
 

@@ -22,7 +22,7 @@ from ..analysis.forensics_report import (CONFUSION_COLUMNS, COSTLIEST_COLUMNS, P
 from ..analysis.prompts import PromptError, parse_prompt_lines, select_prompts
 from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from .common import guarded, make_engine, pair_or_message
-from .state import Forensics, engine_lock, keep_learned
+from .state import Forensics, engine_lock, keep_learned, open_in_explorer
 
 BUILT_IN = {"HumanEval, first 5": "humaneval:0:5", "MT-bench, first 5": "mt-bench:0:5",
             "HumanEval and MT-bench, 5 each": "humaneval:0:5,mt-bench:0:5"}
@@ -53,31 +53,40 @@ def _run(settings, prompts: list) -> None:
     pair = pair_or_message(settings)
     if pair is None:
         return
-    agg = Aggregate()
+    agg, runs = Aggregate(), {}
     bar = st.progress(0.0, text=f"0 of {len(prompts)} prompts")
     for n, prompt in enumerate(prompts, 1):
         with engine_lock():  # an interrupted batch may still be stepping (see state.engine_lock)
             engine = make_engine(pair, settings, prompt.text, True)
             trace = engine.run()
             keep_learned(engine)
-        agg.add(trace, prompt=prompt.id, category=prompt.category or prompt.source)
-        Forensics.RESULT.set(agg.to_dict())
-        Forensics.SKIPPED.set([])
+        name = f"prompt {prompt.id}"
+        agg.add(trace, prompt=prompt.id, category=prompt.category or prompt.source, source=name)
+        runs[name] = trace
+        _keep(agg.to_dict(), runs, [])
         bar.progress(n / len(prompts), text=f"{n} of {len(prompts)} prompts")
     bar.empty()
 
 
+def _keep(data: dict | None, runs: dict, skipped: list) -> None:
+    """The report, and of the runs only those its costliest rejections come from (to open them)."""
+    wanted = {row["trace"] for row in data["costliest"]} if data else set()
+    Forensics.RESULT.set(data)
+    Forensics.TRACES.set({k: v for k, v in runs.items() if k in wanted})
+    Forensics.SKIPPED.set(skipped)
+
+
 def _read_traces(uploads) -> None:
-    agg, skipped = Aggregate(), []
+    agg, skipped, runs = Aggregate(), [], {}
     for up in uploads:
         try:
             if up.size > MAX_TRACE_BYTES:
                 raise TraceError(f"{up.size / 1e6:.1f} MB; traces are limited to {MAX_TRACE_BYTES / 1e6:.0f} MB")
-            agg.add(loads_run(up.getvalue()), prompt=Path(up.name).stem, source=up.name)
+            runs[up.name] = loads_run(up.getvalue())
+            agg.add(runs[up.name], prompt=Path(up.name).stem, source=up.name)
         except TraceError as exc:
             skipped.append(f"{up.name}: {exc}")
-    Forensics.RESULT.set(agg.to_dict() if agg.prompts else None)
-    Forensics.SKIPPED.set(skipped)
+    _keep(agg.to_dict() if agg.prompts else None, runs, skipped)
 
 
 def forensics_page(settings) -> None:
@@ -133,11 +142,26 @@ def show(data: dict) -> None:
         st.subheader(title)
         frame = pd.DataFrame([{label: r.get(key) for key, label in columns} for r in rows])
         st.dataframe(frame, hide_index=True, width="stretch")
+        if rows is data["costliest"] and rows:
+            _open_one(rows)
     c = st.columns([1, 1, 4])
     c[0].download_button("forensics.json", data=lambda: json.dumps(data, ensure_ascii=False, indent=1),
                          file_name="forensics.json", mime="application/json", key="fo_json", on_click="ignore")
     c[1].download_button("forensics.html", data=lambda: _html(data), file_name="forensics.html",
                          mime="text/html", key="fo_html", on_click="ignore")
+
+
+def _open_one(rows: list[dict]) -> None:
+    """Pick one of the costliest rejections and open its step in the Explorer (its run replayed, no model)."""
+    runs = Forensics.TRACES.get()
+    c = st.columns([4, 1.4], vertical_alignment="bottom")
+    i = c[0].selectbox("A costly rejection", range(len(rows)), key="fo_pick",
+                       format_func=lambda i: f"{rows[i]['token']!r} ({rows[i]['class']}, depth {rows[i]['depth']}), "
+                                             f"{rows[i]['trace']} step {rows[i]['step'] + 1}")
+    row = rows[i]
+    c[1].button("Open in the Explorer", key="fo_open", disabled=row["trace"] not in runs, on_click=open_in_explorer,
+                args=(runs.get(row["trace"]), row["trace"], row["step"]), width="stretch",
+                help="replays that run on the Explorer page, at the step of this rejection, with no model loaded")
 
 
 def _html(data: dict) -> str:

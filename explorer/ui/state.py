@@ -5,8 +5,8 @@ bare string keys nothing said which page a key belongs to, what it holds or wher
 Classroom handed a lesson to the Explorer by writing the Explorer's keys itself. Here each page has a group (a
 class of ``Key`` constants); the pages and panels read and write their state only through these keys, write only
 their own group's, and the few places where one part gives another its state are functions of this module, each
-saying what it writes (``hand_off_to_explorer``, ``hand_lesson_to_classroom``, ``ask_for_tree_run``,
-``keep_learned``). This module is the only
+saying what it writes (``hand_off_to_explorer``, ``hand_lesson_to_classroom``, ``replay_in_explorer``,
+``open_in_explorer``, ``ask_for_tree_run``, ``keep_learned``). This module is the only
 one in ``explorer/ui`` and ``app.py`` that touches ``st.session_state`` (``tests/test_ui_state.py`` checks it).
 
 What is declared: every key that code reads or writes through the session state, every widget key bound to such a
@@ -259,6 +259,8 @@ class Compare:
 class Forensics:
     """forensics_page.py: the last report over a prompt set or uploaded traces."""
 
+    TRACES: Key[dict] = Key("fo_traces_kept", "the runs the report's costliest rejections come from, by name (to "
+                                              "open one in the Explorer)", {})
     RESULT: Key[dict | None] = Key("fo_result", "the report (analysis.forensics.Forensics.to_dict) of the last batch "
                                                 "or traces read; a stopped batch's holds the prompts done")
     SKIPPED: Key[list] = Key("fo_skipped", "the uploaded trace files that could not be read, with the reason", [])
@@ -313,6 +315,32 @@ def hand_off_to_explorer(trace: RunTrace, step: int, title: str) -> None:
     Explorer.CHAT.set(True)
     Sidebar.PAIR_SPEC.set("default")
     Sidebar.DTYPE.set({"bfloat16": "bf16", "float32": "fp32"}.get(dtype, "auto"))
+    App.PAGE.set("Explorer")
+
+
+def replay_in_explorer(trace: "RunTrace", name: str, step: int = 0) -> None:
+    """The Explorer replays ``trace`` with no model, from ``step`` (its Load trace, and the other pages' "open in
+    the Explorer"); the live session's runs end with it. Writes ``Explorer.ENGINE`` = None, ``Explorer.TRACE`` =
+    ``trace``, ``Explorer.CURSOR`` = ``step`` (None for a trace with no step), ``Explorer.REPLAY`` = ``name``,
+    ``Explorer.STEP_SLIDER`` = ``step + 1``, and clears ``Explorer.RUNS``, ``Explorer.RUN_INDEX``,
+    ``Explorer.COUNTERFACTUALS``, ``Explorer.PROBES`` and the node selections (``Explorer.INSPECT``,
+    ``Explorer.TREE_CHART``)."""
+    Explorer.INSPECT.forget()
+    Explorer.TREE_CHART.forget()
+    for key in (Explorer.RUNS, Explorer.RUN_INDEX, Explorer.COUNTERFACTUALS, Explorer.PROBES):
+        key.clear()
+    step = max(0, min(step, len(trace.steps) - 1))
+    Explorer.ENGINE.set(None)
+    Explorer.TRACE.set(trace)
+    Explorer.CURSOR.set(step if trace.steps else None)
+    Explorer.REPLAY.set(name)
+    Explorer.STEP_SLIDER.set(step + 1)
+
+
+def open_in_explorer(trace: "RunTrace", name: str, step: int) -> None:
+    """Another page's "open in the Explorer" (a button callback): ``replay_in_explorer`` at ``step``, then writes
+    ``App.PAGE`` = ``"Explorer"``."""
+    replay_in_explorer(trace, name, step)
     App.PAGE.set("Explorer")
 
 
