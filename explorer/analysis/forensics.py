@@ -154,11 +154,10 @@ class Forensics:
                     heapq.heapreplace(self.costliest, item)
         steps = len(trace.steps)
         accepted = sum(s.accepted_draft_len for s in trace.steps)
+        tokens = sum(len(s.committed_ids) for s in trace.steps)
         self.prompts.append({
-            "prompt": prompt, "category": category, "steps": steps, "target_calls": target_calls,
-            "tokens": sum(len(s.committed_ids) for s in trace.steps),
-            "tokens_per_target_call": sum(len(s.committed_ids) for s in trace.steps) / target_calls
-            if target_calls else None,
+            "prompt": prompt, "category": category, "steps": steps, "target_calls": target_calls, "tokens": tokens,
+            "tokens_per_target_call": tokens / target_calls if target_calls else None,
             "acceptance_length": accepted / steps if steps else None,
             "per_position": {str(d): depth_accepted[d] / depth_tested[d] for d in sorted(depth_tested)}})
 

@@ -139,14 +139,12 @@ PROMPT_COLUMNS = [("prompt", "prompt"), ("category", "category"), ("steps", "ste
                   ("tokens_per_target_call", "tokens / target call"), ("acceptance_length", "acceptance length")]
 
 
-def write_forensics_report(data: dict, out_dir: str | Path, title: str = "Rejection forensics") -> Path:
-    """``OUT/forensics.html``: the figures (Plotly.js inlined once: the file opens offline) and the tables of
-    confusions, costliest rejections and prompts. Returns its path. Raises OSError where it cannot be written."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def forensics_html(data: dict, title: str = "Rejection forensics") -> str:
+    """The report as one HTML page: the figures (Plotly.js inlined once: the page opens offline) and the tables of
+    confusions, costliest rejections and prompts."""
     charts = [fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False)
               for i, fig in enumerate(forensics_figures(data))]
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
             "body{font-family:system-ui,sans-serif;margin:16px;}table{border-collapse:collapse;margin:8px 0 24px;}"
             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;}</style></head><body>"
             f"<h1>{html.escape(title)}</h1><p>{data['nodes']} tested drafted nodes in {len(data['prompts'])} runs "
@@ -158,9 +156,16 @@ def write_forensics_report(data: dict, out_dir: str | Path, title: str = "Reject
             + _table(data["confusions"][:40], CONFUSION_COLUMNS)
             + "<h2>The costliest rejections</h2>" + _table(data["costliest"], COSTLIEST_COLUMNS)
             + "<h2>Per prompt</h2>" + _table(data["prompts"], PROMPT_COLUMNS) + "</body></html>")
+
+
+def write_forensics_report(data: dict, out_dir: str | Path, title: str = "Rejection forensics") -> Path:
+    """``OUT/forensics.html`` (``forensics_html``). Returns its path. Raises OSError where it cannot be written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "forensics.html"
-    path.write_text(page, encoding="utf-8")
+    path.write_text(forensics_html(data, title), encoding="utf-8")
     return path
 
 
-__all__ = ["ForensicsError", "diff", "diff_figure", "forensics_figures", "load_forensics", "write_forensics_report"]
+__all__ = ["ForensicsError", "diff", "diff_figure", "forensics_figures", "forensics_html", "load_forensics",
+           "write_forensics_report"]

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.prompts import Prompt, load_prompt_set
+from ..analysis.prompts import Prompt, encode_prompt, load_prompt_set
 from ..engine.config import DEFAULTS, FREE_ROWS_CPU, METHODS, VERIFIERS, MethodConfig
+from ..engine.factory import build_engine
 from ..engine.policies.cost_ratio import COST_RATIO_MODES
 from ..engine.policies.fallback import FALLBACK_MODES
 from ..engine.policies.stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
 from ..engine.stop_models.model import load_decision_model
+from ..engine.sampling import SamplingConfig
 from ..engine.tree import parse_k_config, parse_tree_template
 from ..models.loading import load_named_pair
 
@@ -106,6 +108,17 @@ def add_prompt_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
 
 
+def add_prompt_or_trace_args(p: argparse.ArgumentParser, many: bool,
+                             trace_help: str = "a saved trace (download or generate --save-trace)") -> None:
+    """A prompt (--prompt), a prompt set (--prompt-file, --limit) or saved runs instead (--trace: one, or with
+    ``many`` several)."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
+    src.add_argument("--trace", help=trace_help, **({"nargs": "+"} if many else {}))
+    p.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
+
+
 def method_config_from_args(args) -> MethodConfig:
     """The ``MethodConfig`` the parsed options name: the method's defaults with the options given. Raises
     TreeShapeError / ValueError for a malformed shape or setting."""
@@ -146,6 +159,18 @@ def prompts_from_args(args) -> list[Prompt]:
         return [Prompt("cli", args.prompt, "user")]
     prompts = load_prompt_set(args.prompt_file)
     return prompts[: args.limit] if args.limit else prompts
+
+
+def runs_from_args(args, pair, prompts: list[Prompt], config: MethodConfig):
+    """Each of ``prompts`` run to its end on ``pair`` with ``config`` and the options' sampling and decision model:
+    yields ``(n, prompt, trace)``. Raises what the decision model's loading and the engine raise."""
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    decision = decision_model_from_args(args, config)
+    for n, prompt in enumerate(prompts):
+        engine = build_engine(pair, config, sampling, decision_model=decision)
+        engine.start(encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template),
+                     args.max_new_tokens, prompt_text=prompt.text)
+        yield n, prompt, engine.run()
 
 
 def load_pair_from_args(args, keep_unquantized: bool = False):

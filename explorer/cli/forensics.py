@@ -16,12 +16,9 @@ from pathlib import Path
 
 from ..analysis.forensics import Forensics
 from ..analysis.forensics_report import ForensicsError, diff, load_forensics, write_forensics_report
-from ..analysis.prompts import encode_prompt
-from ..engine.factory import build_engine
-from ..engine.sampling import SamplingConfig
 from ..trace.records import TraceError, load_run, save_run
-from .args import (add_method_args, add_model_args, add_sampling_args, decision_model_from_args, load_pair_from_args,
-                   method_config_from_args, prompts_from_args)
+from .args import (add_method_args, add_model_args, add_prompt_or_trace_args, add_sampling_args, load_pair_from_args,
+                   method_config_from_args, prompts_from_args, runs_from_args)
 
 
 def trace_files(paths: list[str]) -> list[Path]:
@@ -44,15 +41,10 @@ def cmd_forensics(args) -> int:
             result.add(trace, prompt=path.stem, category="-", source=str(path))
     else:
         config = method_config_from_args(args)
-        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        prompts = prompts_from_args(args)
         pair = load_pair_from_args(args)
-        decision = decision_model_from_args(args, config)
         keep = Path(args.save_traces) if args.save_traces else None
-        for n, prompt in enumerate(prompts_from_args(args)):
-            engine = build_engine(pair, config, sampling, decision_model=decision)
-            engine.start(encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template),
-                         args.max_new_tokens, prompt_text=prompt.text)
-            trace = engine.run()
+        for n, prompt, trace in runs_from_args(args, pair, prompts, config):
             source = ""
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
@@ -112,11 +104,7 @@ def _print(data: dict) -> None:
 
 def add_forensics_parser(sub) -> None:
     fo = sub.add_parser("forensics", help="which drafted tokens the target rejects over a prompt set, where and why")
-    src = fo.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
-    src.add_argument("--trace", nargs="+", help="saved traces: files, or folders of *.json")
-    fo.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
+    add_prompt_or_trace_args(fo, many=True, trace_help="saved traces: files, or folders of *.json")
     fo.add_argument("--save-traces", metavar="DIR", help="keep each run's trace (DIR/trace_NNN.json)")
     fo.add_argument("--out", default="reports/forensics", help="folder for forensics.json and forensics.html")
     fo.add_argument("--compare", metavar="A", help="an earlier forensics.json (or its folder) on the same prompts: "

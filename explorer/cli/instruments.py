@@ -24,8 +24,8 @@ from ..instruments.counterfactual import counterfactual, parse_edits
 from ..instruments.probe import ReferenceDecoder, probe_last_step
 from ..instruments.replay import replay_steps
 from ..trace.records import load_run
-from .args import (add_method_args, add_model_args, add_sampling_args, decision_model_from_args, load_pair_from_args,
-                   method_config_from_args, prompts_from_args)
+from .args import (add_method_args, add_model_args, add_prompt_or_trace_args, add_sampling_args,
+                   decision_model_from_args, load_pair_from_args, method_config_from_args, prompts_from_args)
 
 NEAR_TIE_STEPS = 4.0  # rows whose best two logits are this many rounding steps apart or closer are listed
 
@@ -291,12 +291,7 @@ def cmd_timeline(args) -> int:
 
 def add_instrument_parsers(sub) -> None:
     def prompt_args(p):
-        src = p.add_mutually_exclusive_group(required=True)
-        src.add_argument("--prompt", help="prompt text")
-        src.add_argument("--prompt-file", help="JSONL file, or mt-bench / humaneval")
-        src.add_argument("--trace", help="a saved trace (download or generate --save-trace)",
-                         **({"nargs": "+"} if p.prog.endswith(("acceptance", "calibration")) else {}))
-        p.add_argument("--limit", type=int, default=0, help="use the first N prompts of the file")
+        add_prompt_or_trace_args(p, many=p.prog.endswith(("acceptance", "calibration")))
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
     pr = sub.add_parser("probe", help="tree forward against plain decoding: logit deltas, flips, mask lint")

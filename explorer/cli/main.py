@@ -42,7 +42,7 @@ from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
 from ..trace.records import save_run
 from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, decision_model_from_args,
-                   load_pair_from_args, method_config_from_args, prompts_from_args)
+                   load_pair_from_args, method_config_from_args, prompts_from_args, runs_from_args)
 from .decision import add_decision_parser
 from .forensics import add_forensics_parser
 from .instruments import add_instrument_parsers
@@ -50,15 +50,9 @@ from .instruments import add_instrument_parsers
 
 def cmd_generate(args) -> int:
     config = method_config_from_args(args)
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     prompts = prompts_from_args(args)
     pair = load_pair_from_args(args)
-    decision = decision_model_from_args(args, config)
-    for n, prompt in enumerate(prompts):
-        ids = encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template)
-        engine = build_engine(pair, config, sampling, decision_model=decision)
-        engine.start(ids, args.max_new_tokens, prompt_text=prompt.text)
-        trace = engine.run()
+    for n, prompt, trace in runs_from_args(args, pair, prompts, config):
         m = run_metrics(trace)
         if args.save_trace:
             out = Path(args.save_trace)

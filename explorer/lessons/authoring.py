@@ -9,17 +9,18 @@ notes they write at chosen phases, one per line::
     5 commit: A bonus token: the target's own choice after the accepted path.
 
 (step numbers from 1, as the Explorer shows them; a phase kind of ``phases.PHASE_KINDS``; for ``draft`` an optional
-level, for ``verify`` an optional node id; without one, the step's first phase of that kind). The lesson goes
-through ``Lesson.from_dict``'s checks, so a note at a phase the run does not have is refused with a message, as a
-malformed lesson file is. No torch.
+level, for ``verify`` an optional node id; without one, the step's first phase of that kind). Its notes go
+through the lesson file's own checks (``lesson.checked_notes``), so a note at a phase the run does not have is refused
+with a message, as in a malformed lesson file. No torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from ..trace.records import RunTrace
-from .lesson import Lesson, LessonError, LessonRun
+from .lesson import Lesson, LessonError, LessonRun, checked_notes
 from .phases import PHASE_KINDS
 
 _NOTE = re.compile(r"^\s*(\d+)\s+([a-z]+)(?:\s+(\d+))?\s*:\s*(.+?)\s*$")
@@ -68,11 +69,14 @@ def lesson_from_run(trace: RunTrace, title: str, question: str = "", notes: str 
         raise LessonError(f"the title has {len(title)} characters; keep it under {MAX_TITLE}")
     method = trace.settings.get("method", {})
     label = label or (method.get("method", "run") if isinstance(method, dict) else str(method))
-    lesson = Lesson(id=_slug(title), title=title, question=" ".join(question.split()),
-                    runs=[LessonRun(label, trace)], recorded=dict(trace.model))
-    data = lesson.to_dict()
-    data["notes"] = parse_notes(notes) if isinstance(notes, str) else list(notes)
-    return Lesson.from_dict(data)  # the lesson file's checks: every note at a phase the run has
+    if not trace.steps:
+        raise LessonError("run 1 of the lesson has no steps")
+    # a snapshot of the steps so far: the Explorer's run goes on appending to its trace
+    runs = [LessonRun(label, dataclasses.replace(trace, steps=list(trace.steps)))]
+    # the lesson file's own checks: every note at a phase the run has
+    return Lesson(id=_slug(title), title=title, question=" ".join(question.split()), runs=runs,
+                  notes=checked_notes(parse_notes(notes) if isinstance(notes, str) else list(notes), runs),
+                  recorded=dict(trace.model))
 
 
 __all__ = ["MAX_TITLE", "lesson_from_run", "parse_notes"]

@@ -181,23 +181,7 @@ class Lesson:
             if not trace.steps:
                 raise LessonError(f"run {i + 1} of the lesson has no steps")
             runs.append(LessonRun(r["label"], trace))
-        notes = []
-        for n in d["notes"]:
-            try:
-                note = Note(int(n["run"]), int(n["step"]), str(n["phase"]), str(n["text"]),
-                            None if n.get("level") is None else int(n["level"]),
-                            None if n.get("node") is None else int(n["node"]))
-            except (TypeError, KeyError, ValueError, AttributeError):
-                raise LessonError(f"a note of the lesson is malformed: {n!r:.80}") from None
-            if not (0 <= note.run < len(runs) and 0 <= note.step < len(runs[note.run].trace.steps)):
-                raise LessonError(f"a note points at run {note.run + 1}, step {note.step + 1}, which the lesson "
-                                  "does not have")
-            phases = step_phases(runs[note.run].trace.steps[note.step])
-            if note.phase not in PHASE_KINDS or not any(
-                    note.marks(p, next(q for q in phases if q.kind == p.kind)) for p in phases):
-                raise LessonError(f"a note points at a {note.phase!r} phase of step {note.step + 1} that the step "
-                                  "does not have")
-            notes.append(note)
+        notes = checked_notes(d["notes"], runs)
         recorded = d.get("recorded") if isinstance(d.get("recorded"), dict) else {}
         audit = d.get("audit") if isinstance(d.get("audit"), dict) else None
         baseline = None
@@ -218,6 +202,29 @@ class Lesson:
             except TraceError as exc:
                 raise LessonError(f"timing {i + 1} of the lesson: {exc}") from None
         return Lesson(d["id"], d["title"], d["question"], runs, notes, recorded, audit, baseline, timings)
+
+
+def checked_notes(raw: list, runs: list[LessonRun]) -> list[Note]:
+    """Notes as a lesson file holds them (dicts), each pointing at a phase that ``runs`` have. Raises LessonError
+    for a malformed note or one at a run, step or phase the lesson does not have."""
+    notes = []
+    for n in raw:
+        try:
+            note = Note(int(n["run"]), int(n["step"]), str(n["phase"]), str(n["text"]),
+                        None if n.get("level") is None else int(n["level"]),
+                        None if n.get("node") is None else int(n["node"]))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise LessonError(f"a note of the lesson is malformed: {n!r:.80}") from None
+        if not (0 <= note.run < len(runs) and 0 <= note.step < len(runs[note.run].trace.steps)):
+            raise LessonError(f"a note points at run {note.run + 1}, step {note.step + 1}, which the lesson "
+                              "does not have")
+        phases = step_phases(runs[note.run].trace.steps[note.step])
+        if note.phase not in PHASE_KINDS or not any(
+                note.marks(p, next(q for q in phases if q.kind == p.kind)) for p in phases):
+            raise LessonError(f"a note points at a {note.phase!r} phase of step {note.step + 1} that the step "
+                              "does not have")
+        notes.append(note)
+    return notes
 
 
 def loads_lesson(data: str | bytes, what: str = "the lesson") -> Lesson:

@@ -10,7 +10,6 @@ Session state: ``state.Forensics``.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +17,7 @@ import streamlit as st
 
 from ..analysis.forensics import Forensics as Aggregate
 from ..analysis.forensics_report import (CONFUSION_COLUMNS, COSTLIEST_COLUMNS, PROMPT_COLUMNS, forensics_figures,
-                                         write_forensics_report)
+                                         forensics_html)
 from ..analysis.prompts import PromptError, parse_prompt_lines, select_prompts
 from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from .common import guarded, make_engine, pair_or_message
@@ -147,7 +146,7 @@ def show(data: dict) -> None:
     c = st.columns([1, 1, 4])
     c[0].download_button("forensics.json", data=lambda: json.dumps(data, ensure_ascii=False, indent=1),
                          file_name="forensics.json", mime="application/json", key="fo_json", on_click="ignore")
-    c[1].download_button("forensics.html", data=lambda: _html(data), file_name="forensics.html",
+    c[1].download_button("forensics.html", data=lambda: forensics_html(data), file_name="forensics.html",
                          mime="text/html", key="fo_html", on_click="ignore")
 
 
@@ -162,8 +161,3 @@ def _open_one(rows: list[dict]) -> None:
     c[1].button("Open in the Explorer", key="fo_open", disabled=row["trace"] not in runs, on_click=open_in_explorer,
                 args=(runs.get(row["trace"]), row["trace"], row["step"]), width="stretch",
                 help="replays that run on the Explorer page, at the step of this rejection, with no model loaded")
-
-
-def _html(data: dict) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        return write_forensics_report(data, tmp).read_text(encoding="utf-8")
