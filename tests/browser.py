@@ -773,6 +773,72 @@ def whole_class(url: str, out_dir: Path, pid: int, students: int = 10, rounds: i
     return report
 
 
+# CUT_TEXT within the main block only (the sidebar is the Explorer's, drawn off-screen on a phone); the file
+# uploader's "add icon" ligature is a material icon's name, clipped on purpose
+CUT_MAIN = CUT_TEXT.replace(".filter(e => e.offsetParent", ".filter(e => e.closest('[data-testid=stMain]') && e.offsetParent")
+
+
+def forensics_tour(url: str, out_dir: Path, traces: list[Path], bad_files: tuple[Path, Path],
+                   sizes=((1280, 720), (1920, 1080), (390, 844))) -> dict:
+    """The Forensics page: run MT-bench's first five, keep it as A, read ``traces`` (the same prompts under other
+    settings) plus ``bad_files[0]`` (not a trace) as B, then offer ``bad_files[1]`` (not a forensics.json) as A.
+    A full-page screenshot at each of ``sizes`` (``forensics_WxH.png``). Returns what the page showed."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    r: dict = {"sizes": {}}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": sizes[0][0], "height": sizes[0][1]})
+        page.goto(url.rstrip("/") + "/?page=forensics")
+        wait_runs_after(page, None, 300_000)
+        try:
+            choose(page, "Set", "MT-bench, first 5")
+            _press(page, "Run")
+            page.wait_for_selector(".js-plotly-plot .gtitle", timeout=60_000)
+            r["charts_a"] = page.locator(".js-plotly-plot").count()
+            r["summary_a"] = page.locator("[data-testid='stMarkdownContainer'] p", has_text="tested drafted").first \
+                .inner_text()
+            _press(page, "Keep this report as A")
+            r["kept"] = page.locator("[data-testid='stAlertContentInfo']", has_text="This report is A").count()
+            rerun(page, lambda: page.get_by_text("Saved traces", exact=True).click(), 60_000)
+            rerun(page, lambda: page.locator(".st-key-fo_traces input[type=file]").set_input_files(
+                [str(t) for t in traces] + [str(bad_files[0])]), 60_000)
+            _press(page, "Read traces")
+            page.wait_for_selector(".js-plotly-plot .gtitle:has-text('B against A')", timeout=60_000)
+            r["warnings"] = page.locator("[data-testid='stAlertContentWarning']").all_inner_texts()
+            r["compare"] = page.locator("[data-testid='stMarkdownContainer'] p", has_text="prompts in both").first \
+                .inner_text()
+            r["titles"] = page.locator(".js-plotly-plot .gtitle").all_text_contents()
+            for w, h in sizes:
+                # Streamlit scrolls its main block, not the page: a tall window shows the whole page at this width
+                page.set_viewport_size({"width": w, "height": 6000})
+                page.wait_for_timeout(1500)  # the charts follow the new width
+                page.screenshot(path=str(out_dir / f"forensics_{w}x{h}_whole.png"))
+                page.set_viewport_size({"width": w, "height": h})
+                page.wait_for_timeout(1500)
+                for name, title in (("charts", "Acceptance by token class"), ("diff", "B against A")):
+                    page.locator(f".js-plotly-plot:has(.gtitle:has-text('{title}'))").scroll_into_view_if_needed()
+                    page.wait_for_timeout(300)
+                    page.screenshot(path=str(out_dir / f"forensics_{w}x{h}_{name}.png"))
+                r["sizes"][f"{w}x{h}"] = {
+                    "overflow": page.evaluate("document.documentElement.scrollWidth > window.innerWidth"),
+                    "cut": [t for t in page.evaluate(CUT_MAIN) if t != "add icon"]}
+            page.set_viewport_size({"width": sizes[0][0], "height": sizes[0][1]})
+            rerun(page, lambda: page.locator(".st-key-fo_a_file input[type=file]").set_input_files(
+                str(bad_files[1])), 60_000)
+            _press(page, "Use as A")
+            _shows(page, "[data-testid='stAlertContentError']")
+            r["bad_a"] = page.locator("[data-testid='stAlertContentError']").all_inner_texts()
+            r["still_compared"] = page.locator(".js-plotly-plot .gtitle:has-text('B against A')").count()
+        except Exception:
+            page.screenshot(path=str(out_dir / "failure.png"), full_page=True)
+            raise
+        r["exceptions"] = page.locator("[data-testid='stException']").count()
+        browser.close()
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="default", choices=["default", "tiny"])

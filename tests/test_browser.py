@@ -263,3 +263,39 @@ def test_an_exported_lesson_plays_offline_in_a_real_browser(tmp_path):
         assert report["requests"] == [] and report["phases"] == list(range(1, 31)), report
         assert all(ms is not None for ms in report["draw_ms"])
     assert report["tap"] == 1
+
+
+def test_the_forensics_page_compares_two_settings_in_a_real_browser(tmp_path, tiny):
+    """Run a built-in set (MT-bench's first five: HumanEval's prompts are too long for the tiny pair, which the page
+    says prompt by prompt), keep it as A, read saved traces of the same prompts at T = 0.8 (and one broken file) as
+    B: the diff is drawn, the broken file named; a file that is no forensics.json offered as A is refused, and the
+    comparison stays. Screenshots at a projector's, a desktop's and a phone's size (docs/img/forensics_*.png)."""
+    from browser import forensics_tour
+
+    from explorer.analysis.prompts import encode_prompt, select_prompts
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.trace.records import save_run
+
+    traces = []
+    for n, prompt in enumerate(select_prompts(["mt-bench:0:5"])):
+        engine = build_engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.8, seed=n))
+        engine.start(encode_prompt(tiny.tokenizer, prompt.text), 24, prompt_text=prompt.text)
+        trace = engine.run()
+        trace.prompt_info = prompt.info()
+        traces.append(tmp_path / f"run{n}.json")
+        save_run(trace, traces[-1])
+    broken, not_forensics = tmp_path / "broken.json", tmp_path / "a.json"
+    broken.write_text('{"schema_version": 99, "steps": []}')
+    not_forensics.write_text('{"forensics_schema": 1}')
+    with running_app("tiny") as url:
+        r = forensics_tour(url, tmp_path / "shots", traces, (broken, not_forensics))
+    assert r["exceptions"] == 0 and r["charts_a"] >= 4 and r["kept"] == 1, r
+    assert "5 runs of mcsd-improved, T 0" in r["summary_a"], r["summary_a"]
+    assert any("broken.json" in w and "schema version" in w for w in r["warnings"]), r["warnings"]
+    assert "5 prompts in both" in r["compare"] and "T 0.8" in r["compare"], r["compare"]
+    assert any("without its tables" in e for e in r["bad_a"]) and r["still_compared"] == 1, r
+    for size, seen in r["sizes"].items():
+        assert not seen["overflow"] and seen["cut"] == [], (size, seen)
+        assert (tmp_path / "shots" / f"forensics_{size}_whole.png").stat().st_size > 30_000

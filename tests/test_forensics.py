@@ -4,6 +4,8 @@ certain, the confusions and the costliest rejections, and a report made from the
 
 import json
 
+import torch
+
 import pytest
 from method_grid import PROMPT
 
@@ -146,3 +148,78 @@ def test_the_forensics_page_runs_a_built_in_set(tiny):
     at.button(key="fo_open").click().run()  # that rejection's step, replayed on the Explorer page
     assert not at.exception and at.session_state["page"] == "Explorer"
     assert at.session_state["replay"] == row["trace"] and at.session_state["cursor"] == row["step"]
+
+
+def _plant(model, rule):
+    """A forward hook that rewrites ``model``'s logits: at each kept position whose input token ``t`` has
+    ``rule(t)`` not None, that token becomes the top one (the rest of the distribution unchanged)."""
+    def hook(module, args, kwargs, out):
+        logits = out.logits
+        ids = kwargs["input_ids"][:, -logits.shape[1]:]
+        for b, i in zip(*torch.nonzero(torch.ones_like(ids, dtype=torch.bool), as_tuple=True)):
+            favourite = rule(int(ids[b, i]))
+            if favourite is not None:
+                logits[b, i, favourite] = logits[b, i].max() + 8.0
+        return out
+
+    return model.register_forward_hook(hook, with_kwargs=True)
+
+
+def test_a_planted_confusion_tops_the_table():
+    """A tiny pair whose draft always proposes one fixed token after a newline, where the target always writes
+    another (and writes a newline after every third byte, so newlines are common): that pair of tokens is the top
+    confusion, and newline-led rejections are all its own."""
+    from explorer.models.tiny import tiny_pair
+
+    pair = tiny_pair(seed=3)
+    tok = pair.tokenizer
+    newline, planted, wanted = (tok.convert_tokens_to_ids(tok.tokenize(c))[0] for c in ("\n", "Q", "#"))
+    hooks = [_plant(pair.draft, lambda t: planted if t == newline else None),
+             _plant(pair.target, lambda t: wanted if t == newline else newline if t % 3 == 0 and t != wanted
+                    else None)]
+    try:
+        f = Forensics()
+        for seed, prompt in enumerate(("def f(x):\n", "Once upon a time", "1, 2, 3,")):
+            eng = build_engine(pair, MethodConfig(method="mcsd", k_config=(2, 2), fallback="off"),
+                               SamplingConfig(temperature=0.0, seed=seed))
+            eng.start(tok.encode(prompt), 40)
+            f.add(eng.run(), prompt=f"p{seed}")
+    finally:
+        for h in hooks:
+            h.remove()
+    data = f.to_dict()
+    top = data["confusions"][0]
+    assert (top["drafted_id"], top["committed_id"]) == (planted, wanted), data["confusions"][:3]
+    assert (top["drafted"], top["committed"]) == ("Q", "#")
+    by_drafted = {}
+    for c in data["confusions"]:
+        by_drafted[c["drafted_id"]] = by_drafted.get(c["drafted_id"], 0) + c["count"]
+    assert max(by_drafted, key=by_drafted.get) == planted
+    assert top["count"] >= 5 and top["mean_q"] > 0.9 and top["mean_p"] < 0.1
+
+
+def test_a_prompt_too_long_for_the_pair_is_named_and_the_rest_reported(tmp_path, capsys):
+    """The tiny pair holds 512 positions: a prompt of 600 bytes is refused by name, the others make the report, and
+    the saved traces keep their prompt's id and category (forensics of them groups by it)."""
+    from explorer.analysis.forensics_report import ForensicsError, check_forensics
+    from explorer.cli.main import main
+
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in (
+        {"id": "short", "category": "chat", "prompt": "The capital of France is"},
+        {"id": "long", "category": "chat", "prompt": "word " * 120},
+        {"id": "code", "category": "code", "prompt": "def add(a, b):"})))
+    assert main(["forensics", "--models", "tiny", "--prompt-file", str(prompts), "--max-new-tokens", "12",
+                 "--save-traces", str(tmp_path / "traces"), "--out", str(tmp_path / "out")]) == 0
+    assert "skipped prompt long: the prompt has" in capsys.readouterr().err
+    data = json.loads((tmp_path / "out" / "forensics.json").read_text())
+    assert [p["prompt"] for p in data["prompts"]] == ["short", "code"] and len(data["skipped"]) == 1
+    assert main(["forensics", "--trace", str(tmp_path / "traces"), "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "forensics.json").read_text())
+    assert [p["prompt"] for p in again["prompts"]] == ["short", "code"]
+    assert set(again["by_category"]) == {"chat", "code"} and again["by_class"] == data["by_class"]
+    assert check_forensics(again, "again") is again
+    for broken in ({"forensics_schema": 1}, {"forensics_schema": 1, "by_class": {}, "by_depth": [], "prompts": []},
+                   {"forensics_schema": 1, "by_class": {}, "by_depth": {}, "prompts": [{"steps": 2}]}):
+        with pytest.raises(ForensicsError, match="without its tables"):
+            check_forensics(broken, "x.json")

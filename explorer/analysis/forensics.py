@@ -105,9 +105,11 @@ class Forensics:
     by_confidence: dict = field(default_factory=lambda: defaultdict(Tally))
     by_entropy: dict = field(default_factory=lambda: defaultdict(Tally))
     by_source: dict = field(default_factory=lambda: defaultdict(Tally))
-    confusions: dict = field(default_factory=dict)  # (drafted, committed) -> [count, sum p, sum q, near ties]
+    # (drafted id, committed id) -> [count, sum p, sum q, near ties, drafted text, committed text]
+    confusions: dict = field(default_factory=dict)
     costliest: list = field(default_factory=list)  # heap of (expected tokens cut, seq, row)
     prompts: list = field(default_factory=list)
+    settings: dict = field(default_factory=dict)  # a run's settings line -> runs with it
     nodes: int = 0
     _seq: int = 0
 
@@ -152,6 +154,8 @@ class Forensics:
                     heapq.heappush(self.costliest, item)
                 elif cut > self.costliest[0][0]:
                     heapq.heapreplace(self.costliest, item)
+        line = settings_line(trace)
+        self.settings[line] = self.settings.get(line, 0) + 1
         steps = len(trace.steps)
         accepted = sum(s.accepted_draft_len for s in trace.steps)
         tokens = sum(len(s.committed_ids) for s in trace.steps)
@@ -163,15 +167,16 @@ class Forensics:
 
     def _confusion(self, n, parent, kids, step) -> None:
         """Drafted ``n`` rejected: what the target committed in its place, the parent's committed child or the
-        bonus token."""
-        instead = next((k.text for k in kids.get(n.parent, []) if k.committed and k.id != n.id), None)
+        bonus token. Keyed by token ids: byte-level tokenizers decode many partial-character tokens to the same
+        text."""
+        instead = next(((k.token_id, k.text) for k in kids.get(n.parent, []) if k.committed and k.id != n.id), None)
         if instead is None and parent is not None and parent.committed and step.bonus_token is not None:
-            instead = step.committed_text[-1]
+            instead = (step.bonus_token, step.committed_text[-1])
         if instead is None:
             return
         tops = [float(t[2]) for t in n.p_top[:2]]
         tie = len(tops) == 2 and tops[0] > 0 and (tops[0] - tops[1]) <= NEAR_TIE * tops[0]
-        entry = self.confusions.setdefault((n.text, instead), [0, 0.0, 0.0, 0])
+        entry = self.confusions.setdefault((n.token_id, instead[0]), [0, 0.0, 0.0, 0, n.text, instead[1]])
         entry[0] += 1
         entry[1] += n.p or 0.0
         entry[2] += n.q or 0.0
@@ -183,15 +188,28 @@ class Forensics:
             return {str(k): v.to_dict() for k, v in sorted(t.items(), key=lambda kv: str(kv[0]))}
 
         confusions = sorted(self.confusions.items(), key=lambda kv: -kv[1][0])
-        return {"forensics_schema": FORENSICS_SCHEMA, "nodes": self.nodes,
+        return {"forensics_schema": FORENSICS_SCHEMA, "nodes": self.nodes, "settings": dict(self.settings),
                 "by_class": {c: self.by_class[c].to_dict() for c in TOKEN_CLASSES if c in self.by_class},
                 "by_depth": {str(d): self.by_depth[d].to_dict() for d in sorted(self.by_depth)},
                 "by_category": table(self.by_category), "by_confidence": table(self.by_confidence),
                 "by_entropy": table(self.by_entropy), "by_source": table(self.by_source),
-                "confusions": [{"drafted": a, "committed": b, "count": c, "mean_p": p / c, "mean_q": q / c,
-                                "near_tie_share": t / c} for (a, b), (c, p, q, t) in confusions],
+                "confusions": [{"drafted": a, "committed": b, "drafted_id": i, "committed_id": j, "count": c,
+                                "mean_p": p / c, "mean_q": q / c, "near_tie_share": t / c}
+                               for (i, j), (c, p, q, t, a, b) in confusions],
                 "costliest": [row for _, _, row in sorted(self.costliest, key=lambda x: (-x[0], x[1]))],
                 "prompts": self.prompts}
+
+
+def settings_line(trace: RunTrace) -> str:
+    """What a run was: pair, method and temperature, in one line (``mcsd-improved, T 0.7, <pair name>``)."""
+    method = trace.settings.get("method", {}).get("method", "?")
+    return f"{method}, T {trace.temperature:g}, {trace.model.get('name', '?')}"
+
+
+def run_category(trace: RunTrace) -> str:
+    """A saved run's prompt category: its prompt set's category, else the set's name, else ``-``."""
+    info = trace.prompt_info
+    return info.get("category") or info.get("source") or "-"
 
 
 def _decile(q: float | None) -> str:
@@ -221,4 +239,5 @@ def _expected_below(node: int, kids: dict) -> float:
     return total
 
 
-__all__ = ["FORENSICS_SCHEMA", "Forensics", "TOKEN_CLASSES", "Tally", "target_entropy", "token_class"]
+__all__ = ["FORENSICS_SCHEMA", "Forensics", "TOKEN_CLASSES", "Tally", "run_category", "settings_line",
+           "target_entropy", "token_class"]

@@ -32,8 +32,19 @@ def load_forensics(path: str | Path) -> dict:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ForensicsError(f"{p}: cannot be read as forensics ({exc})") from None
+    return check_forensics(data, str(p))
+
+
+def check_forensics(data, name: str) -> dict:
+    """``data`` if it is a forensics report of this schema with the tables a diff reads; raises ForensicsError
+    naming ``name`` otherwise."""
     if not isinstance(data, dict) or data.get("forensics_schema") != FORENSICS_SCHEMA:
-        raise ForensicsError(f"{p}: not a forensics.json of schema {FORENSICS_SCHEMA}")
+        raise ForensicsError(f"{name}: not a forensics.json of schema {FORENSICS_SCHEMA}")
+    tables = [data.get(k) for k in ("by_class", "by_depth")]
+    prompts = data.get("prompts")
+    if not (all(isinstance(t, dict) and all(isinstance(r, dict) for r in t.values()) for t in tables)
+            and isinstance(prompts, list) and all(isinstance(p, dict) and "prompt" in p for p in prompts)):
+        raise ForensicsError(f"{name}: a forensics.json without its tables (by_class, by_depth, prompts)")
     return data
 
 
@@ -89,7 +100,7 @@ def forensics_figures(data: dict) -> list[go.Figure]:
 def diff(a: dict, b: dict) -> dict:
     """B against A (two ``forensics.json`` contents): per token class and per depth ``{"a", "b", "delta",
     "tested_a", "tested_b"}`` (acceptance rates; delta = b - a where both exist); per prompt present in both, the
-    tokens per target call of each."""
+    tokens per target call of each; ``a_settings`` and ``b_settings``: what each side's runs were."""
     def side(key):
         out = {}
         for g in sorted(set(a[key]) | set(b[key]), key=lambda k: (len(k), k)):
@@ -100,9 +111,10 @@ def diff(a: dict, b: dict) -> dict:
         return out
 
     pa = {p["prompt"]: p for p in a["prompts"]}
-    prompts = [{"prompt": p["prompt"], "a": pa[p["prompt"]]["tokens_per_target_call"],
-                "b": p["tokens_per_target_call"]} for p in b["prompts"] if p["prompt"] in pa]
-    return {"by_class": side("by_class"), "by_depth": side("by_depth"), "prompts": prompts}
+    prompts = [{"prompt": p["prompt"], "a": pa[p["prompt"]].get("tokens_per_target_call"),
+                "b": p.get("tokens_per_target_call")} for p in b["prompts"] if p["prompt"] in pa]
+    return {"by_class": side("by_class"), "by_depth": side("by_depth"), "prompts": prompts,
+            "a_settings": a.get("settings", {}), "b_settings": b.get("settings", {})}
 
 
 def diff_figure(d: dict) -> go.Figure:
@@ -117,6 +129,12 @@ def diff_figure(d: dict) -> go.Figure:
                       yaxis=dict(title="difference in acceptance"), showlegend=False,
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
+
+
+def settings_text(settings: dict) -> str:
+    """`` of <settings line>`` (or ``of: a; b``) for a report's heading; empty for a report without them."""
+    lines = list(settings)
+    return "" if not lines else f" of {lines[0]}" if len(lines) == 1 else " of: " + "; ".join(lines)
 
 
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
@@ -135,6 +153,17 @@ CONFUSION_COLUMNS = [("drafted", "drafted"), ("committed", "committed instead"),
 COSTLIEST_COLUMNS = [("expected_tokens_cut", "expected tokens cut"), ("token", "token"), ("class", "class"),
                      ("depth", "depth"), ("source", "source"), ("p", "p"), ("q", "q"), ("prompt", "prompt"),
                      ("step", "step (0-based)"), ("trace", "trace")]
+DIFF_COLUMNS = [("group", "group"), ("a", "A accepted"), ("b", "B accepted"), ("delta", "B - A"),
+                ("tested_a", "A tested"), ("tested_b", "B tested")]
+PROMPT_DIFF_COLUMNS = [("prompt", "prompt"), ("a", "A tokens / target call"), ("b", "B tokens / target call")]
+
+
+def diff_rows(d: dict) -> list[dict]:
+    """The diff's groups as rows: token classes, then depths (``depth N``), with A's and B's rates."""
+    return ([{"group": g, **r} for g, r in d["by_class"].items()]
+            + [{"group": f"depth {g}", **r} for g, r in d["by_depth"].items()])
+
+
 PROMPT_COLUMNS = [("prompt", "prompt"), ("category", "category"), ("steps", "steps"),
                   ("tokens_per_target_call", "tokens / target call"), ("acceptance_length", "acceptance length")]
 
@@ -147,7 +176,8 @@ def forensics_html(data: dict, title: str = "Rejection forensics") -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
             "body{font-family:system-ui,sans-serif;margin:16px;}table{border-collapse:collapse;margin:8px 0 24px;}"
             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:14px;}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p>{data['nodes']} tested drafted nodes in {len(data['prompts'])} runs "
+            f"<h1>{html.escape(title)}</h1><p>{data['nodes']} tested drafted nodes in {len(data['prompts'])} runs"
+            f"{html.escape(settings_text(data.get('settings', {})))} "
             "(the numbers above the bars: nodes tested). "
             "Expected acceptance: the verification rule's probability that each node passes once its parent is "
             "reached; realised below expected is bad luck, both low is the draft's miss.</p>"
@@ -155,7 +185,16 @@ def forensics_html(data: dict, title: str = "Rejection forensics") -> str:
             + "<h2>Confusions: drafted token, and what the target committed instead</h2>"
             + _table(data["confusions"][:40], CONFUSION_COLUMNS)
             + "<h2>The costliest rejections</h2>" + _table(data["costliest"], COSTLIEST_COLUMNS)
-            + "<h2>Per prompt</h2>" + _table(data["prompts"], PROMPT_COLUMNS) + "</body></html>")
+            + "<h2>Per prompt</h2>" + _table(data["prompts"], PROMPT_COLUMNS) + _diff_html(data.get("diff"))
+            + "</body></html>")
+
+
+def _diff_html(d: dict | None) -> str:
+    if not d:
+        return ""
+    return (f"<h2>B against A</h2><p>A:{html.escape(settings_text(d.get('a_settings', {})))}. "
+            f"B:{html.escape(settings_text(d.get('b_settings', {})))}.</p>"
+            + _table(diff_rows(d), DIFF_COLUMNS) + _table(d["prompts"], PROMPT_DIFF_COLUMNS))
 
 
 def write_forensics_report(data: dict, out_dir: str | Path, title: str = "Rejection forensics") -> Path:
@@ -167,5 +206,5 @@ def write_forensics_report(data: dict, out_dir: str | Path, title: str = "Reject
     return path
 
 
-__all__ = ["ForensicsError", "diff", "diff_figure", "forensics_figures", "forensics_html", "load_forensics",
-           "write_forensics_report"]
+__all__ = ["ForensicsError", "check_forensics", "diff", "diff_figure", "diff_rows", "forensics_figures",
+           "forensics_html", "load_forensics", "settings_text", "write_forensics_report"]

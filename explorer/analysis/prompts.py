@@ -29,6 +29,10 @@ class Prompt:
     source: str  # "mt-bench" | "humaneval" | file name | "user"
     category: str = ""
 
+    def info(self) -> dict:
+        """``{"id", "source", "category"}``: what a saved run keeps of its prompt (``RunTrace.prompt_info``)."""
+        return {"id": self.id, "source": self.source, "category": self.category}
+
 
 def parse_prompt_lines(lines, source: str) -> list[Prompt]:
     """Parse JSONL lines (``turns`` list or ``prompt`` string per object). Blank lines are skipped."""

@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..analysis.prompts import Prompt, encode_prompt, load_prompt_set
+from ..analysis.prompts import Prompt, PromptError, encode_prompt, load_prompt_set
 from ..engine.config import DEFAULTS, FREE_ROWS_CPU, METHODS, VERIFIERS, MethodConfig
 from ..engine.factory import build_engine
+from ..engine.machine import EngineError
 from ..engine.policies.cost_ratio import COST_RATIO_MODES
 from ..engine.policies.fallback import FALLBACK_MODES
 from ..engine.policies.stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
@@ -161,16 +162,26 @@ def prompts_from_args(args) -> list[Prompt]:
     return prompts[: args.limit] if args.limit else prompts
 
 
-def runs_from_args(args, pair, prompts: list[Prompt], config: MethodConfig):
+def runs_from_args(args, pair, prompts: list[Prompt], config: MethodConfig, on_error=None):
     """Each of ``prompts`` run to its end on ``pair`` with ``config`` and the options' sampling and decision model:
-    yields ``(n, prompt, trace)``. Raises what the decision model's loading and the engine raise."""
+    yields ``(n, prompt, trace)``. Raises what the decision model's loading and the engine raise; with
+    ``on_error(prompt, exc)`` a prompt the engine refuses (EngineError, PromptError: too long for the models, empty)
+    is handed to it instead and the next prompt runs."""
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     decision = decision_model_from_args(args, config)
     for n, prompt in enumerate(prompts):
         engine = build_engine(pair, config, sampling, decision_model=decision)
-        engine.start(encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template),
-                     args.max_new_tokens, prompt_text=prompt.text)
-        yield n, prompt, engine.run()
+        try:
+            engine.start(encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template),
+                         args.max_new_tokens, prompt_text=prompt.text)
+        except (EngineError, PromptError) as exc:
+            if on_error is None:
+                raise
+            on_error(prompt, exc)
+            continue
+        trace = engine.run()
+        trace.prompt_info = prompt.info()
+        yield n, prompt, trace
 
 
 def load_pair_from_args(args, keep_unquantized: bool = False):

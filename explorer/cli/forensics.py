@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..analysis.forensics import Forensics
+from ..analysis.forensics import Forensics, run_category
 from ..analysis.forensics_report import ForensicsError, diff, load_forensics, write_forensics_report
 from ..trace.records import TraceError, load_run, save_run
 from .args import (add_method_args, add_model_args, add_prompt_or_trace_args, add_sampling_args, load_pair_from_args,
@@ -38,19 +38,24 @@ def cmd_forensics(args) -> int:
             except (TraceError, OSError) as exc:
                 problems.append(f"{path}: {exc}")
                 continue
-            result.add(trace, prompt=path.stem, category="-", source=str(path))
+            result.add(trace, prompt=trace.prompt_info.get("id") or path.stem, category=run_category(trace),
+                       source=str(path))
     else:
         config = method_config_from_args(args)
         prompts = prompts_from_args(args)
         pair = load_pair_from_args(args)
         keep = Path(args.save_traces) if args.save_traces else None
-        for n, prompt, trace in runs_from_args(args, pair, prompts, config):
+
+        def refused(prompt, exc):  # too long for the models, say: named, and the report is made from the rest
+            problems.append(f"prompt {prompt.id}: {exc}")
+
+        for n, prompt, trace in runs_from_args(args, pair, prompts, config, on_error=refused):
             source = ""
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
                 source = str(keep / f"trace_{n:03d}.json")
                 save_run(trace, source)
-            result.add(trace, prompt=prompt.id, category=prompt.category or prompt.source, source=source)
+            result.add(trace, prompt=prompt.id, category=run_category(trace), source=source)
             print(f"[forensics] {prompt.id}: {len(trace.steps)} steps", file=sys.stderr, flush=True)
     for problem in problems:
         print(f"skipped {problem}", file=sys.stderr)
@@ -83,6 +88,8 @@ def _rate(t: dict) -> str:
 
 def _print(data: dict) -> None:
     print(f"{data['nodes']} tested drafted nodes in {len(data['prompts'])} runs")
+    for line, runs in data.get("settings", {}).items():
+        print(f"  {runs} runs of {line}")
     for title, key in (("by token class", "by_class"), ("by depth", "by_depth"), ("by draft source", "by_source")):
         print(f"\n{title}:")
         for name, t in data[key].items():

@@ -274,6 +274,8 @@ class RunTrace:
         prompt / prompt_ids: the prompt's text (``""`` when the caller gave none) and its token ids.
         steps: every step so far, in order.
         prefill_ms: wall-clock milliseconds of the prefill (both models, and the drafter's start).
+        prompt_info: where the prompt came from when it came from a prompt set: ``id``, ``source`` (``humaneval``,
+            ``mt-bench``, a file name) and ``category``; ``{}`` otherwise (forensics groups saved runs by it).
         schema_version: ``SCHEMA_VERSION`` of the writer (``from_dict`` reads only its own).
     """
 
@@ -283,6 +285,7 @@ class RunTrace:
     prompt_ids: list[int]
     steps: list[StepTrace] = field(default_factory=list)
     prefill_ms: float = 0.0
+    prompt_info: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -305,6 +308,7 @@ class RunTrace:
     def to_dict(self) -> dict:
         return {"schema_version": self.schema_version, "settings": self.settings, "model": self.model,
                 "prompt": self.prompt, "prompt_ids": self.prompt_ids, "prefill_ms": self.prefill_ms,
+                **({"prompt_info": self.prompt_info} if self.prompt_info else {}),
                 "steps": [s.to_dict() for s in self.steps]}
 
     @staticmethod
@@ -330,12 +334,15 @@ class RunTrace:
             raise TraceError("trace fields 'model' (an object) and 'prompt' (a string) are malformed")
         if not _is_list_of(d["prompt_ids"], int) or not isinstance(d.get("prefill_ms", 0.0), (int, float)):
             raise TraceError("trace fields 'prompt_ids' (token ids) or 'prefill_ms' (a number) are malformed")
+        info = d.get("prompt_info", {})
+        if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+            raise TraceError("trace field 'prompt_info' must be an object of strings")
         for i, step in enumerate(steps):
             problem = _step_problem(step)
             if problem:
                 raise TraceError(f"step {i + 1} of the trace is malformed: {problem}")
         return RunTrace(settings=d["settings"], model=d["model"], prompt=d["prompt"], prompt_ids=d["prompt_ids"],
-                        steps=steps, prefill_ms=float(d.get("prefill_ms", 0.0)))
+                        steps=steps, prefill_ms=float(d.get("prefill_ms", 0.0)), prompt_info=info)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)

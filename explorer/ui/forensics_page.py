@@ -16,9 +16,12 @@ import pandas as pd
 import streamlit as st
 
 from ..analysis.forensics import Forensics as Aggregate
-from ..analysis.forensics_report import (CONFUSION_COLUMNS, COSTLIEST_COLUMNS, PROMPT_COLUMNS, forensics_figures,
-                                         forensics_html)
+from ..analysis.forensics import run_category
+from ..analysis.forensics_report import (CONFUSION_COLUMNS, COSTLIEST_COLUMNS, DIFF_COLUMNS, PROMPT_COLUMNS,
+                                         PROMPT_DIFF_COLUMNS, ForensicsError, check_forensics, diff, diff_figure,
+                                         diff_rows, forensics_figures, forensics_html, settings_text)
 from ..analysis.prompts import PromptError, parse_prompt_lines, select_prompts
+from ..engine.machine import EngineError
 from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from .common import guarded, make_engine, pair_or_message
 from .state import Forensics, engine_lock, keep_learned, open_in_explorer
@@ -52,17 +55,22 @@ def _run(settings, prompts: list) -> None:
     pair = pair_or_message(settings)
     if pair is None:
         return
-    agg, runs = Aggregate(), {}
+    agg, runs, refused = Aggregate(), {}, []
     bar = st.progress(0.0, text=f"0 of {len(prompts)} prompts")
     for n, prompt in enumerate(prompts, 1):
-        with engine_lock():  # an interrupted batch may still be stepping (see state.engine_lock)
-            engine = make_engine(pair, settings, prompt.text, True)
-            trace = engine.run()
-            keep_learned(engine)
         name = f"prompt {prompt.id}"
-        agg.add(trace, prompt=prompt.id, category=prompt.category or prompt.source, source=name)
-        runs[name] = trace
-        _keep(agg.to_dict(), runs, [])
+        try:
+            with engine_lock():  # an interrupted batch may still be stepping (see state.engine_lock)
+                engine = make_engine(pair, settings, prompt.text, True)
+                trace = engine.run()
+                keep_learned(engine)
+        except (EngineError, PromptError) as exc:  # too long for these models, say: named, the rest still run
+            refused.append(f"{name}: {exc}")
+        else:
+            trace.prompt_info = prompt.info()
+            agg.add(trace, prompt=prompt.id, category=run_category(trace), source=name)
+            runs[name] = trace
+        _keep(agg.to_dict() if agg.prompts else None, runs, refused)
         bar.progress(n / len(prompts), text=f"{n} of {len(prompts)} prompts")
     bar.empty()
 
@@ -82,7 +90,9 @@ def _read_traces(uploads) -> None:
             if up.size > MAX_TRACE_BYTES:
                 raise TraceError(f"{up.size / 1e6:.1f} MB; traces are limited to {MAX_TRACE_BYTES / 1e6:.0f} MB")
             runs[up.name] = loads_run(up.getvalue())
-            agg.add(runs[up.name], prompt=Path(up.name).stem, source=up.name)
+            trace = runs[up.name]
+            agg.add(trace, prompt=trace.prompt_info.get("id") or Path(up.name).stem, category=run_category(trace),
+                    source=up.name)
         except TraceError as exc:
             skipped.append(f"{up.name}: {exc}")
     _keep(agg.to_dict() if agg.prompts else None, runs, skipped)
@@ -125,9 +135,9 @@ def forensics_page(settings) -> None:
 
 
 def show(data: dict) -> None:
-    """The report on the page: the figures, the tables and the downloads."""
-    st.markdown(f"**{data['nodes']}** tested drafted nodes in **{len(data['prompts'])}** runs (the numbers above "
-                "the bars: nodes tested).")
+    """The report on the page: the figures, the tables, the comparison with report A and the downloads."""
+    st.markdown(f"**{data['nodes']}** tested drafted nodes in **{len(data['prompts'])}** runs"
+                f"{settings_text(data.get('settings', {}))} (the numbers above the bars: nodes tested).")
     figs = forensics_figures(data)
     for left, right in zip(figs[0::2], figs[1::2] + [None]):
         cols = st.columns(2)
@@ -139,15 +149,68 @@ def show(data: dict) -> None:
                                  ("The costliest rejections", data["costliest"], COSTLIEST_COLUMNS),
                                  ("Per prompt", data["prompts"], PROMPT_COLUMNS)):
         st.subheader(title)
-        frame = pd.DataFrame([{label: r.get(key) for key, label in columns} for r in rows])
-        st.dataframe(frame, hide_index=True, width="stretch")
+        _table(rows, columns)
         if rows is data["costliest"] and rows:
             _open_one(rows)
+    _compare(data)
     c = st.columns([1, 1, 4])
     c[0].download_button("forensics.json", data=lambda: json.dumps(data, ensure_ascii=False, indent=1),
                          file_name="forensics.json", mime="application/json", key="fo_json", on_click="ignore")
     c[1].download_button("forensics.html", data=lambda: forensics_html(data), file_name="forensics.html",
                          mime="text/html", key="fo_html", on_click="ignore")
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    """``rows`` as a table of ``columns`` (key, label), numbers to two decimals."""
+    def cell(v):
+        return round(v, 2) if isinstance(v, float) else v
+
+    st.dataframe(pd.DataFrame([{label: cell(r.get(key)) for key, label in columns} for r in rows]), hide_index=True,
+                 width="stretch")
+
+
+def _compare(data: dict) -> None:
+    """Two settings on the same prompts: keep this report as A (or upload an earlier forensics.json), change the
+    sidebar's pair, method, stop policy or temperature, run again: B (the report shown) against A."""
+    st.subheader("Compare two settings")
+    c = st.columns([1.3, 3, 1], vertical_alignment="bottom")
+    c[0].button("Keep this report as A", key="fo_keep_a", on_click=Forensics.BASELINE.set, args=(data,),
+                help="then change the sidebar's settings and run the same prompts again: the page shows where the "
+                     "new run (B) gains and loses against A")
+    upload = c[1].file_uploader("or an earlier forensics.json as A", type=["json"], key="fo_a_file")
+    if upload is not None and c[2].button("Use as A", key="fo_use_a"):
+        guarded(_read_baseline, upload, error_key=Forensics.ERROR)
+        st.rerun()
+    a = Forensics.BASELINE.get()
+    if a is None:
+        st.caption("No report A yet.")
+        return
+    if a is data:
+        st.info(f"This report is A ({len(a['prompts'])} runs{settings_text(a.get('settings', {}))}): change the "
+                "sidebar's settings and run the same prompts again to see B against it.")
+        return
+    d = guarded(diff, a, data, error_key=Forensics.ERROR)  # an uploaded A holds whatever its file held
+    if d is None:
+        st.error(f"Report A cannot be compared: {Forensics.ERROR.get()}")
+        return
+    st.markdown(f"**A**: {len(a['prompts'])} runs{settings_text(d['a_settings'])}. **B** (this report): "
+                f"{len(data['prompts'])} runs{settings_text(d['b_settings'])}. {len(d['prompts'])} prompts in both.")
+    st.plotly_chart(diff_figure(d), width="stretch", config={"displayModeBar": False})
+    cols = st.columns([3, 2])
+    with cols[0]:
+        _table(diff_rows(d), DIFF_COLUMNS)
+    with cols[1]:
+        _table(d["prompts"], PROMPT_DIFF_COLUMNS)
+
+
+def _read_baseline(upload) -> None:
+    """An uploaded forensics.json as report A. Raises ForensicsError for a file that is not one."""
+    try:
+        data = json.loads(upload.getvalue().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ForensicsError(f"{upload.name} cannot be read as forensics ({exc})") from None
+    check_forensics(data, upload.name)
+    Forensics.BASELINE.set(data)
 
 
 def _open_one(rows: list[dict]) -> None:

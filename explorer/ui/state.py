@@ -263,7 +263,10 @@ class Forensics:
                                               "open one in the Explorer)", {})
     RESULT: Key[dict | None] = Key("fo_result", "the report (analysis.forensics.Forensics.to_dict) of the last batch "
                                                 "or traces read; a stopped batch's holds the prompts done")
-    SKIPPED: Key[list] = Key("fo_skipped", "the uploaded trace files that could not be read, with the reason", [])
+    SKIPPED: Key[list] = Key("fo_skipped", "the uploaded trace files that could not be read and the prompts the "
+                                          "engine refused, with the reason", [])
+    BASELINE: Key[dict | None] = Key("fo_baseline", "report A of the comparison ('Keep as A', or an uploaded "
+                                                    "forensics.json): the page diffs the current report against it")
     ERROR: Key[str | None] = Key("fo_error", "the message of the last failed action")
 
 
