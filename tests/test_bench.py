@@ -284,3 +284,43 @@ def test_the_report_names_the_assistant_settings_generate_runs_with(tiny):
     effective = hf_assisted_effective(tiny.draft)
     assert effective == {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
                          "assistant_confidence_threshold": 0.4}
+
+
+def test_the_bench_summarises_each_kind_against_its_own_baselines(tiny, tmp_path, monkeypatch):
+    """With the prompts' kinds, ``by_kind`` aggregates each kind's runs alone, its ratios divide by the same kind's
+    baselines, and the reports hold a table per kind; ``layer-skip``'s exit chooser goes to the next prompt."""
+    import explorer.analysis.bench as bench_module
+    from explorer.analysis.report import kind_table
+
+    seen, real = [], bench_module.run_engine
+
+    def spy(pair, config, ids, n, sampling, **kw):
+        if config.method == "layer-skip":
+            seen.append(kw.get("carried") is not None and kw["carried"].layer_skip is not None)
+        return real(pair, config, ids, n, sampling, **kw)
+
+    monkeypatch.setattr(bench_module, "run_engine", spy)
+    texts = ("def add(a, b):", "def sub(a, b):", "The quick brown fox", "Once upon a time")
+    kinds = ["code", "code", "chat", "chat"]
+    out = bench(tiny, [tiny.tokenizer.encode(t) for t in texts], methods=("ar", HF_ASSISTED, "sd", "layer-skip"),
+                temperatures=(0.0,), max_new_tokens=8, warmup=0, kinds=kinds)
+    assert seen == [False, True, True, True]
+    assert [r["kind"] for r in out["runs"] if r["method"] == "ar"] == kinds
+    rows = {(r["kind"], r["method"]): r for r in out["by_kind"]}
+    assert len(rows) == 8
+    for kind in ("code", "chat"):
+        runs = [r for r in out["runs"] if r["kind"] == kind]
+        for method in ("sd", "layer-skip"):
+            mine = aggregate([r for r in runs if r["method"] == method])
+            ar = aggregate([r for r in runs if r["method"] == "ar"])
+            hf = aggregate([r for r in runs if r["method"] == HF_ASSISTED])
+            assert rows[kind, method]["tokens_per_s"] == pytest.approx(mine["tokens_per_s"])
+            assert rows[kind, method]["speedup_vs_ar"] == pytest.approx(mine["tokens_per_s"] / ar["tokens_per_s"])
+            assert rows[kind, method]["ratio_vs_best_hf"] == pytest.approx(mine["tokens_per_s"] / hf["tokens_per_s"])
+    out["meta"] = {"prompt_set": "unit", "max_new_tokens": 8, "pair": tiny.name, "dtype": "float32",
+                   "device": "cpu", "machine": "test", "torch": "x", "transformers": "y"}
+    paths = write_reports(out, tmp_path)
+    md = paths["md"].read_text()
+    assert "By kind of prompt" in md and "| 0 | chat | layer-skip |" in md and kind_table(out) in md
+    assert "<h2>By kind of prompt</h2>" in paths["html"].read_text()
+    assert load_report(paths["json"])["by_kind"] == out["by_kind"]

@@ -85,3 +85,21 @@ def test_module_entry_point_runs():
                           "--max-new-tokens", "3", "--json"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert len(json.loads(res.stdout)["token_ids"]) == 3
+
+
+def test_the_kinds_set_holds_two_prompts_of_seven_kinds_the_decision_models_never_saw():
+    from collections import Counter
+
+    from explorer.analysis.prompts import KINDS_SET, select_prompts
+
+    prompts = select_prompts(["kinds"])
+    assert Counter(p.category for p in prompts) == {kind: 2 for kind, _, _ in KINDS_SET}
+    assert len({p.id for p in prompts}) == 14 and all(p.text.strip() for p in prompts)
+    # docs/decision.md trains on humaneval:0:10, mt-bench 0:2, 10:12, 20:24, 30:34, 40:44, 50:54, 60:62, 70:72 and
+    # prompt-mix 0:10, 12:22, 24:34, 36:46, 48:58, 60:66
+    trained = {"humaneval": range(0, 10), "mt-bench": [*range(0, 2), *range(10, 12), *range(20, 24),
+                                                       *range(30, 34), *range(40, 44), *range(50, 54),
+                                                       *range(60, 62), *range(70, 72)],
+               "prompt-mix": [*range(0, 10), *range(12, 22), *range(24, 34), *range(36, 46), *range(48, 58),
+                              *range(60, 66)]}
+    assert not any(i in trained[name] for _, name, picks in KINDS_SET for i in picks)

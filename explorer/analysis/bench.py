@@ -270,7 +270,7 @@ def samples_at(temperature: float, samples: int) -> int:
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
           temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
           kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, samples: int = 1,
-          chain_levels: int = 0, progress=lambda msg: None) -> dict:
+          chain_levels: int = 0, kinds: list[str] | None = None, progress=lambda msg: None) -> dict:
     """Run ``methods`` over ``prompts_ids`` at each temperature.
 
     Args:
@@ -287,13 +287,17 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             1000 * sample``); greedy runs once. Two methods sample different texts from one seed (drafting decides
             how the random stream is used, never the law), so one sample per prompt also compares texts of
             different lengths; more samples average that out. Raises ValueError below 1.
+        kinds: the kind of each prompt (code, chat, math, ...; ``prompts.prompt_kind``), as long as
+            ``prompts_ids``: each run row gets its ``kind`` and ``by_kind`` holds the summary per (temperature, kind,
+            method), its ratios against the same kind's baselines (``summarise``).
     Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
     run (a session's matrix keeps learning), and so do the goodput fallback's rates (``engine/policies/fallback.py``)
     and the stop policy's online adaptation (``engine/stop_models/online.py``); each temperature starts afresh. A label
     ending in ``+carry=off`` carries nothing (``carries``).
 
     Returns:
-        ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "hf_assisted": settings}``.
+        ``{"runs": [per run rows], "summary": [per (temperature, method) rows], "by_kind": [per (temperature,
+        kind, method) rows] (with ``kinds``), "hf_assisted": settings}``.
     """
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
@@ -350,7 +354,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
                 sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n + 1000 * sample)
                 for method in methods:
                     row = one(method, ids, sampling, max_new_tokens)
-                    row.update(temperature=temperature, method=method, prompt=n, sample=sample)
+                    row.update(temperature=temperature, method=method, prompt=n, sample=sample,
+                               **({"kind": kinds[n]} if kinds else {}))
                     runs.append(row)
                     progress(f"T={temperature} prompt {n + 1}/{len(prompts_ids)} sample {sample + 1} {method}: "
                              f"{row['tokens_per_s']:.2f} tok/s")
@@ -363,10 +368,24 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
                                  graphs=graphs, decision_model=decision_model(configs[method]), count_syncs=True,
                                  chain_levels=chain_of(method, chain_levels))
                 syncs[temperature, method] = row.get("host_syncs_per_step")
+    summary = summarise(runs, methods, temperatures, configs, pair.draft, syncs)
+    out = {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_effective(pair.draft)}
+    if kinds:
+        out["by_kind"] = [dict(row, kind=kind) for kind in dict.fromkeys(kinds)
+                          for row in summarise([r for r in runs if r["kind"] == kind], methods, temperatures,
+                                               configs, pair.draft, {})]
+    return out
+
+
+def summarise(runs: list[dict], methods, temperatures, configs: dict, draft, syncs: dict) -> list[dict]:
+    """Per (temperature, method): ``aggregate`` of its runs, and its tokens/s against the same runs' ``ar``,
+    ``hf-assisted``, ``hf-assisted-bf16``, ``hf-prompt-lookup`` and the fastest transformers baseline there
+    (``ratio_vs_best_hf``)."""
     summary = []
     for temperature in temperatures:
         base = {m: aggregate([r for r in runs if r["temperature"] == temperature and r["method"] == m])
                 for m in methods}
+        best_hf = max((base[m]["tokens_per_s"] or 0.0 for m in methods if m in HF_METHODS), default=0.0)
         for method in methods:
             agg = base[method]
             tps = agg["tokens_per_s"]
@@ -377,9 +396,11 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
 
             cfg = configs.get(method)
             summary.append({"temperature": temperature, "method": method,
-                            "config": cfg.to_dict() if cfg else hf_assisted_effective(pair.draft), **agg,
+                            "config": cfg.to_dict() if cfg else hf_assisted_effective(draft), **agg,
                             "speedup_vs_ar": ratio("ar"), "ratio_vs_hf": ratio(HF_ASSISTED),
                             "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16),
                             "ratio_vs_hf_lookup": ratio(HF_PROMPT_LOOKUP),
+                            "ratio_vs_best_hf": tps / best_hf if best_hf and tps else None,
                             "host_syncs_per_step": syncs.get((temperature, method))})
-    return {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_effective(pair.draft)}
+    return summary
+

@@ -11,7 +11,7 @@ import gzip
 import importlib.metadata
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -102,7 +102,22 @@ def prompt_mix() -> list[Prompt]:
     return [Prompt(p.id, p.text, "prompt-mix", p.category) for p in load_prompt_file(ASSETS / "prompt_mix.jsonl")]
 
 
-PROMPT_SETS = {"mt-bench": mt_bench, "humaneval": humaneval, "prompt-mix": prompt_mix}
+# The bench set of kinds: two prompts of each kind, none of them among those the shipped decision models were trained
+# on (docs/decision.md, step 1): (kind, set, indices).
+KINDS_SET = (("code", "humaneval", (10, 11)), ("chat", "mt-bench", (2, 12)), ("math", "prompt-mix", (10, 11)),
+             ("qa", "prompt-mix", (66, 67)), ("translation", "prompt-mix", (22, 23)),
+             ("summarisation", "prompt-mix", (34, 35)), ("reasoning", "prompt-mix", (58, 59)))
+
+
+def kinds_set() -> list[Prompt]:
+    """14 prompts of seven kinds (``KINDS_SET``): code (HumanEval), chat (MT-bench's writing and roleplay), math
+    word problems, short factual questions, German-to-English translation, summarisation and reasoning (the
+    prompt mix); each prompt's category is its kind."""
+    sets = {name: PROMPT_SETS[name]() for name in {name for _, name, _ in KINDS_SET}}
+    return [replace(sets[name][i], category=kind) for kind, name, picks in KINDS_SET for i in picks]
+
+
+PROMPT_SETS = {"mt-bench": mt_bench, "humaneval": humaneval, "prompt-mix": prompt_mix, "kinds": kinds_set}
 
 # The kinds of prompt the decision models are trained and tested on (docs/decision.md): each set's categories
 # mapped onto them. MT-bench's writing, roleplay, stem and humanities questions and the mix's qa are all "chat".

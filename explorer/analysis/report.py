@@ -54,6 +54,30 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kind_table(report: dict) -> str:
+    """The summary per kind of prompt (``by_kind``) as a Markdown table; empty without one. Ratios divide by the
+    same kind's runs of each baseline; "x best transformers" by the fastest of the transformers baselines run."""
+    if not report.get("by_kind"):
+        return ""
+    lines = ["| T | kind | method | tokens/s | x ar | x hf-assisted | x best transformers | tokens / target call | "
+             "plain steps |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["by_kind"]:
+        lines.append(f"| {r['temperature']:g} | {r['kind']} | {r['method']} | {_f(r['tokens_per_s'])} | "
+                     f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
+                     f"{_f(r.get('ratio_vs_best_hf'), suffix='x')} | {_f(r['tokens_per_target_call'])} | "
+                     f"{_f(_pct(r.get('plain_step_share')), 0, ' %')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _html_table(md: str) -> str:
+    """A Markdown table (header, rule, rows) as an HTML table."""
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    cells = [[html.escape(c.strip()) for c in line.strip("|").split("|")] for line in lines]
+    head = "".join(f"<th>{c}</th>" for c in cells[0])
+    rows = "".join(f"<tr>{''.join(f'<td>{c}</td>' for c in row)}</tr>" for row in cells[2:])
+    return f"<table><tr>{head}</tr>{rows}</table>"
+
+
 def write_reports(report: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write ``bench.json``, ``bench.csv``, ``bench.md`` and ``bench.html`` into ``out_dir``; returns the paths."""
     out = Path(out_dir)
@@ -64,19 +88,17 @@ def write_reports(report: dict, out_dir: str | Path) -> dict[str, Path]:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(report["runs"])
-    table = markdown_table(report)
-    paths["md"].write_text(table, encoding="utf-8")
+    table, kinds = markdown_table(report), kind_table(report)
+    paths["md"].write_text(table + (f"\nBy kind of prompt:\n\n{kinds}" if kinds else ""), encoding="utf-8")
     charts = [fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False)
               for i, fig in enumerate(figures.bench_figures(report))]
-    rows = "".join(f"<tr>{''.join(f'<td>{html.escape(c.strip())}</td>' for c in line.strip('|').split('|'))}</tr>"
-                   for line in table.splitlines()[4:])
-    head = "".join(f"<th>{html.escape(c.strip())}</th>" for c in table.splitlines()[2].strip("|").split("|"))
+    by_kind = f"<h2>By kind of prompt</h2>{_html_table(kinds)}" if kinds else ""
     paths["html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>Speculative decoding benchmark</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd}"
         "</style></head><body><h1>Speculative decoding benchmark</h1>"
         f"<p>{html.escape(table.splitlines()[0].replace('**', ''))}</p>"
-        f"<table><tr>{head}</tr>{rows}</table>{''.join(charts)}</body></html>", encoding="utf-8")
+        f"{_html_table(table)}{by_kind}{''.join(charts)}</body></html>", encoding="utf-8")
     return paths
 
 

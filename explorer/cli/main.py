@@ -172,12 +172,14 @@ def cmd_bench(args) -> int:
     # here, not at the top: its figures (plotly, networkx: 0.3 s) would slow every command's start
     from ..analysis.report import write_reports
 
-    spec = range_spec(args.prompt_file, args.range)
+    default_range = "" if args.prompt_file == "kinds" else "0:4"
+    spec = range_spec(args.prompt_file, default_range if args.range is None else args.range)
     prompts = select_prompts([spec])
     methods = [m for m in args.methods.split(",") if m]
     temps = [float(t) for t in args.temperatures.split(",")]
     pair = load_pair_from_args(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
+    kinds = [p.category or p.source for p in prompts]  # a set of several kinds is summarised per kind too
     runs_per_method = sum(len(ids) * samples_at(t, args.samples) for t in temps)
     bar = tqdm(total=runs_per_method * len(methods), desc="bench", unit="run")
 
@@ -189,7 +191,7 @@ def cmd_bench(args) -> int:
                    seed=args.seed, warmup=args.warmup, top_p=args.top_p,
                    kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs,
                    decision_dir=args.decision_dir, samples=args.samples, chain_levels=args.chain_levels,
-                   progress=progress)
+                   kinds=kinds if len(set(kinds)) > 1 else None, progress=progress)
     bar.close()
     result["meta"] = {
         "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
@@ -279,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.set_defaults(func=cmd_verifiers, method="mcsd", k_config="2,2,2")
 
     bn = sub.add_parser("bench", help="tokens/s of each method against ar and hf-assisted, same run; reports")
-    bn.add_argument("--prompt-file", required=True, help="humaneval, mt-bench or a JSONL file")
-    bn.add_argument("--range", default="0:4", metavar="START:STOP", help="slice of the prompt file")
+    bn.add_argument("--prompt-file", required=True,
+                    help="humaneval, mt-bench, prompt-mix, kinds (two prompts of each of seven kinds) or a JSONL file")
+    bn.add_argument("--range", metavar="START:STOP", help="slice of the prompt file (default 0:4; all of kinds)")
     bn.add_argument("--methods", default=",".join(BENCH_METHODS),
                     help="comma-separated; a method may carry settings, e.g. mcsd-improved+adapt=last-layer")
     bn.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")

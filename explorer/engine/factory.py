@@ -101,6 +101,12 @@ def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None)
     return config, decision_model
 
 
+def _carried_exits(carried: Carried, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig) -> dict | None:
+    """The carried exit chooser state where it belongs to this pair, method and sampling (``carry_key``)."""
+    mine = carried.layer_skip
+    return mine["state"] if mine and mine.get("key") == carry_key(pair, config, sampling) else None
+
+
 def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                 carried: Carried | None = None) -> EngineParts:
     """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
@@ -118,10 +124,12 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     policy = config.stop_policy_name()
     stop_policy = make_stop_policy(policy, config.threshold, decision_model)
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling), stop_policy=stop_policy,
+        drafter=make_drafter(config, carried.recycling, _carried_exits(carried, pair, config, sampling)),
+        stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
-        free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True))
+        free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True),
+        carry_key=carry_key(pair, config, sampling))
     if config.adapt != "off":
         parts.adapter = make_adapter(config.adapt, stop_policy)
         parts.adapter_key = carry_key(pair, config, sampling, parts.adapter.model_id)

@@ -131,6 +131,7 @@ class EngineParts:
             its state belongs to (``factory.carry_key``), ``adapter_carried`` the carried state it started from.
         fallback: the goodput fallback to plain decoding steps (``engine/policies/fallback.py``), or None;
             ``fallback_key`` what its rates belong to.
+        carry_key: what the drafter's learned state (``layer-skip``'s exit chooser) belongs to (``carry_key``).
         row_pricing: the price of free rows (``drafters/row_pricing.py``), or None.
         cost_meter: the goodput stop policy's measured cost ratio r (``engine/policies/cost_ratio.py``), or None.
     """
@@ -146,6 +147,7 @@ class EngineParts:
     adapter_carried: dict | None = None
     fallback: GoodputFallback | None = None
     fallback_key: str | None = None
+    carry_key: str | None = None
     row_pricing: RowPricing | None = None
     cost_meter: CostRatioMeter | None = None
 
@@ -212,7 +214,7 @@ class Engine:
         self.free_rows, self.free_rows_run = parts.free_rows, parts.free_rows_run
         # The adapter, the fallback and the cost meter outlive rewind(): what they learned carries to the next run.
         self.adapter, self._adapter_key, self._adapter_carried = parts.adapter, parts.adapter_key, parts.adapter_carried
-        self.fallback, self._fallback_key = parts.fallback, parts.fallback_key
+        self.fallback, self._fallback_key, self._carry_key = parts.fallback, parts.fallback_key, parts.carry_key
         self.row_pricing = parts.row_pricing
         self.cost_meter = parts.cost_meter
         self.trace: RunTrace | None = None
@@ -600,11 +602,13 @@ class Engine:
         Recycling's matrix, the goodput fallback's rates (none where this engine does not fall back or only replays
         recorded decisions) and the stop policy's online adaptation, each None where there is none."""
         recycling = next((f.state() for f in [self.drafter] + list(getattr(self.drafter, "free", []))
-                          if hasattr(f, "state")), None)
+                          if hasattr(f, "state")), None)  # only RecyclingDrafter has a state()
         fallback = (None if self.fallback is None or self.fallback.replay_only
                     else {"key": self._fallback_key, "rates": self.fallback.state()})
         adapter = None if self.adapter is None else {"key": self._adapter_key, **self.adapter.state()}
-        return Carried(recycling=recycling, fallback=fallback, adapter=adapter)
+        exits = self.drafter.chooser_state() if hasattr(self.drafter, "chooser_state") else None
+        layer_skip = None if exits is None else {"key": self._carry_key, "state": exits}
+        return Carried(recycling=recycling, fallback=fallback, adapter=adapter, layer_skip=layer_skip)
 
     def target_len(self) -> int:
         """Committed tokens in the target's KV cache."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from ..engine.carried import Carried
 from ..engine.config import MethodConfig
-from ..engine.factory import build_engine
+from ..engine.factory import build_engine, carry_key
 from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
+from ..models.early_exit import LayerSkipError, self_draft_pair
 from ..trace.records import RunTrace
 
 
@@ -21,24 +22,32 @@ class ReplayError(ValueError):
 
 
 def engine_for_trace(pair, trace: RunTrace, decision_model=None):
-    """A started ``Engine`` with the trace's method, sampling, length, starting Token Recycling matrix and carried
-    stop-policy adaptation.
+    """A started ``Engine`` with the trace's method, sampling, length, starting Token Recycling matrix, carried
+    stop-policy adaptation and carried ``layer-skip`` exit chooser.
 
     Raises ReplayError when the trace was recorded on another model pair, dtype or draft quantization, or its
     settings do not parse.
     """
+    config, sampling, max_new = _settings(trace)
+    if config.spec.self_draft:  # recorded with the target drafting for itself: compare with the same pair
+        try:
+            pair = self_draft_pair(pair)
+        except LayerSkipError as exc:
+            raise ReplayError(f"the trace cannot be replayed: {exc}") from None
     _check_models(pair, trace, ("draft", "target"))
     recorded = {k: str(trace.model[k]).removeprefix("torch.") for k in ("dtype", "draft_quant") if k in trace.model}
     loaded = {"dtype": str(pair.dtype).removeprefix("torch."), "draft_quant": pair.draft_quant}
     differ = [f"{k} {recorded[k]} (loaded: {loaded[k]})" for k in recorded if recorded[k] != loaded[k]]
     if differ:  # the replay would round or draft otherwise and leave the recorded run
         raise ReplayError(f"the trace was recorded with {', '.join(differ)}: load the pair that way to replay it")
-    config, sampling, max_new = _settings(trace)
     initial = trace.settings.get("recycling_initial")
     state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
     try:  # a run that started from a session's earlier adaptation replays from the same state
+        exits = trace.settings.get("layer_skip_carried")
         engine = build_engine(pair, config, sampling, decision_model=decision_model,
-                              carried=Carried(recycling=state, adapter=trace.settings.get("adaptation_carried")))
+                              carried=Carried(recycling=state, adapter=trace.settings.get("adaptation_carried"),
+                                              layer_skip={"key": carry_key(pair, config, sampling), "state": exits}
+                                              if exits else None))
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)

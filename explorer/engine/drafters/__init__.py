@@ -21,9 +21,10 @@ __all__ = ["Drafted", "Drafter", "FreeNode", "HybridDrafter", "LookupDrafter", "
            "lookup_continuations", "make_drafter", "merge_free"]
 
 
-def make_drafter(config, recycling_state: dict | None = None) -> Drafter:
+def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None) -> Drafter:
     """The drafter of ``config`` (a ``MethodConfig``); ``recycling_state``: a Token Recycling matrix carried over
-    from an earlier run (``RecyclingDrafter.state()``), or None to start empty."""
+    from an earlier run (``RecyclingDrafter.state()``), or None to start empty; ``layer_skip_state``: likewise
+    ``layer-skip``'s exit chooser (``ExitChooser.state()``)."""
     spec = config.spec
     free: list[Drafter] = []
     for name in spec.free:
@@ -32,7 +33,7 @@ def make_drafter(config, recycling_state: dict | None = None) -> Drafter:
         elif name == "recycling":
             free.append(RecyclingDrafter(config.recycling_widths, config.recycling_k, recycling_state))
     if spec.self_draft:
-        return LayerSkipDrafter(config.gamma)
+        return LayerSkipDrafter(config.gamma, layer_skip_state)
     model = ModelDrafter() if spec.uses_draft_model else None
     if model is not None and free:
         return HybridDrafter(model, free)
