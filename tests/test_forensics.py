@@ -91,6 +91,16 @@ def test_the_command_reads_a_folder_and_names_what_it_skipped(tiny, tmp_path, ca
     (folder / "run0.json").unlink()
     (folder / "run1.json").unlink()
     assert main(["forensics", "--trace", str(folder), "--out", str(tmp_path / "out2")]) == 2
+    many = tmp_path / "many"  # 200 saved runs in one call, counted as the sum of their parts
+    many.mkdir()
+    text = (tmp_path / "out" / "forensics.json").read_text()
+    one = json.loads(text)
+    runs = _runs(tiny, 0.0)
+    for i in range(200):
+        save_run(runs[i % 2], many / f"t{i:03d}.json")
+    assert main(["forensics", "--trace", str(many), "--out", str(tmp_path / "out3")]) == 0
+    data = json.loads((tmp_path / "out3" / "forensics.json").read_text())
+    assert len(data["prompts"]) == 200 and data["nodes"] == 100 * one["nodes"] and not data["skipped"]
 
 
 def test_the_report_and_the_diff_of_two_runs(tiny, tmp_path, capsys):

@@ -30,18 +30,24 @@ def generate(model, ids, n):
     return out[0, len(ids):].tolist()
 
 
+def _lossless_exits(pair, n: int):
+    """``layer-skip`` greedy for ``n`` tokens of PROMPT, its text checked against the target's ``generate``:
+    the engine and each step's exit layer (None: a plain step)."""
+    ids = pair.tokenizer.encode(PROMPT)
+    engine = build_engine(pair, DEFAULTS["layer-skip"].with_(fallback="off"), GREEDY)
+    engine.start(ids, n)
+    engine.run()
+    assert engine.committed[len(ids):] == generate(pair.target, ids, n)
+    return engine, [s.drafter["layer_skip"]["exit_layer"] for s in engine.trace.steps]
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
 def test_layer_skip_equals_generate_while_its_exit_moves(family, monkeypatch):
     # every exit tried, deepest first, whatever it measures: the exit moves up and down the layers
     monkeypatch.setattr(layer_skip, "EXPLORE_START", 1e9)
     monkeypatch.setattr(layer_skip.ExitChooser, "_could_pay", lambda self, e: True)
     pair = tiny_family_pair(family, target_layers=8)
-    ids = pair.tokenizer.encode(PROMPT)
-    engine = build_engine(pair, DEFAULTS["layer-skip"].with_(fallback="off"), GREEDY)
-    engine.start(ids, 32)
-    engine.run()
-    assert engine.committed[len(ids):] == generate(pair.target, ids, 32)
-    exits = [s.drafter["layer_skip"]["exit_layer"] for s in engine.trace.steps]
+    engine, exits = _lossless_exits(pair, 32)
     assert set(candidate_exits(8)) <= set(exits)  # every candidate was tried, deepest first
     assert exits[0] > engine.pair.draft.n_layers // 2  # deeper than the prefill's exit: its layers were copied
     # no second copy of any weight: the draft's parameters are the target's
@@ -235,12 +241,6 @@ def test_a_try_after_plain_steps_copies_the_exits_cache_and_stays_lossless(monke
     """While no exit pays the draft cache is not fed; the next try copies the exit's layers from the target's cache
     (more than ``CATCH_UP_ROWS`` tokens behind) and the text is still the target's own."""
     monkeypatch.setattr(layer_skip, "EXPLORE_START", 1e9)  # the schedule alone decides when the exit is tried
-    pair = tiny_family_pair("llama", target_layers=8)
-    ids = pair.tokenizer.encode(PROMPT)
-    engine = build_engine(pair, DEFAULTS["layer-skip"].with_(fallback="off"), GREEDY)
-    engine.start(ids, 40)
-    engine.run()
-    assert engine.committed[len(ids):] == generate(pair.target, ids, 40)
-    exits = [s.drafter["layer_skip"]["exit_layer"] for s in engine.trace.steps]
+    _, exits = _lossless_exits(tiny_family_pair("llama", target_layers=8), 40)
     retry = next(i for i, e in enumerate(exits) if i > 0 and e is not None)
     assert exits[0] == 6 and retry > layer_skip.CATCH_UP_ROWS + 1 and set(exits[1:retry]) == {None}

@@ -275,7 +275,9 @@ class Engine:
         self.prefill_top = self._prompt_candidates(fwd.hidden) if seed_rows else None
         del fwd
         head = self.committed[:-1]
-        if self.draft_kv is not None and head:
+        # an early exit of the target (layer-skip) computes what the target's cache already holds: the drafter
+        # copies those layers when it first drafts (layer_skip.CATCH_UP_ROWS), and most of its runs never draft
+        if self.draft_kv is not None and head and not getattr(self.pair.draft, "shares_target", False):
             self.forward("draft", head, list(range(len(head))), None, keep=1)
         self.drafter.start(self.view)
         self.prefill_top = None  # read once, by the drafter's start

@@ -193,7 +193,8 @@ class LayerSkipDrafter(ModelDrafter):
             # plain steps left the draft cache behind: the target's cache holds what the exit's layers would compute
             # for the tokens missed, so copy it instead of feeding them through those layers
             del kv.hf.layers[exit_layer:]
-            kv.length = view.target_kv.length
+            # the last committed token stays out: the draft's first forward of the step reads its row
+            kv.length = min(view.target_kv.length, len(view.committed) - 1)
             copy_layers(view.target_kv, kv, range(0, exit_layer))
         elif exit_layer > held:
             copy_layers(view.target_kv, kv, range(held, exit_layer))
