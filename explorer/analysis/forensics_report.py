@@ -77,7 +77,7 @@ def _calibration_figure(table: dict) -> go.Figure:
                     line=dict(color=REALISED, width=3))
     fig.update_layout(title="Acceptance against the draft's q", height=360,
                       font=dict(size=FONT), xaxis=dict(title="draft probability q of the drafted token", range=[0, 1]),
-                      yaxis=dict(title="acceptance", range=[0, 1.05]), legend=dict(orientation="h", y=-0.3),
+                      yaxis=dict(title="acceptance", range=[0, 1.12]), legend=dict(orientation="h", y=-0.3),
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
 
