@@ -274,7 +274,7 @@ def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypat
     first, afresh, carried = (False, False, False), (False, False, False), (True, True, False)
     assert seen == [first, afresh, carried, afresh] * 2  # per temperature: prompt 0, then prompt 1
     seen.clear()  # and the stop policy's online adaptation
-    label = "mcsd-improved+adapt=last-layer"
+    label = "mcsd-improved+adapt=last-layer+fallback=off"  # auto would time the machine: a busy one falls back
     bench(tiny, ids, methods=(label, label + "+carry=off"), temperatures=(0.0,), max_new_tokens=8, warmup=0)
     assert seen == [first, afresh, (False, False, True), afresh]
 
