@@ -111,7 +111,7 @@ KINDS_SET = (("code", "humaneval", (10, 11)), ("chat", "mt-bench", (2, 12)), ("m
 
 def kinds_set() -> list[Prompt]:
     """14 prompts of seven kinds (``KINDS_SET``): code (HumanEval), chat (MT-bench's writing and roleplay), math
-    word problems, short factual questions, German-to-English translation, summarisation and reasoning (the
+    word problems, short factual questions, translation into German, summarisation and reasoning (the
     prompt mix); each prompt's category is its kind."""
     sets = {name: PROMPT_SETS[name]() for name in {name for _, name, _ in KINDS_SET}}
     return [replace(sets[name][i], category=kind) for kind, name, picks in KINDS_SET for i in picks]

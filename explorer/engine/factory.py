@@ -101,12 +101,6 @@ def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None)
     return config, decision_model
 
 
-def _carried_exits(carried: Carried, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig) -> dict | None:
-    """The carried exit chooser state where it belongs to this pair, method and sampling (``carry_key``)."""
-    mine = carried.layer_skip
-    return mine["state"] if mine and mine.get("key") == carry_key(pair, config, sampling) else None
-
-
 def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                 carried: Carried | None = None) -> EngineParts:
     """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
@@ -123,13 +117,13 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     adapter_state, fallback_state = carried.adapter, carried.fallback
     policy = config.stop_policy_name()
     stop_policy = make_stop_policy(policy, config.threshold, decision_model)
+    key = carry_key(pair, config, sampling)  # what the fallback's rates and the exit chooser belong to
+    exits = carried.layer_skip["state"] if carried.layer_skip and carried.layer_skip.get("key") == key else None
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling, _carried_exits(carried, pair, config, sampling)),
-        stop_policy=stop_policy,
+        drafter=make_drafter(config, carried.recycling, exits), stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
-        free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True),
-        carry_key=carry_key(pair, config, sampling))
+        free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True), carry_key=key)
     if config.adapt != "off":
         parts.adapter = make_adapter(config.adapt, stop_policy)
         parts.adapter_key = carry_key(pair, config, sampling, parts.adapter.model_id)
@@ -140,7 +134,7 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
                 raise EngineError(str(exc)) from None
             parts.adapter_carried = adapter_state
     if can_fall_back(config) and fallback_active(config.fallback, pair.device.type, lambda: rows_are_dear(pair)):
-        parts.fallback_key = carry_key(pair, config, sampling)
+        parts.fallback_key = key
         same = bool(fallback_state) and fallback_state.get("key") == parts.fallback_key
         parts.fallback = GoodputFallback(carried=fallback_state["rates"] if same else None)
     if prices_rows(config, pair.device.type):  # where rows cost time, recycled slots must pay for their rows
