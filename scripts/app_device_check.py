@@ -9,6 +9,7 @@ check for a GPU machine, not a test (tests/test_app.py drives the app on the CPU
 * Classroom: a lesson opens, Next twice, Continue live (a replay, or on a machine that rounds otherwise the text so
   far), then Step on the Explorer.
 * Compare: Step both.
+* Forensics: MT-bench's first five prompts run (the sidebar's method, 64 new tokens); the report holds all five.
 * The same steps outside Streamlit (``build_engine``, ``start``, ``step``), run once before the app (a warm-up: the
   first forwards of a shape cost several times the later ones) and once after: the median ``step_ms`` of the app's
   steps after its first against the second pass's, per method.
@@ -112,7 +113,22 @@ def app_checks(steps: int, classroom: bool = True) -> tuple[dict, list]:
     if not engines or any(len(e.trace.steps) != 1 for e in engines):
         problems.append({"check": "compare", "problems": ["Step both did not step both"]})
     print(f"compare: {'ok' if engines else 'failed'}", flush=True)
+    timings["_forensics"] = _forensics(at, problems)
     return timings, problems
+
+
+def _forensics(at, problems: list) -> dict:
+    """Forensics: MT-bench's first five run with the sidebar's method; the report must hold all five."""
+    at.sidebar.radio(key="page").set_value("Forensics").run()
+    at.selectbox(key="fo_set").set_value("MT-bench, first 5").run()
+    ms = _click(at, "fo_run", problems, "forensics run")
+    report = at.session_state["fo_result"] if "fo_result" in at.session_state else None
+    done = {"seconds": ms / 1e3, "prompts": len(report["prompts"]) if report else 0,
+            "skipped": list(at.session_state["fo_skipped"]) if "fo_skipped" in at.session_state else []}
+    if not report or done["prompts"] + len(done["skipped"]) != 5:
+        problems.append({"check": "forensics", "problems": [f"no report of five prompts: {done}"]})
+    print(f"forensics: {done}", flush=True)
+    return done
 
 
 def _continue_live(at, problems: list) -> dict:
