@@ -6,8 +6,8 @@ check for a GPU machine, not a test (tests/test_app.py drives the app on the CPU
 
 * Explorer: every method steps ``--steps`` times on one prompt (wall time of each click, the trace's ``step_ms``);
   any exception or error message is recorded.
-* Classroom: a lesson opens, Next twice, Continue live (a replay, or on a machine that rounds otherwise the text so
-  far), then Step on the Explorer.
+* Classroom: the first lesson's Continue live at its second step (a replay, or on a machine that rounds otherwise
+  the text so far), then Step on the Explorer.
 * Compare: Step both.
 * Forensics: MT-bench's first five prompts run (the sidebar's method, 64 new tokens); the report holds all five.
 * The same steps outside Streamlit (``build_engine``, ``start``, ``step``), run once before the app (a warm-up: the
@@ -132,11 +132,22 @@ def _forensics(at, problems: list) -> dict:
 
 
 def _continue_live(at, problems: list) -> dict:
-    """Classroom: Next twice, Continue live, then one Step on the Explorer."""
+    """Classroom: the first lesson's player sends Continue live at its first run's second step (a trigger value of
+    the ``lesson_player`` component, which AppTest cannot click, as tests/test_classroom.py sends it), then one Step
+    on the Explorer."""
+    from streamlit.components.v2.bidi_component.main import _make_trigger_id
+    from streamlit.proto.WidgetStates_pb2 import WidgetStates
+
     at.sidebar.radio(key="page").set_value("Classroom").run()
-    _click(at, "cls_next", problems, "classroom next")
-    _click(at, "cls_next", problems, "classroom next")
-    _click(at, "cls_live", problems, "classroom continue live")
+    states = WidgetStates()
+    states.CopyFrom(at._tree.get_widget_states())
+    trigger = states.widgets.add()
+    trigger.id = _make_trigger_id(at.get("bidi_component")[0].proto.id, "events")
+    trigger.json_trigger_value = json.dumps([{"event": "live", "value": {"run": 0, "step": 1}}])
+    at = at._run(states)
+    if at.exception or at.error:
+        problems.append({"check": "classroom continue live",
+                         "problems": [str(e.value)[:300] for e in list(at.exception) + list(at.error)]})
     said = at.session_state["continued"] if "continued" in at.session_state else None
     engine_before = at.session_state["engine"] if "engine" in at.session_state else None
     n_before = len(engine_before.trace.steps) if engine_before is not None else None

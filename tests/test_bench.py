@@ -250,6 +250,20 @@ def test_a_chain_label_runs_the_method_with_chain_replays(tiny, monkeypatch):
         bench(tiny, ids, methods=["sd+chain=4"], max_new_tokens=4, warmup=0)
 
 
+def test_a_self_draft_runs_eagerly_in_a_graphed_bench_and_the_report_says_so(tmp_path, capsys):
+    """``layer-skip`` moves its exit layer between steps, so it cannot run on the static cache graphs need: a bench
+    asked for graphs runs it on the dynamic cache (before, the whole run stopped with an error after loading), keeps
+    graphs for the others, and marks its rows."""
+    rc = main(["bench", "--models", "tiny", "--prompt-file", "mt-bench", "--range", "0:1", "--methods",
+               "ar,layer-skip", "--max-new-tokens", "8", "--graphs", "--out", str(tmp_path)])
+    assert rc == 0
+    rows = {r["method"]: r for r in load_report(tmp_path / "bench.json")["summary"]}
+    assert rows["layer-skip"]["eager"] and "eager" not in rows["ar"]
+    assert rows["layer-skip"]["generated_tokens"] == 8
+    out = capsys.readouterr().out
+    assert "| layer-skip (eager) |" in out and "| ar |" in out
+
+
 def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypatch):
     """Token Recycling's matrix, the goodput fallback's rates and the stop policy's adaptation go to the method's
     next prompt within a temperature; a ``+carry=off`` label starts every run afresh."""

@@ -277,7 +277,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         configs: method name -> MethodConfig (default ``config.DEFAULTS``); a name may be any label, e.g.
             ``"mcsd-improved/prune"``, as long as its config says which method it is.
         kv_cache: our engine's KV cache, ``dynamic`` or ``static`` (``engine/runtime/kv_cache.py``); ``graphs``: our
-            forwards through CUDA graphs (``engine/runtime/graphs.py``; needs ``static``).
+            forwards through CUDA graphs (``engine/runtime/graphs.py``; needs ``static``). A self-drafting method
+            (``layer-skip``: its exit layer moves between steps) runs on the dynamic cache without graphs whatever
+            these say, and its summary row says ``eager``.
         chain_levels: with ``graphs``, draft levels of chains per replay (``Engine``) for every method; a label's
             ``+chain=N`` (``chain_of``) sets it for that label alone, e.g. ``mcsd-improved+chain=8`` beside
             ``mcsd-improved`` in one run.
@@ -311,6 +313,12 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             configs[m] = method_for_label(m)
 
     carried: dict = {}  # method -> what its last run learned for the next prompt (a Carried)
+
+    def cache_of(method) -> dict:
+        """The KV cache and graphs ``method`` runs with: a self-draft's moving exit layer needs the dynamic cache."""
+        if configs[method].spec.self_draft:
+            return {"kv_cache": "dynamic", "graphs": False, "chain_levels": 0}
+        return {"kv_cache": kv_cache, "graphs": graphs, "chain_levels": chain_of(method, chain_levels)}
     decision_models: dict = {}  # model kind -> the model read from decision_dir
 
     def decision_model(config):
@@ -330,10 +338,11 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if method == HF_GENERATE:
             return run_hf_assisted(pair, ids, n, sampling, helper="plain")
         earlier = carried.get(method)
-        row = run_engine(pair, configs[method], ids, n, sampling, kv_cache=kv_cache, graphs=graphs,
-                         decision_model=decision_model(configs[method]), chain_levels=chain_of(method, chain_levels),
-                         carried=earlier)
+        row = run_engine(pair, configs[method], ids, n, sampling, decision_model=decision_model(configs[method]),
+                         carried=earlier, **cache_of(method))
         learned = row.pop("carried")
+        if graphs and not cache_of(method)["graphs"]:
+            row["eager"] = True  # asked for graphs, ran without (a self-draft): the report says so
         if carries(method):
             carried[method] = learned
         return row
@@ -344,7 +353,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
     if graphs and warmup:  # each prompt's runners with every bucket captured: no timed step pays for a capture
         captured = sum(warm_graphs(pair, configs[m], ids, max_new_tokens, decision_model(configs[m]),
                                    chain_of(m, chain_levels), SamplingConfig(temperature=t, top_p=top_p))
-                       for ids in prompts_ids for m in methods if m not in HF_METHODS for t in temperatures)
+                       for ids in prompts_ids for m in methods if m not in HF_METHODS and cache_of(m)["graphs"]
+                       for t in temperatures)
         progress(f"warm-up: {captured} CUDA graphs captured")
     runs = []
     for temperature in temperatures:
@@ -364,9 +374,9 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         for temperature in temperatures:
             for method in (m for m in methods if m not in HF_METHODS):
                 row = run_engine(pair, configs[method], prompts_ids[0], max_new_tokens,
-                                 SamplingConfig(temperature=temperature, top_p=top_p, seed=seed), kv_cache=kv_cache,
-                                 graphs=graphs, decision_model=decision_model(configs[method]), count_syncs=True,
-                                 chain_levels=chain_of(method, chain_levels))
+                                 SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
+                                 decision_model=decision_model(configs[method]), count_syncs=True,
+                                 **cache_of(method))
                 syncs[temperature, method] = row.get("host_syncs_per_step")
     summary = summarise(runs, methods, temperatures, configs, pair.draft, syncs)
     out = {"runs": runs, "summary": summary, "hf_assisted": hf_assisted_effective(pair.draft)}
@@ -401,6 +411,7 @@ def summarise(runs: list[dict], methods, temperatures, configs: dict, draft, syn
                             "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16),
                             "ratio_vs_hf_lookup": ratio(HF_PROMPT_LOOKUP),
                             "ratio_vs_best_hf": tps / best_hf if best_hf and tps else None,
-                            "host_syncs_per_step": syncs.get((temperature, method))})
+                            "host_syncs_per_step": syncs.get((temperature, method)),
+                            **({"eager": True} if any(r.get("eager") for r in runs if r["method"] == method) else {})})
     return summary
 

@@ -22,6 +22,11 @@ class ReportError(ValueError):
     """A benchmark report that cannot be read: the message says what is wrong."""
 
 
+def _label(row: dict) -> str:
+    """A summary row's method, marked where it ran without the CUDA graphs the run asked for (a self-draft)."""
+    return f"{row['method']} (eager)" if row.get("eager") else row["method"]
+
+
 def _f(x, nd=2, suffix=""):
     return "–" if x is None else f"{x:.{nd}f}{suffix}"
 
@@ -43,7 +48,7 @@ def markdown_table(report: dict) -> str:
              "verify s | other s | engine overhead | plain steps | host syncs / step |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
-        lines.append(f"| {r['temperature']:g} | {r['method']} | {_f(r['tokens_per_s'])} | "
+        lines.append(f"| {r['temperature']:g} | {_label(r)} | {_f(r['tokens_per_s'])} | "
                      f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
                      f"{_f(r.get('ratio_vs_hf_bf16'), suffix='x')} | "
                      f"{_f(r.get('ratio_vs_hf_lookup'), suffix='x')} | "
@@ -62,7 +67,7 @@ def kind_table(report: dict) -> str:
     lines = ["| T | kind | method | tokens/s | x ar | x hf-assisted | x best transformers | tokens / target call | "
              "plain steps |", "|---|---|---|---|---|---|---|---|---|"]
     for r in report["by_kind"]:
-        lines.append(f"| {r['temperature']:g} | {r['kind']} | {r['method']} | {_f(r['tokens_per_s'])} | "
+        lines.append(f"| {r['temperature']:g} | {r['kind']} | {_label(r)} | {_f(r['tokens_per_s'])} | "
                      f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
                      f"{_f(r.get('ratio_vs_best_hf'), suffix='x')} | {_f(r['tokens_per_target_call'])} | "
                      f"{_f(_pct(r.get('plain_step_share')), 0, ' %')} |")
