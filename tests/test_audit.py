@@ -42,6 +42,9 @@ LOSSLESS = [
     # the goodput rule (expected tokens against cost) under an adapting model
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="goodput", threshold=0.1,
                   adapt="last-layer"), 0.7, 1.0),
+    # the root width chosen online from what earlier samples measured (the chooser outlives the audit's rewinds)
+    (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="confidence", threshold=0.1,
+                  tree_choice="online"), 0.7, 0.9),
     # free drafters: deterministic proposals tested with the point-mass stage (alone and after model children)
     (MethodConfig(method="prompt-lookup"), 1.0, 1.0),
     (MethodConfig(method="prompt-lookup"), 0.7, 0.9),
@@ -53,7 +56,8 @@ LOSSLESS = [
 
 
 @pytest.mark.parametrize("case", range(len(LOSSLESS)),
-                         ids=[f"{c.method}-{c.verifier}-{c.k_config}-{c.stop}-{c.adapt}-T{t}-p{p}" for c, t, p in LOSSLESS])
+                         ids=[f"{c.method}-{c.verifier}-{c.k_config}-{c.stop}-{c.adapt}-{c.tree_choice}-T{t}-p{p}"
+                              for c, t, p in LOSSLESS])
 def test_lossless_rules_pass_the_audit(tiny, case):
     cfg, temperature, top_p = LOSSLESS[case]
     # sample s uses seed + s: disjoint seed ranges keep the cases' samples independent of each other

@@ -53,7 +53,7 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
-                "free_rows", "lookup_tokens", "cost_ratio")
+                "free_rows", "lookup_tokens", "cost_ratio", "tree_choice")
 CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing carried)
 CHAIN_KEY = "chain="  # a bench label's +chain=N: draft levels of chains per replay (Engine's chain_levels)
 

@@ -55,6 +55,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--branch-threshold", type=float,
                    help="adaptive width: a node gets its level's k children only where the draft's top "
                         "probability is below this, else one (1 = the fixed k_config)")
+    g.add_argument("--tree-choice", choices=["fixed", "online"],
+                   help="mcsd-improved: fixed = the published root width (k_config); online = each step's root "
+                        "width chosen from the acceptance and forward costs the run measures")
     g.add_argument("--lossy", action="store_true",
                    help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
     g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
@@ -127,7 +130,7 @@ def method_config_from_args(args) -> MethodConfig:
     changes = {}
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
                  "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback",
-                 "free_rows", "cost_ratio"):
+                 "free_rows", "cost_ratio", "tree_choice"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

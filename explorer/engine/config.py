@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .policies.cost_ratio import COST_RATIO_MODES
 from .policies.fallback import FALLBACK_MODES
+from .policies.tree_choice import ONLINE_ROOTS, TREE_CHOICES
 from .policies.stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
 from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
 from .verify.registry import VERIFIER_REGISTRY, names, view
@@ -83,6 +84,9 @@ class MethodConfig:
             rows (``drafters/row_pricing.py``).
         cost_ratio: the ``goodput`` stop policy's r: ``fixed`` (the ``threshold`` setting) or ``measured`` (from
             the run's own step times, starting at ``threshold``; ``engine/policies/cost_ratio.py``).
+        tree_choice: ``mcsd-improved`` (lossless) only: ``fixed`` (the published shape: ``k_config``'s root width) or
+            ``online`` (each step's root width chosen from ``ONLINE_ROOTS`` by the acceptance and forward costs the
+            run measures, ``engine/policies/tree_choice.py``; the chains and the stop policy as before).
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -109,6 +113,7 @@ class MethodConfig:
     fallback: str = "auto"
     free_rows: int = 0
     cost_ratio: str = "fixed"
+    tree_choice: str = "fixed"
 
     @property
     def spec(self):
@@ -142,6 +147,11 @@ class MethodConfig:
             raise ValueError(f"unknown cost ratio {self.cost_ratio!r}; use one of {', '.join(COST_RATIO_MODES)}")
         if self.cost_ratio == "measured" and self.stop_policy_name() != "goodput":
             raise ValueError("a measured cost ratio is the goodput stop policy's r; choose stop goodput")
+        if self.tree_choice not in TREE_CHOICES:
+            raise ValueError(f"unknown tree choice {self.tree_choice!r}; use one of {', '.join(TREE_CHOICES)}")
+        if self.tree_choice == "online" and (self.method != "mcsd-improved" or self.lossy):
+            raise ValueError("the tree chosen online is the lossless mcsd-improved's root width; "
+                             f"{'the lossy mode' if self.lossy else self.method} keeps its fixed shape")
         if self.fallback not in FALLBACK_MODES:
             raise ValueError(f"unknown fallback {self.fallback!r}; use one of {', '.join(FALLBACK_MODES)}")
         if self.decision_model not in DECISION_MODELS:
@@ -189,6 +199,14 @@ class MethodConfig:
             return template_levels(self.tree) if self.tree else list(self.k_config)
         return list(self.k_config) + [1] * (self.max_depth - len(self.k_config))
 
+    def online_branching(self, roots: int) -> list[int]:
+        """``draft_branching`` with ``roots`` candidates at the root where the tree is chosen online (``tree_choice``),
+        else ``draft_branching`` unchanged."""
+        branching = self.draft_branching()
+        if self.tree_choice != "online":
+            return branching
+        return [roots] + branching[1:]
+
     def free_nodes(self) -> int:
         """Most tree nodes the free drafters (lookup, recycling) add in one step."""
         n = 0
@@ -222,7 +240,7 @@ class MethodConfig:
             return roots * (1 + tree_size(self.draft_branching()))
         if self.tree:
             return len(self.tree)
-        return tree_size(self.draft_branching()) + self.free_nodes()
+        return tree_size(self.online_branching(max(ONLINE_ROOTS))) + self.free_nodes()
 
     def verifier_for(self, greedy: bool) -> str:
         """The verifier that runs: ``longest-branch`` when lossy, ``greedy`` at temperature 0, else the setting."""

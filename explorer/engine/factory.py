@@ -119,8 +119,9 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     stop_policy = make_stop_policy(policy, config.threshold, decision_model)
     key = carry_key(pair, config, sampling)  # what the fallback's rates and the exit chooser belong to
     exits = carried.layer_skip["state"] if carried.layer_skip and carried.layer_skip.get("key") == key else None
+    tree = carried.tree["state"] if carried.tree and carried.tree.get("key") == key else None
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling, exits), stop_policy=stop_policy,
+        drafter=make_drafter(config, carried.recycling, exits, tree), stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
         free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True), carry_key=key)

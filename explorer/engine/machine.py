@@ -38,6 +38,7 @@ from .policies.cost_ratio import CostRatioMeter
 from .policies.fallback import GoodputFallback
 from .policies.stopping import StopPolicy
 from .runtime.graphs import BUCKETS, acquire_runner, eager_forward, release_runner
+from .runtime.forward_costs import tree_costs
 from .runtime.kv_cache import KV_CACHES, new_kv_cache
 from .runtime.timeline import StepTimeline, step_times
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
@@ -217,6 +218,8 @@ class Engine:
         self.fallback, self._fallback_key, self._carry_key = parts.fallback, parts.fallback_key, parts.carry_key
         self.row_pricing = parts.row_pricing
         self.cost_meter = parts.cost_meter
+        self.tree_costs: dict | None = None  # the online tree choice's forward costs (measured, or a trace's)
+        self._tree_costs_followed = False
         self.trace: RunTrace | None = None
         self._timeline: StepTimeline | None = None  # the current step's segments (None outside a step)
         self._texts: dict[int, str] = {}  # token id -> decoded text (the trace shows thousands per run)
@@ -244,6 +247,8 @@ class Engine:
                 f"{self.config.max_nodes()} nodes it needs {needed} positions, but the models hold {budget}. "
                 "Shorten the prompt or lower max new tokens."
             )
+        if self.config.tree_choice == "online" and not self._tree_costs_followed:
+            self.tree_costs = tree_costs(self.pair)  # measured once per pair, before the prefill's clock
         self.generator = torch.Generator(device=self.pair.device)
         self.generator.manual_seed(int(self.sampling.seed))
         self.committed = list(int(t) for t in prompt_ids)
@@ -300,7 +305,8 @@ class Engine:
                    **({"fused_kernels": True} if self.pair.fused_kernels else {}),
                    **({"verification_cost": self.pair.measured["verification_cost"]}
                       if "verification_cost" in self.pair.measured else {}),
-                   **({"row_pricing": self.row_pricing.prices} if self.row_pricing is not None else {})},
+                   **({"row_pricing": self.row_pricing.prices} if self.row_pricing is not None else {}),
+                   **({"tree_costs": self.tree_costs} if self.tree_costs is not None else {})},
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 
@@ -519,6 +525,15 @@ class Engine:
             self.fallback = GoodputFallback(replay_only=True)
         self.fallback.force(decisions)
 
+    def follow_tree_costs(self, costs: dict | None) -> None:
+        """Price the online tree choice's steps with ``costs`` (a trace's ``model["tree_costs"]``) instead of this
+        machine's timings, from the next draft on: a replay chooses the recorded run's trees. None: nothing changes."""
+        if costs is None:
+            return
+        self.tree_costs, self._tree_costs_followed = costs, True
+        if self.trace is not None:
+            self.trace.model["tree_costs"] = costs
+
     def follow_row_pricing(self, prices: dict | None) -> None:
         """Price free rows at ``prices`` (``{"one_row_ms", "jump_ms", "row_ms"}``: ``forward_costs.row_prices``,
         or a trace's ``model["row_pricing"]``), or not at all (None); replays take the recorded prices, whatever
@@ -610,7 +625,9 @@ class Engine:
         adapter = None if self.adapter is None else {"key": self._adapter_key, **self.adapter.state()}
         exits = self.drafter.chooser_state() if hasattr(self.drafter, "chooser_state") else None
         layer_skip = None if exits is None else {"key": self._carry_key, "state": exits}
-        return Carried(recycling=recycling, fallback=fallback, adapter=adapter, layer_skip=layer_skip)
+        chooser = self.drafter.tree_state() if hasattr(self.drafter, "tree_state") else None
+        tree = None if chooser is None else {"key": self._carry_key, "state": chooser}
+        return Carried(recycling=recycling, fallback=fallback, adapter=adapter, layer_skip=layer_skip, tree=tree)
 
     def target_len(self) -> int:
         """Committed tokens in the target's KV cache."""

@@ -44,3 +44,19 @@ def fitted_alpha(widths: list[float], accepted_per_step: float) -> float:
 
 
 __all__ = ["chain_speedup", "expected_tokens", "fitted_alpha", "tree_speedup"]
+
+
+def interpolate_ms(points: dict, rows: int) -> float:
+    """A forward's milliseconds at ``rows`` query rows from measurements ``{rows: ms}`` (non-empty, rows >= 1):
+    linear between measured row counts, flat below the smallest (small forwards are latency bound), and past the
+    largest the last segment's slope, clamped at >= 0 so that noise never makes a wider forward cheaper."""
+    measured = {int(r): float(ms) for r, ms in points.items()}  # keys may be strings (a trace read back from JSON)
+    xs = sorted(measured)
+    ys = [measured[r] for r in xs]
+    if rows <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if rows <= x1:
+            return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+    slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0) if len(xs) > 1 else 0.0
+    return ys[-1] + slope * (rows - xs[-1])

@@ -46,6 +46,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from ..engine.speedup import interpolate_ms
+
 _TIE = 1e-12  # values this close count as equal, so that the tree with fewer nodes wins
 
 
@@ -390,16 +392,8 @@ def cost_curve(points: Mapping[int, float]) -> Callable[[int], float]:
             raise OptimalTreeError(f"cost point rows {rows!r}: must be an integer >= 1")
         if isinstance(ms, bool) or not isinstance(ms, Real) or not math.isfinite(float(ms)) or ms < 0:
             raise OptimalTreeError(f"cost at {rows} rows is {ms!r}: must be a finite number of ms >= 0")
-    xs = sorted(int(r) for r in points)
-    ys = [float(points[r]) for r in xs]
-    slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0) if len(xs) > 1 else 0.0
-
-    def curve(rows: int) -> float:
-        if rows >= xs[-1]:
-            return ys[-1] + slope * (rows - xs[-1])
-        return float(np.interp(rows, xs, ys))  # np.interp is flat below xs[0]
-
-    return curve
+    measured = {int(r): float(ms) for r, ms in points.items()}
+    return lambda rows: interpolate_ms(measured, rows)
 
 
 def _as_curve(cost, name: str) -> Callable[[int], float]:

@@ -43,17 +43,19 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     initial = trace.settings.get("recycling_initial")
     state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
     try:  # a run that started from a session's earlier adaptation replays from the same state
-        exits = trace.settings.get("layer_skip_carried")
+        exits, tree = trace.settings.get("layer_skip_carried"), trace.settings.get("tree_carried")
+        key = carry_key(pair, config, sampling)
         engine = build_engine(pair, config, sampling, decision_model=decision_model,
                               carried=Carried(recycling=state, adapter=trace.settings.get("adaptation_carried"),
-                                              layer_skip={"key": carry_key(pair, config, sampling), "state": exits}
-                                              if exits else None))
+                                              layer_skip={"key": key, "state": exits} if exits else None,
+                                              tree={"key": key, "state": tree} if tree else None))
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
     # The goodput fallback decides from timings; a replay takes the recorded decisions (all speculative without it).
     engine.follow_fallback([s.fallback.get("speculate", True) for s in trace.steps])
     engine.follow_cost_ratio([s.cost.get("next") for s in trace.steps])  # timing-driven too
+    engine.follow_tree_costs(trace.model.get("tree_costs"))  # the online tree choice priced with the run's costs
     try:
         engine.follow_row_pricing(trace.model.get("row_pricing"))  # and the free rows' prices
     except (KeyError, TypeError, ValueError) as exc:

@@ -64,6 +64,8 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
                        f"(one call per level: every branch of a level is fed at once).")
         if step.drafter.get("layer_skip"):
             out.append(layer_skip_words(step.drafter["layer_skip"]))
+        if step.drafter.get("tree_choice"):
+            out.append(tree_choice_words(step.drafter["tree_choice"]))
         out.extend(_free_drafts(step, anchor, bool(model)))
         if len(roots) > 1:
             firsts = ", ".join(f"branch {n.branch} starts with {_tok(n.text)}" for n in roots)
@@ -167,6 +169,22 @@ def _goodput_words(last, levels: int) -> str:
     if not last.keep_drafting:
         return f"Drafting stopped after level {last.level}: {gain}, so it would have lowered tokens per second."
     return f"Drafting went on to the maximum depth ({levels} level(s)): at the last check {gain}, and it did."
+
+
+def tree_choice_words(choice: dict) -> str:
+    """One sentence on a step's root width chosen online (``StepTrace.drafter["tree_choice"]``,
+    ``engine/policies/tree_choice.py``), for the Explorer and the lessons."""
+    k = choice.get("k")
+    roots = f"{k} root candidate{'s' if k != 1 else ''}"
+    if choice.get("why") != "fastest":
+        return f"Tree chosen online: {roots}, the published width, while the first steps are measured."
+    prices = {p["k"]: p for p in choice.get("prices", [])}
+    best = prices.get(k, {})
+    others = "; ".join(f"{p['k']}: {p['expected_tokens']:.2f} tokens in {p['cost_ms']:.0f} ms"
+                       for kk, p in sorted(prices.items()) if kk != k)
+    return (f"Tree chosen online: {roots} with chains of about {choice.get('depth')} levels, expected "
+            f"{best.get('expected_tokens', 0):.2f} tokens in {best.get('cost_ms', 0):.0f} ms, the most tokens per "
+            f"second from the acceptance and forward costs measured so far (other widths: {others}).")
 
 
 def layer_skip_words(skip: dict) -> str:

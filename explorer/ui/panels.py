@@ -8,7 +8,7 @@ import html
 import streamlit as st
 
 from ..engine.policies.stopping import SETTING_NAMES, recorded_setting, what_if
-from ..lessons.teach import explain_step, fallback_rates, layer_skip_words
+from ..lessons.teach import explain_step, fallback_rates, layer_skip_words, tree_choice_words
 from ..trace import figures
 from ..trace.metrics import run_metrics
 from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
@@ -69,6 +69,8 @@ def step_caption(step: StepTrace, total: int) -> None:
     skip = step.drafter.get("layer_skip")
     if skip:
         st.caption(layer_skip_words(skip))
+    if step.drafter.get("tree_choice"):
+        st.caption(tree_choice_words(step.drafter["tree_choice"]))
     fb = step.fallback
     if fb and not fb.get("speculate", True):
         st.caption(f"Plain decoding step (goodput fallback: {fb.get('reason')}): this step drafted nothing and the "

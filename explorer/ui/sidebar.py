@@ -52,6 +52,13 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                 placeholder="e.g. -1,-1,0,0,1 · empty = k_config",
                 help="each node's parent in breadth-first order, -1 for the anchor's children, siblings in rank "
                      "order; the optimal tree panel fills this in")
+        if method == "mcsd-improved" and not lossy:
+            online = box.checkbox("Choose the root width online", value=d.tree_choice == "online",
+                                  key=Sidebar.TREE_CHOICE.widget_key(prefix),
+                                  help="each step drafts 1-4 root candidates, whichever the acceptance and forward "
+                                       "costs measured so far say is fastest (the first k_config entry is where it "
+                                       "starts); off: the published width. Never changes the output law")
+            changes["tree_choice"] = "online" if online else "fixed"
         changes["branch_threshold"] = box.slider(
             "Adaptive width: branch where top q <", 0.0, 1.0, d.branch_threshold, 0.05,
             key=Sidebar.BRANCH_THRESHOLD.name(method, within=prefix),

@@ -161,6 +161,7 @@ class Sidebar:
     THRESHOLD: KeyFamily[float] = KeyFamily("threshold_", "the stop policy's threshold, per policy", widget=True,
                                             kept=True)
     COST_RATIO: Key[bool] = Key("cost_ratio", "goodput: measure r on this machine", widget=True)
+    TREE_CHOICE: Key[bool] = Key("tree_choice", "mcsd-improved: the root width chosen online", widget=True)
     DECISION_MODEL: Key[str] = Key("decision_model", "what the learned stop model reads", widget=True, kept=True)
     ADAPT: KeyFamily[str] = KeyFamily("adapt_", "online adaptation, per stop policy", widget=True)
     LOOKUP_TOKENS: Key[int] = Key("lk_tokens", "prompt lookup's longest copy", widget=True)

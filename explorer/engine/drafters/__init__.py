@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .base import Drafted, Drafter, FreeNode, merge_free
 from .hybrid import HybridDrafter
+from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
 from .layer_skip import LayerSkipDrafter
 from .lookup import LookupDrafter, lookup_continuations
 from .model import ModelDrafter
@@ -21,10 +22,12 @@ __all__ = ["Drafted", "Drafter", "FreeNode", "HybridDrafter", "LookupDrafter", "
            "lookup_continuations", "make_drafter", "merge_free"]
 
 
-def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None) -> Drafter:
+def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,
+                 tree_state: dict | None = None) -> Drafter:
     """The drafter of ``config`` (a ``MethodConfig``); ``recycling_state``: a Token Recycling matrix carried over
     from an earlier run (``RecyclingDrafter.state()``), or None to start empty; ``layer_skip_state``: likewise
-    ``layer-skip``'s exit chooser (``ExitChooser.state()``)."""
+    ``layer-skip``'s exit chooser (``ExitChooser.state()``); ``tree_state``: likewise the online tree choice
+    (``TreeChooser.state()``, where ``config.tree_choice`` is ``online``)."""
     spec = config.spec
     free: list[Drafter] = []
     for name in spec.free:
@@ -34,7 +37,11 @@ def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: 
             free.append(RecyclingDrafter(config.recycling_widths, config.recycling_k, recycling_state))
     if spec.self_draft:
         return LayerSkipDrafter(config.gamma, layer_skip_state)
-    model = ModelDrafter() if spec.uses_draft_model else None
+    chooser = None
+    if config.tree_choice == "online":
+        chooser = TreeChooser(ONLINE_ROOTS, published=config.draft_branching()[0], max_depth=config.max_depth,
+                              branch_threshold=config.branch_threshold)
+    model = ModelDrafter(chooser, tree_state) if spec.uses_draft_model else None
     if model is not None and free:
         return HybridDrafter(model, free)
     if model is not None:

@@ -104,13 +104,14 @@ class DraftView:
     The draft model: ``draft_model``, ``draft_kv`` / ``target_kv`` (the KV caches: ``layer-skip`` copies the target's
     layers into its draft's), ``draft_len()`` (committed tokens in the draft's cache) and ``draft_forward(...)``
     (``Engine.forward`` of the draft model); ``chain_levels`` and ``draft_chain(...)`` (``Engine.draft_chain``:
-    several levels of chains in one replay, where the run allows it).
+    several levels of chains in one replay, where the run allows it); ``tree_costs`` (the forward costs the online
+    tree choice prices steps with, ``forward_costs.tree_costs``, or None where the tree is fixed).
     """
 
     __slots__ = ("_engine",)
     _FIELDS = ("committed", "n_prompt", "config", "sampling", "generator", "verifier_name", "branching", "next_logits",
                "next_dist", "prefill_top", "free_rows", "free_rows_run", "row_pricing", "stop_policy", "adapter",
-               "capture_features", "draft_kv", "target_kv", "chain_levels")
+               "capture_features", "draft_kv", "target_kv", "chain_levels", "tree_costs")
 
     def __init__(self, engine):
         object.__setattr__(self, "_engine", engine)

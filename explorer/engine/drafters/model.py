@@ -23,6 +23,7 @@ import torch
 from ...trace.records import TOP_K_SHOWN
 from .. import drafting
 from ..policies.stopping import LevelView
+from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
 from ..sampling import LazyRows, RowDists
 from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, NodeFeatures, TargetMemory, dist_features,
                                     model_inputs)
@@ -40,7 +41,11 @@ class ModelDrafter(Drafter):
     name = "model"
     uses_draft_model = True
 
-    def __init__(self):
+    def __init__(self, tree_chooser: TreeChooser | None = None, tree_carried: dict | None = None):
+        # the online tree choice (``policies/tree_choice.py``), or None for the config's fixed shape; the state
+        # of an earlier run of the session it starts from (``TreeChooser.state``), or None
+        self.tree_chooser, self.tree_carried = tree_chooser, tree_carried
+        self._root: tuple[list[int], bool] | None = None  # this step's root candidates and sureness (learn)
         # the session features of drafted nodes (engine/stop_models/features.py): n-grams of the committed context, and
         # the target's top candidates after each token (and pair of tokens) it scored, from the prompt's prefill on
         self.copy_index = CopyIndex()
@@ -66,10 +71,30 @@ class ModelDrafter(Drafter):
         if top is not None:
             self.memory.seed(view.committed, len(view.committed) - len(top), top)
         self._seeded = self.memory.copy()
+        self._start_chooser()
+
+    def _start_chooser(self) -> None:
+        """The tree chooser afresh, or from the session's earlier run where its state fits."""
+        if self.tree_chooser is None:
+            return
+        self.tree_chooser.reset()
+        if self.tree_carried is not None and not self.tree_chooser.restore(self.tree_carried):
+            self.tree_carried = None  # another shape: this run starts afresh, and its trace says so
+
+    def tree_state(self) -> dict | None:
+        """What the online tree choice measured so far (``TreeChooser.state``), for the session's next run."""
+        return None if self.tree_chooser is None else self.tree_chooser.state()
+
+    def state_for_trace(self) -> dict:
+        """The tree chooser's state the run started from, so a replay makes the same choices."""
+        return {"tree_carried": self.tree_carried} if self.tree_carried is not None else {}
 
     def learn(self, view, drafted: Drafted, verified) -> None:
-        """Remember the target's top candidates at every row that had children this step (already ranked for the
-        trace), when the run records decision features."""
+        """Feed the tree chooser what the step measured (where the tree is chosen online); remember the target's top
+        candidates at every row that had children this step (already ranked for the trace), when the run records
+        decision features."""
+        if self.tree_chooser is not None and self._root is not None and len(drafted.tree):
+            self._teach_chooser(drafted, verified)
         if not drafted.features:
             return
         tree = drafted.tree
@@ -79,8 +104,18 @@ class ModelDrafter(Drafter):
         keys = [(prev, tok) for tok, prev in (_parent_tokens(view.committed, tree, r - 1) for r in rows)]
         self.memory.update(keys, [top[r] for r in rows])
 
+    def _teach_chooser(self, drafted: Drafted, verified) -> None:
+        tree, result = drafted.tree, verified.result
+        candidates, sure = self._root
+        first = tree.token[result.path[0]] if result.path else result.bonus
+        odds = verified.odds or {}
+        chain = [(tree.depth[i], odds[i].accept_prob) for i in range(len(tree))
+                 if tree.depth[i] >= 2 and tree.source[i] == "draft" and i in odds
+                 and tree.children(tree.parent[i])[0] == i]
+        self.tree_chooser.record(candidates, sure, first, chain, tree.n_levels)
+
     def rewind(self) -> None:
-        self.memory = self._seeded.copy()
+        self.memory = self._seeded.copy()  # the tree chooser keeps what it measured, as the fallback's rates do
 
     def draft(self, view) -> Drafted:
         """Grow the step's tree with the draft model, ``view.draft_model`` (after the target-sampled roots, if lossy).
@@ -89,6 +124,7 @@ class ModelDrafter(Drafter):
         """
         config, sampling = view.config, view.sampling
         L = len(view.committed)
+        branching, choice = self._branching(view)
         tree = DraftTree()
         q_rows = LazyRows()  # row (node + 1; 0 = anchor) -> q its children were drafted from, computed if read
         q_show: dict[int, float] = {}  # node -> q of its own token, as displayed
@@ -119,11 +155,11 @@ class ModelDrafter(Drafter):
         # sampling without replacement: each row's uniform draws come with the level's best tokens (one transfer)
         draws_per_row = 0
         if not sampling.greedy and drafting.DRAFT_RULES[view.verifier_name] == "without":
-            draws_per_row = max([1, *view.branching, *(len(c) for c in (template or {}).values())])
+            draws_per_row = max([1, *branching, *(len(c) for c in (template or {}).values())])
         host = torch.device("cpu")  # the decision model runs on the host, wherever the models run
         in_template: dict[int, int] = {-1: -1}  # drafted node -> its template node
         accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
-        for index, k in enumerate(view.branching):
+        for index, k in enumerate(branching):
             level = tree.n_levels
             if level >= reach["max_depth"]:
                 break
@@ -147,8 +183,8 @@ class ModelDrafter(Drafter):
             if replay is not None and not replay.covers(level):
                 replay = None
             if replay is None and not first:
-                levels = self._chain_plan(view, index, level, stop - start, reach, template, want_hidden,
-                                          first_of_step=not replays)
+                levels = self._chain_plan(view, branching, index, level, stop - start, reach, template,
+                                          want_hidden, first_of_step=not replays)
                 if levels > 1:
                     mask = _level_mask(past, len(chain), tree, start, stop, rows_of, next_row, bool(replays))
                     pos = step_position_ids(past, len(chain), False, tree.depth, start, stop)
@@ -189,6 +225,10 @@ class ModelDrafter(Drafter):
             dist = torch.tensor(qd.attached("dist"), dtype=torch.float32, device=host) if want_features else None
             for r, node in rows:
                 q_top[node + 1] = tops[r]
+                if node < 0 and choice is not None:  # the root's candidates, for the tree chooser's learning
+                    self._root = ([t for t, _ in tops[r]],
+                                  config.branch_threshold < 1.0 and bool(tops[r]) and
+                                  tops[r][0][1] >= config.branch_threshold)
                 if not sampling.greedy:
                     q_rows.add(node + 1, qd, r)
                 slots = None if template is None else template.get(in_template.get(node), [])
@@ -228,11 +268,23 @@ class ModelDrafter(Drafter):
             info = {"chain_replays": [{"levels": a, "read": b} for a, b in replays]}
         else:
             info = {}
+        if choice is not None:
+            info["tree_choice"] = choice
         return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls, draft_rows=rows_of,
                        head=past + len(chain), features=features, q_top=q_top, predicted=dict(accept), info=info)
 
-    def _chain_plan(self, view, index: int, level: int, width: int, reach: dict, template, want_hidden: bool,
-                    first_of_step: bool) -> int:
+    def _branching(self, view) -> tuple[list[int], dict | None]:
+        """This step's children per level: the config's, or with the root width the tree chooser picks (and why,
+        for the trace)."""
+        self._root = None
+        if self.tree_chooser is None or view.config.is_lossy:
+            return list(view.branching), None
+        self.tree_chooser.costs = view.tree_costs
+        k = self.tree_chooser.choose()
+        return view.config.online_branching(k), dict(self.tree_chooser.last)
+
+    def _chain_plan(self, view, branching: list[int], index: int, level: int, width: int, reach: dict, template,
+                    want_hidden: bool, first_of_step: bool) -> int:
         """How many levels the next chain replay runs (0: a plain forward). Only where the run allows replays
         (``view.chain_levels``), every level left has one child per node (no template), the policy reads no hidden
         states and at most ``CHAIN_MAX_WIDTH`` chains grow. A step's first replay runs about one level more than
@@ -240,9 +292,9 @@ class ModelDrafter(Drafter):
         for nothing, so a replay should end about where drafting ends. Replays run a power of two of levels
         (``chain_depths``), so that a few graphs serve every step."""
         if (not view.chain_levels or template is not None or want_hidden or width > CHAIN_MAX_WIDTH
-                or any(b != 1 for b in view.branching[index:])):
+                or any(b != 1 for b in branching[index:])):
             return 0
-        levels = min(view.chain_levels, len(view.branching) - index, reach["max_depth"] - level)
+        levels = min(view.chain_levels, len(branching) - index, reach["max_depth"] - level)
         if first_of_step and self._chain_used is not None:
             levels = min(levels, max(2, self._chain_used + 1))
         return max((d for d in chain_depths(view.chain_levels) if d <= levels), default=0)
@@ -256,7 +308,7 @@ def chain_depths(chain_levels: int) -> list[int]:
 def chain_widths(config, lossy_roots: int = 0) -> list[int]:
     """How many chains a step of ``config``'s tree can grow at once (1 .. the nodes of its last branching level,
     at most ``CHAIN_MAX_WIDTH``); empty when its levels never become chains."""
-    branching = config.draft_branching()
+    branching = config.online_branching(max(ONLINE_ROOTS))  # the widest tree the run may draft
     if config.tree is not None or 1 not in branching:
         return []
     width = max(1, lossy_roots)

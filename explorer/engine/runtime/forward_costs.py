@@ -99,6 +99,22 @@ def verification_cost(pair) -> dict:
     return pair.measured["verification_cost"]
 
 
+def tree_costs(pair) -> dict:
+    """What the online tree choice (``policies/tree_choice.py``) prices a step with: ``{"draft": {rows: ms},
+    "target": {rows: ms}}``, the draft's 1-, 2- and 4-row forwards (the least of three after a short synthetic
+    context) and the target's 1-, 2- and ``DEAR_ROWS``-row ones (``verification_cost``), measured once per pair and
+    cached in ``pair.measured`` (eager forwards: under CUDA graphs both models are cheaper by about the same factor)."""
+    if "tree_costs" not in pair.measured:
+        context = [(100 + i) % pair.vocab_size for i in range(8)]
+        draft = measure_forward_costs(pair, context, widths=(1, 2, 4), repeats=3, roles=("draft",),
+                                      fastest=True)["draft"]
+        cost = verification_cost(pair)
+        pair.measured["tree_costs"] = {
+            "draft": {w: round(ms, 3) for w, ms in draft.items()},
+            "target": {1: cost["one_row_ms"], 2: cost["two_rows_ms"], cost["rows"]: cost["rows_ms"]}}
+    return pair.measured["tree_costs"]
+
+
 def row_prices(pair) -> dict | None:
     """What a verification's rows cost on this machine, for pricing free rows (``drafters/row_pricing.py``):
     ``{"one_row_ms", "jump_ms", "row_ms"}``, a tree of n >= 1 nodes costing ``one_row_ms + jump_ms + n * row_ms``
