@@ -32,11 +32,13 @@ COST_WIDTHS = (1, 2, 4, 8, 16, 32, 33, 64)
 
 DEAR_ROWS = 16
 """Query rows of the verification ``verification_cost`` times against one row (a typical tree of the defaults)."""
-DEAR_RATIO = 2.5
+DEAR_RATIO = 1.5
 """Rows are dear when a ``DEAR_ROWS``-row target forward costs at least this many one-row forwards ... (measured:
 2.7-3.0x with stock float32 weights on a 2-core AVX2 CPU, 1.8-2.0x there with packed ones
-(``models/packed_weights.py``), 1.07x on an AVX-512-BF16 CPU: the bound sits between the first two so that one machine
-decides the same way from one process to the next; at 2.0, packed weights measured either side of it)."""
+(``models/packed_weights.py``), 1.07x on an AVX-512-BF16 CPU: the bound sits between the last two so that one machine
+decides the same way from one process to the next. At 2.5 the AVX2 CPU with packed weights had no fallback, and a
+method whose tree that CPU's rows do not pay for ran below plain decoding: ``mcsd`` 0.82x ``ar`` on translation,
+docs/bench.md, "Every kind of prompt")."""
 DEAR_EXTRA_MS = 20.0
 """... and at least this many milliseconds more than one (below that, timing noise and tiny test models)."""
 
