@@ -159,7 +159,7 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     at.sidebar.radio(key="page").set_value("Benchmarks").run()
     # never empty: with no report of the user's, the reference reports shipped in assets/bench are shown
     assert not at.exception and any("No report of yours" in i.value for i in at.info)
-    assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench"}
+    assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench", "kinds"}
     # both prompt sets were measured on the CPU and on a GPU: side by side, then each report in its tab
     assert len(at.dataframe) == 3 and [t.label for t in at.tabs] == ["CPU", "GPU"]
     assert {"CPU x ar", "GPU x ar"} <= set(at.dataframe[0].value.columns)
@@ -169,6 +169,14 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
         assert meta["machine"] and meta["date"] and meta["commit"] and "(embedded)" in meta["pair"]
         assert meta["device"].startswith("cuda" if name.startswith("gpu") else "cpu")
         assert meta["prompt_set"] == f"{name.split('-', 1)[1]}:0:3" and meta["max_new_tokens"] == 128
+    # the kinds set, measured on the CPU only: its report with a table per kind of prompt
+    kinds = load_report(folder / "cpu-kinds.json")
+    assert kinds["meta"]["prompt_set"] == "kinds" and kinds["meta"]["commit"] and kinds["meta"]["date"]
+    assert {r["kind"] for r in kinds["by_kind"]} == {"code", "chat", "math", "qa", "translation", "summarisation",
+                                                      "reasoning"}
+    at.selectbox(key="bench_reference").set_value("kinds").run()
+    assert not at.exception and not at.error and len(at.dataframe) == 2
+    assert {"kind", "ratio_vs_hf", "ratio_vs_best_hf"} <= set(at.dataframe[1].value.columns)
     write_reports(result, tmp_path)
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
     at = AppTest.from_file(APP, default_timeout=120)

@@ -36,6 +36,8 @@ COLUMNS = ["temperature", "method", "tokens_per_s", "speedup_vs_ar", "ratio_vs_h
            "ratio_vs_hf_lookup",
            "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_s", "verify_s", "other_s",
            "overhead_share"]
+KIND_COLUMNS = ["temperature", "kind", "method", "tokens_per_s", "speedup_vs_ar", "ratio_vs_hf", "ratio_vs_best_hf",
+                "tokens_per_target_call", "plain_step_share"]
 
 
 def reference_reports(folder: Path = REFERENCE_DIR) -> dict[str, Path]:
@@ -134,6 +136,10 @@ def show_report(report: dict, source: str, key: str = "bench_chart") -> None:
                 f"{html.escape(str(m.get('date', '')))}" + (f" · commit {html.escape(str(m['commit']))}"
                                                            if m.get("commit") else ""))
     st.dataframe([{c: r.get(c) for c in COLUMNS} for r in report["summary"]], hide_index=True, width="stretch")
+    if report.get("by_kind"):  # a prompt set of several kinds (--prompt-file kinds): each against its own baselines
+        st.markdown("**By kind of prompt** (ratios against the same kind's runs of each baseline)")
+        st.dataframe([{c: r.get(c) for c in KIND_COLUMNS} for r in report["by_kind"]], hide_index=True,
+                     width="stretch", key=f"{key}_kinds")
     for i, fig in enumerate(figures.bench_figures(report)):
         st.plotly_chart(fig, width="stretch", key=f"{key}_{i}")
     st.caption("hf-assisted settings: " + html.escape(json.dumps(report.get("hf_assisted", {}))))
