@@ -319,6 +319,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if configs[method].spec.self_draft:
             return {"kv_cache": "dynamic", "graphs": False, "chain_levels": 0}
         return {"kv_cache": kv_cache, "graphs": graphs, "chain_levels": chain_of(method, chain_levels)}
+
     decision_models: dict = {}  # model kind -> the model read from decision_dir
 
     def decision_model(config):

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, replace
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .policies.cost_ratio import COST_RATIO_MODES
 from .policies.fallback import FALLBACK_MODES
-from .policies.tree_choice import ONLINE_ROOTS, TREE_CHOICES
 from .policies.stopping import DECISION_MODELS, DEFAULT_THRESHOLDS, STOP_POLICY_NAMES, adapt_problem
+from .policies.tree_choice import ONLINE_ROOTS, TREE_CHOICES
 from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_decay_parents, template_levels, tree_size
 from .verify.registry import VERIFIER_REGISTRY, names, view
 

@@ -37,8 +37,8 @@ from .drafters.row_pricing import RowPricing
 from .policies.cost_ratio import CostRatioMeter
 from .policies.fallback import GoodputFallback
 from .policies.stopping import StopPolicy
-from .runtime.graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .runtime.forward_costs import tree_costs
+from .runtime.graphs import BUCKETS, acquire_runner, eager_forward, release_runner
 from .runtime.kv_cache import KV_CACHES, new_kv_cache
 from .runtime.timeline import StepTimeline, step_times
 from .sampling import LazyRows, RowDists, SamplingConfig, logits_to_probs
