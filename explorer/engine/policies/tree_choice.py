@@ -3,8 +3,8 @@
 The improved MCSD's tree is a fork and chains: ``k`` candidates at the root (the draft's best tokens; one where the
 draft is sure, ``branch_threshold``), then a chain under each, as deep as the stop policy lets it go. The published
 shape fixes ``k`` (``k_config``). Which ``k`` is fastest depends on the text and the machine: a second root is
-accepted on a fifth of chat steps and almost never on code, and on a CPU where a target forward's extra rows are
-dear every root costs a draft row on each later level and a target row per level (docs/bench.md, "The optimal tree
+accepted more often where the draft hesitates (chat) than on code, and on a CPU where a target forward's extra rows
+are dear every root costs a draft row on each later level and a target row per level (docs/bench.md, "The optimal tree
 for measured acceptance": the cost-aware tree was 1.21-1.43x the default one, found after the fact).
 
 ``TreeChooser`` measures, as the run goes, what the shape search of ``instruments/optimal_tree.py`` needs:
@@ -23,8 +23,9 @@ Each step it prices every candidate width ``k`` as the tree of ``k`` roots each 
 expected tokens under Sequoia's positional acceptance model (Chen et al. 2024, arXiv 2402.12374; the model
 ``instruments/optimal_tree.py`` searches every shape with) over the step's modelled milliseconds (one draft forward
 per level fed the level above, then one target forward of every node: ``optimal_tree.step_cost_ms``'s model), mixed
-with the sure steps at their measured share, and drafts the fastest. Until it has measured ``warmup`` steps it drafts the published width. The choice depends only on earlier
-steps, never on this step's draws, so the output law is unchanged; the costs are timed, so a replay takes the
+with the sure steps at their measured share, and drafts the fastest. Until it has measured ``warmup`` steps it drafts
+the published width. The choice depends only on earlier steps, never on this step's draws, so the output law is
+unchanged; the costs are timed, so a replay takes the
 recorded ones (``Engine.follow_tree_costs``). What it measured carries to the session's next run (``state`` /
 ``restore``, ``Carried.tree``).
 """
