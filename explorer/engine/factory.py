@@ -117,7 +117,7 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     adapter_state, fallback_state = carried.adapter, carried.fallback
     policy = config.stop_policy_name()
     stop_policy = make_stop_policy(policy, config.threshold, decision_model)
-    key = carry_key(pair, config, sampling)  # what the fallback's rates and the exit chooser belong to
+    key = carry_key(pair, config, sampling)  # what the fallback's rates and the two choosers belong to
     exits = carried.layer_skip["state"] if carried.layer_skip and carried.layer_skip.get("key") == key else None
     tree = carried.tree["state"] if carried.tree and carried.tree.get("key") == key else None
     parts = EngineParts(

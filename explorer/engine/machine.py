@@ -527,7 +527,8 @@ class Engine:
 
     def follow_tree_costs(self, costs: dict | None) -> None:
         """Price the online tree choice's steps with ``costs`` (a trace's ``model["tree_costs"]``) instead of this
-        machine's timings, from the next draft on: a replay chooses the recorded run's trees. None: nothing changes."""
+        machine's timings, from the next draft on: a replay chooses the recorded run's trees; called before
+        ``start``, ``start`` times no forward for them. None: nothing changes."""
         if costs is None:
             return
         self.tree_costs, self._tree_costs_followed = costs, True

@@ -43,9 +43,6 @@ def fitted_alpha(widths: list[float], accepted_per_step: float) -> float:
     return (lo + hi) / 2
 
 
-__all__ = ["chain_speedup", "expected_tokens", "fitted_alpha", "tree_speedup"]
-
-
 def interpolate_ms(points: dict, rows: int) -> float:
     """A forward's milliseconds at ``rows`` query rows from measurements ``{rows: ms}`` (non-empty, rows >= 1):
     linear between measured row counts, flat below the smallest (small forwards are latency bound), and past the
@@ -60,3 +57,7 @@ def interpolate_ms(points: dict, rows: int) -> float:
             return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
     slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0) if len(xs) > 1 else 0.0
     return ys[-1] + slope * (rows - xs[-1])
+
+
+__all__ = ["chain_speedup", "expected_tokens", "fitted_alpha", "interpolate_ms", "tree_speedup"]
+

@@ -392,7 +392,7 @@ def cost_curve(points: Mapping[int, float]) -> Callable[[int], float]:
             raise OptimalTreeError(f"cost point rows {rows!r}: must be an integer >= 1")
         if isinstance(ms, bool) or not isinstance(ms, Real) or not math.isfinite(float(ms)) or ms < 0:
             raise OptimalTreeError(f"cost at {rows} rows is {ms!r}: must be a finite number of ms >= 0")
-    measured = {int(r): float(ms) for r, ms in points.items()}
+    measured = dict(points)  # a snapshot: later changes to the caller's mapping do not move the curve
     return lambda rows: interpolate_ms(measured, rows)
 
 

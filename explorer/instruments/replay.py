@@ -51,11 +51,12 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
                                               tree={"key": key, "state": tree} if tree else None))
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None
+    # the online tree choice prices with the run's costs: followed before start, which then times no forward
+    engine.follow_tree_costs(trace.model.get("tree_costs"))
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
     # The goodput fallback decides from timings; a replay takes the recorded decisions (all speculative without it).
     engine.follow_fallback([s.fallback.get("speculate", True) for s in trace.steps])
     engine.follow_cost_ratio([s.cost.get("next") for s in trace.steps])  # timing-driven too
-    engine.follow_tree_costs(trace.model.get("tree_costs"))  # the online tree choice priced with the run's costs
     try:
         engine.follow_row_pricing(trace.model.get("row_pricing"))  # and the free rows' prices
     except (KeyError, TypeError, ValueError) as exc:

@@ -10,9 +10,9 @@ acceptance) and ``row_pricing`` (which free rows pay for their verification)."""
 
 from __future__ import annotations
 
+from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
 from .base import Drafted, Drafter, FreeNode, merge_free
 from .hybrid import HybridDrafter
-from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
 from .layer_skip import LayerSkipDrafter
 from .lookup import LookupDrafter, lookup_continuations
 from .model import ModelDrafter

@@ -277,7 +277,7 @@ class ModelDrafter(Drafter):
         """This step's children per level: the config's, or with the root width the tree chooser picks (and why,
         for the trace)."""
         self._root = None
-        if self.tree_chooser is None or view.config.is_lossy:
+        if self.tree_chooser is None:
             return list(view.branching), None
         self.tree_chooser.costs = view.tree_costs
         k = self.tree_chooser.choose()
