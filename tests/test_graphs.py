@@ -9,10 +9,31 @@ from method_grid import GRID, IDS, PROMPT, _case_id, same_traces, session
 from explorer.engine.config import DEFAULTS, MethodConfig
 from explorer.engine.factory import build_engine
 from explorer.engine.machine import EngineError
-from explorer.engine.runtime.graphs import BUCKETS, GraphRunner, bucket_for, padded_mask
+from explorer.engine.runtime.graphs import BUCKETS, GraphRunner, bucket_for, no_collection, padded_mask
 from explorer.engine.runtime.kv_cache import DynamicKVCache, StaticKVCache
 from explorer.engine.sampling import SamplingConfig
 from explorer.engine.tree import DraftTree, step_mask, step_position_ids
+
+
+def test_no_collection_inside_a_capture_and_the_collector_restored_after():
+    """A graph records with the cyclic collector off (a collection inside a capture broke it on an H100); the
+    collector comes back as it was, after an error too, and stays off where it was off."""
+    import gc
+
+    assert gc.isenabled()
+    with no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), no_collection():
+        raise RuntimeError("capture failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_collection():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_buckets_and_padded_masks():
