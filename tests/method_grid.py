@@ -22,10 +22,10 @@ GRID = [
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="mcns"), 0.8),
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub"), 0.8),
     (MethodConfig(method="mcsd", k_config=(2, 2), branch_threshold=0.5), 0.8),
-    (DEFAULTS["mcsd-improved"], 0.0),
+    (DEFAULTS["mcsd-improved"], 0.0),  # the root width chosen online
     (DEFAULTS["mcsd-improved"], 0.8),
-    (DEFAULTS["mcsd-improved"].with_(tree_choice="online"), 0.0),
-    (DEFAULTS["mcsd-improved"].with_(tree_choice="online"), 0.8),
+    (DEFAULTS["mcsd-improved"].with_(tree_choice="fixed"), 0.0),  # the published shape
+    (DEFAULTS["mcsd-improved"].with_(tree_choice="fixed"), 0.8),
     (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="none"), 0.8),
     (MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=4, stop="confidence"), 0.8),
     (MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="prune"), 0.8),

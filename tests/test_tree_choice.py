@@ -86,7 +86,13 @@ def test_only_the_lossless_improved_mcsd_chooses_its_tree_online():
     with pytest.raises(ValueError, match="sd keeps"):
         MethodConfig(method="sd", tree_choice="online")
     # room for the widest tree the choice may draft
-    assert ONLINE.max_nodes() == 4 * ONLINE.max_depth > DEFAULTS["mcsd-improved"].max_nodes()
+    published = DEFAULTS["mcsd-improved"].with_(tree_choice="fixed")
+    assert ONLINE.max_nodes() == 4 * ONLINE.max_depth > published.max_nodes()
+    # the default chooses online; the seed's lossy mode, set without a tree choice, takes the published shape
+    assert DEFAULTS["mcsd-improved"].tree_choice == "online"
+    assert DEFAULTS["mcsd-improved"].with_(lossy=True).tree_choice == "fixed"
+    with pytest.raises(ValueError, match="lossy"):
+        DEFAULTS["mcsd-improved"].with_(lossy=True, tree_choice="online")
 
 
 def _run(pair, config, temperature=0.0, carried=None, tokens=40):

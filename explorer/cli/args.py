@@ -56,8 +56,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="adaptive width: a node gets its level's k children only where the draft's top "
                         "probability is below this, else one (1 = the fixed k_config)")
     g.add_argument("--tree-choice", choices=["fixed", "online"],
-                   help="mcsd-improved: fixed = the published root width (k_config); online = each step's root "
-                        "width chosen from the acceptance and forward costs the run measures")
+                   help="mcsd-improved: online (default) = each step's root width chosen from the acceptance and "
+                        "forward costs the run measures; fixed = the published root width (k_config); --lossy "
+                        "takes fixed")
     g.add_argument("--lossy", action="store_true",
                    help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
     g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "

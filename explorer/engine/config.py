@@ -86,7 +86,9 @@ class MethodConfig:
             the run's own step times, starting at ``threshold``; ``engine/policies/cost_ratio.py``).
         tree_choice: ``mcsd-improved`` (lossless) only: ``fixed`` (the published shape: ``k_config``'s root width) or
             ``online`` (each step's root width chosen from ``ONLINE_ROOTS`` by the acceptance and forward costs the
-            run measures, ``engine/policies/tree_choice.py``; the chains and the stop policy as before).
+            run measures, ``engine/policies/tree_choice.py``; the chains and the stop policy as before). The
+            dataclass default is ``fixed`` (so a config saved before the choice existed replays as it ran);
+            ``DEFAULTS["mcsd-improved"]`` chooses online (docs/bench.md, "The root width chosen online on the H100").
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -262,7 +264,10 @@ class MethodConfig:
 
     def with_(self, **changes) -> "MethodConfig":
         """A copy with ``changes``; a new stop policy without a threshold gets that policy's default (and a fixed
-        cost ratio unless it is ``goodput``)."""
+        cost ratio unless it is ``goodput``); the seed's lossy mode without a tree choice gets the published shape
+        (the root width is chosen online for the lossless method only)."""
+        if changes.get("lossy") and "tree_choice" not in changes:
+            changes["tree_choice"] = "fixed"
         if "stop" in changes and "threshold" not in changes and changes["stop"] != self.stop:
             changes["threshold"] = None
         if changes.get("stop", "goodput") != "goodput" and "cost_ratio" not in changes:
@@ -290,7 +295,7 @@ DEFAULTS = {
     # draft is unsure there (adaptive width), then chains as deep as the decision model lets them go; every
     # extra branch costs a draft row on each later level.
     "mcsd-improved": MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=16, stop="decision",
-                                  branch_threshold=0.8),
+                                  branch_threshold=0.8, tree_choice="online"),
     "prompt-lookup": MethodConfig(method="prompt-lookup"),
     "token-recycling": MethodConfig(method="token-recycling"),
     "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
