@@ -8,6 +8,9 @@ the most expensive functions of one run (cProfile).
 ``--methods`` takes bench labels (``+chain=N`` for chain replays, ``+key=value`` settings). ``--fused-kernels off,on``
 runs every method stock, then fuses the pair's kernels in place and runs them again (A/B in one process).
 ``--dump DIR`` writes each run's cProfile statistics (``.pstats``) and its steps' timelines (``.json``) there.
+Each JSON line also gives the garbage collector's milliseconds in the timed run by generation (``--freeze``:
+``gc.freeze()`` after the warm-up, which compiles and captures), and ``wall_ms_per_step``, the whole run's wall
+clock (building the engine, prefill, steps, trace) per step, beside ``timed_ms_per_step``, the steps' timelines.
 
 Prints one JSON line per (method, temperature) and, for each method, the lines with the most syncs. On a CPU, where
 nothing synchronises, it counts the reads of tensor values into Python instead, each of which is a synchronisation
@@ -19,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gc
 import cProfile
+import gc
 import io
 import json
 import os
@@ -103,7 +106,7 @@ def profile_run(args, pair, ids, cuda: bool, fused: str, method: str, temperatur
     gc.callbacks.remove(on_gc)
     steps = eng.trace.steps
     tokens = sum(len(s.committed_ids) for s in steps)
-    spec = [s for s in steps if not (s.fallback and not s.fallback["speculate"])]
+    spec = [s for s in steps if (s.fallback or {}).get("speculate", True)]
 
     def per_step(group):
         totals = phase_totals(group)
