@@ -224,7 +224,7 @@ def controls(trace, replaying: bool) -> None:
     the next run sees the ``running`` flag still set."""
     c = _cursor()
     n = len(trace.steps) if trace is not None else 0
-    b = st.columns([1, 1, 1, 1.3, 1, 1, 1.6, 1.6])  # labels wrap where a column is narrow: never cut to "For..."
+    b = st.columns([1, 1, 1.3, 1.3, 1, 1, 1.6, 1.6])  # labels wrap where a column is narrow: never cut to "For..."
     b[0].button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
                 help="draft and verify one speculative round on the real models", wrap=True)
     b[1].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0, wrap=True)
