@@ -63,7 +63,7 @@ def step_caption(step: StepTrace, total: int) -> None:
     committed = "".join(step.committed_text)
     st.markdown(
         f"**Step {step.index + 1} of {total}** · committed {len(step.committed_ids)} token(s): "
-        f"{code(committed)} · accepted draft tokens {step.accepted_draft_len}/{step.max_draft_len}"
+        f"{code(committed)} · accepted draft tokens {step.accepted_draft_len} (depth cap {step.max_draft_len})"
         f" · draft {step.draft_ms:.0f} ms ({step.draft_calls} calls) · verify {step.verify_ms:.0f} ms · "
         f"verifier `{step.verifier}`")
     skip = step.drafter.get("layer_skip")
