@@ -5,9 +5,10 @@ bench's prompts of one method and temperature): Token Recycling's adjacency matr
 (``engine/drafters/recycling.py``), the goodput fallback's measured rates (``engine/policies/fallback.py``), the
 stop policy's online adaptation (``engine/stop_models/online.py``), ``layer-skip``'s exit chooser
 (``engine/drafters/layer_skip.py``) and the online tree choice (``engine/policies/tree_choice.py``).
-``Engine.carried()`` gives them as one ``Carried``; ``factory.build_engine(..., carried=...)`` starts a run from it. The fallback's rates, the adaptation and the two
-choosers carry a ``key`` (method, sampling less the seed, pair, device and, for the adaptation, the decision model): a
-run whose key differs starts afresh, so handing a session's record to any run is always safe.
+``Engine.carried()`` gives them as one ``Carried``; ``factory.build_engine(..., carried=...)`` starts a run from it.
+The fallback's rates, the adaptation and the two choosers carry a ``key`` (method, sampling less the seed, pair,
+device and, for the adaptation, the decision model): a run whose key differs starts afresh, so handing a session's
+record to any run is always safe.
 """
 
 from __future__ import annotations

@@ -60,4 +60,3 @@ def interpolate_ms(points: dict, rows: int) -> float:
 
 
 __all__ = ["chain_speedup", "expected_tokens", "fitted_alpha", "interpolate_ms", "tree_speedup"]
-
