@@ -132,6 +132,10 @@ class StopSignal:
         pruned: branch indices (str) that stop drafting at this level (all of them when drafting stops).
         expected / forwards: ``goodput`` only (None for the others): the tokens the step expected to accept so far
             (E) and the draft forwards so far (D).
+        cost_pruned / row_floor: with the tree chosen online, the side branches (also in ``pruned``) stopped here
+            because their predicted chance of being accepted (the product of their path's predicted acceptances)
+            fell below ``row_floor``, what a node's target and draft rows cost over a one-row target forward
+            (``TreeChooser.row_floor``); the branch with the best chance is never among them. Empty / None otherwise.
     """
 
     level: int
@@ -143,6 +147,8 @@ class StopSignal:
     pruned: list = field(default_factory=list)  # branches (str) that stop drafting at this level
     expected: float | None = None  # goodput policy: tokens the step expected to accept so far (policies/stopping.py)
     forwards: int | None = None  # goodput policy: draft forwards so far
+    cost_pruned: list = field(default_factory=list)  # side branches stopped by the row floor (tree chosen online)
+    row_floor: float | None = None
 
 
 @dataclass

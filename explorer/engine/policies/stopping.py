@@ -136,6 +136,8 @@ def replay(signals: list[StopSignal], threshold: float) -> list[dict]:
         unknown = sorted(active - set(s.scores), key=int) if active is not None else []
         at = level_threshold(policy, threshold, s)
         keep, pruned = decide(policy, scores, at)
+        if keep:  # side branches the row floor stopped stay stopped: that rule does not read the threshold
+            pruned = sorted(set(pruned) | (set(s.cost_pruned) & set(scores)), key=int)
         active = set(scores) - set(pruned) | set(unknown)
         out.append({"level": s.level, "keep_drafting": keep or bool(unknown), "pruned": pruned,
                     "active": sorted(active, key=int), "unknown": unknown, "threshold": at})
