@@ -376,6 +376,18 @@ def test_replay_with_another_threshold():
     assert loose[0]["pruned"] == [] and loose[1]["unknown"] == ["1"]
 
 
+def test_replay_keeps_the_side_branches_the_row_floor_stopped():
+    """The row floor (tree chosen online) reads no threshold: a replay at any threshold keeps those branches
+    stopped while drafting goes on."""
+    first = _sig(1, {"0": 0.9, "1": 0.8, "2": 0.7}, policy="decision", threshold=0.75)
+    first.cost_pruned, first.pruned = ["2"], ["2"]
+    sigs = [first, _sig(2, {"0": 0.9, "1": 0.5}, policy="decision", threshold=0.75)]
+    for threshold in (0.75, 0.3):
+        rows = replay(sigs, threshold)
+        assert rows[0]["pruned"] == ["2"] and rows[0]["active"] == ["0", "1"]
+    assert replay(sigs, 0.95)[0]["pruned"] == ["0", "1", "2"]  # the rule itself stops everything
+
+
 def _chain_step(tiny, cfg, ids):
     """One greedy step of a chain config with a learned policy: the engine, the StepTrace and the engine's decision
     model's prediction for every node of the step's tree (node i at level i + 1)."""

@@ -11,6 +11,7 @@ from explorer.engine.policies.tree_choice import TreeChooser
 from explorer.engine.sampling import SamplingConfig
 from explorer.instruments.replay import replay_steps
 from explorer.lessons.teach import explain_step, tree_choice_words
+from explorer.trace.figures import stop_figure
 from explorer.trace.records import loads_run
 
 CHEAP_ROWS = {"draft": {1: 10.0, 4: 10.4}, "target": {1: 100.0, 16: 104.0}}  # a GPU-like machine: rows ride along
@@ -54,6 +55,18 @@ def test_a_second_root_that_is_accepted_is_drafted_where_rows_are_cheap_and_drop
     assert prices[k]["tokens_per_s"] == max(p["tokens_per_s"] for p in prices.values())
     assert prices[2]["expected_tokens"] > prices[1]["expected_tokens"]  # the second root's hits are counted
     assert f"{k} root candidate" in tree_choice_words(chooser.last)
+
+
+def test_the_row_floor_prices_a_node_against_a_plain_step():
+    """A node's target and draft rows (the mean slope per row) over a one-row target forward."""
+    chooser = TreeChooser(published=2, max_depth=16)
+    assert chooser.row_floor() is None  # no costs measured yet
+    chooser.costs = DEAR_ROWS
+    assert chooser.row_floor() == pytest.approx(((300 - 100) / 15 + (34 - 10) / 3) / 100)
+    chooser.costs = CHEAP_ROWS
+    assert chooser.row_floor() == pytest.approx((4 / 15 + 0.4 / 3) / 100)
+    chooser.costs = {"draft": {1: 10.0}, "target": {1: 100.0, 16: 90.0}}  # one row measured; noise, not a discount
+    assert chooser.row_floor() == 0.0
 
 
 def test_sure_roots_are_priced_apart():
@@ -137,3 +150,38 @@ def test_carried_records_keep_the_tree_chooser():
     old = Carried(tree={"key": "a", "state": {}})
     assert old.updated(Carried(fallback={"key": "b", "rates": {}})).tree == old.tree
     assert old.without_recycling().tree == old.tree
+
+
+def test_side_branches_stop_where_their_rows_cannot_pay(tiny):
+    """Where a node's rows cost more than a plain step (row floor above 1) no side branch grows past its root:
+    every deeper node hangs under one root, the signals name the branches stopped for it, and the text stays
+    greedy-equal. With rows nearly free the same run keeps side branches growing. (Threshold 0: the tiny pair's
+    decision model would stop every branch at its root.)"""
+    config = ONLINE.with_(threshold=0.0)
+    saved = tiny.measured.pop("tree_costs", None)
+    try:
+        tiny.measured["tree_costs"] = {"draft": {1: 1.0, 4: 4.0}, "target": {1: 10.0, 16: 400.0}}  # floor 2.9
+        _, trace = _run(tiny, config)
+        tiny.measured["tree_costs"] = CHEAP_ROWS
+        _, cheap = _run(tiny, config)
+    finally:
+        tiny.measured.pop("tree_costs")
+        if saved is not None:
+            tiny.measured["tree_costs"] = saved
+    _, plain = _run(tiny, DEFAULTS["ar"])
+    assert trace.generated_ids == plain.generated_ids == cheap.generated_ids
+
+    def deep_branches(step):
+        return {n.branch for n in step.nodes if n.depth >= 2}
+
+    wide = [s for s in trace.steps if sum(1 for n in s.nodes if n.depth == 1) >= 2]
+    assert wide, "the warm-up drafts the published two roots"
+    assert all(len(deep_branches(s)) <= 1 for s in trace.steps)
+    stopped = [sig for s in wide for sig in s.stop_signals if sig.cost_pruned]
+    assert stopped and all(sig.row_floor > 1 and set(sig.cost_pruned) <= set(sig.pruned) for sig in stopped)
+    assert all(sig.chances[b] < sig.row_floor for sig in stopped for b in sig.cost_pruned)
+    step = next(s for s in wide if any(sig.cost_pruned for sig in s.stop_signals))
+    assert "chance of holding the accepted path" in " ".join(explain_step(step))
+    hover = [t for tr in stop_figure(step).data if tr.name.endswith("pruned") for t in tr.hovertext]
+    assert any("its rows cost more" in t for t in hover)
+    assert any(len(deep_branches(s)) >= 2 for s in cheap.steps)

@@ -230,6 +230,11 @@ def _stopping(step: StepTrace, levels: int) -> list[str]:
     for s in sigs:
         for b in s.pruned:
             score = s.scores.get(str(b), s.scores.get(b))
+            if str(b) in s.cost_pruned:
+                out.append(f"Branch {b} stopped after level {s.level}: its chance of holding the accepted path was "
+                           f"{_pct(s.chances.get(str(b)))}, less than the {_pct(s.row_floor)} of a step that its "
+                           "target and draft rows cost on this machine; the likeliest branch drafts on.")
+                continue
             out.append(f"Branch {b} stopped after level {s.level}: {what} was {_pct(score)}, below the threshold "
                        f"{_pct(s.threshold)}.")
     last = sigs[-1]

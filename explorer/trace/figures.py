@@ -334,7 +334,10 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
         if cut and any(s.keep_drafting for s in sigs if b in s.pruned):  # pruned alone, not the whole tree
             fig.add_trace(go.Scatter(x=[p[0] for p in cut], y=[p[1] for p in cut], mode="markers",
                                      marker=dict(symbol="x", size=14, color="#d62728"), legendgroup=b,
-                                     name=f"branch {b} pruned", hovertext=f"branch {b} stops drafting here",
+                                     name=f"branch {b} pruned", hovertext=[
+                                         f"branch {b} stops drafting here" + (
+                                             ": its rows cost more than its chance pays" if b in s.cost_pruned
+                                             else "") for s in sigs if b in s.pruned and b in s.scores],
                                      hoverinfo="text"))
     if sigs:
         policy = sigs[0].policy

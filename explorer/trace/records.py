@@ -132,10 +132,11 @@ class StopSignal:
         pruned: branch indices (str) that stop drafting at this level (all of them when drafting stops).
         expected / forwards: ``goodput`` only (None for the others): the tokens the step expected to accept so far
             (E) and the draft forwards so far (D).
-        cost_pruned / row_floor: with the tree chosen online, the side branches (also in ``pruned``) stopped here
-            because their predicted chance of being accepted (the product of their path's predicted acceptances)
-            fell below ``row_floor``, what a node's target and draft rows cost over a one-row target forward
-            (``TreeChooser.row_floor``); the branch with the best chance is never among them. Empty / None otherwise.
+        cost_pruned / row_floor / chances: with the tree chosen online, the side branches (also in ``pruned``)
+            stopped here because their chance of holding the accepted path (``chances``: branch -> probability,
+            for the branches weighed) fell below ``row_floor``, what a node's target and draft rows cost over a
+            one-row target forward (``TreeChooser.row_floor``, ``ModelDrafter._prune_side_branches``); the branch
+            with the best chance is never among them. Empty / None where the floor did not apply.
     """
 
     level: int
@@ -149,6 +150,7 @@ class StopSignal:
     forwards: int | None = None  # goodput policy: draft forwards so far
     cost_pruned: list = field(default_factory=list)  # side branches stopped by the row floor (tree chosen online)
     row_floor: float | None = None
+    chances: dict = field(default_factory=dict)  # branch (str) -> chance of holding the accepted path
 
 
 @dataclass

@@ -308,7 +308,7 @@ class ModelDrafter(Drafter):
             return
         best = max(reach, key=lambda b: (reach[b], -int(b)))
         weak = sorted((b for b, r in reach.items() if b != best and r < floor), key=int)
-        sig.row_floor = round(floor, 4)
+        sig.row_floor, sig.chances = round(floor, 4), {b: round(r, 4) for b, r in reach.items()}
         if weak:
             sig.cost_pruned = weak
             sig.pruned = sorted(set(sig.pruned) | set(weak), key=int)
