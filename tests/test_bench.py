@@ -159,7 +159,7 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     at.sidebar.radio(key="page").set_value("Benchmarks").run()
     # never empty: with no report of the user's, the reference reports shipped in assets/bench are shown
     assert not at.exception and any("No report of yours" in i.value for i in at.info)
-    assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench", "kinds"}
+    assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench", "kinds", "kinds-greedy"}
     # both prompt sets were measured on the CPU and on a GPU: side by side, then each report in its tab
     assert len(at.dataframe) == 3 and [t.label for t in at.tabs] == ["CPU", "GPU"]
     assert {"CPU x ar", "GPU x ar"} <= set(at.dataframe[0].value.columns)
@@ -169,13 +169,19 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
         assert meta["machine"] and meta["date"] and meta["commit"] and "(embedded)" in meta["pair"]
         assert meta["device"].startswith("cuda" if name.startswith("gpu") else "cpu")
         assert meta["prompt_set"] == f"{name.split('-', 1)[1]}:0:3" and meta["max_new_tokens"] == 128
-    # the kinds set, measured on the CPU only: its report with a table per kind of prompt
-    kinds = load_report(folder / "cpu-kinds.json")
-    assert kinds["meta"]["prompt_set"] == "kinds" and kinds["meta"]["commit"] and kinds["meta"]["date"]
-    assert {r["kind"] for r in kinds["by_kind"]} == {"code", "chat", "math", "qa", "translation", "summarisation",
-                                                      "reasoning"}
+    # the kinds set, measured on the CPU only (T 0.7, and greedy apart): its report with a table per kind of prompt
+    for name, temperature in (("cpu-kinds", 0.7), ("cpu-kinds-greedy", 0.0)):
+        kinds = load_report(folder / f"{name}.json")
+        assert kinds["meta"]["prompt_set"] == "kinds" and kinds["meta"]["commit"] and kinds["meta"]["date"]
+        assert kinds["meta"]["temperatures"] == [temperature]
+        assert {r["kind"] for r in kinds["by_kind"]} == {"code", "chat", "math", "qa", "translation",
+                                                          "summarisation", "reasoning"}
     at.selectbox(key="bench_reference").set_value("kinds").run()
     assert not at.exception and not at.error and len(at.dataframe) == 2
+    assert any("made before the default chose its root width online" in c.value for c in at.caption)
+    at.selectbox(key="bench_reference").set_value("kinds-greedy").run()  # made since: no such note
+    assert not at.exception and not at.error and len(at.dataframe) == 2
+    assert not any("made before the default" in c.value for c in at.caption)
     assert {"kind", "ratio_vs_hf", "ratio_vs_best_hf"} <= set(at.dataframe[1].value.columns)
     write_reports(result, tmp_path)
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
@@ -188,6 +194,18 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     (tmp_path / "bench.json").write_text("{broken")
     at.run()
     assert any("Cannot show this report" in e.value for e in at.error)
+
+
+def test_label_notes_say_what_mcsd_improved_meant_when_a_report_was_made():
+    from explorer.ui.bench_page import label_notes
+
+    def report(date, methods=("ar", "mcsd-improved")):
+        return {"meta": {"date": date}, "summary": [{"method": m} for m in methods]}
+
+    assert label_notes(report("2026-11-25T14:38:31+00:00"))  # the published width then
+    assert not label_notes(report("2026-11-27T00:16:00+00:00"))  # the online width since
+    assert not label_notes(report("2026-11-25T14:38:31+00:00", ("ar", "hybrid")))
+    assert not label_notes({"meta": {}, "summary": [{"method": "mcsd-improved"}]})  # undated: nothing to say
 
 
 def test_references_side_by_side_line_up_each_method():

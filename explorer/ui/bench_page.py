@@ -32,6 +32,23 @@ def report_path() -> str:
     return os.environ.get("SPEC_EXPLORER_BENCH", DEFAULT_REPORT)
 
 
+# From this commit's date on (c69729f), ``mcsd-improved`` chooses its root width online; reports made before it name the
+# published width so (``mcsd-improved+tree_choice=fixed`` now).
+ONLINE_DEFAULT_SINCE = "2026-11-26T20:52:09+00:00"
+
+
+def label_notes(report: dict) -> list[str]:
+    """What a report's method labels meant when it was made, where that differs from today's (by ``meta.date``, an
+    ISO time): before ``ONLINE_DEFAULT_SINCE`` ``mcsd-improved`` was the published root width."""
+    date = str(report.get("meta", {}).get("date") or "")
+    methods = {r.get("method") for r in report.get("summary", [])}
+    if "mcsd-improved" in methods and date and date < ONLINE_DEFAULT_SINCE:
+        return ["In this report `mcsd-improved` is the published tree (two root candidates where the draft is unsure): "
+                "it was made before the default chose its root width online (2026-11-26). The published shape is "
+                "`mcsd-improved+tree_choice=fixed` now."]
+    return []
+
+
 COLUMNS = ["temperature", "method", "tokens_per_s", "speedup_vs_ar", "ratio_vs_hf", "ratio_vs_hf_bf16",
            "ratio_vs_hf_lookup",
            "tokens_per_target_call", "acceptance_rate", "mcsd_acceptance_rate", "draft_s", "verify_s", "other_s",
@@ -135,6 +152,8 @@ def show_report(report: dict, source: str, key: str = "bench_chart") -> None:
                 f"{html.escape(str(m.get('draft_quant', 'none')))} · {html.escape(str(m.get('machine')))} · "
                 f"{html.escape(str(m.get('date', '')))}" + (f" · commit {html.escape(str(m['commit']))}"
                                                            if m.get("commit") else ""))
+    for note in label_notes(report):
+        st.caption(note)
     st.dataframe([{c: r.get(c) for c in COLUMNS} for r in report["summary"]], hide_index=True, width="stretch")
     if report.get("by_kind"):  # a prompt set of several kinds (--prompt-file kinds): each against its own baselines
         st.markdown("**By kind of prompt** (ratios against the same kind's runs of each baseline)")
