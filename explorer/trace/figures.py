@@ -330,15 +330,14 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
         pts = [(s.level, s.scores[b]) for s in sigs if b in s.scores]
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
                                  name=f"branch {b}", legendgroup=b))
-        cut = [(s.level, s.scores[b]) for s in sigs if b in s.pruned and b in s.scores]
+        cut = [s for s in sigs if b in s.pruned and b in s.scores]
         if cut and any(s.keep_drafting for s in sigs if b in s.pruned):  # pruned alone, not the whole tree
-            fig.add_trace(go.Scatter(x=[p[0] for p in cut], y=[p[1] for p in cut], mode="markers",
+            why = {True: ": its rows cost more than its chance pays", False: ""}  # the row floor's, or the rule's
+            fig.add_trace(go.Scatter(x=[s.level for s in cut], y=[s.scores[b] for s in cut], mode="markers",
                                      marker=dict(symbol="x", size=14, color="#d62728"), legendgroup=b,
-                                     name=f"branch {b} pruned", hovertext=[
-                                         f"branch {b} stops drafting here" + (
-                                             ": its rows cost more than its chance pays" if b in s.cost_pruned
-                                             else "") for s in sigs if b in s.pruned and b in s.scores],
-                                     hoverinfo="text"))
+                                     name=f"branch {b} pruned", hoverinfo="text",
+                                     hovertext=[f"branch {b} stops drafting here{why[b in s.cost_pruned]}"
+                                                for s in cut]))
     if sigs:
         policy = sigs[0].policy
         if policy == "goodput" and len(branches) > 1:  # the rule compares the branches' summed gain

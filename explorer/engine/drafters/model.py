@@ -22,7 +22,7 @@ import torch
 
 from ...trace.records import TOP_K_SHOWN
 from .. import drafting
-from ..policies.stopping import LevelView
+from ..policies.stopping import LevelView, path_reach
 from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
 from ..sampling import LazyRows, RowDists
 from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, NodeFeatures, TargetMemory, dist_features,
@@ -299,11 +299,7 @@ class ModelDrafter(Drafter):
             b = str(branch_of[i])
             if b not in level_view.active or b in sig.pruned:
                 continue
-            chance, j = 1.0, i
-            while tree.parent[j] >= 0:  # the predicted acceptances below the root
-                chance *= accept.get(j, 1.0)
-                j = tree.parent[j]
-            reach[b] = max(reach.get(b, 0.0), chance_of[j] * chance)
+            reach[b] = max(reach.get(b, 0.0), path_reach(level_view, i, root_chance=chance_of))
         if len(reach) < 2:
             return
         best = max(reach, key=lambda b: (reach[b], -int(b)))

@@ -306,13 +306,17 @@ def level_mass(view: LevelView) -> list[float]:
     return out
 
 
-def path_reach(view: LevelView, i: int) -> float:
+def path_reach(view: LevelView, i: int, root_chance: dict | None = None) -> float:
     """The predicted chance that node ``i`` and every drafted node above it are accepted (``view.accept``;
-    target-initialized roots count as 1)."""
+    target-initialized roots count as 1). ``root_chance``: root node -> the chance to take for it instead of its
+    own predicted acceptance (``ModelDrafter._prune_side_branches``: a root's chance after its better-ranked
+    siblings were rejected)."""
     tree = view.tree
     prod, j = 1.0, i
     while j >= 0:
-        if tree.source[j] == "draft":
+        if root_chance is not None and tree.parent[j] < 0 and j in root_chance:
+            prod *= root_chance[j]
+        elif tree.source[j] == "draft":
             prod *= view.accept.get(j, 1.0)
         j = tree.parent[j]
     return prod
