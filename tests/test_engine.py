@@ -278,3 +278,63 @@ def test_what_a_run_learned_is_one_plain_record(tiny):
     assert ar.carried() == Carried()
     assert learned.updated(ar.carried()) == learned and Carried().updated(learned) == learned
     assert learned.without_recycling() == Carried(fallback=learned.fallback, adapter=learned.adapter)
+
+
+JOINED = [MethodConfig(method="sd", gamma=3), MethodConfig(method="mcsd", k_config=(3, 2)),
+          MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.38),
+          DEFAULTS["hybrid"], DEFAULTS["prompt-lookup"]]
+
+
+@pytest.mark.parametrize("cfg", JOINED, ids=lambda c: c.method)
+def test_a_joint_prefill_reads_the_prompt_in_the_first_verification(tiny, cfg):
+    """joint_prefill: the target reads the prompt in the first step's forward, one target forward fewer per run,
+    and greedy output, the step's own mask and the caches are what a prefill apart gives."""
+    ids = tiny.tokenizer.encode(PROMPTS[0])
+    _, apart = run(tiny, cfg, ids, 30)
+    eng = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
+    eng.start(ids, 30)
+    assert eng.target_len() == 0 and eng.next_dist is None and eng.trace.settings["joint_prefill"]
+    first = eng.step()
+    assert first.prefill_rows == len(ids) and eng.target_len() == len(eng.committed) - 1
+    rows = len(first.mask_node_ids)
+    assert rows == len(first.nodes) and len(first.mask) == rows and all(len(r) == rows for r in first.mask)
+    assert first.mask_context_len == len(ids) - 1 and first.position_ids[0] == len(ids) - 1
+    trace = eng.run()
+    assert trace.generated_ids == apart.generated_ids
+    assert [s.prefill_rows for s in trace.steps[1:]] == [0] * (len(trace.steps) - 1)
+    fresh = _fresh_kv(tiny.target, eng.committed[:eng.target_len()])
+    for (keys, _), ref in zip(eng.target_kv.layer_tensors(), fresh.layers):
+        assert torch.allclose(keys, ref.keys, atol=1e-5)
+
+
+def test_a_joint_prefill_seeds_the_memory_as_a_prefill_apart_does(tiny):
+    """The decision features' memory of the prompt's rows comes from the first verification's forward: the same
+    candidates a prefill apart seeds at start; a rewind keeps it and reads the prompt again."""
+    ids = tiny.tokenizer.encode(PROMPTS[1])
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.38)
+    apart = build_engine(tiny, cfg, SamplingConfig())
+    apart.start(ids, 20)
+    joint = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
+    joint.start(ids, 20)
+    assert joint.drafter.memory.rows == {}  # nothing seeded before the target has read the prompt
+    joint.step()
+    seeded = joint.drafter._seeded.rows
+    assert set(seeded) == set(apart.drafter.memory.rows)
+    for tok, cands in apart.drafter.memory.rows.items():
+        assert [t for t, _ in seeded[tok]] == [t for t, _ in cands]
+        assert [p for _, p in seeded[tok]] == pytest.approx([p for _, p in cands], abs=1e-4)
+    text = joint.run().generated_ids
+    joint.rewind()
+    assert joint.target_len() == 0 and joint.drafter.memory.rows == seeded and joint._seed_rows == 0
+    assert joint.run().generated_ids == text and joint.trace.steps[0].prefill_rows == len(ids)
+
+
+@pytest.mark.parametrize("cfg", [DEFAULTS["ar"], MethodConfig(method="mcsd-improved", lossy=True, width=2,
+                                                               k_config=(1,), max_depth=3)], ids=["ar", "lossy"])
+def test_a_prefill_joins_no_step_that_needs_the_targets_prediction(tiny, cfg):
+    """ar's first step is the prefill's prediction, and target-initialized roots are read from it: both prefill apart."""
+    ids = tiny.tokenizer.encode(PROMPTS[1])
+    eng = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
+    eng.start(ids, 5)
+    assert eng.target_len() == len(ids) and "joint_prefill" not in eng.trace.settings
+    assert eng.step().prefill_rows == 0

@@ -90,10 +90,10 @@ def test_a_step_that_captured_graphs_is_not_measured():
     """H100: a plain step that captured a CUDA graph took 115 ms (8.7 tok/s against about 170), and the
     hybrid then speculated for the whole run. One-off steps are recorded but do not enter the rates."""
     fb = GoodputFallback(warmup=1)
-    record = fb.observe(fb.decide(0), 1, 115.0, one_off=True)
+    record = fb.observe(fb.decide(0), 1, 115.0, one_off="graph capture")
     assert record["unmeasured"] == "graph capture" and fb.spec.tok_s is None and fb.spec.steps == 0
     decisions = _feed(fb, 3, spec=(1, 12.0), ar=(1, 6.0))
-    fb.observe(fb.decide(3), 1, 115.0, one_off=True)  # a capture inside plain decoding: its rate stays
+    fb.observe(fb.decide(3), 1, 115.0, one_off="graph capture")  # a capture inside plain decoding: its rate stays
     assert decisions == [True, False, False] and fb.ar.tok_s == pytest.approx(1e3 / 6.0) and not fb.decide(4)
 
 

@@ -56,6 +56,7 @@ VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "bra
                 "free_rows", "lookup_tokens", "cost_ratio", "tree_choice")
 CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing carried)
 CHAIN_KEY = "chain="  # a bench label's +chain=N: draft levels of chains per replay (Engine's chain_levels)
+PREFILL_APART = "prefill=apart"  # a bench label's +prefill=apart: the target prefills apart from the first step
 
 
 def carries(label: str) -> bool:
@@ -77,12 +78,20 @@ def chain_of(label: str, default: int = 0) -> int:
     return default
 
 
+def joint_prefill_of(label: str) -> bool:
+    """Whether a bench label's runs join the target's prefill to the first verification (``Engine``
+    ``joint_prefill``, as transformers' assisted generation and prompt lookup do): all but labels with
+    ``+prefill=apart``. The engine itself decides where it can (not ``ar``, ``layer-skip``, target-initialized
+    roots or graphs)."""
+    return PREFILL_APART not in label.removesuffix(CARRY_OFF).split("+")[1:]
+
+
 def method_for_label(label: str) -> MethodConfig:
     """The config of a bench label: a method name (``config.DEFAULTS``) optionally followed by ``+key=value``
-    settings (``VARIANT_KEYS``), ``+chain=N`` and last ``CARRY_OFF`` (bench settings, not the method's). Raises
-    ValueError for an unknown method, key or value."""
+    settings (``VARIANT_KEYS``), ``+chain=N``, ``+prefill=apart`` and last ``CARRY_OFF`` (bench settings, not the
+    method's). Raises ValueError for an unknown method, key or value."""
     name, *parts = label.removesuffix(CARRY_OFF).split("+")
-    parts = [p for p in parts if not p.startswith(CHAIN_KEY)]
+    parts = [p for p in parts if not p.startswith(CHAIN_KEY) and p != PREFILL_APART]
     if name not in DEFAULTS:
         raise ValueError(f"unknown bench method {name!r}; use {', '.join(BENCH_METHODS)}")
     changes: dict = {}
@@ -202,19 +211,22 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
 
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
-               carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0) -> dict:
+               carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
+               joint_prefill: bool = False) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
     and ``carried``, what the run learned for the next prompt (``engine/carried.py``: Token Recycling's matrix, the
     goodput fallback's rates, the stop policy's online adaptation).
     ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little). ``chain_levels``:
-    draft levels of chains per replay (``Engine``; needs ``graphs``).
+    draft levels of chains per replay (``Engine``; needs ``graphs``). ``joint_prefill``: the target's prefill joined
+    to the first verification where the method allows (``Engine``).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
     trace), as for ``hf-assisted``, not the sum of the trace's step timers.
     """
     engine = build_engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
-                          carried=carried, count_syncs=count_syncs, chain_levels=chain_levels)
+                          carried=carried, count_syncs=count_syncs, chain_levels=chain_levels,
+                          joint_prefill=joint_prefill)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
@@ -318,7 +330,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         """The KV cache and graphs ``method`` runs with: a self-draft's moving exit layer needs the dynamic cache."""
         if configs[method].spec.self_draft:
             return {"kv_cache": "dynamic", "graphs": False, "chain_levels": 0}
-        return {"kv_cache": kv_cache, "graphs": graphs, "chain_levels": chain_of(method, chain_levels)}
+        return {"kv_cache": kv_cache, "graphs": graphs, "chain_levels": chain_of(method, chain_levels),
+                "joint_prefill": joint_prefill_of(method)}
 
     decision_models: dict = {}  # model kind -> the model read from decision_dir
 

@@ -147,7 +147,8 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
 
 def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0) -> Engine:
+                 carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
+                 joint_prefill: bool = False) -> Engine:
     """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
 
     Args:
@@ -156,7 +157,8 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
         decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
             (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
-        capture_features, kv_cache, graphs, count_syncs, chain_levels: the step machine's options (``Engine``).
+        capture_features, kv_cache, graphs, count_syncs, chain_levels, joint_prefill: the step machine's options
+            (``Engine``).
         carried: what an earlier run of the session learned (``Engine.carried()`` of that run's engine,
             ``engine/carried.py``): Token Recycling starts from its matrix; the goodput fallback's rates and the online
             adaptation are used where they come from the same method, sampling (seed aside), pair and device (and
@@ -176,7 +178,7 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             raise EngineError(str(exc)) from None
     parts = build_parts(pair, config, sampling, decision_model, carried)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
-                  graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels)
+                  graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels, joint_prefill=joint_prefill)
 
 
 __all__ = ["TRANSFER_ADAPT", "build_engine", "build_parts", "can_fall_back", "carry_key", "prices_rows",

@@ -14,6 +14,8 @@ Invariants between steps (batch size 1):
 * A step feeds each model the committed tokens it lacks (its *chain*) together with tree nodes; tree nodes use
   the topology-aware float mask and position ids ``L - 1 + depth`` (``engine/tree.py``). After verification both caches
   keep the committed context plus the accepted path (``engine/runtime/kv_cache.py``: only the path's rows move).
+* With ``joint_prefill`` the target caches nothing at ``start``: the first step's chain is the whole prompt, so the
+  prefill and the first verification are one forward.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ from .stop_models.features import model_inputs, top_candidates
 from .tree import DraftTree, step_mask, step_position_ids
 from .verify import expectation
 from .verify import rules as verify
+
+
+JOINT_PREFILL_ROWS = 1024
+"""The longest prompt (tokens) whose prefill joins the first verification (``Engine`` ``joint_prefill``): its rows
+go through an explicit ``(rows, rows)`` float mask there, not the causal kernel; a longer one is prefilled apart."""
 
 
 class EngineError(ValueError):
@@ -95,6 +102,11 @@ class VerifiedStep:
         expected_tokens: tokens the step commits in expectation over the verifier's draws (bonus included).
         rng_state: uint8 CPU tensor, the generator's state right before verification (the probe re-verifies).
         full_mask: numpy bool ``(R, past + R)``: the whole mask the target was sent (the probe lints it).
+        prompt_hidden: with the prefill joined to this verification (``Engine`` ``joint_prefill``), the target's
+            last hidden states ``(rows, hidden_size)`` float32 at the prompt rows that seed the decision features'
+            memory; else None. The prompt's rows before the anchor are not part of ``mask``, ``full_mask``,
+            ``position_ids`` or ``R``: ``past`` counts them as cached context.
+        prefill_rows: the prompt's tokens this forward read (a joint prefill), else 0.
     """
 
     result: verify.VerifyResult
@@ -113,6 +125,8 @@ class VerifiedStep:
     expected_tokens: float
     rng_state: torch.Tensor
     full_mask: object
+    prompt_hidden: torch.Tensor | None = None
+    prefill_rows: int = 0
 
 
 @dataclass
@@ -178,6 +192,13 @@ class Engine:
             debug mode (process-wide, a few microseconds each), on the CPU the value reads that would synchronise on
             a GPU (``engine/runtime/host_reads.py``; slows the step several-fold). For measurements and tests, not the
             app.
+        joint_prefill: where the first step's tree does not need the target's prediction at the prompt (drafted
+            roots, not target-initialized ones; a separate draft model; eager forwards), ``start`` prefills the
+            draft only and the first step's target forward reads the prompt and the tree together: the prefill and
+            the first verification in one forward, as transformers' assisted generation does, one target forward
+            fewer per run (about 0.55 s of a 2-core AVX2 CPU's fp32 target). That step's record counts the prompt
+            rows (``StepTrace.prefill_rows``), and its decision features miss the memory of the prompt's rows (it is
+            seeded right after). Off by default: the explorer shows the prefill apart.
     Raises:
         EngineError: an unknown ``kv_cache``, graphs without a static cache, ``chain_levels`` without graphs or
             negative; on ``start``, an empty prompt or one
@@ -186,7 +207,7 @@ class Engine:
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, parts: EngineParts,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 count_syncs: bool = False, chain_levels: int = 0):
+                 count_syncs: bool = False, chain_levels: int = 0, joint_prefill: bool = False):
         if kv_cache not in KV_CACHES:
             raise EngineError(f"unknown KV cache {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
         if graphs and kv_cache != "static":
@@ -200,6 +221,9 @@ class Engine:
                               f"{'with' if graphs else 'without'} graphs")
         self.kv_cache, self.graphs = kv_cache, bool(graphs)
         self.chain_levels = int(chain_levels)
+        self.joint_prefill = bool(joint_prefill)
+        self._prefill_pending = False  # the target has not read the prompt yet: the next verification reads it
+        self._seed_rows = 0  # prompt rows whose target candidates the next verification returns for the memory
         self.count_syncs = count_syncs  # count each step's host synchronisations (engine/runtime/timeline.py; opt-in)
         self._runners: dict = {}  # role -> GraphRunner (graphs only)
         self.pair = pair
@@ -273,12 +297,17 @@ class Engine:
         # come out of the same forward, and the lm head runs over them apart, so the last row's logits stay those
         # of a one-row head, bit for bit (a many-row matmul rounds otherwise).
         seed_rows = min(self.n_prompt, self.drafter.prompt_rows(self.view))
-        fwd = self.forward("target", self.committed, list(range(self.n_prompt)), None, keep=1,
-                           hidden=seed_rows > 0, hidden_rows=seed_rows or None)
-        self.next_logits = fwd.logits[-1].float()
-        self.next_dist = logits_to_probs(self.next_logits, self.sampling)
-        self.prefill_top = self._prompt_candidates(fwd.hidden) if seed_rows else None
-        del fwd
+        self._prefill_pending = self._can_join_prefill()
+        if self._prefill_pending:  # the first verification reads the prompt (and returns the memory's rows)
+            self.next_logits = self.next_dist = None
+            self._seed_rows = seed_rows
+        else:
+            fwd = self.forward("target", self.committed, list(range(self.n_prompt)), None, keep=1,
+                               hidden=seed_rows > 0, hidden_rows=seed_rows or None)
+            self.next_logits = fwd.logits[-1].float()
+            self.next_dist = logits_to_probs(self.next_logits, self.sampling)
+            self.prefill_top = self._prompt_candidates(fwd.hidden) if seed_rows else None
+            del fwd
         head = self.committed[:-1]
         # an early exit of the target (layer-skip) computes what the target's cache already holds: the drafter
         # copies those layers when it first drafts (layer_skip.CATCH_UP_ROWS), and most of its runs never draft
@@ -295,6 +324,7 @@ class Engine:
                       **({"fallback_carried": self.fallback.carried} if self.fallback and self.fallback.carried
                          else {}),
                       **({"adaptation_carried": self._adapter_carried} if self._adapter_carried else {}),
+                      **({"joint_prefill": True} if self._prefill_pending else {}),
                       **({"decision_model": {"kind": self.decision_model.kind, **self.decision_model.source}}
                          if getattr(self.decision_model, "source", None) else {})},
             model={"name": self.pair.name, "draft_id": self.pair.draft_id, "target_id": self.pair.target_id,
@@ -310,12 +340,22 @@ class Engine:
             prompt=prompt_text, prompt_ids=list(self.committed), prefill_ms=prefill_ms)
         return self.trace
 
+    def _can_join_prefill(self) -> bool:
+        """Whether this run's first verification reads the prompt (``joint_prefill``): its tree must not need the
+        target's prediction at the prompt's end (target-initialized roots; ``ar``, whose step is that prediction),
+        the draft must not read the target's cache (``layer-skip``), forwards are eager (a graph runner has no
+        bucket for a prompt), and the prompt is at most ``JOINT_PREFILL_ROWS`` tokens (its rows get an explicit
+        mask, ``(rows, rows)`` floats, instead of the causal kernel)."""
+        return (self.joint_prefill and not self.graphs and self.config.method != "ar" and not self.config.is_lossy
+                and not getattr(self.pair.draft, "shares_target", False) and self.n_prompt <= JOINT_PREFILL_ROWS)
+
     def rewind(self, seed: int | None = None) -> RunTrace:
         """Go back to the state right after the prefill (caches cut back, no tokens generated), optionally with a
         new seed, without recomputing the prompt. Used to draw many samples from one context (``analysis/audit.py``)."""
         if self.trace is None:
             raise EngineError("start() the engine with a prompt first")
         target_len, draft_len, self.next_logits, self.next_dist = self._after_prefill
+        self._prefill_pending = target_len == 0  # a joint prefill: the next verification reads the prompt again
         self.target_kv.rewind(target_len)
         if self.draft_kv is not None:
             self.draft_kv.rewind(draft_len)
@@ -474,6 +514,10 @@ class Engine:
         result = v.result
         self.last_step = (d, v)
         timeline.enter("drafter learn")
+        if v.prompt_hidden is not None:  # a joint prefill: the prompt's memory, older than this step's verdicts
+            self.prefill_top = self._prompt_candidates(v.prompt_hidden)
+            self.drafter.seed_prompt(self.view)
+            self.prefill_top, self._seed_rows = None, 0
         self.drafter.learn(self.view, d, v)
         adaptation = {}
         if self.adapter is not None:
@@ -501,6 +545,7 @@ class Engine:
 
         timeline.enter("trace recording")
         step = self._record(L, d, v, new_tokens)
+        step.prefill_rows = v.prefill_rows
         step.adaptation = adaptation
         self.trace.steps.append(step)
         step.timeline = timeline.finish()  # CUDA: the step's one deliberate synchronisation
@@ -508,10 +553,11 @@ class Engine:
         for name, ms in step_times(step.timeline).items():
             setattr(step, name, ms)
         step.host_syncs = timeline.syncs
-        if self.fallback is not None:
+        if self.fallback is not None:  # a step that captured graphs or read the prompt says nothing of its mode
+            one_off = "graph capture" if self._graph_captures() > captures else "prefill" if v.prefill_rows else None
             step.fallback = self.fallback.observe(speculate, len(new_tokens), sum(s["ms"] for s in step.timeline),
-                                                  one_off=self._graph_captures() > captures)
-        if self.cost_meter is not None:
+                                                  one_off=one_off)
+        if self.cost_meter is not None and not v.prefill_rows:
             step.cost = self.cost_meter.observe(step.draft_ms, step.draft_calls, step.step_ms, len(d.tree))
             self.stop_policy.threshold = step.cost["next"]
             if step.adaptation:  # its record names the threshold in force next
@@ -557,11 +603,20 @@ class Engine:
         mask = step_mask(past, len(chain), True, tree.anc, 0, n)
         pos = step_position_ids(past, len(chain), True, tree.depth, 0, n)
         calls = 1 if chain or n else 0
+        seed = self._seed_rows if self._prefill_pending else 0  # the memory's prompt rows, then the tree's rows
+        prompt_hidden = None
         if calls:
-            logits = self.forward("target", chain + tree.token, pos, mask if n else None,
-                                  keep=n + (1 if chain else 0)).logits
+            fwd = self.forward("target", chain + tree.token, pos, mask if n else None,
+                               keep=n + (1 if chain else 0), hidden=seed > 0, hidden_rows=(seed + n) or None)
+            logits = fwd.logits
+            if seed:
+                prompt_hidden = fwd.hidden[:seed]
         else:  # first `ar` step: the prefill already gave the anchor's distribution
             logits = torch.empty(0, self.pair.vocab_size, device=self.pair.device)
+        self._prefill_pending = False
+        # The prompt's rows before the anchor (a joint prefill) count as cached context in the step's record.
+        skip = max(0, len(chain) - 1)
+        shown_past, mask, pos = past + skip, mask[skip:], pos[skip:]
         self._timeline.enter("odds")
         parents = sorted({p + 1 for p in tree.parent})  # rows with children: their best tokens go into the trace
         if chain:  # logits row 0 = anchor (p row 0), row 1 + i = node i
@@ -577,9 +632,9 @@ class Engine:
         result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
                                      greedy=self.sampling.greedy, odds=odds)
         anchor_logits = logits[0] if chain else self.next_logits
-        return VerifiedStep(result, p_rows, mask[:, past:], pos, past, bool(chain), calls, past + len(chain), parents,
-                         self.committed[-1], anchor_logits, logits[1:] if chain else logits, odds, expected,
-                         rng_state, mask)
+        return VerifiedStep(result, p_rows, mask[:, shown_past:], pos, shown_past, bool(chain), calls, past + len(chain),
+                            parents, self.committed[-1], anchor_logits, logits[1:] if chain else logits, odds, expected,
+                            rng_state, mask, prompt_hidden, len(chain) if skip else 0)
 
     def _adapt(self, d: Drafted, v: "VerifiedStep") -> dict:
         """Label the step's model-drafted tokens and let the adapter learn; returns its record for the trace.

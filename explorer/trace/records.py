@@ -211,7 +211,8 @@ class StepTrace:
         fallback: the goodput rule's decision before this step (``engine/policies/fallback.py``): ``speculate`` (False:
             a plain decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` /
             ``ar_tok_s`` (tokens/s; None before the first step of that kind), ``carried`` (the first step read an
-            earlier run's rates) and ``unmeasured`` (the step's time was not measured: a graph capture); empty
+            earlier run's rates) and ``unmeasured`` (the step's time was not measured: a graph capture, or the prompt's
+            prefill joined to the step); empty
             when the rule is off.
         host_syncs: host synchronisations with the device during the step, counted when the engine was asked to
             (``build_engine(count_syncs=True)``; None otherwise): on CUDA the real ones, on the CPU the reads of tensor
@@ -221,6 +222,8 @@ class StepTrace:
             ``rest_ms`` (the rest of the step), ``row_ms`` (what a verification row was charged; absent in older
             traces) and ``next``, r for the next step; ``level_ms`` / ``rest_ms`` None where the step did not
             measure them; empty unless ``cost_ratio`` is ``measured``.
+        prefill_rows: the prompt's tokens this step's target forward also read (the prefill joined to the first
+            verification, ``Engine`` ``joint_prefill``; its time is in ``verify_ms``); 0 otherwise.
     """
 
     index: int
@@ -254,6 +257,7 @@ class StepTrace:
     fallback: dict = field(default_factory=dict)
     host_syncs: int | None = None  # with count_syncs only
     cost: dict = field(default_factory=dict)
+    prefill_rows: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

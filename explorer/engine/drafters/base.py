@@ -170,12 +170,19 @@ class Drafter:
         return d
 
     def prompt_rows(self, view) -> int:
-        """How many of the prompt's last rows of the target's prefill this drafter reads in ``start``
-        (``view.prefill_top``: their best candidates); 0 (the default): the prefill keeps only the last row."""
+        """How many of the prompt's last rows of the target's prefill this drafter reads in ``start`` or
+        ``seed_prompt`` (``view.prefill_top``: their best candidates); 0 (the default): the prefill keeps only the
+        last row."""
         return 0
 
     def start(self, view) -> None:
-        """Called once after the prefill (``view.committed`` holds the prompt); ``rewind`` returns here."""
+        """Called once after the prefill (``view.committed`` holds the prompt); ``rewind`` returns here. Where the
+        prefill joins the first verification (``Engine`` ``joint_prefill``), the target has not read the prompt
+        yet: ``view.prefill_top`` is None here and comes to ``seed_prompt`` after that verification."""
+
+    def seed_prompt(self, view) -> None:
+        """The target's candidates at the prompt's rows (``view.prefill_top``), read by a joint prefill's first
+        verification, before ``learn`` sees that step; ``rewind`` keeps them. Nothing by default."""
 
     def priced_free_nodes(self, view) -> tuple[list["FreeNode"], dict | None]:
         """``free_nodes``, and where the run prices rows (``view.row_pricing``) only those worth their rows

@@ -36,6 +36,10 @@ class HybridDrafter(Drafter):
         for f in [self.model] + self.free:
             f.start(view)
 
+    def seed_prompt(self, view) -> None:
+        for f in [self.model] + self.free:
+            f.seed_prompt(view)
+
     def draft(self, view) -> Drafted:
         lookup = next((f for f in self.free if f.name == "lookup"), None)
         free = [(f, f.free_nodes(view), None) for f in self.free if f is lookup]  # lookup's copies: never priced

@@ -67,11 +67,15 @@ class ModelDrafter(Drafter):
     def start(self, view) -> None:
         """Seed the target memory with the target's candidates at the prompt's rows (``view.prefill_top``)."""
         self.memory = TargetMemory()
+        self.seed_prompt(view)
+        self._start_chooser()
+
+    def seed_prompt(self, view) -> None:
+        """Remember the target's candidates at the prompt's last rows (``view.prefill_top``, when given)."""
         top = view.prefill_top
         if top is not None:
-            self.memory.seed(view.committed, len(view.committed) - len(top), top)
+            self.memory.seed(view.committed[:view.n_prompt], view.n_prompt - len(top), top)
         self._seeded = self.memory.copy()
-        self._start_chooser()
 
     def _start_chooser(self) -> None:
         """The tree chooser afresh, or from the session's earlier run where its state fits."""

@@ -167,16 +167,17 @@ class GoodputFallback:
             self._last["carried"] = True
         return speculate
 
-    def observe(self, speculated: bool, tokens: int, ms: float, one_off: bool = False) -> dict:
+    def observe(self, speculated: bool, tokens: int, ms: float, one_off: str | None = None) -> dict:
         """Learn from the finished step (``tokens`` committed in ``ms`` wall milliseconds); returns the step's
         record for the trace: the decision, its reason and the rates it compared (tokens/s).
 
-        ``one_off``: the step paid a one-time cost (it captured CUDA graphs for a new query size: about 100-200 ms
-        against 5 ms for a graphed forward on an H100). Its time says nothing about the mode's rate, so it is not
-        measured (the record says so): on the H100 one such step measured plain decoding at 8.7 tokens/s against
-        about 170, and the hybrid then speculated for the whole run."""
+        ``one_off``: what one-time cost the step paid, if any: ``"graph capture"`` (CUDA graphs for a new query
+        size: about 100-200 ms against 5 ms for a graphed forward on an H100) or ``"prefill"`` (the prompt read in
+        the step's target forward). Its time says nothing about the mode's rate, so it is not measured (the record
+        says why): on the H100 one capturing step measured plain decoding at 8.7 tokens/s against about 170, and
+        the hybrid then speculated for the whole run."""
         if one_off:
-            return {**self._last, "unmeasured": "graph capture"}
+            return {**self._last, "unmeasured": one_off}
         if speculated:
             was_probe = self._last.get("reason") == "probing speculation"
             # stale after a stretch of plain steps (a probe), not after one plain-decoding probe
