@@ -7,6 +7,8 @@ from explorer.engine.factory import build_engine
 from explorer.engine.machine import EngineError
 from explorer.engine.sampling import SamplingConfig
 from explorer.engine.tree import TreeShapeError
+from explorer.lessons.teach import explain_step
+from explorer.trace.metrics import run_metrics
 from explorer.trace.records import ACCEPTED, REJECTED, UNVERIFIED, RunTrace
 
 PROMPTS = ["def add(a, b):\n    return", "The quick brown fox", "x"]
@@ -299,9 +301,12 @@ def test_a_joint_prefill_reads_the_prompt_in_the_first_verification(tiny, cfg):
     rows = len(first.mask_node_ids)
     assert rows == len(first.nodes) and len(first.mask) == rows and all(len(r) == rows for r in first.mask)
     assert first.mask_context_len == len(ids) - 1 and first.position_ids[0] == len(ids) - 1
+    assert any("prefill joined to the first verification" in line for line in explain_step(first))
     trace = eng.run()
     assert trace.generated_ids == apart.generated_ids
     assert [s.prefill_rows for s in trace.steps[1:]] == [0] * (len(trace.steps) - 1)
+    assert run_metrics(trace)["target_calls"] == len(trace.steps)  # no prefill call beside the steps'
+    assert run_metrics(apart)["target_calls"] == sum(s.target_calls for s in apart.steps) + 1
     fresh = _fresh_kv(tiny.target, eng.committed[:eng.target_len()])
     for (keys, _), ref in zip(eng.target_kv.layer_tensors(), fresh.layers):
         assert torch.allclose(keys, ref.keys, atol=1e-5)

@@ -280,3 +280,23 @@ def test_the_engine_carries_rates_only_to_the_same_method_and_sampling(tiny):
                   build_engine(tiny, DEFAULTS["mcsd"].with_(fallback="goodput"), greedy, carried=carried)):
         assert other.fallback.carried is None and other.fallback.spec.tok_s is None
     assert build_engine(tiny, DEFAULTS["sd"], greedy, carried=carried).carried().fallback is None  # CPU auto: off
+
+
+def test_a_probe_of_speculation_is_judged_on_its_steps_together():
+    """A hybrid's steps commit a long copy or next to nothing (2-core AVX2 CPU: 1 token in 1.2 s, then 17 in
+    2.8 s): a probe lasts ``warmup`` speculative steps and their mean step replaces the stale rate."""
+    fb = GoodputFallback(probe_every=4, warmup=3)
+    decisions = _feed(fb, 7, spec=(1, 1200.0), ar=(1, 550.0))  # warm-up: speculation loses, then plain decoding
+    assert decisions == [True] * 3 + [False] * 4
+    first = fb.decide(7)  # the probe: one miss, then a long copy, then an ordinary step
+    record = fb.observe(first, 1, 1200.0)
+    assert first and record["reason"] == "probing speculation" and fb.spec.tok_s < fb.ar.tok_s  # not judged yet
+    assert fb.decide(8) and fb.observe(True, 17, 2800.0)["reason"] == "probing speculation"
+    assert fb.decide(9)
+    fb.observe(True, 3, 1000.0)
+    assert fb.spec.tok_s == pytest.approx(1e3 * 21 / 5000.0)  # 4.2 tok/s against 1.8: speculation pays
+    assert fb.decide(10) and fb.probe_every == 4
+    lost = GoodputFallback(probe_every=4, warmup=3)  # a probe that loses as a whole doubles the wait
+    decisions = _feed(lost, 30, spec=(1, 1200.0), ar=(1, 550.0))
+    probes = [i for i in range(3, 30) if decisions[i]]
+    assert probes == [7, 8, 9, 18, 19, 20] and lost.probe_every == 16

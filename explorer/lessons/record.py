@@ -19,6 +19,7 @@ from ..analysis.prompts import encode_prompt
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
+from ..trace.metrics import prefill_calls
 from ..trace.records import REJECTED, RunTrace
 from .lesson import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
 from .phases import quote_token
@@ -43,7 +44,7 @@ class LessonSpec:
 
 
 def _per_call(trace: RunTrace) -> float:
-    calls = sum(s.target_calls for s in trace.steps) + 1  # the prefill is a target call too
+    calls = sum(s.target_calls for s in trace.steps) + prefill_calls(trace.steps)
     return len(trace.generated_ids) / calls
 
 

@@ -92,6 +92,10 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
         else:
             out.append(f"Bonus token: the target's distribution after the last accepted token was already computed "
                        f"in the same pass, so it adds {_tok(bonus)} for free.")
+    if step.prefill_rows:
+        out.append(f"That target forward also read the prompt's {step.prefill_rows} tokens: the prefill joined to the "
+                   "first verification, as transformers' assisted generation does, so the run spends one target "
+                   "forward fewer; the first tree was drafted before the target had seen the prompt.")
     calls = "one target call" if step.target_calls == 1 else f"{step.target_calls} target calls"
     out.append(f"Outcome: {n} token(s) committed ({_tok(''.join(step.committed_text))}) for {calls}"
                + (f" and {step.draft_calls} draft call(s)." if step.draft_calls else "."))
@@ -99,6 +103,9 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
         out.append(f"The fallback's goodput rule started this run from the rates an earlier run of the session "
                    f"measured ({fallback_rates(fallback)}), so it did not spend the run's first steps measuring "
                    "speculation again; its next probe of the other mode replaces the carried figure.")
+    if fallback.get("unmeasured") == "prefill":
+        out.append("The fallback's goodput rule did not count this step's time: most of it was the prompt's prefill, "
+                   "which says nothing about either mode's rate.")
     if fallback.get("unmeasured") == "graph capture":
         out.append("This step recorded CUDA graphs for a forward size not seen before, a one-time cost many times "
                    "a replayed forward, so the fallback's goodput rule did not count its time.")

@@ -1,7 +1,8 @@
 """Run metrics computed from step traces (plain data; no torch).
 
 * block efficiency = generated tokens / target calls (tokens per target call), the prefill counted as a call since
-  it scores the first new token (so ``ar`` is exactly 1.0); comparable across all methods.
+  it scores the first new token (so ``ar`` is exactly 1.0); comparable across all methods. A prefill joined to the
+  first verification (``StepTrace.prefill_rows``) is that step's call, not one more.
 * acceptance rate (seed paper, Lu et al. 2024) = mean over steps of longest accepted draft length / maximum draft
   length.
 * acceptance rate (MCSD, Yang et al. 2024) = accepted draft tokens / drafted tokens.
@@ -26,7 +27,7 @@ def run_metrics(run: RunTrace) -> dict:
     """Metrics of a run; acceptance rates are None for ``ar`` (nothing drafted)."""
     steps = run.steps
     generated = sum(len(s.committed_ids) for s in steps)
-    target_calls = sum(s.target_calls for s in steps) + (1 if steps else 0)  # + the prefill, which scores token 1
+    target_calls = sum(s.target_calls for s in steps) + prefill_calls(steps)
     drafted = sum(s.drafted for s in steps)
     accepted = sum(s.accepted_draft_len for s in steps)
     with_draft = [s for s in steps if s.max_draft_len > 0]
@@ -53,6 +54,12 @@ def run_metrics(run: RunTrace) -> dict:
         "acceptance_length": acceptance_length(steps),
         "position_acceptance": position_acceptance(steps),
     }
+
+
+def prefill_calls(steps: list[StepTrace]) -> int:
+    """Target calls of the prefill beyond the steps' own: 1 (it scores the first new token), or 0 without steps
+    or where the first step's forward read the prompt (a joint prefill)."""
+    return 1 if steps and not steps[0].prefill_rows else 0
 
 
 def acceptance_length(steps: list[StepTrace]) -> float | None:

@@ -16,7 +16,9 @@ speculation after ``probe_every`` plain steps (doubling after each failed probe,
 decoding every ``ar_probe_every`` speculative steps. A probe's measurement replaces that mode's stale average (after
 at least ``probe_every`` / ``ar_probe_every`` steps of the other mode) instead of blending into it: the first GPU
 measurement (docs/bench.md) blended it, and one slow first step kept ``sd`` in plain decoding for 85 % of a
-HumanEval run because each later probe moved the average only 30 % of the way and the probes grew rarer.
+HumanEval run because each later probe moved the average only 30 % of the way and the probes grew rarer. A probe of
+speculation lasts ``warmup`` steps and is judged on their mean step: a step of the hybrid commits a long copy or next
+to nothing, and one step alone said little.
 
 A run can start from the rates an earlier run of the session measured (``state``, passed back as ``carried``),
 as Token Recycling's matrix is carried: the run then skips the warm-up of ``warmup`` speculative steps and starts
@@ -93,10 +95,12 @@ class GoodputFallback:
         ar_probe_every: speculative steps between plain-decoding probes (plain decoding's rate barely moves).
         replay_only: follow forced decisions only and speculate after them, as an engine without the rule does
             (a replay of a run on a device where the rule is off, continued past the recorded steps).
-        warmup: speculative steps measured before plain decoding is first tried. A run's first step is rarely
-            typical: on HumanEval it committed 2 tokens in 735 ms and the next ones 17 in 1.7 s (2-core AVX2 CPU,
-            fp32), and judged on it alone the rule ran the next 8 steps plain (docs/bench.md, "Plain-decoding
-            fallback (goodput)").
+        warmup: speculative steps measured before plain decoding is first tried, and the length of each probe of
+            speculation (judged on its steps together). A run's first step is rarely typical: on HumanEval it
+            committed 2 tokens in 735 ms and the next ones 17 in 1.7 s (2-core AVX2 CPU, fp32), and judged on it
+            alone the rule ran the next 8 steps plain (docs/bench.md, "Plain-decoding fallback (goodput)"); a
+            hybrid's step commits a long copy or next to nothing, and one-step probes kept it plain for 50-96 % of
+            the steps of prompts where it ran at 1.1-3.3x plain decoding without the rule (docs/bench.md).
         carried: ``state()`` of an earlier run's fallback (the same method and sampling, on the same pair): its
             rates start this run's averages, and a speculation rate counts as warmed up.
 
@@ -116,6 +120,7 @@ class GoodputFallback:
         self.since_ar = 0  # speculative steps since the last plain one
         self._forced: list[bool] | None = None
         self._last: dict = {}
+        self._probe: list | None = None  # [tokens, ms, steps] of a probe of speculation under way
         self.carried = self._carry(carried) if carried else None
 
     def _carry(self, carried: dict) -> dict:
@@ -153,6 +158,8 @@ class GoodputFallback:
             return True
         elif spec is None or self.spec.steps < self.warmup:
             speculate, reason = True, "measuring speculation"
+        elif self._probe is not None:  # a probe of speculation lasts ``warmup`` steps
+            speculate, reason = True, "probing speculation"
         elif ar is None:
             speculate, reason = False, "measuring plain decoding"
         elif spec >= (1.0 if self.since_spec else self.margin) * ar:  # hysteresis: leave plain decoding at 1x
@@ -161,6 +168,8 @@ class GoodputFallback:
         else:
             speculate = self.since_spec >= self.probe_every
             reason = "probing speculation" if speculate else "speculation does not pay"
+            if speculate:
+                self._probe = [0, 0.0, 0]  # tokens, ms and steps of the probe so far
         self._last = {"speculate": speculate, "reason": reason, "spec_tok_s": _rounded(spec),
                       "ar_tok_s": _rounded(ar)}
         if self.carried and step_index == 0:  # the run's first decision read an earlier run's rates
@@ -178,14 +187,22 @@ class GoodputFallback:
         the hybrid then speculated for the whole run."""
         if one_off:
             return {**self._last, "unmeasured": one_off}
-        if speculated:
-            was_probe = self._last.get("reason") == "probing speculation"
+        if speculated and self._probe is not None:  # one step of a probe: its steps are judged together
+            self._probe = [self._probe[0] + tokens, self._probe[1] + ms, self._probe[2] + 1]
+            self.since_ar += 1
+            if self._probe[2] < self.warmup:
+                return dict(self._last)
+            (total, total_ms, n), self._probe = self._probe, None
+            # the probe's mean step replaces the stale average (after a stretch of plain steps)
+            self.spec.add(total / n, total_ms / n, self.alpha, fresh=self.since_spec >= self.base_probe)
+            self.spec.steps += n - 1
+            self.since_spec = 0
+            lost = self.spec.tok_s < (self.ar.tok_s or 0.0)  # a probe that still loses waits twice as long
+            self.probe_every = min(2 * self.probe_every, self.max_probe) if lost else self.base_probe
+        elif speculated:
             # stale after a stretch of plain steps (a probe), not after one plain-decoding probe
             self.spec.add(tokens, ms, self.alpha, fresh=self.since_spec >= self.base_probe)
             self.since_spec, self.since_ar = 0, self.since_ar + 1
-            if was_probe:  # a probe that still loses waits twice as long before the next one
-                lost = self.spec.tok_s < (self.ar.tok_s or 0.0)
-                self.probe_every = min(2 * self.probe_every, self.max_probe) if lost else self.base_probe
         else:
             self.ar.add(tokens, ms, self.alpha, fresh=self.since_ar >= self.ar_probe_every)
             self.since_spec, self.since_ar = self.since_spec + 1, 0
