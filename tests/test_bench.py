@@ -202,10 +202,16 @@ def test_label_notes_say_what_mcsd_improved_meant_when_a_report_was_made():
     def report(date, methods=("ar", "mcsd-improved")):
         return {"meta": {"date": date}, "summary": [{"method": m} for m in methods]}
 
-    assert label_notes(report("2026-11-25T14:38:31+00:00"))  # the published width then
-    assert not label_notes(report("2026-11-27T00:16:00+00:00"))  # the online width since
-    assert not label_notes(report("2026-11-25T14:38:31+00:00", ("ar", "hybrid")))
+    assert any("published tree" in n for n in label_notes(report("2026-11-25T14:38:31+00:00")))  # the width then
+    assert not any("published tree" in n for n in label_notes(report("2026-11-27T00:16:00+00:00")))  # online since
+    assert not any("published tree" in n for n in label_notes(report("2026-11-25T14:38:31+00:00", ("ar", "hybrid"))))
     assert not label_notes({"meta": {}, "summary": [{"method": "mcsd-improved"}]})  # undated: nothing to say
+    # the prefill apart from the first verification, before the bench joined them (not where forwards were graphed)
+    assert any("prefilled the target apart" in n for n in label_notes(report("2026-11-27T00:16:00+00:00")))
+    assert not label_notes(report("2026-11-27T04:35:00+00:00"))
+    graphed = {"meta": {"date": "2026-11-26T10:00:00+00:00", "graphs": True}, "summary": [{"method": "hybrid"}]}
+    assert not label_notes(graphed)
+    assert not label_notes(report("2026-11-25T14:38:31+00:00", ("ar", "hf-assisted")))
 
 
 def test_references_side_by_side_line_up_each_method():
@@ -274,6 +280,24 @@ def test_a_chain_label_runs_the_method_with_chain_replays(tiny, monkeypatch):
     assert seen == [0, 4]
     with pytest.raises(Exception, match="chain_levels"):
         bench(tiny, ids, methods=["sd+chain=4"], max_new_tokens=4, warmup=0)
+
+
+def test_the_bench_joins_the_prefill_but_where_a_label_keeps_it_apart(tiny):
+    """The bench runs the engine as transformers' assisted generation runs: the first tree verified in the
+    prefill's forward (one target call fewer); ``+prefill=apart`` keeps the prefill apart, the method the same."""
+    from explorer.analysis.bench import bench, joint_prefill_of, method_for_label
+    from explorer.engine.config import DEFAULTS
+
+    assert method_for_label("sd+prefill=apart+carry=off") == DEFAULTS["sd"]
+    assert joint_prefill_of("sd") and joint_prefill_of("sd+carry=off") and not joint_prefill_of("sd+prefill=apart")
+    ids = [tiny.tokenizer.encode("def add(a, b):")]
+    methods = ["sd", "sd+prefill=apart"]
+    configs = {m: method_for_label(m).with_(fallback="off") for m in methods}
+    rows = {r["method"]: r for r in bench(tiny, ids, methods=methods, configs=configs, max_new_tokens=12,
+                                          warmup=0)["runs"]}
+    joined, apart = rows["sd"], rows["sd+prefill=apart"]
+    assert joined["token_ids"] == apart["token_ids"]
+    assert joined["target_calls"] == apart["target_calls"] - 1 and joined["steps"] == apart["steps"]
 
 
 def test_a_self_draft_runs_eagerly_in_a_graphed_bench_and_the_report_says_so(tmp_path, capsys):

@@ -337,7 +337,8 @@ def test_a_joint_prefill_seeds_the_memory_as_a_prefill_apart_does(tiny):
 @pytest.mark.parametrize("cfg", [DEFAULTS["ar"], MethodConfig(method="mcsd-improved", lossy=True, width=2,
                                                                k_config=(1,), max_depth=3)], ids=["ar", "lossy"])
 def test_a_prefill_joins_no_step_that_needs_the_targets_prediction(tiny, cfg):
-    """ar's first step is the prefill's prediction, and target-initialized roots are read from it: both prefill apart."""
+    """ar's first step is the prefill's prediction, and target-initialized roots are read from it: both prefill
+    apart."""
     ids = tiny.tokenizer.encode(PROMPTS[1])
     eng = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
     eng.start(ids, 5)

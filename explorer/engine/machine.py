@@ -10,7 +10,7 @@ Invariants between steps (batch size 1):
   ``target_len`` and ``draft_len`` tokens. After a lossless step the last committed token (the bonus token, the
   next tree's *anchor*) is not in the target cache yet; after the prefill, and after every step of the lossy
   target-initialized method, the target caches everything and keeps its next-token distribution (``next_dist``)
-  for the anchor. The prompt is never recomputed.
+  for the anchor. The prompt is never recomputed (but by a joint prefill's rewind, below).
 * A step feeds each model the committed tokens it lacks (its *chain*) together with tree nodes; tree nodes use
   the topology-aware float mask and position ids ``L - 1 + depth`` (``engine/tree.py``). After verification both caches
   keep the committed context plus the accepted path (``engine/runtime/kv_cache.py``: only the path's rows move).
@@ -351,7 +351,8 @@ class Engine:
 
     def rewind(self, seed: int | None = None) -> RunTrace:
         """Go back to the state right after the prefill (caches cut back, no tokens generated), optionally with a
-        new seed, without recomputing the prompt. Used to draw many samples from one context (``analysis/audit.py``)."""
+        new seed, without recomputing the prompt (a joint prefill's target reads it again in the next verification).
+        Used to draw many samples from one context (``analysis/audit.py``)."""
         if self.trace is None:
             raise EngineError("start() the engine with a prompt first")
         target_len, draft_len, self.next_logits, self.next_dist = self._after_prefill
@@ -632,9 +633,10 @@ class Engine:
         result = verify.run_verifier(self.verifier_name, tree, p_rows, q_rows, self.generator,
                                      greedy=self.sampling.greedy, odds=odds)
         anchor_logits = logits[0] if chain else self.next_logits
-        return VerifiedStep(result, p_rows, mask[:, shown_past:], pos, shown_past, bool(chain), calls, past + len(chain),
-                            parents, self.committed[-1], anchor_logits, logits[1:] if chain else logits, odds, expected,
-                            rng_state, mask, prompt_hidden, len(chain) if skip else 0)
+        return VerifiedStep(result, p_rows, mask[:, shown_past:], pos, shown_past, bool(chain), calls,
+                            past + len(chain), parents, self.committed[-1], anchor_logits,
+                            logits[1:] if chain else logits, odds, expected, rng_state, mask, prompt_hidden,
+                            len(chain) if skip else 0)
 
     def _adapt(self, d: Drafted, v: "VerifiedStep") -> dict:
         """Label the step's model-drafted tokens and let the adapter learn; returns its record for the trace.

@@ -35,18 +35,31 @@ def report_path() -> str:
 # From this commit's date on (c69729f), ``mcsd-improved`` chooses its root width online; reports made before it name the
 # published width so (``mcsd-improved+tree_choice=fixed`` now).
 ONLINE_DEFAULT_SINCE = "2026-11-26T20:52:09+00:00"
+# From this commit's date on (92a2b13), the bench joins the target's prefill to the first verification of our drafting
+# methods (``Engine`` ``joint_prefill``) where forwards are eager; reports made before it prefilled apart.
+JOINT_PREFILL_SINCE = "2026-11-27T03:23:38+00:00"
+DRAFTING = ("sd", "mcsd", "mcsd-improved", "prompt-lookup", "token-recycling", "hybrid")
 
 
 def label_notes(report: dict) -> list[str]:
     """What a report's method labels meant when it was made, where that differs from today's (by ``meta.date``, an
-    ISO time): before ``ONLINE_DEFAULT_SINCE`` ``mcsd-improved`` was the published root width."""
-    date = str(report.get("meta", {}).get("date") or "")
+    ISO time): before ``ONLINE_DEFAULT_SINCE`` ``mcsd-improved`` was the published root width; before
+    ``JOINT_PREFILL_SINCE`` an eager run of our drafting methods prefilled the target apart."""
+    meta = report.get("meta", {})
+    date = str(meta.get("date") or "")
     methods = {r.get("method") for r in report.get("summary", [])}
+    notes = []
     if "mcsd-improved" in methods and date and date < ONLINE_DEFAULT_SINCE:
-        return ["In this report `mcsd-improved` is the published tree (two root candidates where the draft is unsure): "
-                "it was made before the default chose its root width online (2026-11-26). The published shape is "
-                "`mcsd-improved+tree_choice=fixed` now."]
-    return []
+        notes.append("In this report `mcsd-improved` is the published tree (two root candidates where the draft is "
+                     "unsure): it was made before the default chose its root width online (2026-11-26). The "
+                     "published shape is `mcsd-improved+tree_choice=fixed` now.")
+    drafting = any(str(m).split("+")[0] in DRAFTING for m in methods)
+    if drafting and date and date < JOINT_PREFILL_SINCE and not meta.get("graphs"):
+        notes.append("In this report our engine prefilled the target apart from the first verification: one target "
+                     "forward more per prompt than transformers' assisted generation and prompt lookup, which "
+                     "verify their first draft in the prefill. The bench joins them since 2026-11-27 "
+                     "(`+prefill=apart` keeps them apart).")
+    return notes
 
 
 COLUMNS = ["temperature", "method", "tokens_per_s", "speedup_vs_ar", "ratio_vs_hf", "ratio_vs_hf_bf16",
