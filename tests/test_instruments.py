@@ -116,6 +116,24 @@ def test_replay_retraces_a_saved_run_and_reports_where_it_leaves_it(tiny, tmp_pa
         list(replay_steps(tiny, loaded, 999))
 
 
+def test_a_joint_prefill_run_replays_and_its_first_step_probes_clean(tiny):
+    """A run whose first verification read the prompt (``joint_prefill``) replays step for step (its first tree was
+    drafted without the prompt's memory, and so is the replay's), and the probe lints that step's mask as any other."""
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.38)
+    sampling = SamplingConfig(temperature=0.8, seed=5)
+    eng = build_engine(tiny, cfg, sampling, joint_prefill=True)
+    eng.start(tiny.tokenizer.encode(PROMPT), 24)
+    first = eng.step()
+    probe = probe_last_step(eng)
+    assert first.prefill_rows == len(eng.trace.prompt_ids) and probe.lint == []
+    trace = eng.run()
+    loaded = RunTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    replayed = [i for i, _ in replay_steps(tiny, loaded, len(loaded.steps) - 1)]
+    assert replayed == list(range(len(trace.steps)))
+    (_, engine), = replay_steps(tiny, loaded, 0)
+    assert engine.trace.steps[0].prefill_rows == first.prefill_rows
+
+
 def test_acceptance_report_counts_slots_and_matches_expectation(tiny):
     runs = []
     for seed in range(3):

@@ -48,7 +48,8 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
         engine = build_engine(pair, config, sampling, decision_model=decision_model,
                               carried=Carried(recycling=state, adapter=trace.settings.get("adaptation_carried"),
                                               layer_skip={"key": key, "state": exits} if exits else None,
-                                              tree={"key": key, "state": tree} if tree else None))
+                                              tree={"key": key, "state": tree} if tree else None),
+                              joint_prefill=bool(trace.settings.get("joint_prefill")))  # its first tree as drafted
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None
     # the online tree choice prices with the run's costs: followed before start, which then times no forward

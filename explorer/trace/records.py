@@ -212,8 +212,7 @@ class StepTrace:
             a plain decoding step, no tree), ``reason``, and the measured rates it compared, ``spec_tok_s`` /
             ``ar_tok_s`` (tokens/s; None before the first step of that kind), ``carried`` (the first step read an
             earlier run's rates) and ``unmeasured`` (the step's time was not measured: a graph capture, or the prompt's
-            prefill joined to the step); empty
-            when the rule is off.
+            prefill joined to the step); empty when the rule is off.
         host_syncs: host synchronisations with the device during the step, counted when the engine was asked to
             (``build_engine(count_syncs=True)``; None otherwise): on CUDA the real ones, on the CPU the reads of tensor
             values into Python that would be ones on a GPU (``engine/runtime/host_reads.py``).
