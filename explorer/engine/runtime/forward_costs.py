@@ -32,12 +32,14 @@ COST_WIDTHS = (1, 2, 4, 8, 16, 32, 33, 64)
 
 DEAR_ROWS = 16
 """Query rows of the verification ``verification_cost`` times against one row (a typical tree of the defaults)."""
-DEAR_RATIO = 1.5
+DEAR_RATIO = 1.7
 """Rows are dear when a ``DEAR_ROWS``-row target forward costs at least this many one-row forwards ... (measured:
 2.7-3.0x with stock float32 weights on a 2-core AVX2 CPU, 1.8-2.0x there with packed ones
-(``models/packed_weights.py``), 1.07x on an AVX-512-BF16 CPU: the bound sits between the last two so that one machine
-decides the same way from one process to the next. At 2.5 the AVX2 CPU with packed weights had no fallback, and a
-method whose tree that CPU's rows do not pay for ran below plain decoding: ``mcsd`` 0.82x ``ar`` on translation,
+(``models/packed_weights.py``), 1.1-1.6x on a 2-core AVX-512-BF16 CPU, whose one-row bf16 forward is the noisy one:
+195-370 ms against 180-240 ms for two rows. At 1.5 that CPU's least-of-three timing crossed the bound in some
+processes and not in others (22-71 % plain steps where speculation paid; medians of interleaved rounds measured
+1.29-1.61 in three processes, 2026-11-27); at 2.5 the AVX2 CPU with packed weights had no fallback, and a method
+whose tree that CPU's rows do not pay for ran below plain decoding: ``mcsd`` 0.82x ``ar`` on translation,
 docs/bench.md, "Every kind of prompt")."""
 DEAR_EXTRA_MS = 20.0
 """... and at least this many milliseconds more than one (below that, timing noise and tiny test models)."""
@@ -46,8 +48,10 @@ DEAR_EXTRA_MS = 20.0
 def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats: int = 5,
                           roles=("draft", "target"), fastest: bool = False) -> dict:
     """Median (``fastest``: least) wall milliseconds of one forward of ``w`` query rows (a chain under the causal
-    mask) after ``context`` tokens, per role and width: ``{"draft": {w: ms}, "target": {w: ms}}``. The caches are
-    this function's own; the pair's lock is held around each forward. Raises ValueError for an empty context."""
+    mask) after ``context`` tokens, per role and width: ``{"draft": {w: ms}, "target": {w: ms}}``. The widths are
+    timed in turn, ``repeats`` rounds after one that warms their kernels up, so a slow spell of the machine lands on
+    every width alike. The caches are this function's own; the pair's lock is held around each forward. Raises
+    ValueError for an empty context."""
     if not context:
         raise ValueError("measuring forward costs needs a non-empty context")
     out: dict = {}
@@ -57,14 +61,11 @@ def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats:
         kv = DynamicKVCache()
         with torch.inference_mode(), pair.lock:
             eager_forward(model, kv, list(context), list(range(len(context))), None, keep=1)
-            eager_forward(model, kv, [int(context[-1])], [kv.length], None, keep=1)  # warm the one-row kernels
-        kv.rewind(len(context))
         base = kv.length
-        out[role] = {}
-        for w in widths:
-            ids = [int(context[i % len(context)]) for i in range(w)]
-            times = []
-            for _ in range(repeats + 1):  # the first call of a width warms its kernels up
+        times: dict[int, list[float]] = {w: [] for w in widths}
+        for round_ in range(repeats + 1):
+            for w in widths:
+                ids = [int(context[i % len(context)]) for i in range(w)]
                 with torch.inference_mode(), pair.lock:
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
@@ -72,9 +73,10 @@ def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats:
                     eager_forward(model, kv, ids, list(range(base, base + w)), None, keep=w)
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
-                    times.append((time.perf_counter() - t0) * 1e3)
+                    if round_:
+                        times[w].append((time.perf_counter() - t0) * 1e3)
                 kv.rewind(base)
-            out[role][w] = (min if fastest else statistics.median)(times[1:])
+        out[role] = {w: (min if fastest else statistics.median)(t) for w, t in times.items()}
     return out
 
 
@@ -83,16 +85,23 @@ PRICED_ROW_MS = 5.0
 noise (tiny test pairs: 0.02 ms; an AVX-512-BF16 CPU: about 1 ms) and a tree keeps its whole template."""
 
 
+VERIFICATION_ROUNDS = 5
+"""Rounds of ``verification_cost``: each times a one-row, a two-row and a ``DEAR_ROWS``-row forward in turn."""
+
+
 def verification_cost(pair) -> dict:
     """The target's ``DEAR_ROWS``-row and two-row forwards against its one-row forward on this machine, measured
-    once per pair (after a short synthetic context; about 6 s for the embedded pair on a 2-core AVX2 CPU in fp32,
-    well under 1 s on an AVX-512-BF16 one) and cached in ``pair.measured``: ``{"rows", "one_row_ms",
-    "two_rows_ms", "rows_ms", "ratio", "dear"}`` (ms; ``dear`` per ``DEAR_RATIO`` and ``DEAR_EXTRA_MS``)."""
+    once per pair (after a short synthetic context; about 6 s for the embedded pair on a 2-core AVX-512-BF16 CPU
+    and somewhat more on a 2-core AVX2 one in fp32) and cached in ``pair.measured``: ``{"rows", "one_row_ms", "two_rows_ms",
+    "rows_ms", "ratio", "dear"}`` (ms; ``dear`` per ``DEAR_RATIO`` and ``DEAR_EXTRA_MS``).
+
+    Each width's figure is the median of ``VERIFICATION_ROUNDS`` rounds that time the three widths in turn
+    (``measure_forward_costs``), so that a decision made once per process comes out the same from one process to the
+    next (the least of three per width, timed width after width, did not on an AVX-512-BF16 CPU)."""
     if "verification_cost" not in pair.measured:
         context = [(100 + i) % pair.vocab_size for i in range(8)]
-        # the least of three: another process's work only ever adds time, and the decision is made once
-        ms = measure_forward_costs(pair, context, widths=(1, 2, DEAR_ROWS), repeats=3, roles=("target",),
-                                   fastest=True)["target"]
+        ms = measure_forward_costs(pair, context, widths=(1, 2, DEAR_ROWS), repeats=VERIFICATION_ROUNDS,
+                                   roles=("target",))["target"]
         one, rows = ms[1], ms[DEAR_ROWS]
         ratio = rows / max(one, 1e-9)
         pair.measured["verification_cost"] = {
