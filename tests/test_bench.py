@@ -169,20 +169,27 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
         assert meta["machine"] and meta["date"] and meta["commit"] and "(embedded)" in meta["pair"]
         assert meta["device"].startswith("cuda" if name.startswith("gpu") else "cpu")
         assert meta["prompt_set"] == f"{name.split('-', 1)[1]}:0:3" and meta["max_new_tokens"] == 128
-    # the kinds set, measured on the CPU only (T 0.7, and greedy apart): its report with a table per kind of prompt
-    for name, temperature in (("cpu-kinds", 0.7), ("cpu-kinds-greedy", 0.0)):
+    # the kinds set, measured on two CPUs (CPU B in bf16 as "cpu", CPU C in fp32 as "cpuc"; T 0.7, and greedy apart):
+    # each report with a table per kind of prompt
+    for name, temperature in (("cpu-kinds", 0.7), ("cpu-kinds-greedy", 0.0), ("cpuc-kinds", 0.7),
+                              ("cpuc-kinds-greedy", 0.0)):
         kinds = load_report(folder / f"{name}.json")
         assert kinds["meta"]["prompt_set"] == "kinds" and kinds["meta"]["commit"] and kinds["meta"]["date"]
         assert kinds["meta"]["temperatures"] == [temperature]
+        assert kinds["meta"]["dtype"] == ("float32" if name.startswith("cpuc") else "bfloat16")
         assert {r["kind"] for r in kinds["by_kind"]} == {"code", "chat", "math", "qa", "translation",
                                                           "summarisation", "reasoning"}
+    # side by side, then each machine's summary and table by kind in its tab
     at.selectbox(key="bench_reference").set_value("kinds").run()
-    assert not at.exception and not at.error and len(at.dataframe) == 2
-    assert any("made before the default chose its root width online" in c.value for c in at.caption)
-    at.selectbox(key="bench_reference").set_value("kinds-greedy").run()  # made since: no such note
-    assert not at.exception and not at.error and len(at.dataframe) == 2
+    assert not at.exception and not at.error and len(at.dataframe) == 5
+    assert [t.label for t in at.tabs] == ["CPU", "CPUC"] and "CPUC x ar" in at.dataframe[0].value.columns
+    # CPU C's T 0.7 report predates the online width: its tab says so, CPU B's (made since) does not
+    notes = [c.value for c in at.caption if "made before the default chose its root width online" in c.value]
+    assert len(notes) == 1
+    at.selectbox(key="bench_reference").set_value("kinds-greedy").run()  # both made since: no such note
+    assert not at.exception and not at.error and len(at.dataframe) == 5
     assert not any("made before the default" in c.value for c in at.caption)
-    assert {"kind", "ratio_vs_hf", "ratio_vs_best_hf"} <= set(at.dataframe[1].value.columns)
+    assert {"kind", "ratio_vs_hf", "ratio_vs_best_hf"} <= set(at.dataframe[2].value.columns)
     write_reports(result, tmp_path)
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
     at = AppTest.from_file(APP, default_timeout=120)

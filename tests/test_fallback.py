@@ -300,3 +300,29 @@ def test_a_probe_of_speculation_is_judged_on_its_steps_together():
     decisions = _feed(lost, 30, spec=(1, 1200.0), ar=(1, 550.0))
     probes = [i for i in range(3, 30) if decisions[i]]
     assert probes == [7, 8, 9, 18, 19, 20] and lost.probe_every == 16
+
+
+def test_the_verification_cost_is_timed_in_interleaved_rounds_and_read_by_medians(tiny, monkeypatch):
+    """The widths are timed in turn, round after round (a slow spell of the machine lands on every width alike), and
+    each width's figure is the median of its rounds: one slow one-row forward out of five does not make rows look
+    cheap, nor one fast one make them dear (an AVX-512-BF16 CPU's one-row forward measured 195-370 ms)."""
+    from explorer.engine.runtime import forward_costs
+
+    widths: list[int] = []
+    one_row = iter([999.0, 100.0, 900.0, 100.0, 100.0, 1.0])  # the warm-up round, then five rounds: median 100
+    ms = {2: 110.0, DEAR_ROWS: 160.0}
+    clock = {"t": 0.0}
+
+    def forward_and_tick(model, kv, ids, positions, mask, keep=1):  # a forward advances the clock by its ms
+        widths.append(len(ids))
+        if len(ids) in (1, 2, DEAR_ROWS):  # not the context's prefill
+            clock["t"] += (next(one_row) if len(ids) == 1 else ms[len(ids)]) / 1e3
+
+    monkeypatch.setattr(forward_costs, "eager_forward", forward_and_tick)
+    monkeypatch.setattr(forward_costs.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(tiny, "measured", {})
+    cost = verification_cost(tiny)
+    timed = widths[1:]  # after the context's prefill
+    assert timed == [1, 2, DEAR_ROWS] * (forward_costs.VERIFICATION_ROUNDS + 1)
+    assert cost["one_row_ms"] == pytest.approx(100.0) and cost["rows_ms"] == pytest.approx(160.0)
+    assert cost["ratio"] == pytest.approx(1.6) and not cost["dear"]  # below DEAR_RATIO, 60 ms more

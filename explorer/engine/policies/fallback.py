@@ -45,7 +45,7 @@ def fallback_active(mode: str, device_type: str, rows_are_dear=None) -> bool:
 
     ``auto`` is on on CUDA, and on a CPU only where ``rows_are_dear()`` (a callable, asked only then:
     ``forward_costs.rows_are_dear`` measures once per pair) says a verification's extra rows cost several plain
-    steps. On the AVX-512-BF16 CPU a 16-row verification costs 1.07x a plain step and speculation paid in every
+    steps. On the AVX-512-BF16 CPUs a 16-row verification costs 1.07-1.6x a plain step and speculation paid in every
     measured cell (docs/bench.md), so there a timing-driven rule would only make runs, tests and classroom demos
     differ from run to run; on a 2-core AVX2 CPU in fp32 it costs 2.8x and the default ``mcsd-improved`` ran
     MT-bench at 0.77x plain decoding, 0.96x with the rule (docs/bench.md, "Plain-decoding fallback (goodput)")."""

@@ -91,8 +91,8 @@ VERIFICATION_ROUNDS = 5
 
 def verification_cost(pair) -> dict:
     """The target's ``DEAR_ROWS``-row and two-row forwards against its one-row forward on this machine, measured
-    once per pair (after a short synthetic context; about 6 s for the embedded pair on a 2-core AVX-512-BF16 CPU
-    and somewhat more on a 2-core AVX2 one in fp32) and cached in ``pair.measured``: ``{"rows", "one_row_ms", "two_rows_ms",
+    once per pair (after a short synthetic context; about 6 s for the embedded pair on a 2-core AVX-512-BF16 CPU,
+    more on a 2-core AVX2 one in fp32) and cached in ``pair.measured``: ``{"rows", "one_row_ms", "two_rows_ms",
     "rows_ms", "ratio", "dear"}`` (ms; ``dear`` per ``DEAR_RATIO`` and ``DEAR_EXTRA_MS``).
 
     Each width's figure is the median of ``VERIFICATION_ROUNDS`` rounds that time the three widths in turn
