@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
 
 from explorer.analysis.bench import (HF_ASSISTED, HF_ASSISTED_BF16, HF_GENERATE, aggregate, bench,
@@ -125,6 +126,9 @@ def test_bench_cli_on_the_tiny_pair(tmp_path, capsys):
                "ar,hf-assisted,mcsd", "--max-new-tokens", "6", "--warmup", "0", "--out", str(tmp_path)])
     assert rc == 0 and (tmp_path / "bench.html").exists()
     assert "| mcsd |" in capsys.readouterr().out
+    # the machine line names the CPU's vector capability (two EPYCs: AVX2 in fp32 against AVX-512 with bf16)
+    machine = load_report(tmp_path / "bench.json")["meta"]["machine"]
+    assert f"({torch.backends.cpu.get_cpu_capability()})" in machine
     assert main(["bench", "--models", "tiny", "--prompt-file", "mt-bench", "--methods", "ar,warp-drive",
                  "--out", str(tmp_path)]) == 2
 

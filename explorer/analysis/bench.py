@@ -117,8 +117,8 @@ def source_commit() -> str:
 
 
 def run_facts(pair) -> dict:
-    """What a measurement ran on: the pair, dtype, device, machine, library versions, threads, the UTC date and the
-    code's commit."""
+    """What a measurement ran on: the pair, dtype, device, machine (with the CPU's vector capability, as torch reads
+    it, on a CPU), library versions, threads, the UTC date and the code's commit."""
     # here, not at the top: transformers takes about 0.8 s to import, and the CLI imports this module at start
     import transformers
 
@@ -128,6 +128,8 @@ def run_facts(pair) -> dict:
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("model name")]
         cpu = f", {names[0]}" if names else ""
+    # two CPUs of one model name can differ in their vector units (AVX2 against AVX-512 with bf16: docs/bench.md)
+    cpu += f" ({torch.backends.cpu.get_cpu_capability()})" if pair.device.type == "cpu" else ""
     return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
             "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
             "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights, "fused_kernels": pair.fused_kernels,
