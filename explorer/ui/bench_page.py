@@ -18,6 +18,7 @@ import streamlit as st
 from ..analysis.bench import bench, run_facts
 from ..analysis.prompts import encode_prompt, select_prompts
 from ..analysis.report import ReportError, load_report, loads_report, write_reports
+from ..engine.methods import METHOD_SPECS
 from ..trace import figures
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -38,7 +39,10 @@ ONLINE_DEFAULT_SINCE = "2026-11-26T20:52:09+00:00"
 # From this commit's date on (92a2b13), the bench joins the target's prefill to the first verification of our drafting
 # methods (``Engine`` ``joint_prefill``) where forwards are eager; reports made before it prefilled apart.
 JOINT_PREFILL_SINCE = "2026-11-27T03:23:38+00:00"
-DRAFTING = ("sd", "mcsd", "mcsd-improved", "prompt-lookup", "token-recycling", "hybrid")
+# The methods whose eager runs join it: every drafting method but the self-drafting one, whose draft reads the
+# target's cache (``Engine._can_join_prefill``).
+DRAFTING = tuple(name for name, spec in METHOD_SPECS.items()
+                 if (spec.uses_draft_model or spec.free) and not spec.self_draft)
 
 
 def label_notes(report: dict) -> list[str]:
