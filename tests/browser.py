@@ -408,7 +408,7 @@ def _expander(page, title: str):
 
 def instruments_tour(url: str, out_dir: Path, steps: int = 6, prompt: str = "def fibonacci(n):",
                      method: str = "MCSD (draft tree, one target pass)", load_timeout_s: float = 600) -> dict:
-    """Issue 15's three panels: Step, probe the step (tree forward against plain decoding), open expected
+    """The instruments' three panels: Step, probe the step (tree forward against plain decoding), open expected
     against realised acceptance, measure forward costs, open the optimal tree and run mcsd with it. Screenshots
     of each panel; returns what the page showed."""
     report: dict = {}
@@ -450,7 +450,7 @@ def instruments_tour(url: str, out_dir: Path, steps: int = 6, prompt: str = "def
 
 def what_if_tour(url: str, out_dir: Path, steps: int = 3, prompt: str = "def fibonacci(n):",
                  method: str = "MCSD (draft tree, one target pass)", load_timeout_s: float = 600) -> dict:
-    """Issue 16: Step, re-verify the step as recorded (identical), replace its first drafted token with the
+    """Counterfactuals: Step, re-verify the step as recorded (identical), replace its first drafted token with the
     target's best and re-verify (both trees side by side), continue from the edit as a new run, switch back to the
     original, and open the step's timeline. Screenshots; returns what the page showed."""
     report: dict = {}
@@ -492,7 +492,7 @@ def what_if_tour(url: str, out_dir: Path, steps: int = 3, prompt: str = "def fib
 def adaptation_tour(url: str, out_dir: Path, steps: int = 8, prompt: str = "def fibonacci(n):",
                     mode: str = "decision model's last layer", load_timeout_s: float = 600,
                     carried_steps: int = 3) -> dict:
-    """Issue 17: switch online adaptation on (the default method, mcsd-improved), step, and screenshot the chart of
+    """Online adaptation: switch it on (the default method, mcsd-improved), step, and screenshot the chart of
     the adapting stop policy over the run; then Reset and step again: the second run starts from what the first
     learned, and its caption says so (``adaptation_carried.png``). Returns what the page showed."""
     report: dict = {}
@@ -531,7 +531,7 @@ def _carried_run(page, out_dir: Path, steps: int) -> list[str]:
 
 def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fibonacci(n):",
                   load_timeout_s: float = 600) -> dict:
-    """Issue 13: switch the goodput fallback on (the default method), step four times and screenshot the fourth
+    """The goodput fallback: switch it on (the default method), step four times and screenshot the fourth
     step, the rule's first plain decoding step (it measures speculation over 3 steps, then plain decoding once),
     with its caption. Returns what it showed."""
     report: dict = {}

@@ -31,7 +31,7 @@ def test_step_twice_draws_a_run(app):
     assert len(engine.trace.steps) == 2
     labels = {m.label: m.value for m in app.metric}
     assert int(labels["Generated tokens"]) == len(engine.trace.generated_ids) >= 2
-    assert "Tokens / target call" in labels and "Acceptance (seed)" in labels
+    assert "Tokens / target call" in labels and "Acceptance (Lu et al.)" in labels
     click(app, "reset_btn")
     assert "engine" not in app.session_state
 
@@ -198,11 +198,11 @@ def test_learned_stop_policy_and_what_if_slider(app):
     note = next(c.value for c in app.caption if c.value.startswith("With τ = 1.00"))
     assert "2 draft tokens over 1 levels" in note  # nothing reaches 1: only the first level stays
     # the other decision model applies from the next run
-    assert app.session_state["engine"].decision_model.kind == "context"
+    assert app.session_state["engine"].parts.decision_model.kind == "context"
     app.sidebar.selectbox(key="decision_model").set_value("hidden").run()
     click(app, "reset_btn")
     click(app, "step_btn")
-    assert not app.error and app.session_state["engine"].decision_model.kind == "hidden"
+    assert not app.error and app.session_state["engine"].parts.decision_model.kind == "hidden"
 
 
 def caption_with(at, prefix):
@@ -417,7 +417,7 @@ def test_online_adaptation_carries_to_the_sessions_next_run(app):
     assert app.session_state["carried"].adapter == learned
     click(app, "step_btn")
     engine = app.session_state["engine"]
-    assert engine.adapter.carried == len(learned["labels"]) and engine.trace.settings["adaptation_carried"] == learned
+    assert engine.parts.adapter.carried == len(learned["labels"]) and engine.trace.settings["adaptation_carried"] == learned
     assert any("previous run of the method learned" in c.value for c in app.caption)
 
 
@@ -433,7 +433,7 @@ def test_the_goodput_fallback_carries_its_rates_to_the_sessions_next_run(app):
     assert app.session_state["carried"].fallback == measured
     click(app, "step_btn")
     engine = app.session_state["engine"]
-    assert engine.trace.settings["fallback_carried"] == engine.fallback.carried
+    assert engine.trace.settings["fallback_carried"] == engine.parts.fallback.carried
     assert engine.trace.steps[0].fallback["carried"]
 
 

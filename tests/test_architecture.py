@@ -166,7 +166,7 @@ def test_a_registered_verifier_is_seen_everywhere(tiny, original, restore_verifi
         engine.run()
         runs[verifier] = engine
     ours, theirs = runs[name], runs[original]
-    assert ours.committed == theirs.committed
+    assert ours.state.committed == theirs.state.committed
     assert {s.verifier for s in ours.trace.steps} == {name}
     assert [s.expected_tokens for s in ours.trace.steps] == [s.expected_tokens for s in theirs.trace.steps]
     assert [[n.accept_prob for n in s.nodes] for s in ours.trace.steps] == \

@@ -1,5 +1,5 @@
 """Statistical tests (fixed seeds) that every lossless verification rule samples exactly from the target, and that
-the audit has the power to catch the seed's lossy longest-branch rule at the same sample size."""
+the audit has the power to catch Lu et al.'s lossy longest-branch rule at the same sample size."""
 
 import json
 import math

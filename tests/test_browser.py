@@ -109,7 +109,7 @@ def test_free_drafts_show_their_source_provenance_and_matrix_row(tmp_path):
 
 
 def test_instrument_panels_in_a_real_browser(tmp_path):
-    """Issue 15: probe a step, expected against realised acceptance with measured forward costs, and the optimal
+    """The instruments: probe a step, expected against realised acceptance with measured forward costs, and the optimal
     tree run with one click (the sidebar switches to mcsd with that tree template)."""
     from browser import instruments_tour
 
@@ -147,7 +147,7 @@ def test_online_adaptation_in_a_real_browser(tmp_path):
 
 
 def test_the_goodput_fallback_in_a_real_browser(tmp_path):
-    """Issue 13: with the fallback switched on, the rule's first plain decoding step says so under the step."""
+    """With the fallback switched on, the rule's first plain decoding step says so under the step."""
     from browser import fallback_tour
 
     with running_app("tiny") as url:
@@ -159,7 +159,7 @@ def test_the_goodput_fallback_in_a_real_browser(tmp_path):
 
 
 def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
-    """Issue 16: re-verify a step as recorded (identical), replace a drafted token and see both trees, continue from
+    """Counterfactuals: re-verify a step as recorded (identical), replace a drafted token and see both trees, continue from
     the edit as a new run and switch back, the step's waterfall, and the stop-signal calibration view."""
     from browser import what_if_tour
 

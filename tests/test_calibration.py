@@ -1,4 +1,4 @@
-"""Stop-signal calibration (issue 16): reliability bins, ROC against a known ordering, threshold costs from the
+"""Stop-signal calibration: reliability bins, ROC against a known ordering, threshold costs from the
 what-if replay, the command and the app panel, on hand-made points and on the tiny pair."""
 
 import json

@@ -402,7 +402,7 @@ def test_continue_live_goes_on_from_the_text_where_the_steps_cannot_be_replayed(
     engine = engine_after_text(tiny, trace, 1)
     done = [t for s in trace.steps[:2] for t in s.committed_ids]
     assert engine.trace.prompt_ids == trace.prompt_ids + done and not engine.trace.steps
-    assert engine.max_new_tokens == int(trace.settings["max_new_tokens"]) - len(done)
+    assert engine.state.max_new_tokens == int(trace.settings["max_new_tokens"]) - len(done)
     with pytest.raises(ReplayError, match="step 99"):
         engine_after_text(tiny, trace, 98)
 

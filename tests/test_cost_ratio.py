@@ -73,7 +73,7 @@ def _run(tiny, cfg, temperature=0.0, n=40, seed=3):
 def test_a_measured_run_moves_r_and_keeps_the_greedy_tokens(tiny):
     fixed = _run(tiny, GOODPUT)
     measured = _run(tiny, GOODPUT.with_(cost_ratio="measured"))
-    assert measured.committed == fixed.committed  # only how much is drafted may change
+    assert measured.state.committed == fixed.state.committed  # only how much is drafted may change
     steps = measured.trace.steps
     assert all(s.cost == {} for s in fixed.trace.steps)
     assert steps[0].cost["r"] == 0.3  # the setting, until the first step is measured
@@ -85,7 +85,7 @@ def test_a_measured_run_moves_r_and_keeps_the_greedy_tokens(tiny):
             assert first.threshold == pytest.approx(goodput_threshold(s.cost["r"], first.forwards, first.expected))
     drafted = [s for s in steps if s.draft_calls]
     assert drafted and all(s.cost["level_ms"] > 0 and s.cost["rest_ms"] > 0 for s in drafted)
-    assert measured.stop_policy.threshold == steps[-1].cost["next"]
+    assert measured.parts.stop_policy.threshold == steps[-1].cost["next"]
     from explorer.lessons.teach import explain_step
     from explorer.trace.figures import cost_ratio_figure
 

@@ -1,4 +1,4 @@
-"""Counterfactual steps (issue 16) on the tiny pair: an unedited re-verification reproduces the recorded step
+"""Counterfactual steps on the tiny pair: an unedited re-verification reproduces the recorded step
 exactly, an edit never changes the recorded run, and edits change the outcome the way the rules say."""
 
 import json

@@ -87,7 +87,7 @@ def test_collected_features_and_labels_match_plain_forwards(tiny, tiny_data):
         index = CopyIndex()
         index.sync(ids)
         # step 0: the context's n-grams are known, and the target's candidates after the prompt's last token (and
-        # its last two) come from the prefill's last row: the target memory is seeded from the prompt
+        # its last two) come from the prefill's last row: the target memory is primed from the prompt
         best = p.topk(MEMORY_K).indices.tolist()
         rank = 1.0 / (best.index(x) + 1) if x in best else 0.0
         logp = math.log(max(float(p[x]) if x in best else 0.0, 1e-4))
@@ -112,7 +112,7 @@ def test_target_memory_ranks():
     assert m.features(3, 5, 9) == pytest.approx((1.0, 1.0, 1.0, 1.0, l6, 0.6, l6, 0.6))
     assert m.features(4, 5, 7) == pytest.approx((0.0, 1.0, 1.0, 1.0, l5, 0.5, floor, 0.6))
     seeded = TargetMemory(k=2)
-    seeded.seed([1, 2, 3], 1, [[(5, 0.7)], [(6, 0.4)]])  # candidates after the tokens at positions 1 and 2
+    seeded.prime([1, 2, 3], 1, [[(5, 0.7)], [(6, 0.4)]])  # candidates after the tokens at positions 1 and 2
     assert seeded.bigrams == {(1, 2): [(5, 0.7)], (2, 3): [(6, 0.4)]} and seeded.rows == {2: [(5, 0.7)], 3: [(6, 0.4)]}
     copy = seeded.copy()
     copy.update([(0, 2)], [[(9, 0.9)]])
@@ -130,15 +130,14 @@ def test_top_candidates_are_plain_softmax_in_chunks():
     assert top_candidates(logits[:0], lambda rows: rows) == []
 
 
-def test_target_memory_is_seeded_from_the_prompt_only_when_features_are_computed(tiny):
-    """A learned stop policy seeds the memory from the prefill's prompt rows; rewind returns to that seed; a run
+def test_target_memory_is_primed_from_the_prompt_only_when_features_are_computed(tiny):
+    """A learned stop policy primes the memory from the prefill's prompt rows; rewind returns there; a run
     without decision features keeps only the prefill's last row."""
     ids = tiny.tokenizer.encode("The quick brown fox jumps over the lazy dog. The quick")
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="decision", threshold=0.0)
     eng = build_engine(tiny, cfg, SamplingConfig())
     eng.start(ids, 12)
-    assert eng.prefill_top is None  # read once, by the drafter
-    memory = eng.drafter.memory
+    memory = eng.parts.drafter.memory
     with torch.no_grad():
         logits = tiny.target(torch.tensor([ids])).logits[0].float()
     last = len(ids) - 1 - ids[::-1].index(ids[4])  # the latest occurrence of a repeated token wins
@@ -147,13 +146,12 @@ def test_target_memory_is_seeded_from_the_prompt_only_when_features_are_computed
     assert [p for _, p in pairs] == pytest.approx(logits[-1].softmax(-1).topk(MEMORY_K).values.tolist(), rel=1e-4)
     seeded = (dict(memory.rows), dict(memory.bigrams))
     eng.step()
-    assert (eng.drafter.memory.rows, eng.drafter.memory.bigrams) != seeded  # the verification taught it
+    assert (eng.parts.drafter.memory.rows, eng.parts.drafter.memory.bigrams) != seeded  # the verification taught it
     eng.rewind()
-    assert (eng.drafter.memory.rows, eng.drafter.memory.bigrams) == seeded
+    assert (eng.parts.drafter.memory.rows, eng.parts.drafter.memory.bigrams) == seeded
     plain = build_engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig())
-    assert plain.drafter.prompt_rows(plain.view) == 0
     plain.start(ids, 4)
-    assert plain.drafter.memory.rows == {}
+    assert plain.parts.drafter.memory.rows == {}
 
 
 def test_memory_probabilities_are_plain_softmax_when_sampling(tiny):
@@ -168,7 +166,7 @@ def test_memory_probabilities_are_plain_softmax_when_sampling(tiny):
     row = v.p_rows.row_logits(0).float().softmax(-1)
     assert [t for t, _ in top] == row.topk(4).indices.tolist()
     assert [p for _, p in top] == pytest.approx(row.topk(4).values.tolist(), rel=1e-4)
-    assert eng.drafter.memory.bigrams[(ids[-2], ids[-1])][:4] == pytest.approx(top, rel=1e-4)
+    assert eng.parts.drafter.memory.bigrams[(ids[-2], ids[-1])][:4] == pytest.approx(top, rel=1e-4)
 
 
 def test_copy_index_match_lengths():
@@ -348,7 +346,7 @@ def test_learned_policy_without_a_model_of_its_kind_is_a_clear_error(tiny):
         build_engine(other, MethodConfig(method="mcsd-improved", stop="prune", decision_model="hidden"),
                      SamplingConfig())
     engine = build_engine(other, MethodConfig(method="mcsd-improved", stop="prune"), SamplingConfig())
-    assert engine.decision_model.source["how"] == "transferred"
+    assert engine.parts.decision_model.source["how"] == "transferred"
 
 
 def _sig(level, scores, policy="prune", threshold=0.5):
@@ -395,7 +393,7 @@ def _chain_step(tiny, cfg, ids):
     eng.start(ids, 8)
     step = eng.step()
     d, _ = eng.last_step
-    acc = [float(eng.decision_model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
+    acc = [float(eng.parts.decision_model.predict(hidden=d.features[i][0][None])[0]) for i in range(len(d.tree))]
     return eng, step, acc
 
 
@@ -451,7 +449,7 @@ def test_goodput_policy_scores_expected_gain_against_its_cost(tiny):
     assert [r["keep_drafting"] for r in replay(step.stop_signals, 0.05)] == [
         s.keep_drafting for s in step.stop_signals]
     assert all(r["keep_drafting"] for r in replay(step.stop_signals, 0.0))
-    assert make_stop_policy("goodput", 0.3, model=eng.decision_model).score_threshold == 0.3
+    assert make_stop_policy("goodput", 0.3, model=eng.parts.decision_model).score_threshold == 0.3
     assert recorded_setting(step.stop_signals[-1]) == pytest.approx(0.05)  # r back from a level's threshold
     words = " ".join(explain_step(step))
     assert "expected to add" in words and f"{step.stop_signals[-1].threshold:.2f}" in words
@@ -467,7 +465,7 @@ def test_goodput_adds_the_chances_of_a_trees_exclusive_paths(tiny):
     eng.start(ids, 8)
     step = eng.step()
     tree = eng.last_step[0].tree
-    acc = [float(eng.decision_model.predict(hidden=eng.last_step[0].features[i][0][None])[0])
+    acc = [float(eng.parts.decision_model.predict(hidden=eng.last_step[0].features[i][0][None])[0])
            for i in range(len(tree))]
 
     def reach(i):

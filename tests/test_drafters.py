@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 from explorer.engine.carried import Carried
 from explorer.engine.config import (DEFAULTS, FREE_ROWS_CPU, FREE_ROWS_CPU_RUN, MAX_TREE_NODES, MethodConfig,
                                     free_row_budget)
-from explorer.engine.drafters import (Drafted, FreeNode, LookupDrafter, RecyclingDrafter, lookup_continuations,
+from explorer.engine.drafters import (Drafted, FreeNode, LookupDrafter, lookup_continuations,
                                       merge_free)
 from explorer.engine.drafters.lookup import START_TOKENS
 from explorer.engine.factory import build_engine
@@ -42,7 +42,7 @@ def test_lookup_skips_continuations_it_already_has_and_respects_the_branch_limit
 def test_lookup_copy_length_doubles_after_a_whole_branch_and_shrinks_after_a_miss(tiny):
     engine = build_engine(tiny, MethodConfig(method="prompt-lookup", lookup_tokens=32), SamplingConfig())
     engine.start(tiny.tokenizer.encode(REPEATING), 40)
-    lookup = engine.drafter
+    lookup = engine.parts.drafter
     lengths = []
     for _ in range(8):
         before = lookup.length
@@ -183,7 +183,7 @@ def test_the_free_row_budget_caps_every_step_and_keeps_greedy_output(tiny):
             assert max(len(s.nodes) for s in trace.steps) > 6  # without the budget the copies run longer
             want = trace.generated_ids
     engine = build_engine(tiny, DEFAULTS["prompt-lookup"], SamplingConfig())
-    assert engine.free_rows == FREE_ROWS_CPU  # auto, on the CPU
+    assert engine.parts.free_rows == FREE_ROWS_CPU  # auto, on the CPU
 
 
 def test_a_copy_run_takes_its_best_branch_alone_past_the_row_edge():
@@ -219,18 +219,18 @@ def test_a_copy_run_takes_its_best_branch_alone_past_the_row_edge():
 # ------------------------------------------------------------------------------------------------ recycling
 
 
-def test_recycling_seeds_from_the_prompt_and_learns_the_targets_top_k(tiny):
+def test_recycling_fills_rows_from_the_prompt_and_learns_the_targets_top_k(tiny):
     ids = tiny.tokenizer.encode(REPEATING)
     engine = build_engine(tiny, DEFAULTS["token-recycling"], SamplingConfig())
     engine.start(ids, 12)
-    rec = engine.drafter
-    # every prompt token but the last has a seeded row whose first candidate followed it most recently
+    rec = engine.parts.drafter
+    # every prompt token but the last has a row filled from the prompt whose first candidate followed it most recently
     last_next = {ids[i]: ids[i + 1] for i in range(len(ids) - 1)}
     assert all(rec.rows[t][0] == nxt for t, nxt in last_next.items())
     assert engine.trace.settings["recycling_initial"]["rows"][str(ids[0])] == rec.rows[ids[0]]
     step = engine.step()
     recycled = [n for n in step.nodes if n.source == "recycled"]
-    assert recycled and all(n.provenance["step"] == -2 for n in recycled)  # step 0 reads prompt-seeded rows only
+    assert recycled and all(n.provenance["step"] == -2 for n in recycled)  # step 0 reads rows filled from the prompt only
     # after the step, the rows of the anchor and of every tree node hold the target's top-k at those rows
     _, v = engine.last_step
     d, _ = engine.last_step
@@ -238,12 +238,12 @@ def test_recycling_seeds_from_the_prompt_and_learns_the_targets_top_k(tiny):
     for i, tok in enumerate(d.tree.token):
         if tok not in d.tree.token[i + 1:]:  # a later duplicate overwrites
             assert rec.rows[tok] == top[i] and rec.origin[tok] == (0, i + 1)
-    anchor = engine.committed[-1]
+    anchor = engine.state.committed[-1]
     step2 = engine.step()
     assert step2.drafter["recycling_row"]["token"] == anchor
     # a later anchor equal to a token the first step scored is expanded from the row that step wrote
     tok = d.tree.token[-1]
-    nodes = rec.free_nodes(type("Ctx", (), {"committed": engine.committed + [tok]})())
+    nodes = rec.free_nodes(type("Ctx", (), {"committed": engine.state.committed + [tok]})())
     first_level = [n for n in nodes if n.parent == -1]
     assert [n.token for n in first_level] == rec.rows[tok][: len(first_level)]
     assert first_level and all(n.provenance["row_token"] == tok and n.provenance["step"] in (0, 1) for n in first_level)
@@ -262,7 +262,7 @@ def test_recycling_state_carries_over_to_the_next_run(tiny):
     second.start(tiny.tokenizer.encode("x = 1"), 4)
     carried = second.trace.settings["recycling_initial"]
     assert carried["carried_rows"] == len(state["rows"]) > 0
-    rec = second.drafter
+    rec = second.parts.drafter
     assert any(o[0] == -1 for o in rec.origin.values())
 
 
@@ -353,7 +353,7 @@ def test_a_saved_free_drafting_trace_replays_with_provenance_and_source_colours(
         assert f"position {node.provenance['copied_from']}" in said and "gram match" in said
         assert node.provenance["match_text"] and "Prompt lookup copied" in story
     else:
-        assert "matrix row of" in said and "seeded from the prompt" in said
+        assert "matrix row of" in said and "filled from the prompt" in said
         assert "Token Recycling proposed" in story and "Why it works" in story
         row = step.drafter["recycling_row"]
         assert row["token"] == step.nodes[0].token_id and len(row["candidate_texts"]) == len(row["candidates"])

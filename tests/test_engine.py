@@ -87,13 +87,13 @@ def test_kv_caches_hold_exactly_the_committed_prefix(tiny, cfg, temperature):
     eng.start(ids, 30)
     for _ in range(6):
         eng.step()
-        for model, kv, n in ((tiny.target, eng.target_kv, eng.target_len()),
-                             (tiny.draft, eng.draft_kv, eng.draft_len())):
-            expected = len(eng.committed) - (0 if (cfg.is_lossy and model is tiny.target) else 1)
-            assert n <= len(eng.committed)
+        for model, kv, n in ((tiny.target, eng.state.target_kv, eng.state.target_kv.length),
+                             (tiny.draft, eng.state.draft_kv, eng.state.draft_kv.length)):
+            expected = len(eng.state.committed) - (0 if (cfg.is_lossy and model is tiny.target) else 1)
+            assert n <= len(eng.state.committed)
             if model is tiny.target:
                 assert n == expected
-            fresh = _fresh_kv(model, eng.committed[:n])
+            fresh = _fresh_kv(model, eng.state.committed[:n])
             for (keys, values), ref in zip(kv.layer_tensors(), fresh.layers):
                 assert torch.allclose(keys, ref.keys, atol=1e-5)
                 assert torch.allclose(values, ref.values, atol=1e-5)
@@ -226,7 +226,7 @@ def test_rewind_reproduces_a_fresh_run(tiny):
     eng.run()
     for s in (3, 4, 3):
         eng.rewind(seed=s)
-        assert eng.n_generated == 0 and eng.target_len() == len(ids)
+        assert eng.n_generated == 0 and eng.state.target_kv.length == len(ids)
         assert eng.run().generated_ids == fresh[s]
 
 
@@ -295,9 +295,9 @@ def test_a_joint_prefill_reads_the_prompt_in_the_first_verification(tiny, cfg):
     _, apart = run(tiny, cfg, ids, 30)
     eng = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
     eng.start(ids, 30)
-    assert eng.target_len() == 0 and eng.next_dist is None and eng.trace.settings["joint_prefill"]
+    assert eng.state.target_kv.length == 0 and eng.state.next_dist is None and eng.trace.settings["joint_prefill"]
     first = eng.step()
-    assert first.prefill_rows == len(ids) and eng.target_len() == len(eng.committed) - 1
+    assert first.prefill_rows == len(ids) and eng.state.target_kv.length == len(eng.state.committed) - 1
     rows = len(first.mask_node_ids)
     assert rows == len(first.nodes) and len(first.mask) == rows and all(len(r) == rows for r in first.mask)
     assert first.mask_context_len == len(ids) - 1 and first.position_ids[0] == len(ids) - 1
@@ -307,30 +307,30 @@ def test_a_joint_prefill_reads_the_prompt_in_the_first_verification(tiny, cfg):
     assert [s.prefill_rows for s in trace.steps[1:]] == [0] * (len(trace.steps) - 1)
     assert run_metrics(trace)["target_calls"] == len(trace.steps)  # no prefill call beside the steps'
     assert run_metrics(apart)["target_calls"] == sum(s.target_calls for s in apart.steps) + 1
-    fresh = _fresh_kv(tiny.target, eng.committed[:eng.target_len()])
-    for (keys, _), ref in zip(eng.target_kv.layer_tensors(), fresh.layers):
+    fresh = _fresh_kv(tiny.target, eng.state.committed[:eng.state.target_kv.length])
+    for (keys, _), ref in zip(eng.state.target_kv.layer_tensors(), fresh.layers):
         assert torch.allclose(keys, ref.keys, atol=1e-5)
 
 
-def test_a_joint_prefill_seeds_the_memory_as_a_prefill_apart_does(tiny):
+def test_a_joint_prefill_primes_the_memory_as_a_prefill_apart_does(tiny):
     """The decision features' memory of the prompt's rows comes from the first verification's forward: the same
-    candidates a prefill apart seeds at start; a rewind keeps it and reads the prompt again."""
+    candidates a prefill apart reads at start; a rewind keeps it and reads the prompt again."""
     ids = tiny.tokenizer.encode(PROMPTS[1])
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.38)
     apart = build_engine(tiny, cfg, SamplingConfig())
     apart.start(ids, 20)
     joint = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
     joint.start(ids, 20)
-    assert joint.drafter.memory.rows == {}  # nothing seeded before the target has read the prompt
+    assert joint.parts.drafter.memory.rows == {}  # nothing primed before the target has read the prompt
     joint.step()
-    seeded = joint.drafter._seeded.rows
-    assert set(seeded) == set(apart.drafter.memory.rows)
-    for tok, cands in apart.drafter.memory.rows.items():
+    seeded = joint.parts.drafter._after_prompt.rows
+    assert set(seeded) == set(apart.parts.drafter.memory.rows)
+    for tok, cands in apart.parts.drafter.memory.rows.items():
         assert [t for t, _ in seeded[tok]] == [t for t, _ in cands]
         assert [p for _, p in seeded[tok]] == pytest.approx([p for _, p in cands], abs=1e-4)
     text = joint.run().generated_ids
     joint.rewind()
-    assert joint.target_len() == 0 and joint.drafter.memory.rows == seeded and joint._seed_rows == 0
+    assert joint.state.target_kv.length == 0 and joint.parts.drafter.memory.rows == seeded and joint.state.prompt_rows == 0
     assert joint.run().generated_ids == text and joint.trace.steps[0].prefill_rows == len(ids)
 
 
@@ -342,5 +342,5 @@ def test_a_prefill_joins_no_step_that_needs_the_targets_prediction(tiny, cfg):
     ids = tiny.tokenizer.encode(PROMPTS[1])
     eng = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
     eng.start(ids, 5)
-    assert eng.target_len() == len(ids) and "joint_prefill" not in eng.trace.settings
+    assert eng.state.target_kv.length == len(ids) and "joint_prefill" not in eng.trace.settings
     assert eng.step().prefill_rows == 0

@@ -114,9 +114,9 @@ def test_auto_is_on_for_cuda_and_for_cpus_where_rows_are_dear():
 
 def test_ar_and_the_lossy_mode_never_fall_back(tiny):
     for cfg in (DEFAULTS["ar"], MethodConfig(method="mcsd-improved", lossy=True, k_config=(1,), max_depth=3)):
-        assert build_engine(tiny, cfg.with_(fallback="goodput"), SamplingConfig(temperature=0.0)).fallback is None
-    assert build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig()).fallback is not None
-    assert build_engine(tiny, DEFAULTS["sd"], SamplingConfig()).fallback is None, tiny.measured  # auto, on the CPU
+        assert build_engine(tiny, cfg.with_(fallback="goodput"), SamplingConfig(temperature=0.0)).parts.fallback is None
+    assert build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig()).parts.fallback is not None
+    assert build_engine(tiny, DEFAULTS["sd"], SamplingConfig()).parts.fallback is None, tiny.measured  # auto, on the CPU
 
 
 def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, monkeypatch):
@@ -127,13 +127,13 @@ def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, mon
     assert cost["rows"] == DEAR_ROWS and cost["one_row_ms"] > 0 and not cost["dear"]
     assert verification_cost(tiny) is cost  # measured once per pair
     engine = build_engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.0))
-    assert engine.fallback is None and engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"] == cost
+    assert engine.parts.fallback is None and engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"] == cost
     dear = {**cost, "one_row_ms": 300.0, "rows_ms": 900.0, "ratio": 3.0, "dear": True}
     monkeypatch.setitem(tiny.measured, "verification_cost", dear)
     for name in LOSSLESS:
         engine = build_engine(tiny, DEFAULTS[name], SamplingConfig(temperature=0.0))
-        assert engine.fallback is not None, name
-    assert build_engine(tiny, DEFAULTS["ar"], SamplingConfig()).fallback is None
+        assert engine.parts.fallback is not None, name
+    assert build_engine(tiny, DEFAULTS["ar"], SamplingConfig()).parts.fallback is None
     assert engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"]["dear"]
     # what the app asks before it builds an engine, to show a spinner while the machine is timed
     assert times_verification(DEFAULTS["mcsd-improved"], "cpu") and not times_verification(DEFAULTS["ar"], "cpu")
@@ -150,10 +150,10 @@ def test_plain_steps_inside_a_run_keep_the_greedy_tokens(tiny, method):
         eng = build_engine(tiny, DEFAULTS[method].with_(fallback=fallback), SamplingConfig(temperature=0.0))
         eng.start(ids, 40)
         if fallback == "goodput":
-            eng.follow_fallback(SCHEDULE)
+            eng.parts.fallback.force(SCHEDULE)
         eng.run()
         runs[fallback] = eng
-    assert runs["goodput"].committed == runs["off"].committed
+    assert runs["goodput"].state.committed == runs["off"].state.committed
     steps = runs["goodput"].trace.steps
     assert [s.fallback["speculate"] for s in steps] == SCHEDULE[:len(steps)]
     for s in steps:
@@ -177,7 +177,7 @@ def test_a_replay_follows_the_recorded_decisions(tiny):
 
     eng = build_engine(tiny, DEFAULTS["hybrid"].with_(fallback="goodput"), SamplingConfig(temperature=0.8, seed=2))
     eng.start(tiny.tokenizer.encode(PROMPT), 30)
-    eng.follow_fallback(SCHEDULE)
+    eng.parts.fallback.force(SCHEDULE)
     eng.run()
     last = len(eng.trace.steps) - 1
     for i, replayed in replay_steps(tiny, eng.trace, last):
@@ -192,7 +192,7 @@ def test_the_fallback_runs_on_cuda_by_default(tiny_cuda):
     eng.start(tiny_cuda.tokenizer.encode(PROMPT), 40)
     eng.run()
     eng.release()
-    assert eng.fallback is not None and all(s.fallback["reason"] for s in eng.trace.steps)
+    assert eng.parts.fallback is not None and all(s.fallback["reason"] for s in eng.trace.steps)
     # the tiny pair's speculation loses on a GPU; a step that captured graphs is recorded but not measured
     assert any(s.fallback["reason"] == "speculation does not pay" for s in eng.trace.steps)
     assert eng.trace.steps[0].fallback.get("unmeasured") == "graph capture"
@@ -203,7 +203,7 @@ def test_teach_mode_explains_a_plain_step(tiny):
 
     eng = build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0))
     eng.start(tiny.tokenizer.encode(PROMPT), 8)
-    eng.follow_fallback([True, False])
+    eng.parts.fallback.force([True, False])
     first, plain = eng.step(), eng.step()
     text = " ".join(explain_step(plain))
     assert "Plain decoding step" in text and "goodput" in text
@@ -215,9 +215,12 @@ def test_teach_mode_explains_a_plain_step(tiny):
 
 def test_a_replay_continued_past_the_record_follows_the_engines_own_setting(tiny):
     """A CPU run (fallback auto: off) replayed and continued: the steps after the record speculate, no record."""
-    eng = build_engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0))
+    recorded = build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig(temperature=0.0))
+    recorded.start(tiny.tokenizer.encode(PROMPT), 30)
+    recorded.parts.fallback.force([True, False])
+    recorded.run(max_steps=2)
+    eng = build_engine(tiny, DEFAULTS["sd"], SamplingConfig(temperature=0.0), follow=recorded.trace)
     eng.start(tiny.tokenizer.encode(PROMPT), 30)
-    eng.follow_fallback([True, False])
     steps = [eng.step() for _ in range(5)]
     assert [s.fallback.get("speculate") for s in steps] == [True, False, None, None, None]
     assert all(s.drafted for s in steps[2:])
@@ -267,18 +270,18 @@ def test_the_engine_carries_rates_only_to_the_same_method_and_sampling(tiny):
     first.run()
     carried = first.carried()
     state = carried.fallback
-    assert state["rates"] == first.fallback.state() and state["rates"]["spec"] is not None
+    assert state["rates"] == first.parts.fallback.state() and state["rates"]["spec"] is not None
     assert "fallback_carried" not in first.trace.settings
     nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.0, seed=5), carried=carried)  # the seed may differ
     nxt.start(ids, 8)
     step = nxt.step()
-    assert nxt.trace.settings["fallback_carried"] == nxt.fallback.carried and step.fallback["carried"]
+    assert nxt.trace.settings["fallback_carried"] == nxt.parts.fallback.carried and step.fallback["carried"]
     assert "earlier run of the session" in " ".join(explain_step(step))
     assert "carried" not in nxt.step().fallback
     for other in (build_engine(tiny, cfg.with_(gamma=2), greedy, carried=carried),
                   build_engine(tiny, cfg, SamplingConfig(temperature=0.7), carried=carried),
                   build_engine(tiny, DEFAULTS["mcsd"].with_(fallback="goodput"), greedy, carried=carried)):
-        assert other.fallback.carried is None and other.fallback.spec.tok_s is None
+        assert other.parts.fallback.carried is None and other.parts.fallback.spec.tok_s is None
     assert build_engine(tiny, DEFAULTS["sd"], greedy, carried=carried).carried().fallback is None  # CPU auto: off
 
 

@@ -54,7 +54,7 @@ def test_every_method_at_its_defaults_equals_generate_on_each_family(family, fam
         engine = build_engine(pair, config, SamplingConfig(temperature=0.0))
         engine.start(ids, NEW_TOKENS)
         engine.run()
-        assert engine.committed[len(ids):] == expected, f"{name} differs from generate on {family}"
+        assert engine.state.committed[len(ids):] == expected, f"{name} differs from generate on {family}"
 
 
 def test_a_sliding_window_model_loads_with_eager_attention_where_sdpa_is_missing(family_dirs):
@@ -76,7 +76,7 @@ def test_the_window_is_what_makes_long_prompts_exact(monkeypatch):
     engine = build_engine(pair, DEFAULTS["mcsd"], SamplingConfig(temperature=0.0))
     engine.start(ids, NEW_TOKENS)
     engine.run()
-    assert engine.committed[len(ids):] != expected
+    assert engine.state.committed[len(ids):] != expected
 
 
 def test_greedy_check_covers_every_lossless_method_on_a_custom_pair(family_dirs, capsys):
@@ -102,11 +102,11 @@ def test_the_default_tree_method_passes_the_audit_on_a_windowed_family(family):
 def test_a_pair_without_its_own_decision_model_borrows_the_embedded_one_and_adapts():
     pair = tiny_family_pair("llama")
     engine = build_engine(pair, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.0))
-    assert engine.decision_model.source["how"] == "transferred"
-    assert "embedded" in engine.decision_model.source["trained_on"]
-    assert engine.config.adapt == TRANSFER_ADAPT and engine.adapter is not None
+    assert engine.parts.decision_model.source["how"] == "transferred"
+    assert "embedded" in engine.parts.decision_model.source["trained_on"]
+    assert engine.config.adapt == TRANSFER_ADAPT and engine.parts.adapter is not None
     trace = engine.start(pair.tokenizer.encode(PROMPT), 8)
-    assert trace.settings["decision_model"] == {"kind": "context", **engine.decision_model.source}
+    assert trace.settings["decision_model"] == {"kind": "context", **engine.parts.decision_model.source}
     assert trace.settings["method"]["adapt"] == TRANSFER_ADAPT  # a replay rebuilds the same run
     # the hidden-state model reads the draft's width: it cannot transfer, and the error says what to do
     rc = main(["generate", "--models", "tiny", "--prompt", "x", "--stop", "decision", "--decision-model", "hidden",
@@ -130,7 +130,7 @@ def test_calibration_trains_models_for_the_pair_that_are_found_next_time(tmp_pat
     assert card["pair"]["draft_id"] == pair.draft_id and card["data"]["records"] > 0
     assert find_calibrated(pair.draft_id, pair.target_id) is not None
     engine = build_engine(pair, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.0))
-    assert engine.decision_model.source["how"] == "calibrated"
+    assert engine.parts.decision_model.source["how"] == "calibrated"
     assert engine.config.adapt == "off"  # a model of this pair's own needs no adaptation switched on
     with pytest.raises(ValueError, match="at least 4"):
         calibrate(pair, prompts=2)

@@ -37,7 +37,7 @@ def test_a_fused_pair_keeps_its_logits_and_greedy_tokens():
                 eng = build_engine(pair, DEFAULTS[name].with_(fallback="off"), SamplingConfig(temperature=0.0))
                 eng.start(prompt, 24)
                 eng.run()
-                tokens.append(eng.committed[eng.n_prompt:])
+                tokens.append(eng.state.committed[eng.state.n_prompt:])
                 assert eng.trace.model.get("fused_kernels", False) is pair.fused_kernels
             assert tokens[0] == tokens[1], name
         assert fuse_pair(fused) is fused  # once

@@ -68,7 +68,7 @@ def test_a_padded_tree_forward_gives_the_unpadded_logits(tiny, n_tree):
         runner.forward(prompt[:-1], list(range(past)), None, 1)  # prefill (larger than no bucket: eager)
         tiny.target(input_ids=torch.tensor([prompt[:-1]]), past_key_values=plain.hf, use_cache=True)
         plain.length = past
-        got, _ = runner.forward(ids, pos, mask, keep=len(ids))
+        got = runner.forward(ids, pos, mask, keep=len(ids)).logits
         attn = torch.zeros(mask.shape).masked_fill_(~torch.from_numpy(mask), torch.finfo(torch.float32).min)
         ref = tiny.target(input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]),
                           attention_mask=attn[None, None], past_key_values=plain.hf, use_cache=True).logits[0]
@@ -100,15 +100,15 @@ def test_runners_are_reused_and_released(tiny):
     first = build_engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(), kv_cache="static", graphs=True)
     first.start(ids, 12)
     first.step()
-    runners = dict(first._runners)
+    runners = dict(first.forwards.runners)
     first.release()
     with pytest.raises(EngineError, match="released"):
         first.step()
     second = build_engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig(), kv_cache="static",
                     graphs=True)
     second.start(ids, 12)  # same width class: the idle runners (and on a GPU their graphs) are taken again
-    assert second._runners["target"] is runners["target"] and second._runners["draft"] is runners["draft"]
-    assert second.target_kv.length == len(ids)
+    assert second.forwards.runners["target"] is runners["target"] and second.forwards.runners["draft"] is runners["draft"]
+    assert second.state.target_kv.length == len(ids)
     second.run()
     second.release()
 
@@ -135,7 +135,7 @@ def test_cuda_graphs_give_the_eager_traces(tiny_cuda, case):
 def test_capturing_all_buckets_is_a_no_op_off_cuda(tiny):
     eng = build_engine(tiny, DEFAULTS["hybrid"], SamplingConfig(), kv_cache="static", graphs=True)
     eng.start(tiny.tokenizer.encode(PROMPT), 8)
-    assert eng.capture_graphs() == 0 and eng.target_kv.length == len(tiny.tokenizer.encode(PROMPT))
+    assert eng.capture_graphs() == 0 and eng.state.target_kv.length == len(tiny.tokenizer.encode(PROMPT))
     eng.run()
     eng.release()
 
@@ -164,7 +164,7 @@ def test_buckets_captured_up_front_leave_no_capture_to_the_run(tiny_cuda, case):
     assert captures() == before
 
 
-# Chain replays (issue 45, item 6): the levels of one child per node run several at a time, tokens chosen on the device.
+# Chain replays: the levels of one child per node run several at a time, tokens chosen on the device.
 # Each case drafts chains at least three levels deep on the tiny pair in some step, so replays run.
 _improved = MethodConfig(method="mcsd-improved", k_config=(2,), max_depth=6, fallback="off")
 CHAINS = [(c, t) for c, t in GRID if c.method == "sd"] + [
@@ -261,7 +261,7 @@ def test_cuda_chain_replays(tiny_cuda, case):
                        kv_cache="static", graphs=True, chain_levels=8)
     eng.start(tiny_cuda.tokenizer.encode(PROMPT), 24)
     assert eng.capture_graphs() > 0
-    before = eng._graph_captures()
+    before = eng.forwards.captures
     eng.run()
-    assert eng._graph_captures() == before
+    assert eng.forwards.captures == before
     eng.release()

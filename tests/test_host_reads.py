@@ -1,5 +1,5 @@
 """Host reads per step (explorer/engine/runtime/host_reads.py): the CPU's stand-in for the host synchronisations a GPU
-step makes (issue 13: single digits per step). Verification on odds reads a fixed handful of values however large the
+step makes (single digits per step). Verification on odds reads a fixed handful of values however large the
 tree; the reads that remain scale with draft levels, not with nodes."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The instruments of issue 15 on the tiny pair: the tree-attention probe (and a deliberately wrong mask caught by
+"""The "why" instruments on the tiny pair: the tree-attention probe (and a deliberately wrong mask caught by
 it), replaying saved runs, the acceptance report, the field-standard metrics, tree templates, and the commands."""
 
 import json
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from explorer.cli.main import main
-from explorer.engine import machine as engine_module
+from explorer.engine import verification as engine_module
 from explorer.engine.config import DEFAULTS, MethodConfig
 from explorer.engine.factory import build_engine
 from explorer.engine.sampling import SamplingConfig

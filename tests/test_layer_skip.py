@@ -37,7 +37,7 @@ def _lossless_exits(pair, n: int):
     engine = build_engine(pair, DEFAULTS["layer-skip"].with_(fallback="off"), GREEDY)
     engine.start(ids, n)
     engine.run()
-    assert engine.committed[len(ids):] == generate(pair.target, ids, n)
+    assert engine.state.committed[len(ids):] == generate(pair.target, ids, n)
     return engine, [s.drafter["layer_skip"]["exit_layer"] for s in engine.trace.steps]
 
 
@@ -233,7 +233,7 @@ def test_layer_skip_on_the_embedded_target_equals_ar(real_pair):
     engine = build_engine(real_pair, DEFAULTS["layer-skip"].with_(fallback="off"), GREEDY)
     engine.start(ids, 24)
     engine.run()
-    assert engine.committed == plain.committed
+    assert engine.state.committed == plain.state.committed
     assert {s.drafter["layer_skip"]["layers"] for s in engine.trace.steps} == {28}
 
 

@@ -118,7 +118,7 @@ def test_adaptation_changes_drafting_not_the_greedy_output(tiny, adapt, stop):
         assert adapted.steps[i].stop_signals[0].threshold == pytest.approx(adapted.steps[i - 1].adaptation["threshold"])
     else:
         assert recs[-1]["weight_shift"] > 0 and recs[-1]["pred_after"] != recs[-1]["pred_frozen"]
-        assert engine.stop_policy.model is not engine.decision_model
+        assert engine.parts.stop_policy.model is not engine.parts.decision_model
     assert any(seg["phase"] == "stop-policy adaptation" for seg in drafted[-1].timeline)
 
 
@@ -131,7 +131,7 @@ def test_adaptive_runs_round_trip_and_replay(tiny):
     assert back.settings["method"]["adapt"] == "last-layer"
     for i, engine in replay_steps(tiny, back, len(back.steps) - 1):  # the adapter evolves the same way again
         assert engine.trace.steps[i].adaptation == back.steps[i].adaptation
-    assert engine.committed[engine.n_prompt:] == back.generated_ids
+    assert engine.state.committed[engine.state.n_prompt:] == back.generated_ids
 
 
 def test_an_adapter_state_carries_exactly_and_refuses_what_does_not_fit():
@@ -173,11 +173,11 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
     carried = first.carried()
     state = carried.adapter
     assert "adaptation_carried" not in before.settings
-    assert state["key"] and len(state["labels"]) == first.adapter.summary()["records"] > 16
+    assert state["key"] and len(state["labels"]) == first.parts.adapter.summary()["records"] > 16
     nxt = build_engine(tiny, cfg, SamplingConfig(temperature=0.8, seed=9), carried=carried)  # the seed may differ
     nxt.start(tiny.tokenizer.encode("def g(y):"), 24)
     trace = nxt.run()
-    assert nxt.adapter.carried == len(state["labels"]) and trace.settings["adaptation_carried"] == state
+    assert nxt.parts.adapter.carried == len(state["labels"]) and trace.settings["adaptation_carried"] == state
     assert trace.steps[0].adaptation["records"] == len(state["labels"]) + trace.steps[0].adaptation["tokens"]
     from explorer.trace.figures import adaptation_figure  # the first step drafted with tau: a layer carries, not tau
 
@@ -188,7 +188,7 @@ def test_the_next_run_starts_from_what_the_last_one_learned_and_replays(tiny):
                                carried=carried),
                   build_engine(tiny, cfg.with_(adapt="threshold"), SamplingConfig(temperature=0.8),
                                carried=carried)):
-        assert other.adapter.carried == 0
+        assert other.parts.adapter.carried == 0
     back = RunTrace.from_dict(json.loads(json.dumps(trace.to_dict())))
     for i, engine in replay_steps(tiny, back, len(back.steps) - 1):  # a replay starts from the carried state too
         assert engine.trace.steps[i].adaptation == back.steps[i].adaptation

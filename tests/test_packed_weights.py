@@ -44,7 +44,7 @@ def test_packing_a_pair_keeps_its_logits_and_greedy_tokens():
         eng = build_engine(packed, DEFAULTS[name].with_(fallback="off"), SamplingConfig(temperature=0.0))
         eng.start(prompt, 24)
         eng.run()
-        runs.append(eng.committed[eng.n_prompt:])
+        runs.append(eng.state.committed[eng.state.n_prompt:])
         assert eng.trace.model["packed_weights"] is True
     hf = run_hf_assisted(packed, prompt, 24, SamplingConfig(temperature=0.0), helper="plain")
     assert runs[0] == runs[1] == runs[2] == hf["token_ids"]

@@ -49,7 +49,7 @@ def test_greedy_outputs_match_ar_and_transformers_generate(real_pair, prompts):
 @pytest.mark.parametrize("method", ["sd", "mcsd", "mcsd-improved"])
 def test_sampling_runs_are_reproducible(real_pair, prompts, method):
     s = SamplingConfig(temperature=0.7, top_p=0.95, seed=11)
-    # the seed's promise; the goodput fallback's timing-driven plain steps (on by default where rows are dear,
+    # the paper's promise (Lu et al. 2024); the goodput fallback's timing-driven plain steps (on by default where rows are dear,
     # engine/runtime/forward_costs.py) draw differently, so they are held off here, as on machines where rows are cheap
     cfg = DEFAULTS[method].with_(fallback="off")
     a = _run(real_pair, cfg, prompts[1], s, n=16)
@@ -69,7 +69,7 @@ def test_lossy_seed_mode_runs_and_is_labelled(real_pair, prompts):
 def test_learned_stop_policies_use_the_shipped_model(real_pair, prompts, stop):
     cfg = DEFAULTS["mcsd-improved"].with_(stop=stop)
     eng = build_engine(real_pair, cfg, SamplingConfig())
-    assert eng.decision_model.pair["draft_id"] == real_pair.draft_id
+    assert eng.parts.decision_model.pair["draft_id"] == real_pair.draft_id
     eng.start(prompts[0], 24)
     trace = eng.run()
     sigs = [s for st in trace.steps for s in st.stop_signals]

@@ -146,13 +146,13 @@ def dear(tiny, monkeypatch):
 
 def test_only_recycled_branches_with_the_automatic_budget_are_priced_where_rows_cost_time(dear):
     for name in ("token-recycling", "hybrid"):
-        assert build_engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is not None, name
-        assert build_engine(dear, DEFAULTS[name].with_(free_rows=16), SamplingConfig()).row_pricing is None, name
+        assert build_engine(dear, DEFAULTS[name], SamplingConfig()).parts.row_pricing is not None, name
+        assert build_engine(dear, DEFAULTS[name].with_(free_rows=16), SamplingConfig()).parts.row_pricing is None, name
     assert times_verification(DEFAULTS["token-recycling"].with_(fallback="off"), "cpu")
     assert not times_verification(DEFAULTS["token-recycling"].with_(fallback="off"), "cuda")
     for name in ("prompt-lookup", "mcsd-improved", "ar"):
-        assert build_engine(dear, DEFAULTS[name], SamplingConfig()).row_pricing is None, name
-    pricing = build_engine(dear, DEFAULTS["token-recycling"], SamplingConfig()).row_pricing
+        assert build_engine(dear, DEFAULTS[name], SamplingConfig()).parts.row_pricing is None, name
+    pricing = build_engine(dear, DEFAULTS["token-recycling"], SamplingConfig()).parts.row_pricing
     assert (pricing.one_row_ms, pricing.row_ms) == (300.0, 40.0)
 
 
@@ -167,7 +167,7 @@ def test_priced_runs_keep_the_greedy_tokens_record_their_prices_and_replay(dear)
         eng.start(ids, 40)
         eng.run()
         runs[rows] = eng
-    assert runs[0].committed == runs[32].committed
+    assert runs[0].state.committed == runs[32].state.committed
     trace = runs[0].trace
     assert trace.model["row_pricing"] == {"one_row_ms": 300.0, "jump_ms": 0.0, "row_ms": 40.0}
     records = [s.drafter["row_pricing"] for s in trace.steps]

@@ -101,7 +101,7 @@ def test_only_the_lossless_improved_mcsd_chooses_its_tree_online():
     # room for the widest tree the choice may draft
     published = DEFAULTS["mcsd-improved"].with_(tree_choice="fixed")
     assert ONLINE.max_nodes() == 4 * ONLINE.max_depth > published.max_nodes()
-    # the default chooses online; the seed's lossy mode, set without a tree choice, takes the published shape
+    # the default chooses online; Lu et al.'s lossy mode, set without a tree choice, takes the published shape
     assert DEFAULTS["mcsd-improved"].tree_choice == "online"
     assert DEFAULTS["mcsd-improved"].with_(lossy=True).tree_choice == "fixed"
     with pytest.raises(ValueError, match="lossy"):

@@ -148,18 +148,18 @@ def audit_engine(engine: Engine, prompt_ids: list[int], samples: int, two_tokens
     if samples < 1:
         raise ValueError("samples must be >= 1")
     n_tokens = 2 if two_tokens else 1
-    # Room for whole trees (the engine drafts no deeper than the tokens left, ``Engine.reach``): the audit must
+    # Room for whole trees (the engine drafts no deeper than the tokens left, ``drafters.base.Reach``): the audit must
     # verify the method's full tree, and the first tokens of a longer run follow the same law.
     spare = pair.max_positions - positions_needed(config, len(prompt_ids), n_tokens)
     engine.start(prompt_ids, n_tokens + max(0, min(spare, config.max_nodes())))
-    p1 = engine.next_dist.detach().clone()
+    p1 = engine.state.next_dist.detach().clone()
     firsts: dict[int, int] = {}
     pairs: dict[tuple[int, int], int] = {}
     for s in range(samples):
         engine.rewind(seed=sampling.seed + s)
         while engine.n_generated < n_tokens and not engine.finished:
             engine.step()
-        gen = engine.committed[engine.n_prompt:]
+        gen = engine.state.committed[engine.state.n_prompt:]
         firsts[gen[0]] = firsts.get(gen[0], 0) + 1
         if two_tokens:  # a first token that ends the run (EOS) is its own category (x1, -1)
             key = (gen[0], gen[1] if len(gen) >= 2 else -1)
@@ -188,8 +188,8 @@ def audit_engine(engine: Engine, prompt_ids: list[int], samples: int, two_tokens
         for a, b in list(pairs)[:200]:
             labels[str((a, b))] = pair.tokenizer.decode([a]) + "|" + (pair.tokenizer.decode([b]) if b >= 0 else "(end)")
     adaptation = {}
-    if engine.adapter is not None:  # it learned across all samples (it outlives rewind): show how far it moved
-        adaptation = {**engine.adapter.summary(), "start_threshold": engine.adapter.start_threshold}
+    if engine.parts.adapter is not None:  # it learned across all samples (it outlives rewind): show how far it moved
+        adaptation = {**engine.parts.adapter.summary(), "start_threshold": engine.parts.adapter.start_threshold}
     return AuditResult(method=config.to_dict(), verifier=engine.verifier_name, sampling=sampling.to_dict(),
                        samples=samples, alpha=alpha, first=first, pairs=pair_cmp, labels=labels,
                        adaptation=adaptation)

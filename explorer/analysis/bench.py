@@ -256,7 +256,7 @@ def aggregate(rows: list[dict]) -> dict:
     calls, drafted, accepted = total("target_calls"), total("drafted_tokens"), total("accepted_draft_tokens")
     draft_s = total("draft_ms") / 1e3 if total("draft_ms") is not None else None
     verify_s = total("verify_ms") / 1e3 if total("verify_ms") is not None else None
-    seed_acc = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]
+    rates = [r["acceptance_rate"] for r in rows if r.get("acceptance_rate") is not None]
     other_s = seconds - draft_s - verify_s if draft_s is not None and verify_s is not None else None
     # Engine overhead: wall time of the steps (everything but the prefill) spent outside model forwards.
     forward, prefill = total("forward_ms"), total("prefill_ms")
@@ -265,7 +265,7 @@ def aggregate(rows: list[dict]) -> dict:
     return {"runs": len(rows), "generated_tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
             "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
-            "drafted_tokens": drafted, "acceptance_rate": _mean(seed_acc),
+            "drafted_tokens": drafted, "acceptance_rate": _mean(rates),
             "mcsd_acceptance_rate": accepted / drafted if drafted else None,
             "draft_s": draft_s, "verify_s": verify_s, "other_s": other_s, "overhead_share": overhead,
             "plain_step_share": total("plain_steps") / total("steps") if total("steps") else None,

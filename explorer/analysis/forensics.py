@@ -1,4 +1,4 @@
-"""Rejection forensics over a prompt set (issue 44): which drafted tokens the target rejects, where, and why, from
+"""Rejection forensics over a prompt set: which drafted tokens the target rejects, where, and why, from
 recorded traces only (no model, no torch).
 
 Every drafted node the verifier tested (accepted or rejected: nodes below a rejection were never tested, and the

@@ -1,4 +1,4 @@
-"""Forensics as figures and a self-contained HTML report, and the diff of two forensics (issue 44).
+"""Forensics as figures and a self-contained HTML report, and the diff of two forensics.
 
 Reads the plain data of ``Forensics.to_dict`` (``forensics.json``) only: the app's Forensics page, the command's
 ``forensics.html`` and a report opened again later draw the same figures. ``diff`` compares two forensics of the same
@@ -143,9 +143,9 @@ def _table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
             return f"{v:.2f}"
         return html.escape(repr(v) if isinstance(v, str) and v.strip() != v or v == "" else str(v))
 
-    head = "".join(f"<th>{html.escape(t)}</th>" for _, t in columns)
+    header = "".join(f"<th>{html.escape(t)}</th>" for _, t in columns)
     body = "".join("<tr>" + "".join(f"<td>{cell(r.get(k))}</td>" for k, _ in columns) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<table><tr>{header}</tr>{body}</table>"
 
 
 CONFUSION_COLUMNS = [("drafted", "drafted"), ("committed", "committed instead"), ("count", "count"),

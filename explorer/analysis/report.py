@@ -44,8 +44,8 @@ def markdown_table(report: dict) -> str:
              f"{m['device']}, draft {m.get('draft_quant', 'none')} ({m['machine']}; torch {m['torch']}, "
              f"transformers {m['transformers']})", "",
              "| T | method | tokens/s | speed-up vs ar | ratio vs hf-assisted | ratio vs hf-assisted-bf16 | "
-             "ratio vs hf-prompt-lookup | tokens / target call | acceptance (seed) | acceptance (MCSD) | draft s | "
-             "verify s | other s | engine overhead | plain steps | host syncs / step |",
+             "ratio vs hf-prompt-lookup | tokens / target call | acceptance (Lu et al.) | acceptance (MCSD) | "
+             "draft s | verify s | other s | engine overhead | plain steps | host syncs / step |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]:
         lines.append(f"| {r['temperature']:g} | {_label(r)} | {_f(r['tokens_per_s'])} | "
@@ -78,9 +78,9 @@ def _html_table(md: str) -> str:
     """A Markdown table (header, rule, rows) as an HTML table."""
     lines = [line for line in md.splitlines() if line.startswith("|")]
     cells = [[html.escape(c.strip()) for c in line.strip("|").split("|")] for line in lines]
-    head = "".join(f"<th>{c}</th>" for c in cells[0])
+    header = "".join(f"<th>{c}</th>" for c in cells[0])
     rows = "".join(f"<tr>{''.join(f'<td>{c}</td>' for c in row)}</tr>" for row in cells[2:])
-    return f"<table><tr>{head}</tr>{rows}</table>"
+    return f"<table><tr>{header}</tr>{rows}</table>"
 
 
 def write_reports(report: dict, out_dir: str | Path) -> dict[str, Path]:

@@ -60,7 +60,7 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                         "forward costs the run measures; fixed = the published root width (k_config); --lossy "
                         "takes fixed")
     g.add_argument("--lossy", action="store_true",
-                   help="mcsd-improved: the seed's target-initialized roots + longest-branch rule (LOSSY)")
+                   help="mcsd-improved: the target-initialized roots + longest-branch rule of Lu et al. 2024 (LOSSY)")
     g.add_argument("--stop", choices=STOP_POLICY_NAMES, help="mcsd-improved stop policy (decision, prune and "
                                                             "specdec++ read a learned decision model)")
     g.add_argument("--threshold", type=float,
@@ -144,7 +144,7 @@ def method_config_from_args(args) -> MethodConfig:
     if getattr(args, "lossy", False):
         changes["lossy"] = True
         if "k_config" not in changes:
-            changes["k_config"] = (1,)  # the seed's fork: one draft chain under each root
+            changes["k_config"] = (1,)  # the fork of Lu et al. 2024: one draft chain under each root
     if getattr(args, "verifier", None):
         changes["verifier"] = args.verifier
     return base.with_(**changes)

@@ -1,4 +1,4 @@
-"""``python -m explorer forensics``: rejection forensics over a prompt set (issue 44; ``analysis/forensics.py``).
+"""``python -m explorer forensics``: rejection forensics over a prompt set (``analysis/forensics.py``).
 
 Runs ``generate``'s pair, method and sampling options over ``--prompt`` / ``--prompt-file`` (``--save-traces DIR``
 keeps each run), or reads saved traces (``--trace``: files or folders of ``*.json``; a file that cannot be read is

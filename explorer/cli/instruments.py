@@ -1,5 +1,5 @@
-"""``python -m explorer probe | acceptance | calibration | timeline | counterfactual``: the instruments (issues 15
-and 16) on the command line.
+"""``python -m explorer probe | acceptance | calibration | timeline | counterfactual``: the instruments
+on the command line.
 
 ``probe``, ``acceptance`` and ``calibration`` take ``generate``'s model, method, sampling and prompt options, or
 ``--trace`` for saved runs (replayed on the models for the probe, read as they are for the others); ``timeline``

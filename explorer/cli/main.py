@@ -41,8 +41,8 @@ from ..lessons.record import record_lessons, time_lessons
 from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
 from ..trace.records import save_run
-from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, decision_model_from_args,
-                   load_pair_from_args, method_config_from_args, prompts_from_args, runs_from_args)
+from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, load_pair_from_args,
+                   method_config_from_args, prompts_from_args, runs_from_args)
 from .decision import add_decision_parser
 from .forensics import add_forensics_parser
 from .instruments import add_instrument_parsers

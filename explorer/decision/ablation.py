@@ -62,8 +62,8 @@ def ablation(pair, prompts_ids: list[list[int]], *, policies, temperatures, max_
 
 
 def markdown_table(rows: list[dict], title: str = "") -> str:
-    head = ("| T | method | stop policy | τ / h | tokens/s | speed-up vs ar | tokens / target call | "
-            "acceptance (seed) | acceptance (MCSD) | draft calls |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    header = ("| T | method | stop policy | τ / h | tokens/s | speed-up vs ar | tokens / target call | "
+            "acceptance (Lu et al.) | acceptance (MCSD) | draft calls |\n|---|---|---|---|---|---|---|---|---|---|\n")
 
     def f(x, nd=2):
         return "–" if x is None else f"{x:.{nd}f}"
@@ -73,7 +73,7 @@ def markdown_table(rows: list[dict], title: str = "") -> str:
         f"{' (' + r['decision_model'] + ')' if r.get('decision_model') else ''} | {f(r['threshold'])} | "
         f"{f(r['tokens_per_s'])} | {f(r['speedup_vs_ar'])}x | {f(r['tokens_per_target_call'])} | "
         f"{f(r['acceptance_rate'])} | {f(r['mcsd_acceptance_rate'])} | {r['draft_calls']} |\n" for r in rows)
-    return (f"**{title}**\n\n" if title else "") + head + body
+    return (f"**{title}**\n\n" if title else "") + header + body
 
 
 def write_report(rows: list[dict], path: str | Path, meta: dict) -> None:

@@ -87,8 +87,8 @@ def leave_one_kind_out(folders, *, held_out=None, models=KINDS, val_fraction: fl
 def markdown_table(report: dict) -> str:
     """The study as a Markdown table: one line per held-out kind, ROC-AUC (soft / greedy) per model."""
     models = list(report["worst"])
-    head = "| held-out kind | prompts | tokens | " + " | ".join(f"{m} AUC soft / greedy" for m in models) + " |"
-    lines = [head, "|" + "---|" * (3 + len(models))]
+    header = "| held-out kind | prompts | tokens | " + " | ".join(f"{m} AUC soft / greedy" for m in models) + " |"
+    lines = [header, "|" + "---|" * (3 + len(models))]
     for k in dict.fromkeys(r["held_out"] for r in report["rows"]):
         cells = {r["model"]: r for r in report["rows"] if r["held_out"] == k}
         any_row = next(iter(cells.values()))

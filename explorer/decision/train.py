@@ -1,6 +1,6 @@
 """Train the two decision models on collected data (``collect.py``) and write them with their card.
 
-As in the seed (Lu et al. 2024): binary cross-entropy on the soft labels ``min(1, p/q)``; here with Adam, the
+As in Lu et al. 2024: binary cross-entropy on the soft labels ``min(1, p/q)``; here with Adam, the
 validation set split *by prompt* (no prompt contributes tokens to both sides), inputs standardised with the
 training mean and std, and early stopping on the validation loss (the best epoch's weights are kept).
 The card's threshold is Youden's J on the validation prompts (``scores.choose_threshold``).

@@ -1,4 +1,4 @@
-"""What a run learned that the session's next run may start from: one typed record of plain data (issue 42).
+"""What a run learned that the session's next run may start from: one typed record of plain data.
 
 Five parts of a run learn as they go and are worth keeping between the runs of one session (the app's runs, the
 bench's prompts of one method and temperature): Token Recycling's adjacency matrix

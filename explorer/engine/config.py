@@ -43,10 +43,10 @@ class MethodConfig:
             ``token-recycling``, ``hybrid``, ``layer-skip``).
         gamma: draft chain length for ``sd`` and ``layer-skip``.
         k_config: children per node at each draft level (``mcsd``; for ``mcsd-improved`` the first levels,
-            padded with 1s up to ``max_depth``: 1s make the "fork" chains of the seed).
+            padded with 1s up to ``max_depth``: 1s make the "fork" chains of Lu et al. 2024).
         width: target-initialized roots (``mcsd-improved`` with ``lossy``).
         max_depth: maximum draft levels for ``mcsd-improved``.
-        lossy: ``mcsd-improved`` only: the seed's target-initialized roots + longest-branch rule (biased output).
+        lossy: ``mcsd-improved`` only: Lu et al.'s target-initialized roots + longest-branch rule (biased output).
             Off (default): one target root (the bonus token) and a lossless draft tree.
         stop: stop policy for ``mcsd-improved`` (``stopping.STOP_POLICY_NAMES``: none, confidence, decision,
             prune, specdec++, goodput); ``sd``/``mcsd`` never stop early.
@@ -55,15 +55,15 @@ class MethodConfig:
         decision_model: which learned model the decision, prune and specdec++ policies read: ``context`` (the
             default: ``path`` plus session evidence, n-gram matches in the context and the target's earlier top
             candidates; the only one >= 0.75 ROC-AUC on every held-out prompt kind), ``path`` (``dist`` plus the
-            token's q, depth and path probability: scores siblings apart), ``dist`` (entropy + top-10 of q, the
-            seed's) or ``hidden`` (the draft's last hidden state, the seed's). See docs/decision.md.
+            token's q, depth and path probability: scores siblings apart), ``dist`` (entropy + top-10 of q, from
+            Lu et al. 2024) or ``hidden`` (the draft's last hidden state, from the same paper). See docs/decision.md.
         branch_threshold: adaptive width (``mcsd`` and ``mcsd-improved``): a node gets its level's k children
             only where the draft's top probability is below this, else one child (a sure draft's second candidate
             is rarely accepted but costs a draft row on every later level). 1.0 = the fixed k_config.
         verifier: ``auto`` (greedy at temperature 0, else ``rrs``), ``rrs`` (without replacement, MCSD),
             ``rrs-replacement`` (SpecInfer), ``mcns`` (naive), ``spechub`` (two drafts per node) or one that
             ``register_verifier`` added (``VERIFIERS``). Drafting follows the verifier. The lossy mode always uses
-            the seed's longest-branch rule.
+            the longest-branch rule of Lu et al. 2024.
         lookup_tokens: prompt lookup: most tokens copied after a match (the adaptive copy length's cap; see
             ``drafters/lookup.py``; transformers copies a fixed ``prompt_lookup_num_tokens``).
         lookup_ngram: prompt lookup: the longest n-gram matched (shorter ones are tried when it has no match).
@@ -176,7 +176,7 @@ class MethodConfig:
         if self.lossy and self.method != "mcsd-improved":
             raise ValueError(f"the lossy mode belongs to mcsd-improved, not {self.method}")
         if self.lossy and self.verifier != "auto":
-            raise ValueError("the lossy mode uses the seed's longest-branch rule; leave the verifier on auto")
+            raise ValueError("the lossy mode uses Lu et al.'s longest-branch rule; leave the verifier on auto")
         hub = self.verifier != "auto" and VERIFIER_REGISTRY[self.verifier].draws == "hub"  # SpecHub's pairs
         if hub and any(k > 2 for k in self.draft_branching()):
             shape = f"tree template {self.tree}" if self.tree else f"k_config {self.k_config}"
@@ -219,7 +219,7 @@ class MethodConfig:
         return n
 
     def max_draft_depth(self) -> int:
-        """Deepest draft level a step can reach (the seed's acceptance rate divides by it; 0 for ``ar``)."""
+        """Deepest draft level a step can reach (the acceptance rate of Lu et al. 2024 divides by it; 0 for ``ar``)."""
         depth = len(self.draft_branching())
         if "lookup" in self.spec.free:
             depth = max(depth, self.lookup_tokens)
@@ -264,8 +264,8 @@ class MethodConfig:
 
     def with_(self, **changes) -> "MethodConfig":
         """A copy with ``changes``; a new stop policy without a threshold gets that policy's default (and a fixed
-        cost ratio unless it is ``goodput``); the seed's lossy mode without a tree choice gets the published shape
-        (the root width is chosen online for the lossless method only)."""
+        cost ratio unless it is ``goodput``); the lossy mode of Lu et al. 2024 without a tree choice gets the published
+        shape (the root width is chosen online for the lossless method only)."""
         if changes.get("lossy") and "tree_choice" not in changes:
             changes["tree_choice"] = "fixed"
         if "stop" in changes and "threshold" not in changes and changes["stop"] != self.stop:

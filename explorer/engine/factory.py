@@ -1,7 +1,7 @@
 """Where an engine's parts are built: one place from a ``MethodConfig``, a ``SamplingConfig`` and the pair.
 
-``Engine`` (``engine/machine.py``) is only the step machine (draft, verify, commit, record); the strategies and meters
-it steps with are built here:
+``Engine`` (``engine/machine.py``) is only the step machine (draft, verify, commit, record, notify); the strategies
+and meters it steps with are built here:
 
 * the drafter (``drafters.make_drafter``) and the free rows its branches may fill (``config.free_row_budget``);
 * the stop policy (``stopping.make_stop_policy``) and, for the learned ones, the decision model that serves the
@@ -13,7 +13,13 @@ it steps with are built here:
   same terms;
 * the row pricing of Token Recycling's branches on a CPU (``drafters/row_pricing.py``);
 * the goodput stop policy's measured cost ratio (``engine/policies/cost_ratio.py``);
-* the verifier's name for the sampling (``MethodConfig.verifier_for``).
+* the online tree choice (``policies/tree_choice.py``) and the forward costs it prices steps with;
+* the verifier's name for the sampling (``MethodConfig.verifier_for``);
+* the step's observers (``engine/observers.py``), in the order a step notifies them.
+
+A replay hands the recorded run to the same place (``build_engine(..., follow=trace)``): the parts start from what
+the recording started from and take the recorded timing-driven decisions (the fallback's, the measured cost ratio,
+the row prices, the tree costs) instead of this machine's timings.
 
 Call ``build_engine`` wherever a run starts (CLI, app, bench, audit, decision collect, replays, tests).
 """
@@ -24,15 +30,20 @@ import json
 
 from ..models.early_exit import LayerSkipError, self_draft_pair
 from ..models.pair import ModelPair
+from ..trace.records import RunTrace
 from .carried import Carried
 from .config import MethodConfig, free_row_budget
 from .drafters import make_drafter
 from .drafters.row_pricing import RowPricing
-from .machine import Engine, EngineError, EngineParts
+from .machine import Engine
+from .observers import (AdaptationObserver, CostRatioObserver, FallbackObserver, RowPricingObserver,
+                        TreeChoiceObserver)
+from .parts import EngineError, EngineParts
 from .policies.cost_ratio import CostRatioMeter
 from .policies.fallback import GoodputFallback, asks_row_costs, fallback_active
 from .policies.stopping import LEARNED_POLICIES, adapt_problem, make_stop_policy
-from .runtime.forward_costs import row_ms, row_prices, rows_are_dear
+from .policies.tree_choice import ONLINE_ROOTS, TreeChooser
+from .runtime.forward_costs import row_ms, row_prices, rows_are_dear, tree_costs
 from .sampling import SamplingConfig
 from .stop_models.model import DecisionModelError, decision_model_for
 from .stop_models.online import AdaptError, make_adapter
@@ -102,14 +113,14 @@ def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None)
 
 
 def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
-                carried: Carried | None = None) -> EngineParts:
+                carried: Carried | None = None, follow: RunTrace | None = None) -> EngineParts:
     """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
     ``resolve_decision``'s config (a transferred decision model adapts online); ``build_engine`` gives the engine
     that config too.
 
     Raises:
-        EngineError: a learned stop policy with no decision model for this pair, or a carried adaptation state
-            that does not fit the adapter.
+        EngineError: a learned stop policy with no decision model for this pair, a carried adaptation state that
+            does not fit the adapter, or a followed trace whose row prices are malformed.
         ValueError: a stop policy threshold outside [0, 1] (``stopping.make_stop_policy``).
     """
     config, decision_model = resolve_decision(pair, config, decision_model)
@@ -120,11 +131,18 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     key = carry_key(pair, config, sampling)  # what the fallback's rates and the two choosers belong to
     exits = carried.layer_skip["state"] if carried.layer_skip and carried.layer_skip.get("key") == key else None
     tree = carried.tree["state"] if carried.tree and carried.tree.get("key") == key else None
+    chooser, costs = None, None
+    if config.tree_choice == "online":  # priced with the recorded run's costs in a replay: timed, not computed
+        costs = (follow.model.get("tree_costs") if follow is not None else None) or tree_costs(pair)
+        chooser = TreeChooser(ONLINE_ROOTS, published=config.draft_branching()[0], max_depth=config.max_depth,
+                              branch_threshold=config.branch_threshold)
+        chooser.costs = costs
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling, exits, tree), stop_policy=stop_policy,
+        drafter=make_drafter(config, carried.recycling, exits, chooser, tree), stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
-        free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True), carry_key=key)
+        free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True), carry_key=key,
+        tree_costs=costs)
     if config.adapt != "off":
         parts.adapter = make_adapter(config.adapt, stop_policy)
         parts.adapter_key = carry_key(pair, config, sampling, parts.adapter.model_id)
@@ -142,13 +160,62 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
         parts.row_pricing = RowPricing.from_prices(row_prices(pair))
     if config.cost_ratio == "measured":
         parts.cost_meter = CostRatioMeter(config.threshold, row_ms=row_ms(pair))
+    if follow is not None:
+        _follow(parts, follow)
+    parts.observers = _observers(parts, chooser)
     return parts
+
+
+def _follow(parts: EngineParts, trace: RunTrace) -> None:
+    """Make ``parts`` take ``trace``'s timing-driven decisions whatever this machine measures: speculate or take a
+    plain step as recorded (a fallback that only replays where the run has none), the measured cost ratio after
+    each step, the free rows' prices (none where the recording priced none). Raises EngineError for malformed
+    recorded prices."""
+    if parts.fallback is None:
+        parts.fallback = GoodputFallback(replay_only=True)
+    parts.fallback.force([s.fallback.get("speculate", True) for s in trace.steps])
+    if parts.cost_meter is not None:
+        parts.cost_meter.force([s.cost.get("next") for s in trace.steps])
+    try:
+        parts.row_pricing = RowPricing.from_prices(trace.model.get("row_pricing"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"the trace's row pricing cannot be replayed: {exc!r}") from None
+
+
+def _observers(parts: EngineParts, chooser: TreeChooser | None) -> list:
+    """What learns from each verified step besides the drafter (notified first, ``Engine._notify``), in the order a
+    step notifies them (``engine/observers.py``): the tree choice, the adaptation and the row prices, then the meters
+    that read the step's times."""
+    observers = []
+    if chooser is not None:
+        observers.append(TreeChoiceObserver(chooser))
+    if parts.adapter is not None:
+        observers.append(AdaptationObserver(parts.adapter, parts.stop_policy))
+    if parts.row_pricing is not None:
+        observers.append(RowPricingObserver(parts.row_pricing))
+    if parts.fallback is not None:
+        observers.append(FallbackObserver(parts.fallback))
+    if parts.cost_meter is not None:
+        observers.append(CostRatioObserver(parts.cost_meter, parts.stop_policy))
+    return observers
+
+
+def carried_from_trace(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, trace: RunTrace) -> Carried:
+    """What a recorded run started from (its trace's settings): Token Recycling's matrix, the carried stop-policy
+    adaptation, ``layer-skip``'s exit chooser and the tree chooser, keyed for this pair, so a replay starts there."""
+    initial = trace.settings.get("recycling_initial")
+    state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
+    exits, tree = trace.settings.get("layer_skip_carried"), trace.settings.get("tree_carried")
+    key = carry_key(pair, config, sampling)
+    return Carried(recycling=state, adapter=trace.settings.get("adaptation_carried"),
+                   layer_skip={"key": key, "state": exits} if exits else None,
+                   tree={"key": key, "state": tree} if tree else None)
 
 
 def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
                  carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
-                 joint_prefill: bool = False) -> Engine:
+                 joint_prefill: bool = False, follow: RunTrace | None = None) -> Engine:
     """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
 
     Args:
@@ -164,6 +231,8 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             adaptation are used where they come from the same method, sampling (seed aside), pair and device (and
             decision model), else ignored. The adaptation a run starts from is recorded in the trace
             (``adaptation_carried``) for replays. None starts afresh.
+        follow: a recorded run to replay (``instruments/replay.py``): the parts start from what it started from
+            (``carried_from_trace``, in place of ``carried``) and take its timing-driven decisions (``_follow``).
     Raises:
         EngineError: as ``build_parts`` and ``Engine`` do (no decision model for a learned stop policy, an unknown
             ``kv_cache``, graphs without a static cache).
@@ -176,10 +245,12 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             pair = self_draft_pair(pair)
         except LayerSkipError as exc:
             raise EngineError(str(exc)) from None
-    parts = build_parts(pair, config, sampling, decision_model, carried)
+    if follow is not None:
+        carried = carried_from_trace(pair, config, sampling, follow)
+    parts = build_parts(pair, config, sampling, decision_model, carried, follow)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
                   graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels, joint_prefill=joint_prefill)
 
 
-__all__ = ["TRANSFER_ADAPT", "build_engine", "build_parts", "can_fall_back", "carry_key", "prices_rows",
-           "resolve_decision", "times_verification"]
+__all__ = ["TRANSFER_ADAPT", "build_engine", "build_parts", "can_fall_back", "carried_from_trace", "carry_key",
+           "prices_rows", "resolve_decision", "times_verification"]

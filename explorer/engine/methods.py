@@ -1,6 +1,6 @@
 """The decoding methods, each described once: a drafter, the tree it builds, whether a stop policy applies.
 
-A method is a composition (issue 14): a *drafter* proposes the step's draft tree (``engine/drafters/``), a
+A method is a composition: a *drafter* proposes the step's draft tree (``engine/drafters/``), a
 *verifier* decides what is committed (``engine/verify/rules.py``, chosen from the sampling settings and
 ``MethodConfig.verifier``), and for model drafting a *stop policy* ends drafting early
 (``engine/policies/stopping.py``). Plain data, no torch.
@@ -50,7 +50,7 @@ METHOD_SPECS = {s.name: s for s in (
     MethodSpec("sd", "Speculative decoding (SD, chain)", "chain", summary="a chain of gamma draft tokens"),
     MethodSpec("mcsd", "MCSD (draft tree, one target pass)", "tree",
                summary="a k_config tree of draft tokens verified in one target pass"),
-    MethodSpec("mcsd-improved", "Improved MCSD (seed paper)", "stoppable",
+    MethodSpec("mcsd-improved", "Improved MCSD (Lu et al. 2024)", "stoppable",
                summary="a draft tree whose drafting stops early by a stop policy"),
     MethodSpec("prompt-lookup", "Prompt lookup (n-gram copies, free)", "none", ("lookup",),
                summary="continuations of earlier occurrences of the last n-gram, no draft model"),

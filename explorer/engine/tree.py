@@ -282,36 +282,37 @@ class DraftTree:
         return [i for i in range(len(self)) if i not in has_child]
 
 
-def step_mask(past_len: int, chain_len: int, chain_in_query: bool, anc: np.ndarray, start: int, stop: int) -> np.ndarray:
+def step_mask(past_len: int, uncached_len: int, uncached_in_query: bool, anc: np.ndarray, start: int,
+              stop: int) -> np.ndarray:
     """Bool attention mask for one forward inside a speculative step.
 
-    Key layout: ``past_len`` cached committed tokens, then ``chain_len`` committed tokens that this model has not
+    Key layout: ``past_len`` cached committed tokens, then ``uncached_len`` committed tokens that this model has not
     cached yet (fed in the step's first forward), then tree nodes ``0..stop-1`` in breadth-first order.
-    Query rows: the chain (if ``chain_in_query``), then tree nodes ``start..stop-1``.
+    Query rows: the uncached committed tokens (if ``uncached_in_query``), then tree nodes ``start..stop-1``.
 
     Returns:
-        ``(n_query, past_len + chain_len + stop)`` bool, True where attention is allowed.
+        ``(n_query, past_len + uncached_len + stop)`` bool, True where attention is allowed.
     """
-    n_ctx = past_len + chain_len
-    n_q = (chain_len if chain_in_query else 0) + (stop - start)
+    n_ctx = past_len + uncached_len
+    n_q = (uncached_len if uncached_in_query else 0) + (stop - start)
     mask = np.zeros((n_q, n_ctx + stop), dtype=bool)
     r = 0
-    if chain_in_query:
-        for j in range(chain_len):
+    if uncached_in_query:
+        for j in range(uncached_len):
             mask[j, : past_len + j + 1] = True
-        r = chain_len
+        r = uncached_len
     mask[r:, :n_ctx] = True
     mask[r:, n_ctx:] = anc[start:stop, :stop]
     return mask
 
 
-def step_position_ids(past_len: int, chain_len: int, chain_in_query: bool, depth: list[int], start: int,
+def step_position_ids(past_len: int, uncached_len: int, uncached_in_query: bool, depth: list[int], start: int,
                       stop: int) -> list[int]:
-    """Position ids for the rows of ``step_mask``: chain tokens count on from ``past_len``; a tree node sits at
-    ``L - 1 + depth`` with ``L = past_len + chain_len`` committed tokens."""
-    anchor = past_len + chain_len - 1
-    chain = list(range(past_len, past_len + chain_len)) if chain_in_query else []
-    return chain + [anchor + depth[i] for i in range(start, stop)]
+    """Position ids for the rows of ``step_mask``: the uncached committed tokens count on from ``past_len``; a tree
+    node sits at ``L - 1 + depth`` with ``L = past_len + uncached_len`` committed tokens."""
+    anchor = past_len + uncached_len - 1
+    uncached = list(range(past_len, past_len + uncached_len)) if uncached_in_query else []
+    return uncached + [anchor + depth[i] for i in range(start, stop)]
 
 
 def to_float_mask(mask: np.ndarray, dtype: torch.dtype, device) -> torch.Tensor:

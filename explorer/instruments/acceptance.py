@@ -1,4 +1,4 @@
-"""Expected against realised acceptance over runs, and the optimal tree for the measured rates (issue 15).
+"""Expected against realised acceptance over runs, and the optimal tree for the measured rates.
 
 From step traces alone (``engine/verify/expectation.py`` recorded every node's odds during the run):
 

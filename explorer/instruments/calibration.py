@@ -1,4 +1,4 @@
-"""Stop-signal calibration (issue 16): does a stop policy's score predict acceptance, and what would each threshold
+"""Stop-signal calibration: does a stop policy's score predict acceptance, and what would each threshold
 have cost?
 
 Over runs (traces: nothing here needs a model), every drafted node the verifier tested and the policy scored is a

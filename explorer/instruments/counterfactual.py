@@ -1,4 +1,4 @@
-"""Counterfactual steps (issue 16): re-verify a recorded step from its saved state, as recorded or edited.
+"""Counterfactual steps: re-verify a recorded step from its saved state, as recorded or edited.
 
 The run is replayed up to the step before (``replay.py``, checked token by token), so the models, both KV caches,
 the drafter and the random generator are exactly where they were. Then the step runs again:
@@ -181,7 +181,7 @@ def rescored(engine, d: Drafted, tree: DraftTree, old_to_new: dict[int, int], pr
     model_roots = [i for i in tree.children(-1) if tree.source[i] not in FREE_SOURCES + ("target",)]
     if model_roots and not sampling.greedy and 0 not in d.q_rows:
         raise EditError("this step has no draft distribution at the anchor to test a new root against")
-    if any(tree.source[i] == "draft" for i in range(len(tree))) and (engine.draft_kv is None or not d.calls):
+    if any(tree.source[i] == "draft" for i in range(len(tree))) and (engine.state.draft_kv is None or not d.calls):
         raise EditError("the draft model did not draft this step (a method or step without it): only its own "
                         "(free) tokens can be edited")
     q_rows, q_show, q_top = LazyRows(), {}, {}
@@ -190,11 +190,11 @@ def rescored(engine, d: Drafted, tree: DraftTree, old_to_new: dict[int, int], pr
     if 0 in d.q_top:
         q_top[0] = d.q_top[0]
     calls, draft_rows = d.calls, {}
-    if engine.draft_kv is not None and d.calls and len(tree):
-        engine.draft_kv.rewind(d.head)  # forget the drafted levels: the edited tree is fed whole
-        mask = step_mask(d.head, 0, False, tree.anc, 0, len(tree))
-        pos = step_position_ids(d.head, 0, False, tree.depth, 0, len(tree))
-        fwd = engine.forward("draft", list(tree.token), pos, mask, keep=len(tree))
+    if engine.state.draft_kv is not None and d.calls and len(tree):
+        engine.state.draft_kv.rewind(d.tree_start)  # forget the drafted levels: the edited tree is fed whole
+        mask = step_mask(d.tree_start, 0, False, tree.anc, 0, len(tree))
+        pos = step_position_ids(d.tree_start, 0, False, tree.depth, 0, len(tree))
+        fwd = engine.forwards.forward("draft", list(tree.token), pos, mask, keep=len(tree))
         calls += 1
         draft_rows = {i: i for i in range(len(tree))}
         qd = RowDists(fwd.logits, sampling)
@@ -305,7 +305,7 @@ def counterfactual(pair, trace: RunTrace, step: int, edit: StepEdit | None = Non
         except ValueError as exc:
             raise EditError(str(exc)) from None
         if edit.seed is not None:
-            engine.generator.manual_seed(int(edit.seed))
+            engine.state.generator.manual_seed(int(edit.seed))
         engine.verifier_name = edit.verifier or engine.config.verifier_for(engine.sampling.greedy)
     hook = None
     if edit.edits_tree:

@@ -69,7 +69,7 @@ class ReferenceDecoder:
     def _forward(self, ids: list[int]) -> torch.Tensor:
         with torch.inference_mode(), self.lock:
             start = self.kv.length
-            logits, _ = eager_forward(self.model, self.kv, ids, list(range(start, start + len(ids))), None, keep=1)
+            logits = eager_forward(self.model, self.kv, ids, list(range(start, start + len(ids))), None, keep=1).logits
         self.forwards += 1
         return logits[-1, : self.vocab_size]
 
@@ -166,50 +166,50 @@ class StepProbe:
         return d
 
 
-def lint_mask(mask: np.ndarray, past: int, chain_len: int, parents: list[int], position_ids: list[int]) -> list[str]:
+def lint_mask(mask: np.ndarray, past: int, uncached_len: int, parents: list[int], position_ids: list[int]) -> list[str]:
     """Problems with the mask and position ids one verification forward was sent, or [].
 
     Args:
-        mask: bool ``(chain_len + N, past + chain_len + N)``: the rows fed (the committed tokens the target had not
-            cached, its *chain*, then the N tree nodes) against every column.
-        past: cached context columns; chain_len: chain rows; parents: the tree's breadth-first parents.
-        position_ids: ``chain_len + N`` ints.
+        mask: bool ``(uncached_len + N, past + uncached_len + N)``: the rows fed (the committed tokens the target
+            had not cached, ``uncached_len`` of them, then the N tree nodes) against every column.
+        past: cached context columns; uncached_len: uncached committed rows; parents: the tree's breadth-first parents.
+        position_ids: ``uncached_len + N`` ints.
     """
     n = len(parents)
-    rows, cols = chain_len + n, past + chain_len + n
+    rows, cols = uncached_len + n, past + uncached_len + n
     if mask.shape != (rows, cols):
         return [f"mask shape {mask.shape} is not ({rows}, {cols})"]
     problems = []
-    anchor_pos = past + chain_len - 1  # the last committed token: the chain's last row, or cached
-    for c in range(chain_len):
+    anchor_pos = past + uncached_len - 1  # the last committed token: the last uncached row, or cached
+    for c in range(uncached_len):
         want = np.zeros(cols, dtype=bool)
         want[: past + c + 1] = True
         if not np.array_equal(mask[c], want):
-            problems.append(f"chain row {c} does not attend exactly to the context up to itself")
+            problems.append(f"uncached committed row {c} does not attend exactly to the context up to itself")
         if position_ids[c] != past + c:
-            problems.append(f"chain row {c} has position {position_ids[c]}, not {past + c}")
+            problems.append(f"uncached committed row {c} has position {position_ids[c]}, not {past + c}")
     depth = []
     for i, p in enumerate(parents):
         depth.append(1 if p < 0 else depth[p] + 1)
         want = np.zeros(cols, dtype=bool)
-        want[: past + chain_len] = True
+        want[: past + uncached_len] = True
         j = i
         while j >= 0:  # itself and its ancestors
-            want[past + chain_len + j] = True
+            want[past + uncached_len + j] = True
             j = parents[j]
-        row = mask[chain_len + i]
+        row = mask[uncached_len + i]
         if not np.array_equal(row, want):
-            extra = [int(k) - past - chain_len for k in np.flatnonzero(row & ~want)]
+            extra = [int(k) - past - uncached_len for k in np.flatnonzero(row & ~want)]
             missing = [int(k) for k in np.flatnonzero(want & ~row)]
             what = []
             if extra:
-                what.append("also sees " + ", ".join(f"node {k + 1}" if k >= 0 else f"column {k + past + chain_len}"
+                what.append("also sees " + ", ".join(f"node {k + 1}" if k >= 0 else f"column {k + past + uncached_len}"
                                                      for k in extra))
             if missing:
                 what.append(f"misses {len(missing)} of its context / ancestor columns")
             problems.append(f"node {i + 1}: " + "; ".join(what))
-        if position_ids[chain_len + i] != anchor_pos + depth[i]:
-            problems.append(f"node {i + 1} has position {position_ids[chain_len + i]}, not "
+        if position_ids[uncached_len + i] != anchor_pos + depth[i]:
+            problems.append(f"node {i + 1} has position {position_ids[uncached_len + i]}, not "
                             f"{anchor_pos + depth[i]} (anchor position + depth {depth[i]})")
     return problems
 
@@ -257,7 +257,7 @@ def probe_last_step(engine, reference: ReferenceDecoder | None = None) -> StepPr
     anchor_ref = reference.last_logits.float()
     node_ref = reference.tree_logits(tree.token, tree.parent).float()
     dtype = engine.pair.dtype
-    text = engine.token_text
+    text = engine.recorder.token_text
     tree_rows = [v.anchor_logits.float()] + [v.node_logits[i].float() for i in range(len(tree))]
     ref_rows = [anchor_ref] + [node_ref[i] for i in range(len(tree))]
     rows = []
@@ -270,7 +270,7 @@ def probe_last_step(engine, reference: ReferenceDecoder | None = None) -> StepPr
                              gap_steps=gap / rounding_step(top_ref[0][2], dtype),
                              top2_reference=top_ref, top2_tree=top_tree))
     # Re-verify on the reference logits with the random state the step's verifier started from.
-    gen = torch.Generator(device=engine.generator.device)
+    gen = torch.Generator(device=engine.state.generator.device)
     gen.set_state(v.rng_state)
     p_ref = RowDists(torch.stack(ref_rows), engine.sampling)
     result = verify.run_verifier(engine.verifier_name, tree, p_ref, d.q_rows, gen, greedy=engine.sampling.greedy)
@@ -284,8 +284,8 @@ def probe_last_step(engine, reference: ReferenceDecoder | None = None) -> StepPr
                                   parent=p + 1, cause=same_parent))
     ref_committed = [tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
     committed = [tree.token[i] for i in v.result.path] + ([v.result.bonus] if v.result.bonus is not None else [])
-    chain_len = len(v.position_ids) - len(tree)
-    lint = lint_mask(v.full_mask, v.past, chain_len, tree.parent, v.position_ids)
+    uncached_len = len(v.position_ids) - len(tree)
+    lint = lint_mask(v.full_mask, v.past, uncached_len, tree.parent, v.position_ids)
     return StepProbe(step=step.index, dtype=str(dtype).removeprefix("torch."), rows=rows, node_flips=flips,
                      committed=committed, reference_committed=ref_committed, lint=lint,
                      reference_forwards=reference.forwards - before)

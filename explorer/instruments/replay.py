@@ -8,9 +8,8 @@ that says where.
 
 from __future__ import annotations
 
-from ..engine.carried import Carried
 from ..engine.config import MethodConfig
-from ..engine.factory import build_engine, carry_key
+from ..engine.factory import build_engine
 from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..models.early_exit import LayerSkipError, self_draft_pair
@@ -22,8 +21,9 @@ class ReplayError(ValueError):
 
 
 def engine_for_trace(pair, trace: RunTrace, decision_model=None):
-    """A started ``Engine`` with the trace's method, sampling, length, starting Token Recycling matrix, carried
-    stop-policy adaptation and carried ``layer-skip`` exit chooser.
+    """A started ``Engine`` with the trace's method, sampling and length, its parts built from the trace
+    (``factory.build_engine(..., follow=trace)``: the starting Token Recycling matrix, the carried adaptation and
+    choosers, and the recorded timing-driven decisions: the fallback's, the cost ratio, row prices, tree costs).
 
     Raises ReplayError when the trace was recorded on another model pair, dtype or draft quantization, or its
     settings do not parse.
@@ -40,28 +40,12 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     differ = [f"{k} {recorded[k]} (loaded: {loaded[k]})" for k in recorded if recorded[k] != loaded[k]]
     if differ:  # the replay would round or draft otherwise and leave the recorded run
         raise ReplayError(f"the trace was recorded with {', '.join(differ)}: load the pair that way to replay it")
-    initial = trace.settings.get("recycling_initial")
-    state = {"k": initial["k"], "rows": initial["rows"]} if isinstance(initial, dict) else None
-    try:  # a run that started from a session's earlier adaptation replays from the same state
-        exits, tree = trace.settings.get("layer_skip_carried"), trace.settings.get("tree_carried")
-        key = carry_key(pair, config, sampling)
-        engine = build_engine(pair, config, sampling, decision_model=decision_model,
-                              carried=Carried(recycling=state, adapter=trace.settings.get("adaptation_carried"),
-                                              layer_skip={"key": key, "state": exits} if exits else None,
-                                              tree={"key": key, "state": tree} if tree else None),
+    try:  # the recorded run's starting state and timing-driven decisions come through the factory
+        engine = build_engine(pair, config, sampling, decision_model=decision_model, follow=trace,
                               joint_prefill=bool(trace.settings.get("joint_prefill")))  # its first tree as drafted
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None
-    # the online tree choice prices with the run's costs: followed before start, which then times no forward
-    engine.follow_tree_costs(trace.model.get("tree_costs"))
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
-    # The goodput fallback decides from timings; a replay takes the recorded decisions (all speculative without it).
-    engine.follow_fallback([s.fallback.get("speculate", True) for s in trace.steps])
-    engine.follow_cost_ratio([s.cost.get("next") for s in trace.steps])  # timing-driven too
-    try:
-        engine.follow_row_pricing(trace.model.get("row_pricing"))  # and the free rows' prices
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReplayError(f"the trace's row pricing cannot be replayed: {exc!r}") from None
     return engine
 
 

@@ -1,4 +1,4 @@
-"""A teacher's own lesson from a recorded run (issue 43, item 4): the Explorer's "Save as lesson" and the page any
+"""A teacher's own lesson from a recorded run: the Explorer's "Save as lesson" and the page any
 run plays as (``player.trace_lesson``).
 
 The lesson is of the shipped schema (``lesson.py``): one run, the title and the question the teacher gives, and the

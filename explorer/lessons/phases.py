@@ -97,7 +97,7 @@ def shown_status(step: StepTrace, phase: Phase) -> dict[int, str]:
 
 def mask_rows(step: StepTrace, phase: Phase) -> list[int]:
     """The ids of the mask rows (and columns) drawn in ``phase``: while drafting, the slice of the levels so far
-    (breadth-first order makes it the top-left block: the seed's dynamic sliced mask), afterwards the whole mask."""
+    (breadth-first order makes it the top-left block: Lu et al.'s dynamic sliced mask), afterwards the whole mask."""
     shown = visible_nodes(step, phase)
     return [i for i in step.mask_node_ids if i in shown]
 

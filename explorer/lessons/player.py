@@ -1,4 +1,4 @@
-"""A lesson as one self-contained HTML page (issue 43): the classroom's phases played by the browser, no server.
+"""A lesson as one self-contained HTML page: the classroom's phases played by the browser, no server.
 
 ``player_data(lesson)`` turns a lesson into the plain data the page's player draws from: per step the tree's nodes
 with their places (``trace.figures.tree_layout``, so nodes keep their places from phase to phase), labels, sources
@@ -32,7 +32,7 @@ TEMPLATE = Path(__file__).with_name("player.html")
 # plotly.js's cartesian bundle (1.5 MB: every trace type the player draws), of the version the plotly package
 # bundles in full (4.6 MB): a lesson page opens about twice as fast (assets/ATTRIBUTION.md)
 PLOTLY_CARTESIAN = Path(__file__).resolve().parents[2] / "assets" / "vendor" / "plotly-cartesian-4.1.1.min.js"
-FONT = 16  # px: chart text on a projector (issue 43: at least 16 px)
+FONT = 16  # px: chart text on a projector (at least 16 px)
 
 
 def _step_data(step: StepTrace) -> dict:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..engine.speedup import expected_tokens, fitted_alpha
+from ..engine.speedup import fitted_alpha
 from ..trace.records import RunTrace
 
 LANE_PARTS = {"drafting": "draft", "draft forward": "draft", "mask": "verify", "target forward": "verify",

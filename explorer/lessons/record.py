@@ -159,8 +159,8 @@ def _lookup_notes(runs, audit):
 
 def _lossy_notes(runs, audit):
     t = runs[0]
-    notes = [Note(0, 0, "draft", "The seed paper's mode: the roots (diamonds) are not drafted but sampled from the "
-                  "target's own next-token distribution, three of them, and each gets a draft chain.", level=1),
+    notes = [Note(0, 0, "draft", "The mode of Lu et al. 2024: the roots (diamonds) are not drafted but sampled from "
+                  "the target's own next-token distribution, three of them, and each gets a draft chain.", level=1),
              Note(0, 0, "commit", "Each branch is verified on its own and the one with the most accepted tokens is "
                   "committed. Choosing a root by how well its continuation went favours roots with easy "
                   "continuations: the output is no longer distributed as the target's. LOSSY.")]
@@ -196,8 +196,8 @@ LESSON_SPECS = (
                "def moving_average(values, window):\n    out = []\n    for i in range(len(values) - window + 1):\n"
                "        out.append(sum(values[i:i + window]) / window)\n    return out\n```",
                (("prompt-lookup", DEFAULTS["prompt-lookup"], GREEDY),), _lookup_notes, max_new_tokens=80),
-    LessonSpec("06-lossy-roots", "The seed's target-initialised roots, and what the audit says",
-               "Is the seed paper's longest-branch rule still exact?",
+    LessonSpec("06-lossy-roots", "The target-initialised roots of Lu et al. 2024, and what the audit says",
+               "Is the longest-branch rule of Lu et al. 2024 still exact?",
                "Tell me a short story about a robot who learns to paint.",
                (("mcsd-improved --lossy", MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,),
                                                        max_depth=4, stop="none"),

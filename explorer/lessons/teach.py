@@ -71,7 +71,7 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
             firsts = ", ".join(f"branch {n.branch} starts with {_tok(n.text)}" for n in roots)
             out.append(f"The tree has {len(roots)} branches: {firsts}.")
         if target_roots:
-            out.append("Its roots were sampled from the target's own distribution (the seed's lossy mode).")
+            out.append("Its roots were sampled from the target's own distribution (the lossy mode of Lu et al. 2024).")
         out.extend(_adaptive_width(step, method or {}, target_roots))
         out.extend(_room_left(step))
         if model or step.stop_signals:
@@ -115,7 +115,7 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
 
 
 def _room_left(step: StepTrace) -> list[str]:
-    """Why a tree near the new-token limit is shallow (``Engine.reach``), when the limit bound it."""
+    """Why a tree near the new-token limit is shallow (``drafters.base.Reach``), when the limit bound it."""
     left = step.drafter.get("tokens_left")
     if left is None or left - 1 >= step.max_draft_len:
         return []

@@ -65,7 +65,7 @@ def provenance_text(node) -> str | None:
         row_text = token_label(prov.get("row_text", "?"), 20, escape=False)
         row = f"candidate #{prov['rank'] + 1} in the matrix row of “{row_text}”"
         if prov["step"] == -2:
-            return f"{row}, seeded from the prompt (it follows that token at prompt position {prov['node']})"
+            return f"{row}, filled from the prompt (it follows that token at prompt position {prov['node']})"
         if prov["step"] == -1:
             return f"{row}, carried over from an earlier run of this session"
         return f"{row}, written by the target's top-k at node {prov['node']} of step {prov['step'] + 1}"

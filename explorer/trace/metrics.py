@@ -3,7 +3,7 @@
 * block efficiency = generated tokens / target calls (tokens per target call), the prefill counted as a call since
   it scores the first new token (so ``ar`` is exactly 1.0); comparable across all methods. A prefill joined to the
   first verification (``StepTrace.prefill_rows``) is that step's call, not one more.
-* acceptance rate (seed paper, Lu et al. 2024) = mean over steps of longest accepted draft length / maximum draft
+* acceptance rate (Lu et al. 2024) = mean over steps of longest accepted draft length / maximum draft
   length.
 * acceptance rate (MCSD, Yang et al. 2024) = accepted draft tokens / drafted tokens.
 * tokens/s = generated tokens / wall-clock seconds (prefill included).

@@ -25,7 +25,7 @@ UNVERIFIED = "unverified"  # never reached by verification (below a rejection, o
 DRAFTED = "drafted"  # shown only, never recorded: proposed and not judged yet (the classroom's phases)
 
 # Draft sources (``DraftTree.source`` and ``NodeTrace.source``): ``draft`` sampled from the draft model's q (costs
-# draft forwards); ``target`` a target-initialized root (the seed's lossy mode); ``lookup`` copied from an earlier
+# draft forwards); ``target`` a target-initialized root (Lu et al.'s lossy mode); ``lookup`` copied from an earlier
 # occurrence of the last n-gram in prompt + output (prompt lookup decoding); ``recycled`` read from the Token
 # Recycling adjacency matrix (the target's own earlier top-k candidates). ``lookup`` and ``recycled`` nodes are
 # deterministic proposals (q is a point mass): they cost no forward, and the verifiers test them with the point-mass
@@ -79,7 +79,7 @@ class NodeTrace:
             + output), the matched n-gram's length ``ngram``, position ``match_at`` and text ``match_text``, and
             ``in_prompt``. Recycling: the matrix row's token (``row_token``, ``row_text``), the candidate's
             ``rank`` there, and the ``step`` and ``node`` whose target logits wrote that row (step -1: carried
-            over from an earlier run; -2: seeded from the prompt, node = the prompt position of the successor).
+            over from an earlier run; -2: filled from the prompt, node = the prompt position of the successor).
             Both hold ``source``.
         accept_prob / slot_prob / test_order: what the verification rule implies about this node's test
             (``engine/verify/expectation.py``): the probability it accepts this token once its parent is reached
@@ -161,7 +161,7 @@ class StepTrace:
     Attributes:
         index: the step's place in the run, 0-based.
         method / lossy / verifier: the method's name (``methods.METHODS``), whether its verification is lossy
-            (the seed's target-initialized roots), and the verification rule's name (``""`` in older traces).
+            (the target-initialized roots of Lu et al. 2024), and the verification rule's name (``""`` in older traces).
         nodes: the anchor (id 0) then every drafted node in breadth-first order (``NodeTrace``): 1 + N long.
         mask: the topology-aware mask rows sent to the target, restricted to the step's own columns: R rows of R
             ints (1 = attend), row and column j being node ``mask_node_ids[j]``; every row also sees
@@ -191,7 +191,7 @@ class StepTrace:
             the engine's own work (tree, masks, sampling, verification, cache trimming). None in older traces.
         drafter: what the drafter read to propose the tree, as plain data (``Drafted.info`` with token texts added):
             ``tokens_left`` before ``max_new_tokens`` on speculating steps (no node is drafted deeper than one
-            less: ``Engine.reach``); Token Recycling's ``recycling_row`` (the anchor's matrix row: ``token``,
+            less: ``drafters.base.Reach``); Token Recycling's ``recycling_row`` (the anchor's matrix row: ``token``,
             ``candidates``, ``step`` / ``node`` that wrote it, ``token_text``, ``candidate_texts``); prompt lookup's
             ``lookup_length``, ``lookup_branches``, ``long_copy``; the hybrid's ``lookup_trusted``; ``row_pricing``
             (``{"offered", "kept", "expected_tokens", "row_ms", "jump_ms", "one_row_ms"}``); ``layer_skip``

@@ -51,7 +51,7 @@ def _advance(settings, b_method, b_changes, prompt_text, chat, to_end: bool) -> 
                 if not e.finished:
                     e.step()
         if bar is not None:
-            done = sum(e.n_generated for e in engines) / sum(e.max_new_tokens for e in engines)
+            done = sum(e.n_generated for e in engines) / sum(e.state.max_new_tokens for e in engines)
             bar.progress(min(1.0, done), text=f"{done:.0%}")
         if not to_end or all(e.finished for e in engines):
             break

@@ -1,4 +1,4 @@
-"""The what-if panel of a step (issue 16): edit the step (replace a drafted token, add or remove a branch, change
+"""The what-if panel of a step: edit the step (replace a drafted token, add or remove a branch, change
 the verifier, temperature or seed), re-verify it from its saved state, and see it beside the recorded one; then go
 on from the edit as a new run of the session. The panel only asks (``Explorer.CF_REQUEST``); the page does the work
 with the models (``explorer_page.run_instrument_requests``) and keeps the result as plain data

@@ -157,7 +157,7 @@ def _do_run(pair, settings, prompt_text, chat) -> None:
         set_error("This run has finished. Press Reset to start a new one.", ERROR)
         return
     bar = st.progress(0.0, text="Running to the end… (Stop interrupts after the current step)")
-    total = engine.max_new_tokens
+    total = engine.state.max_new_tokens
 
     Explorer.CURSOR.set(None)  # follow the run (once: an interrupted run must not move it later)
 
@@ -329,7 +329,7 @@ def explorer_page(settings) -> None:
     if not replaying and Explorer.RUN_SETTINGS.get() != _run_key(settings, prompt_text, chat):
         st.info("Settings or prompt changed since this run started: press Reset to apply them.")
     if trace.settings["method"].get("lossy"):
-        st.warning("Lossy mode: the seed's longest-branch rule does not preserve the target's distribution.")
+        st.warning("Lossy mode: the longest-branch rule of Lu et al. 2024 does not preserve the target's distribution.")
     if engine is not None and engine.finished:
         st.success("Run finished (max new tokens or end of sequence). Press Reset to start again.")
     if replaying:

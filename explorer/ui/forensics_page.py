@@ -1,4 +1,4 @@
-"""The Forensics page (issue 44): which drafted tokens the target rejects over a prompt set, where and why.
+"""The Forensics page: which drafted tokens the target rejects over a prompt set, where and why.
 
 Prompts from a built-in set or an uploaded JSONL file run with the sidebar's pair, method and sampling, one after the
 other with a progress bar (Stop ends the batch after the current prompt: the report keeps the prompts done); or

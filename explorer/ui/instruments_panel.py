@@ -1,4 +1,4 @@
-"""The instruments of issue 15 on the Explorer page: the tree-attention probe of the step on screen, expected
+"""Three instruments on the Explorer page: the tree-attention probe of the step on screen, expected
 against realised acceptance over the run, and the optimal tree for the run's measured rates (with a button that
 runs it). Trace data and the instruments' plain results in, page out; the work that needs the models (probe,
 forward costs) is requested here and done by the page (``explorer_page.run_instrument_requests``)."""

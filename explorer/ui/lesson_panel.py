@@ -1,4 +1,4 @@
-"""The Explorer's **Save as lesson** (issue 43, item 4): the run on screen becomes a lesson of the shipped schema,
+"""The Explorer's **Save as lesson**: the run on screen becomes a lesson of the shipped schema,
 with the title, the question and the notes the teacher writes at chosen phases (``lessons/authoring.py``), saved as
 a lesson file and as its player page, or opened in the Classroom at once (``state.hand_lesson_to_classroom``)."""
 

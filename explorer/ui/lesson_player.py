@@ -1,5 +1,5 @@
 """The lesson player (``lessons/player.py``) inside the app: a phase change happens in the browser and costs the
-server nothing (issue 43, item 2).
+server nothing.
 
 A lesson's player page is written once per lesson version into the app's static folder (``static/lessons/``, next to
 ``app.py``; Streamlit serves it at ``app/static/...`` with ``server.enableStaticServing``, set in

@@ -47,7 +47,7 @@ def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
     cols[1].metric("Target calls", m["target_calls"])
     cols[2].metric("Tokens / target call", "–" if not m["target_calls"] else f"{m['tokens_per_target_call']:.2f}",
                    help="block efficiency: comparable across all methods")
-    cols[3].metric("Acceptance (seed)", "–" if acc is None else f"{acc:.2f}",
+    cols[3].metric("Acceptance (Lu et al.)", "–" if acc is None else f"{acc:.2f}",
                    help="mean over steps of longest accepted draft length / maximum draft length (Lu et al. 2024)")
     cols[4].metric("Acceptance (MCSD)", "–" if mcsd_acc is None else f"{mcsd_acc:.2f}",
                    help="accepted draft tokens / drafted tokens (Yang et al. 2024)")
@@ -210,7 +210,7 @@ def inspector(step: StepTrace, node_id: int) -> None:
         st.markdown(f"**{SOURCE_LABELS[node.source].capitalize()}** (a free draft: no draft-model forward, q is a "
                     f"point mass): {html.escape(prov)}.")
     if node.source == "target":
-        st.caption("A root sampled from the target itself (the seed's lossy mode): not tested.")
+        st.caption("A root sampled from the target itself (the lossy mode of Lu et al. 2024): not tested.")
     elif node.source in FREE_SOURCES and node.u is not None and node.ratio is not None:
         verdict = "accepted: u < p" if node.u < node.ratio else "rejected: u ≥ p"
         st.caption(f"Point-mass test: u = {node.u:.3f} against p = {node.ratio:.3f} (the target's probability of "
@@ -241,7 +241,7 @@ def matrix_row_panel(step: StepTrace) -> None:
             st.caption("No row yet: the target has not scored this token in this session, so recycling proposes "
                        "nothing here (the row is written when this step's verification scores it).")
             return
-        written = {-2: "seeded from the prompt (the tokens that follow it there)",
+        written = {-2: "filled from the prompt (the tokens that follow it there)",
                    -1: "carried over from an earlier run"}.get(row["step"],
                                                                f"written at step {row['step'] + 1}, node {row['node']}")
         st.caption(f"The row holds the target's top-{len(row['candidates'])} next tokens the last time it scored "

@@ -38,7 +38,7 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
     if spec.model_tree in ("tree", "stoppable"):
         lossy = False
         if method == "mcsd-improved":
-            lossy = box.checkbox("Seed's lossy mode (target-initialized roots, longest branch)",
+            lossy = box.checkbox("Lossy mode of Lu et al. 2024 (target-initialized roots, longest branch)",
                                  key=Sidebar.LOSSY.widget_key(prefix),
                                  help="Lu et al. 2024: w roots sampled from the target, each with a draft chain; "
                                       "the longest accepted branch wins. This biases the output distribution.")
@@ -74,7 +74,7 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
             stop = box.selectbox("Stop policy", STOP_POLICY_NAMES, index=STOP_POLICY_NAMES.index(d.stop),
                                  format_func=STOP_POLICY_LABELS.get, key=Sidebar.STOP.widget_key(prefix),
                                  help="when drafting stops early: the draft's own confidence, or a learned decision "
-                                      "model's predicted acceptance (the seed's rule, per-branch pruning, "
+                                      "model's predicted acceptance (the rule of Lu et al. 2024, per-branch pruning, "
                                       "SpecDec++'s cumulative rule, or the expected gain of one more level "
                                       "against its cost)")
             changes["stop"] = stop

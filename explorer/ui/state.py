@@ -148,7 +148,7 @@ class Sidebar:
     DTYPE: Key[str] = Key("dtype", "auto, bf16 or fp32", widget=True, kept=True)
     METHOD: Key[str] = Key("method", "the decoding method (engine.config.METHODS)", widget=True, kept=True)
     GAMMA: Key[int] = Key("gamma", "sd's draft length", widget=True, kept=True)
-    LOSSY: Key[bool] = Key("lossy", "mcsd-improved's lossy mode (the seed's target-initialized roots)", widget=True,
+    LOSSY: Key[bool] = Key("lossy", "mcsd-improved's lossy mode (Lu et al.'s target-initialized roots)", widget=True,
                            kept=True)
     K_CONFIG: KeyFamily[str] = KeyFamily("k_config_", "the tree shape as typed, per method and lossy mode",
                                          widget=True, kept=True)

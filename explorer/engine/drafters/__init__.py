@@ -2,7 +2,7 @@
 (``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, the hybrid, or the
 target's own first layers (``layer-skip``).
 
-Modules: ``base`` (the interface: ``Drafter``, ``DraftView``, the step's ``Drafted`` record, ``FreeNode`` and
+Modules: ``base`` (the interface: ``Drafter``, ``DraftView``, ``Reach``, the step's ``Drafted`` record, ``FreeNode`` and
 ``merge_free``, which joins free branches to a tree as a trie), ``model`` (the draft model's tree, level by level,
 with the stop policy), ``lookup`` (prompt lookup decoding), ``recycling`` (Token Recycling), ``hybrid`` (the draft
 model's tree plus free branches), ``layer_skip`` (the target's first layers, the exit chosen from measured
@@ -10,7 +10,7 @@ acceptance) and ``row_pricing`` (which free rows pay for their verification)."""
 
 from __future__ import annotations
 
-from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
+from ..policies.tree_choice import TreeChooser
 from .base import Drafted, Drafter, FreeNode, merge_free
 from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
@@ -23,11 +23,12 @@ __all__ = ["Drafted", "Drafter", "FreeNode", "HybridDrafter", "LookupDrafter", "
 
 
 def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,
-                 tree_state: dict | None = None) -> Drafter:
+                 tree_chooser: TreeChooser | None = None, tree_state: dict | None = None) -> Drafter:
     """The drafter of ``config`` (a ``MethodConfig``); ``recycling_state``: a Token Recycling matrix carried over
     from an earlier run (``RecyclingDrafter.state()``), or None to start empty; ``layer_skip_state``: likewise
-    ``layer-skip``'s exit chooser (``ExitChooser.state()``); ``tree_state``: likewise the online tree choice
-    (``TreeChooser.state()``, where ``config.tree_choice`` is ``online``)."""
+    ``layer-skip``'s exit chooser (``ExitChooser.state()``); ``tree_chooser``: the online tree choice the model
+    drafter picks its root width with (``policies/tree_choice.py``; None: the config's fixed shape), and
+    ``tree_state`` what it measured in an earlier run (``TreeChooser.state()``)."""
     spec = config.spec
     free: list[Drafter] = []
     for name in spec.free:
@@ -37,11 +38,7 @@ def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: 
             free.append(RecyclingDrafter(config.recycling_widths, config.recycling_k, recycling_state))
     if spec.self_draft:
         return LayerSkipDrafter(config.gamma, layer_skip_state)
-    chooser = None
-    if config.tree_choice == "online":
-        chooser = TreeChooser(ONLINE_ROOTS, published=config.draft_branching()[0], max_depth=config.max_depth,
-                              branch_threshold=config.branch_threshold)
-    model = ModelDrafter(chooser, tree_state) if spec.uses_draft_model else None
+    model = ModelDrafter(tree_chooser, tree_state) if spec.uses_draft_model else None
     if model is not None and free:
         return HybridDrafter(model, free)
     if model is not None:

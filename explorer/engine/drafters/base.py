@@ -1,23 +1,31 @@
 """The drafter interface: what a drafter hands the engine for one step, and how free branches join a tree.
 
-A drafter (the seam transformers draws with ``CandidateGenerator``) proposes the step's draft tree from the
-committed context and learns from the step's verification. It sees the run through a ``DraftView``: the committed
-tokens, the budgets, the sampling and the draft model with its cache, not the engine.
+A drafter (the seam transformers draws with ``CandidateGenerator``, vLLM with its proposers) proposes the step's
+draft tree from the committed context and learns from the step's verification. It sees the run through a
+``DraftView`` built for each step: what it may read, and its own model's actions (``DraftModelAccess``: its
+forwards, its cache), not the engine.
 
 * ``draft(view) -> Drafted``: the tree (tokens, parents, each node's source) plus, for draft-model nodes, the
   distributions their children were drawn from (``q_rows``); free nodes (``trace.records.FREE_SOURCES``) are
   deterministic and carry where they came from (``provenance``).
-* ``learn(view, drafted, verified)``: called after verification with the step's ``machine.VerifiedStep`` (Token
-  Recycling updates its matrix here).
+* ``observe(step)``: called once per step after verification with the step's ``observers.ObservedStep`` (a drafter
+  is one of the step's observers: Token Recycling updates its matrix here).
+* ``target_layers``: the target layers whose hidden states the drafter reads (``VerifiedStep.target_states``, the
+  prefill's in ``view.target_states``); empty for most drafters.
 * ``rewind()``: back to the state after the prefill (the audit draws many samples from one context).
+* ``carried(key)``: what the drafter learned for the session's next run (``engine/carried.py``).
 * ``state_for_trace()``: plain data saved with the run, so a replay can show what the drafter knew.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from ..sampling import LazyRows
+import torch
+
+from ..carried import Carried
+from ..sampling import LazyRows, SamplingConfig
 from ..tree import DraftTree
 
 
@@ -52,11 +60,12 @@ class Drafted:
             (processed when sampling, plain softmax when greedy); draft-model nodes only.
         signals: one ``trace.records.StopSignal`` per level the stop policy checked.
         calls: draft-model forwards this step (a chain replay counts each level it computed).
-        draft_rows: fed node -> its row offset in the draft model's KV cache after ``head`` (the row is
-            ``head + offset``); only the nodes fed to the draft model (the levels it ran a forward on, target roots
-            included: a breadth-first prefix of its own tree; never free nodes). The engine keeps the accepted
-            path's rows by it.
-        head: draft cache length before the tree rows (the cached context plus this step's chain), in tokens.
+        draft_rows: fed node -> its row offset in the draft model's KV cache after ``tree_start`` (the row is
+            ``tree_start + offset``); only the nodes fed to the draft model (the levels it ran a forward on, target
+            roots included: a breadth-first prefix of its own tree; never free nodes). The engine keeps the
+            accepted path's rows by it.
+        tree_start: the draft cache's length before the tree rows (the cached context plus the uncached committed
+            tokens this step fed), in tokens.
         features: node -> ``stop_models.features.NodeFeatures`` (temperature 1): ``hidden`` float32 ``(H,)`` on
             the device or None, ``dist`` float32 ``(11,)`` on the host, ``q`` = q(x), ``cum_q`` = prod q over its
             path, ``session`` (10 floats); model-drafted nodes, only when the run computes decision features.
@@ -70,6 +79,8 @@ class Drafted:
             ``layer_skip``, as the drafter has them.
         predicted: node -> the learned stop policy's predicted acceptance, in [0, 1] (nodes of the levels it
             scored).
+        roots: where the tree's root width was chosen online, the draft's best root candidates (token ids, best
+            first) and whether it was sure there (``TreeChoiceObserver`` learns from them), else None.
     """
 
     tree: DraftTree
@@ -78,92 +89,98 @@ class Drafted:
     signals: list = field(default_factory=list)
     calls: int = 0
     draft_rows: dict = field(default_factory=dict)
-    head: int = 0
+    tree_start: int = 0
     features: dict = field(default_factory=dict)
     q_top: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
     predicted: dict = field(default_factory=dict)
+    roots: tuple[list[int], bool] | None = None
 
 
+class Reach(NamedTuple):
+    """How far a step's tree can matter: ``max_depth``, the tokens left before the run's budget less one (a path
+    that deep plus the bonus token fills the room, so a deeper node could never be committed), and ``ends``, the
+    EOS ids (nothing after one is committed, so an EOS node gets no children). Proposals stay a function of the
+    history: lossless. transformers' candidate generators cap their drafts at the room left in the same way."""
+
+    max_depth: int
+    ends: frozenset
+
+
+@dataclass(frozen=True, kw_only=True)
 class DraftView:
-    """What a drafter may read and use of the run it drafts for: a read-only view of the engine (``Engine.view``), so
-    that the engine's other fields stay its own.
+    """What a drafter may read of the run it drafts for, built by the engine for each step (and for ``start``),
+    and the one handle through which it acts: its own model (``draft``).
 
-    The run: ``committed`` (prompt and committed token ids; read, never modify), ``n_prompt``, ``steps_done`` (steps
-    run so far), ``config`` (``MethodConfig``), ``sampling``, ``generator`` (the run's ``torch.Generator``, on the
-    pair's device), ``verifier_name`` (the rule the tree will be verified by, which decides how children are drawn),
-    ``branching`` (candidates per level of the method's tree), ``reach()`` (``Engine.reach``: how deep a node can
-    still matter, the EOS ids), ``next_logits`` / ``next_dist`` (the target's ``(vocab,)`` float32 logits and
-    processed distribution after the last committed token: the seed's target-initialized roots), ``prefill_top``
-    (the target's best candidates at the prompt's last rows, for ``start``).
-    The budgets: ``free_rows`` / ``free_rows_run`` (most target rows free nodes may fill; None: no limit) and
-    ``row_pricing`` (``row_pricing.RowPricing`` where rows are priced, else None).
-    The stop policy: ``stop_policy``, ``adapter`` (its online adaptation or None), ``capture_features`` (the run
-    records the decision features).
-    The draft model: ``draft_model``, ``draft_kv`` / ``target_kv`` (the KV caches: ``layer-skip`` copies the target's
-    layers into its draft's), ``draft_len()`` (committed tokens in the draft's cache) and ``draft_forward(...)``
-    (``Engine.forward`` of the draft model); ``chain_levels`` and ``draft_chain(...)`` (``Engine.draft_chain``:
-    several levels of chains in one replay, where the run allows it); ``tree_costs`` (the forward costs the online
-    tree choice prices steps with, ``forward_costs.tree_costs``, or None where the tree is fixed).
+    Attributes:
+        committed: prompt and committed token ids (a copy: the anchor last).
+        n_prompt: prompt tokens at the start of ``committed``.
+        steps_done: steps run so far.
+        config: the method (``MethodConfig``); ``branching``: candidates per level of its tree.
+        sampling: temperature / top-k / top-p / seed (``SamplingConfig``).
+        verifier_name: the rule the tree will be verified by (it decides how children are drawn).
+        reach: how deep a node can still matter and the EOS ids (``Reach``).
+        generator: the run's random stream (``torch.Generator`` on the pair's device): a drafter that samples draws
+            from it, in order, so that a run replays.
+        next_logits, next_dist: float32 ``(vocab,)``: the target's logits and processed distribution after the last
+            committed token where the target has read it (the roots of Lu et al.'s target-initialized candidates),
+            else None.
+        free_rows, free_rows_run: most target rows free nodes may fill (None: no limit), and the same on a copy run.
+        row_pricing: ``row_pricing.RowPricing`` where free rows are priced, else None.
+        stop_policy: when the draft model stops drafting (``policies/stopping.py``).
+        adapts: the stop policy adapts online (its labels need the decision features).
+        capture_features: the run records the decision features of drafted nodes.
+        draft: the drafter's own model (``forwarding.DraftModelAccess``), or None where no draft model runs.
+        prompt_top: in ``start``, the target's best candidates ``[(id, plain probability)]`` at the prompt's last
+            ``prompt_rows`` rows, where the prefill read them (None with a joint prefill: they come with the first
+            step, ``VerifiedStep.prompt_top``).
+        target_states: in ``start``, the prefill's hidden states of ``target_layers`` at every prompt row, model
+            dtype ``(n_prompt, len(target_layers), hidden_size)``, else None.
     """
 
-    __slots__ = ("_engine",)
-    _FIELDS = ("committed", "n_prompt", "config", "sampling", "generator", "verifier_name", "branching", "next_logits",
-               "next_dist", "prefill_top", "free_rows", "free_rows_run", "row_pricing", "stop_policy", "adapter",
-               "capture_features", "draft_kv", "target_kv", "chain_levels", "tree_costs")
-
-    def __init__(self, engine):
-        object.__setattr__(self, "_engine", engine)
-
-    def __getattr__(self, name: str):
-        if name in DraftView._FIELDS:
-            return getattr(object.__getattribute__(self, "_engine"), name)
-        raise AttributeError(f"a drafter's view of the run has no {name!r} (DraftView lists what it has)")
-
-    def __setattr__(self, name: str, value) -> None:
-        raise AttributeError("a drafter's view of the run is read-only")
-
-    @property
-    def steps_done(self) -> int:
-        return len(self._engine.trace.steps)
-
-    @property
-    def draft_model(self):
-        return self._engine.pair.draft
-
-    def reach(self) -> dict:
-        return self._engine.reach()
-
-    def draft_len(self) -> int:
-        return self._engine.draft_len()
-
-    def draft_forward(self, input_ids: list[int], position_ids: list[int], mask, keep: int, hidden: bool = False):
-        """One forward of the draft model appending to its KV cache (``Engine.forward``, role ``draft``)."""
-        return self._engine.forward("draft", input_ids, position_ids, mask, keep=keep, hidden=hidden)
-
-    def draft_chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int, uniforms=None):
-        """Several draft levels of chains in one replay (``Engine.draft_chain``)."""
-        return self._engine.draft_chain(input_ids, position_ids, mask, levels, uniforms)
+    committed: tuple[int, ...]
+    n_prompt: int
+    steps_done: int
+    config: object
+    sampling: SamplingConfig
+    verifier_name: str
+    branching: tuple[int, ...]
+    reach: Reach
+    generator: torch.Generator
+    next_logits: torch.Tensor | None = None
+    next_dist: torch.Tensor | None = None
+    free_rows: int | None = None
+    free_rows_run: int | None = None
+    row_pricing: object = None
+    stop_policy: object = None
+    adapts: bool = False
+    capture_features: bool = False
+    draft: object = None
+    prompt_top: list | None = None
+    target_states: torch.Tensor | None = None
 
 
-def empty_draft(view) -> Drafted:
-    """A step's draft with no tree yet (the draft model not run), anchored after the committed tokens."""
-    return Drafted(DraftTree(), head=len(view.committed))
+def empty_draft(context_len: int) -> Drafted:
+    """A step's draft with no tree yet (the draft model not run), anchored after ``context_len`` committed tokens."""
+    return Drafted(DraftTree(), tree_start=context_len)
 
 
 class Drafter:
     """Base drafter: its own free nodes as the tree (none: ``ar``). Free drafters override ``free_nodes`` and
-    ``info``; the model drafter overrides ``draft``; a drafter that learns overrides ``learn``."""
+    ``info``; the model drafter overrides ``draft``; a drafter that learns overrides ``observe``. A drafter is one
+    of the step's observers (``observers.StepObserver``)."""
 
     name = "none"
     uses_draft_model = False
+    target_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads (``forwarding.Forwards``)
+    phase, after_clock = "drafter learn", False  # as a step observer
 
     def draft(self, view) -> Drafted:
         """The free nodes as the tree, within the row budget; where the run prices rows (``view.row_pricing``),
         only the nodes worth theirs (``row_pricing.py``)."""
         nodes, priced = self.priced_free_nodes(view)
-        d = merge_free(empty_draft(view), nodes, self.row_budget(view), **view.reach())
+        d = merge_free(empty_draft(len(view.committed)), nodes, self.row_budget(view), **view.reach._asdict())
         d.info.update(self.info(view))
         if priced is not None:
             d.info["row_pricing"] = priced
@@ -171,18 +188,18 @@ class Drafter:
 
     def prompt_rows(self, view) -> int:
         """How many of the prompt's last rows of the target's prefill this drafter reads in ``start`` or
-        ``seed_prompt`` (``view.prefill_top``: their best candidates); 0 (the default): the prefill keeps only the
-        last row."""
+        ``remember_prompt`` (``view.prompt_top``: their best candidates); 0 (the default): the prefill keeps only
+        the last row."""
         return 0
 
     def start(self, view) -> None:
         """Called once after the prefill (``view.committed`` holds the prompt); ``rewind`` returns here. Where the
         prefill joins the first verification (``Engine`` ``joint_prefill``), the target has not read the prompt
-        yet: ``view.prefill_top`` is None here and comes to ``seed_prompt`` after that verification."""
+        yet: ``view.prompt_top`` is None here and comes to ``remember_prompt`` after that verification."""
 
-    def seed_prompt(self, view) -> None:
-        """The target's candidates at the prompt's rows (``view.prefill_top``), read by a joint prefill's first
-        verification, before ``learn`` sees that step; ``rewind`` keeps them. Nothing by default."""
+    def remember_prompt(self, prompt: list[int], top: list) -> None:
+        """The target's candidates ``top`` at the last rows of ``prompt``, read by a joint prefill's first
+        verification, before ``observe`` sees that step; ``rewind`` keeps them. Nothing by default."""
 
     def priced_free_nodes(self, view) -> tuple[list["FreeNode"], dict | None]:
         """``free_nodes``, and where the run prices rows (``view.row_pricing``) only those worth their rows
@@ -205,11 +222,16 @@ class Drafter:
         """Plain data for the step trace (what the drafter read to propose this step's tree)."""
         return {}
 
-    def learn(self, view, drafted: Drafted, verified) -> None:
-        """Update the drafter's state from a verified step (default: nothing to learn)."""
+    def observe(self, step) -> None:
+        """Learn from a verified step (``observers.ObservedStep``; default: nothing to learn)."""
 
     def rewind(self) -> None:
         """Return to the state right after the prefill."""
+
+    def carried(self, key: str) -> Carried:
+        """What this drafter learned for the session's next run, its keyed parts under ``key``
+        (``factory.carry_key``); nothing by default."""
+        return Carried()
 
     def state_for_trace(self) -> dict:
         return {}
@@ -222,7 +244,7 @@ def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = No
     breadth-first, with each level's existing nodes first in their old order (so branch indices, stop signals and
     the draft cache rows of the existing nodes keep their meaning) and the new free nodes after them.
 
-    ``max_depth`` / ``ends`` (``Engine.reach``): free nodes deeper than ``max_depth`` (None = no limit) or below a
+    ``max_depth`` / ``ends`` (``Reach``): free nodes deeper than ``max_depth`` (None = no limit) or below a
     node whose token is in ``ends`` (EOS ids) could never be committed, and are left out with their subtrees.
 
     Verification order follows tree order: at a node, draft-model children are tested before free ones.
@@ -274,11 +296,11 @@ def merge_free(drafted: Drafted, free: list[FreeNode], max_rows: int | None = No
 
     out = Drafted(tree, q_rows=drafted.q_rows.remapped(row), q_show={to_new[i]: v for i, v in drafted.q_show.items()},
                   signals=drafted.signals, calls=drafted.calls,
-                  draft_rows={to_new[i]: v for i, v in drafted.draft_rows.items()}, head=drafted.head,
+                  draft_rows={to_new[i]: v for i, v in drafted.draft_rows.items()}, tree_start=drafted.tree_start,
                   features={to_new[i]: v for i, v in drafted.features.items()},
                   q_top={row(r): v for r, v in drafted.q_top.items()},
                   provenance={to_new[i]: v for i, v in drafted.provenance.items()}, info=dict(drafted.info),
-                  predicted={to_new[i]: v for i, v in drafted.predicted.items()})
+                  predicted={to_new[i]: v for i, v in drafted.predicted.items()}, roots=drafted.roots)
     for r, rec in enumerate(records):
         if rec[3] is None:
             out.provenance[new_index[r]] = rec[4]

@@ -7,7 +7,7 @@ beside its tree) where lookup has nothing to copy. Measured on the embedded pair
 (docs/bench.md, "The hybrid: lookup alone wherever it has a match"): a matched step's model forwards cost more than the
 tokens they add, even for one-token matches. Against an earlier rule that trusted lookup only on a run (the last step
 committed at least 4 tokens of its best branch, or a match of the longest n-gram): HumanEval 0-2 31.6 against 25.2
-tok/s, MT-bench 0-2 7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward (its chain).
+tok/s, MT-bench 0-2 7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward.
 The choice is a function of the context, so the output law is unchanged: lossless.
 
 Where a verification row costs time (a CPU without fast bf16 rows: ``forward_costs.row_prices``), the recycled
@@ -16,6 +16,7 @@ whose measured acceptance pays for their rows join it. Lookup's copies are not p
 
 from __future__ import annotations
 
+from ..carried import Carried
 from .base import Drafted, Drafter, empty_draft, merge_free
 
 
@@ -36,9 +37,9 @@ class HybridDrafter(Drafter):
         for f in [self.model] + self.free:
             f.start(view)
 
-    def seed_prompt(self, view) -> None:
+    def remember_prompt(self, prompt: list[int], top: list | None) -> None:
         for f in [self.model] + self.free:
-            f.seed_prompt(view)
+            f.remember_prompt(prompt, top)
 
     def draft(self, view) -> Drafted:
         lookup = next((f for f in self.free if f.name == "lookup"), None)
@@ -46,22 +47,28 @@ class HybridDrafter(Drafter):
         trusted = lookup is not None and bool(lookup.proposed)  # a match: lookup alone
         if not trusted:
             free += [(f, *f.priced_free_nodes(view)) for f in self.free if f is not lookup]
-        d = empty_draft(view) if trusted else self.model.draft(view)
+        d = empty_draft(len(view.committed)) if trusted else self.model.draft(view)
         d.info["lookup_trusted"] = trusted
         for f, nodes, priced in free:
-            d = merge_free(d, nodes, f.row_budget(view), **view.reach())
+            d = merge_free(d, nodes, f.row_budget(view), **view.reach._asdict())
             d.info.update(f.info(view))
             if priced is not None:
                 d.info["row_pricing"] = priced
         return d
 
-    def learn(self, view, drafted: Drafted, verified) -> None:
+    def observe(self, step) -> None:
         for f in [self.model] + self.free:
-            f.learn(view, drafted, verified)
+            f.observe(step)
 
     def rewind(self) -> None:
         for f in [self.model] + self.free:
             f.rewind()
+
+    def carried(self, key: str) -> Carried:
+        out = Carried()
+        for f in [self.model] + self.free:
+            out = out.updated(f.carried(key))
+        return out
 
     def state_for_trace(self) -> dict:
         out: dict = {}

@@ -17,7 +17,7 @@ exit and every candidate's measured acceptance (``StepTrace.drafter["layer_skip"
 
 from __future__ import annotations
 
-from ..runtime.kv_cache import copy_layers
+from ..carried import Carried
 from ..speedup import chain_speedup
 from .base import Drafted, empty_draft
 from .model import ModelDrafter
@@ -153,51 +153,51 @@ class LayerSkipDrafter(ModelDrafter):
     def __init__(self, gamma: int, carried: dict | None = None):
         super().__init__()
         self.gamma = gamma
-        self.carried = carried  # an earlier run's ``ExitChooser.state``, or None to start afresh
+        self.carried_state = carried  # an earlier run's ``ExitChooser.state``, or None to start afresh
         self.chooser: ExitChooser | None = None
         self._exit = 0
 
     def start(self, view) -> None:
         super().start(view)
-        self.chooser = ExitChooser(view.draft_model.n_layers, self.gamma)
-        if self.carried is not None and not self.chooser.restore(self.carried):
-            self.carried = None  # another target or chain length: this run starts afresh, and its trace says so
+        self.chooser = ExitChooser(view.draft.model.n_layers, self.gamma)
+        if self.carried_state is not None and not self.chooser.restore(self.carried_state):
+            self.carried_state = None  # another target or chain length: this run starts afresh, and its trace says so
 
     def rewind(self) -> None:
         super().rewind()
         if self.chooser is not None:  # a rewound run is a fresh one: the same choices from the same start
             self.chooser.reset()
-            if self.carried is not None:
-                self.chooser.restore(self.carried)
+            if self.carried_state is not None:
+                self.chooser.restore(self.carried_state)
 
-    def chooser_state(self) -> dict | None:
+    def carried(self, key: str) -> Carried:
         """What the exit chooser measured so far (``ExitChooser.state``), for the session's next run."""
-        return None if self.chooser is None else self.chooser.state()
+        return Carried() if self.chooser is None else Carried(layer_skip={"key": key, "state": self.chooser.state()})
 
     def state_for_trace(self) -> dict:
         """The chooser's state the run started from, so a replay makes the same choices."""
-        return {"layer_skip_carried": self.carried} if self.carried is not None else {}
+        return {"layer_skip_carried": self.carried_state} if self.carried_state is not None else {}
 
     def draft(self, view) -> Drafted:
-        draft, kv = view.draft_model, view.draft_kv
+        draft, kv = view.draft.model, view.draft.cache
         exit_layer = self.chooser.choose()
         self._exit = exit_layer
         if exit_layer is None:  # no exit pays: a plain decoding step (the draft cache is fed at the next draft)
             self.chooser.plain_step()
-            drafted = empty_draft(view)
+            drafted = empty_draft(len(view.committed))
             drafted.info["layer_skip"] = {"exit_layer": None, "layers": draft.n_layers,
                                           "candidates": self.chooser.summary()}
             return drafted
         held = len(kv.hf.layers)  # every layer the draft cache holds is current (the others are dropped)
-        if view.target_kv.length - kv.length > CATCH_UP_ROWS:
+        if view.draft.target_cached() - kv.length > CATCH_UP_ROWS:
             # plain steps left the draft cache behind: the target's cache holds what the exit's layers would compute
             # for the tokens missed, so copy it instead of feeding them through those layers
             del kv.hf.layers[exit_layer:]
             # the last committed token stays out: the draft's first forward of the step reads its row
-            kv.length = min(view.target_kv.length, len(view.committed) - 1)
-            copy_layers(view.target_kv, kv, range(0, exit_layer))
+            kv.length = min(view.draft.target_cached(), len(view.committed) - 1)
+            view.draft.copy_from_target(range(0, exit_layer))
         elif exit_layer > held:
-            copy_layers(view.target_kv, kv, range(held, exit_layer))
+            view.draft.copy_from_target(range(held, exit_layer))
         else:  # layers past the exit would miss this step's rows: drop them (copied back if needed again)
             del kv.hf.layers[exit_layer:]
         draft.set_exit(exit_layer)
@@ -206,11 +206,11 @@ class LayerSkipDrafter(ModelDrafter):
                                       "candidates": self.chooser.summary()}
         return drafted
 
-    def learn(self, view, drafted: Drafted, verified) -> None:
-        super().learn(view, drafted, verified)
-        n = sum(1 for s in drafted.tree.source if s == "draft")
+    def observe(self, step) -> None:
+        super().observe(step)
+        n = sum(1 for s in step.drafted.tree.source if s == "draft")
         if n and self._exit is not None:
-            self.chooser.record(self._exit, len(verified.result.path), n)
+            self.chooser.record(self._exit, len(step.verified.result.path), n)
 
 
 __all__ = ["ExitChooser", "LayerSkipDrafter", "candidate_exits"]

@@ -21,7 +21,7 @@ The length depends only on earlier steps' outcomes, so the proposals stay a func
 
 from __future__ import annotations
 
-from .base import Drafted, Drafter, FreeNode
+from .base import Drafter, FreeNode
 
 START_TOKENS = 16
 """Copy length of the first step and the floor after a miss (``lookup_tokens`` caps the doubling). 16, not 8: on
@@ -109,9 +109,9 @@ class LookupDrafter(Drafter):
     def info(self, view) -> dict:
         return {"lookup_length": self.length, "lookup_branches": len(self.proposed), "long_copy": self.long_copy}
 
-    def learn(self, view, drafted: Drafted, verified) -> None:
+    def observe(self, step) -> None:
         """Adapt the copy length to how much of the best continuation the step committed."""
-        result = verified.result
+        drafted, result = step.drafted, step.verified.result
         new = [drafted.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
         hits = [next((j for j, (a, b) in enumerate(zip(c, new)) if a != b), min(len(c), len(new)))
                 for c in self.proposed]

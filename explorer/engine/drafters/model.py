@@ -1,7 +1,7 @@
 """Model drafting: the draft model grows the tree level by level (``sd``, ``mcsd``, ``mcsd-improved``).
 
 The tree's shape comes from ``MethodConfig.draft_branching()`` (a chain, a ``k_config`` tree, or the improved
-MCSD's first levels and chains), its roots from the anchor or, in the seed's lossy mode, from the target
+MCSD's first levels and chains), its roots from the anchor or, in Lu et al.'s lossy mode, from the target
 (target-initialized candidates, Lu et al. 2024). After every drafted level the stop policy scores the branches:
 drafting ends, or (``prune``) only the branches that stopped get no children. Children are drawn the way the
 verifier expects (``drafting.candidates``). Every level is fed whole; ``Drafted.draft_rows`` says where each fed
@@ -28,6 +28,7 @@ from ..sampling import LazyRows, RowDists
 from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, NodeFeatures, TargetMemory, dist_features,
                                     model_inputs)
 from ..tree import DraftTree, step_mask, step_position_ids
+from ..carried import Carried
 from .base import Drafted, Drafter
 
 
@@ -45,37 +46,35 @@ class ModelDrafter(Drafter):
         # the online tree choice (``policies/tree_choice.py``), or None for the config's fixed shape; the state
         # of an earlier run of the session it starts from (``TreeChooser.state``), or None
         self.tree_chooser, self.tree_carried = tree_chooser, tree_carried
-        self._root: tuple[list[int], bool] | None = None  # this step's root candidates and sureness (learn)
         # the session features of drafted nodes (engine/stop_models/features.py): n-grams of the committed context, and
         # the target's top candidates after each token (and pair of tokens) it scored, from the prompt's prefill on
         self.copy_index = CopyIndex()
         self.memory = TargetMemory()
-        self._seeded = TargetMemory()  # the memory right after the prefill, where ``rewind`` returns
+        self._after_prompt = TargetMemory()  # the memory right after the prefill, where ``rewind`` returns
         self._chain_used: int | None = None  # chain levels read from replays in the last step that replayed
 
     @staticmethod
     def wants_features(view) -> bool:
         """Whether this run computes the decision features of drafted nodes (a learned stop policy reads them, the
         run collects them, or the stop policy adapts)."""
-        return view.stop_policy.needs_features or view.capture_features or view.adapter is not None
+        return view.stop_policy.needs_features or view.capture_features or view.adapts
 
     def prompt_rows(self, view) -> int:
-        """The target memory is seeded from the prompt's last ``PROMPT_MEMORY_ROWS`` rows when features are
+        """The target memory is primed from the prompt's last ``PROMPT_MEMORY_ROWS`` rows when features are
         computed."""
         return PROMPT_MEMORY_ROWS if self.wants_features(view) else 0
 
     def start(self, view) -> None:
-        """Seed the target memory with the target's candidates at the prompt's rows (``view.prefill_top``)."""
+        """Fill the target memory with the target's candidates at the prompt's rows (``view.prompt_top``)."""
         self.memory = TargetMemory()
-        self.seed_prompt(view)
+        self.remember_prompt(list(view.committed[:view.n_prompt]), view.prompt_top)
         self._start_chooser()
 
-    def seed_prompt(self, view) -> None:
-        """Remember the target's candidates at the prompt's last rows (``view.prefill_top``, when given)."""
-        top = view.prefill_top
+    def remember_prompt(self, prompt: list[int], top: list | None) -> None:
+        """Remember the target's candidates ``top`` at the last rows of ``prompt`` (when given)."""
         if top is not None:
-            self.memory.seed(view.committed[:view.n_prompt], view.n_prompt - len(top), top)
-        self._seeded = self.memory.copy()
+            self.memory.prime(list(prompt), len(prompt) - len(top), top)
+        self._after_prompt = self.memory.copy()
 
     def _start_chooser(self) -> None:
         """The tree chooser afresh, or from the session's earlier run where its state fits."""
@@ -85,46 +84,39 @@ class ModelDrafter(Drafter):
         if self.tree_carried is not None and not self.tree_chooser.restore(self.tree_carried):
             self.tree_carried = None  # another shape: this run starts afresh, and its trace says so
 
-    def tree_state(self) -> dict | None:
+    def carried(self, key: str) -> Carried:
         """What the online tree choice measured so far (``TreeChooser.state``), for the session's next run."""
-        return None if self.tree_chooser is None else self.tree_chooser.state()
+        if self.tree_chooser is None:
+            return Carried()
+        return Carried(tree={"key": key, "state": self.tree_chooser.state()})
 
     def state_for_trace(self) -> dict:
         """The tree chooser's state the run started from, so a replay makes the same choices."""
         return {"tree_carried": self.tree_carried} if self.tree_carried is not None else {}
 
-    def learn(self, view, drafted: Drafted, verified) -> None:
-        """Feed the tree chooser what the step measured (where the tree is chosen online); remember the target's top
-        candidates at every row that had children this step (already ranked for the trace), when the run records
-        decision features."""
-        if self.tree_chooser is not None and self._root is not None and len(drafted.tree):
-            self._teach_chooser(drafted, verified)
+    def observe(self, step) -> None:
+        """Remember the target's candidates at the prompt (a joint prefill's first step) and at every row that had
+        children this step (already ranked for the trace), when the run records decision features. The online tree
+        choice learns apart (``observers.TreeChoiceObserver``)."""
+        if step.verified.prompt_top is not None:
+            self.remember_prompt(step.context, step.verified.prompt_top)
+        drafted, verified = step.drafted, step.verified
         if not drafted.features:
             return
         tree = drafted.tree
         rows = verified.parent_rows  # row 0 = the anchor, row i + 1 = node i
         top = verified.p_rows.plain_top(rows, MEMORY_K)
-        # the tokens each row's children were drafted after (this step is not committed yet: the anchor is last)
-        keys = [(prev, tok) for tok, prev in (_parent_tokens(view.committed, tree, r - 1) for r in rows)]
+        # the tokens each row's children were drafted after (the step's context: the anchor last)
+        keys = [(prev, tok) for tok, prev in (_parent_tokens(step.context, tree, r - 1) for r in rows)]
         self.memory.update(keys, [top[r] for r in rows])
 
-    def _teach_chooser(self, drafted: Drafted, verified) -> None:
-        tree, result = drafted.tree, verified.result
-        candidates, sure = self._root
-        first = tree.token[result.path[0]] if result.path else result.bonus
-        odds = verified.odds or {}
-        chain = [(tree.depth[i], odds[i].accept_prob) for i in range(len(tree))
-                 if tree.depth[i] >= 2 and tree.source[i] == "draft" and i in odds
-                 and tree.children(tree.parent[i])[0] == i]
-        self.tree_chooser.record(candidates, sure, first, chain, tree.n_levels)
-
     def rewind(self) -> None:
-        self.memory = self._seeded.copy()  # the tree chooser keeps what it measured, as the fallback's rates do
+        self.memory = self._after_prompt.copy()  # the tree chooser keeps what it measured, as the fallback's rates do
 
     def draft(self, view) -> Drafted:
-        """Grow the step's tree with the draft model, ``view.draft_model`` (after the target-sampled roots, if lossy).
+        """Grow the step's tree with the draft model, ``view.draft`` (after the target-sampled roots, if lossy).
 
-        The first draft forward also feeds the committed tokens the draft has not cached (its chain).
+        The first draft forward also feeds the committed tokens the draft has not cached.
         """
         config, sampling = view.config, view.sampling
         L = len(view.committed)
@@ -142,19 +134,19 @@ class ModelDrafter(Drafter):
             self.copy_index.sync(view.committed)
         if config.is_lossy:
             if sampling.greedy:
-                roots = drafting.greedy_candidates(view.next_logits, config.width)
+                target_roots = drafting.greedy_candidates(view.next_logits, config.width)
             else:
-                roots = drafting.draw_without_replacement(view.next_dist, config.width, view.generator)
-            tree.add_level([-1] * len(roots), roots, source="target")
-        chain = view.committed[view.draft_len():]
-        past = L - len(chain)
+                target_roots = drafting.draw_without_replacement(view.next_dist, config.width, view.generator)
+            tree.add_level([-1] * len(target_roots), target_roots, source="target")
+        uncached = list(view.committed[view.draft.cache.length:])
+        past = L - len(uncached)
         calls = 0
-        rows_of: dict[int, int] = {}  # fed tree node -> its draft-cache row after ``past + len(chain)``
+        rows_of: dict[int, int] = {}  # fed tree node -> its draft-cache row after ``past + len(uncached)``
         next_row = 0  # the next free draft-cache row (relative to the same place)
         replay: _ChainReplay | None = None  # the chain replay whose levels are being read, if any
         replays: list[list[int]] = []  # per chain replay of this step: [levels computed, levels read]
         active: set[str] | None = None  # branches still drafting, once the first drafted level exists
-        reach = view.reach()  # no level deeper than a committable node, no children under an EOS
+        reach = view.reach  # no level deeper than a committable node, no children under an EOS
         template = _template_children(config.tree)  # tree template: node -> its template children, else None
         # sampling without replacement: each row's uniform draws come with the level's best tokens (one transfer)
         draws_per_row = 0
@@ -163,9 +155,10 @@ class ModelDrafter(Drafter):
         host = torch.device("cpu")  # the decision model runs on the host, wherever the models run
         in_template: dict[int, int] = {-1: -1}  # drafted node -> its template node
         accept: dict[int, float] = {}  # node -> predicted acceptance (learned policies)
+        root_candidates = None  # the root's best tokens and sureness, for the tree chooser's learning
         for index, k in enumerate(branching):
             level = tree.n_levels
-            if level >= reach["max_depth"]:
+            if level >= reach.max_depth:
                 break
             if level >= 1 and tree.source[tree.level_starts[level - 1]] == "draft":
                 if active is None:
@@ -183,7 +176,7 @@ class ModelDrafter(Drafter):
                 if not sig.keep_drafting:
                     break
             start, stop = (tree.level_starts[level - 1], tree.level_starts[level]) if level else (0, 0)
-            if level and all(tree.token[i] in reach["ends"] for i in range(start, stop)):
+            if level and all(tree.token[i] in reach.ends for i in range(start, stop)):
                 break  # a level of EOS tokens: no forward, nothing after them is committed
             first = calls == 0
             if replay is not None and not replay.covers(level):
@@ -192,8 +185,8 @@ class ModelDrafter(Drafter):
                 levels = self._chain_plan(view, branching, index, level, stop - start, reach, template,
                                           want_hidden, first_of_step=not replays)
                 if levels > 1:
-                    mask = _level_mask(past, len(chain), tree, start, stop, rows_of, next_row, bool(replays))
-                    pos = step_position_ids(past, len(chain), False, tree.depth, start, stop)
+                    mask = _level_mask(past, len(uncached), tree, start, stop, rows_of, next_row, bool(replays))
+                    pos = step_position_ids(past, len(uncached), False, tree.depth, start, stop)
                     uniforms = None if sampling.greedy else drafting.uniforms(view.generator, levels * (stop - start))
                     replay = _ChainReplay(view, tree, start, stop, levels, pos, mask, uniforms, want_features,
                                           first_row=next_row)
@@ -206,12 +199,12 @@ class ModelDrafter(Drafter):
                 for node in range(start, stop):  # this level's nodes sit in the replay's rows
                     rows_of[node] = replay.first_row + replay.row(level, node)
             else:
-                ids = (chain if first else []) + tree.token[start:stop]
+                ids = (uncached if first else []) + tree.token[start:stop]
                 mask = (None if (first and level == 0) else
-                        _level_mask(past, len(chain), tree, start, stop, rows_of, next_row, bool(replays),
-                                    chain_in_query=first))
-                pos = step_position_ids(past, len(chain), first, tree.depth, start, stop)
-                fwd = view.draft_forward(ids, pos, mask, keep=max(stop - start, 1), hidden=want_hidden)
+                        _level_mask(past, len(uncached), tree, start, stop, rows_of, next_row, bool(replays),
+                                    uncached_in_query=first))
+                pos = step_position_ids(past, len(uncached), first, tree.depth, start, stop)
+                fwd = view.draft.forward(ids, pos, mask, keep=max(stop - start, 1), hidden=want_hidden)
                 calls += 1
                 rows_of.update({node: next_row + c for c, node in enumerate(range(start, stop))})
                 next_row += stop - start
@@ -231,15 +224,15 @@ class ModelDrafter(Drafter):
             dist = torch.tensor(qd.attached("dist"), dtype=torch.float32, device=host) if want_features else None
             for r, node in rows:
                 q_top[node + 1] = tops[r]
-                if node < 0 and choice is not None:  # the root's candidates, for the tree chooser's learning
-                    self._root = ([t for t, _ in tops[r]],
-                                  config.branch_threshold < 1.0 and bool(tops[r]) and
-                                  tops[r][0][1] >= config.branch_threshold)
+                if node < 0 and choice is not None:
+                    root_candidates = ([t for t, _ in tops[r]],
+                                       config.branch_threshold < 1.0 and bool(tops[r])
+                                       and tops[r][0][1] >= config.branch_threshold)
                 if not sampling.greedy:
                     q_rows.add(node + 1, qd, r)
                 slots = None if template is None else template.get(in_template.get(node), [])
                 want = k if slots is None else len(slots)
-                if want == 0 or (node >= 0 and tree.token[node] in reach["ends"]):
+                if want == 0 or (node >= 0 and tree.token[node] in reach.ends):
                     continue
                 sure = (want > 1 and config.branch_threshold < 1.0 and tops[r]
                         and tops[r][0][1] >= config.branch_threshold)
@@ -277,7 +270,8 @@ class ModelDrafter(Drafter):
         if choice is not None:
             info["tree_choice"] = choice
         return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls, draft_rows=rows_of,
-                       head=past + len(chain), features=features, q_top=q_top, predicted=dict(accept), info=info)
+                       tree_start=past + len(uncached), features=features, q_top=q_top, predicted=dict(accept),
+                       info=info, roots=root_candidates)
 
     def _prune_side_branches(self, level_view: LevelView, sig) -> None:
         """Stop the side branches not worth their rows (the tree chosen online). The verifier tests the roots in
@@ -316,28 +310,26 @@ class ModelDrafter(Drafter):
     def _branching(self, view) -> tuple[list[int], dict | None]:
         """This step's children per level: the config's, or with the root width the tree chooser picks (and why,
         for the trace)."""
-        self._root = None
         if self.tree_chooser is None:
             return list(view.branching), None
-        self.tree_chooser.costs = view.tree_costs
         k = self.tree_chooser.choose()
         return view.config.online_branching(k), dict(self.tree_chooser.last)
 
     def _chain_plan(self, view, branching: list[int], index: int, level: int, width: int, reach: dict, template,
                     want_hidden: bool, first_of_step: bool) -> int:
         """How many levels the next chain replay runs (0: a plain forward). Only where the run allows replays
-        (``view.chain_levels``), every level left has one child per node (no template), the policy reads no hidden
+        (``view.draft.chain_levels``), every level left has one child per node (no template), the policy reads no hidden
         states and at most ``CHAIN_MAX_WIDTH`` chains grow. A step's first replay runs about one level more than
         the chains' levels read in the step before: levels past where the stop policy ends drafting are computed
         for nothing, so a replay should end about where drafting ends. Replays run a power of two of levels
         (``chain_depths``), so that a few graphs serve every step."""
-        if (not view.chain_levels or template is not None or want_hidden or width > CHAIN_MAX_WIDTH
+        if (not view.draft.chain_levels or template is not None or want_hidden or width > CHAIN_MAX_WIDTH
                 or any(b != 1 for b in branching[index:])):
             return 0
-        levels = min(view.chain_levels, len(branching) - index, reach["max_depth"] - level)
+        levels = min(view.draft.chain_levels, len(branching) - index, reach.max_depth - level)
         if first_of_step and self._chain_used is not None:
             levels = min(levels, max(2, self._chain_used + 1))
-        return max((d for d in chain_depths(view.chain_levels) if d <= levels), default=0)
+        return max((d for d in chain_depths(view.draft.chain_levels) if d <= levels), default=0)
 
 
 def chain_depths(chain_levels: int) -> list[int]:
@@ -365,14 +357,15 @@ class _ChainReplay:
         first_level: the tree level whose nodes the replay's first forward fed.
         dists: ``RowDists`` over the replay's ``levels * w`` rows (level-major), with its decision features
             attached when the run computes them, and the chosen tokens: all reach the host in one transfer.
-        first_row: the draft-cache row (relative to the step's head) of the replay's row 0; its rows follow it.
+        first_row: the draft-cache row (relative to the step's ``tree_start``) of the replay's row 0; its rows
+            follow it.
         chain_of: tree node -> its chain (0 .. w-1), for the first level's nodes and every child read so far.
     """
 
     def __init__(self, view, tree: DraftTree, start: int, stop: int, levels: int, pos: list[int], mask, uniforms,
                  want_features: bool, first_row: int):
         self.first_level, self.levels, self.w, self.first_row = tree.n_levels, levels, stop - start, first_row
-        tokens, logits = view.draft_chain(tree.token[start:stop], pos, mask, levels, uniforms)
+        tokens, logits = view.draft.chain(tree.token[start:stop], pos, mask, levels, uniforms)
         self.dists = RowDists(logits, view.sampling)
         if want_features:
             self.dists.attach("dist", _dist_features(self.dists))
@@ -394,16 +387,17 @@ class _ChainReplay:
         return self._tokens[self.row(level, node)]
 
 
-def _level_mask(past: int, chain_len: int, tree: DraftTree, start: int, stop: int, rows_of: dict[int, int],
-                next_row: int, replayed: bool, chain_in_query: bool = False) -> np.ndarray:
+def _level_mask(past: int, uncached_len: int, tree: DraftTree, start: int, stop: int, rows_of: dict[int, int],
+                next_row: int, replayed: bool, uncached_in_query: bool = False) -> np.ndarray:
     """The bool attention mask of a draft forward feeding tree nodes ``start .. stop - 1`` at draft-cache rows
-    ``next_row ..`` (after ``past`` cached and ``chain_len`` new committed tokens): ``tree.step_mask`` until the step
+    ``next_row ..`` (after ``past`` cached and ``uncached_len`` new committed tokens): ``tree.step_mask`` until the step
     ran a chain replay (``replayed``; until then every fed node sits at its own index), else built from
     ``rows_of``: each row sees the committed tokens, its ancestors' rows and its own.
-    ``(q, past + chain_len + next_row + q)`` with ``q`` the chain (when ``chain_in_query``) plus the nodes."""
+    ``(q, past + uncached_len + next_row + q)`` with ``q`` the uncached committed tokens (when ``uncached_in_query``)
+    plus the nodes."""
     if not replayed:
-        return step_mask(past, chain_len, chain_in_query, tree.anc, start, stop)
-    n_ctx, w = past + chain_len, stop - start
+        return step_mask(past, uncached_len, uncached_in_query, tree.anc, start, stop)
+    n_ctx, w = past + uncached_len, stop - start
     mask = np.zeros((w, n_ctx + next_row + w), dtype=bool)
     mask[:, :n_ctx] = True
     for c, node in enumerate(range(start, stop)):

@@ -11,7 +11,7 @@ candidates at every verified position, otherwise thrown away, become the next dr
 Train-free and lossless: the drafts are a function of the history only (deterministic proposals). The matrix is
 kept across steps and, when the caller passes it on, across runs of a session (``state`` / ``initial``).
 
-One addition to the paper: before the first step, the rows of the prompt's tokens are seeded with the tokens that
+One addition to the paper: before the first step, the rows of the prompt's tokens are filled with the tokens that
 follow them in the prompt (most recent first), ahead of any carried-over candidates. The prefill computes logits
 for the last prompt token only, so without this a run starts blind exactly where outputs copy their prompt.
 """
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import torch
 
+from ..carried import Carried
 from ..tree import rank_decay_parents
-from .base import Drafted, Drafter, FreeNode
+from .base import Drafter, FreeNode
 
 CARRIED = -1
 """``step`` of a matrix row written before this run (carried over from an earlier run of the session)."""
 PROMPT = -2
-"""``step`` of a matrix row seeded from the prompt's own successors (``RecyclingDrafter.start``)."""
+"""``step`` of a matrix row filled from the prompt's own successors (``RecyclingDrafter.start``)."""
 
 
 class RecyclingDrafter(Drafter):
@@ -48,21 +49,21 @@ class RecyclingDrafter(Drafter):
         for t, cands in (initial or {}).get("rows", {}).items():
             self.rows[int(t)] = [int(c) for c in cands][: self.k]
             self.origin[int(t)] = (CARRIED, 0)
-        self.carried = len(self.rows)
+        self.carried_rows = len(self.rows)
         self._initial = (dict(self.rows), dict(self.origin))
 
     def start(self, view) -> None:
-        """Seed the rows of the prompt's tokens with their successors in the prompt, most recent first, then the
+        """Fill the rows of the prompt's tokens with their successors in the prompt, most recent first, then the
         carried-over candidates; ``node`` records the prompt position of the first successor."""
         prompt = view.committed
-        seeds: dict[int, list[int]] = {}
+        successors: dict[int, list[int]] = {}
         first: dict[int, int] = {}
         for i in range(len(prompt) - 2, -1, -1):  # most recent occurrence first
-            row = seeds.setdefault(prompt[i], [])
+            row = successors.setdefault(prompt[i], [])
             if prompt[i + 1] not in row and len(row) < self.k:
                 row.append(prompt[i + 1])
                 first.setdefault(prompt[i], i + 1)
-        for t, row in seeds.items():
+        for t, row in successors.items():
             rest = [c for c in self.rows.get(t, []) if c not in row]
             self.rows[t] = (row + rest)[: self.k]
             self.origin[t] = (PROMPT, first[t])
@@ -97,17 +98,17 @@ class RecyclingDrafter(Drafter):
         return {"recycling_row": {"token": int(token), "candidates": list(self.rows.get(token, [])), "step": step,
                                   "node": node}}
 
-    def learn(self, view, drafted: Drafted, verified) -> None:
+    def observe(self, step) -> None:
         """Overwrite the row of every token the target scored this step (the anchor and every tree node) with the
         top-k of its logits; later rows win when a token occurs twice."""
-        step = view.steps_done
+        drafted, verified = step.drafted, step.verified
         logits = [verified.anchor_logits.float().reshape(1, -1)]
         if len(drafted.tree):
             logits.append(verified.node_logits[: len(drafted.tree)].float())
         top = torch.topk(torch.cat(logits), self.k, dim=-1).indices.tolist()  # one transfer for all rows
         for node, (t, cands) in enumerate(zip([verified.anchor_token] + list(drafted.tree.token), top)):
             self.rows[int(t)] = cands
-            self.origin[int(t)] = (step, node)
+            self.origin[int(t)] = (step.record.index, node)
 
     def rewind(self) -> None:
         self.rows, self.origin = dict(self._initial[0]), dict(self._initial[1])
@@ -116,7 +117,11 @@ class RecyclingDrafter(Drafter):
         """The matrix as plain data (``{"rows": {token: [candidates]}}``), for the next run or the trace."""
         return {"k": self.k, "rows": {str(t): list(c) for t, c in self.rows.items()}}
 
+    def carried(self, key: str) -> Carried:
+        """The matrix, for the session's next run (not keyed: a matrix holds for any method of the pair)."""
+        return Carried(recycling=self.state())
+
     def state_for_trace(self) -> dict:
-        """The matrix the run started from (after seeding from the prompt), so a replay can show any row."""
-        return {"recycling_initial": {"k": self.k, "carried_rows": self.carried,
+        """The matrix the run started from (after filling it from the prompt), so a replay can show any row."""
+        return {"recycling_initial": {"k": self.k, "carried_rows": self.carried_rows,
                                       "rows": {str(t): list(c) for t, c in self._initial[0].items()}}}

@@ -90,7 +90,7 @@ class RowPricing:
     @property
     def prices(self) -> dict:
         """The costs it prices with, as ``forward_costs.row_prices`` gives them (ms): what a trace records and
-        ``Engine.follow_row_pricing`` takes back."""
+        a replay takes back (``factory.build_parts(..., follow=trace)``)."""
         return {"one_row_ms": round(self.one_row_ms, 3), "jump_ms": round(self.jump_ms, 3),
                 "row_ms": round(self.row_ms, 3)}
 

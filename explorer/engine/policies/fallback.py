@@ -1,4 +1,4 @@
-"""Falling back to plain decoding when speculation does not pay on this hardware (issue 13).
+"""Falling back to plain decoding when speculation does not pay on this hardware.
 
 SmartSpec (Liu et al. 2024, "Optimizing Speculative Decoding for Serving Large Language Models Using Goodput",
 arXiv 2406.14066) speculates only as far as it raises *goodput*: committed tokens per second of execution, measured, not

@@ -9,9 +9,9 @@ the score reaches the threshold", so one chart and one slider serve them all:
 * ``none``: static depth, never stops early (the MCSD baseline).
 * ``confidence``: score = the draft's probability of the token; keep drafting while any branch reaches tau
   (Hugging Face assisted generation stops its chain the same way, threshold 0.4).
-* ``decision``: the seed's rule (Lu et al. 2024, arXiv 2409.10644): score = a learned decision model's predicted
+* ``decision``: Lu et al.'s rule (Lu et al. 2024, arXiv 2409.10644): score = a learned decision model's predicted
   acceptance of the token (``explorer.decision``); keep drafting while any branch's score reaches tau.
-* ``prune``: per-branch pruning (beyond the seed): the same scores, but a branch whose score falls below tau stops
+* ``prune``: per-branch pruning (beyond the paper): the same scores, but a branch whose score falls below tau stops
   alone (its frontier gets no children, so its rows leave the next mask slices); drafting ends when every branch
   has stopped.
 * ``specdec++``: SpecDec++'s cumulative rule (Huang et al. 2024, arXiv 2405.19715): stop when the predicted
@@ -64,7 +64,7 @@ SETTING_NAMES = {"specdec++": "h", "goodput": "r"}
 STOP_POLICY_LABELS = {
     "none": "none (static depth)",
     "confidence": "draft confidence",
-    "decision": "decision model (seed)",
+    "decision": "decision model (Lu et al.)",
     "prune": "decision model, per branch",
     "specdec++": "SpecDec++ cumulative",
     "goodput": "goodput (expected gain vs. cost)",
@@ -159,6 +159,12 @@ class StopPolicy:
     needs_hidden = False
 
     def __init__(self, threshold: float):
+        self.threshold = 0.0
+        self.set_threshold(threshold)
+
+    def set_threshold(self, threshold: float) -> None:
+        """Move the policy's threshold (the online adaptation's refit, the goodput policy's measured r) from the next
+        level on. Raises ValueError outside [0, 1]."""
         if not (0.0 <= threshold <= 1.0):
             raise ValueError(f"stop threshold must be in [0, 1], got {threshold}")
         self.threshold = float(threshold)
@@ -215,7 +221,7 @@ class NoStop(ConfidenceStop):
 
 
 class DecisionStop(StopPolicy):
-    """The seed's rule with a learned decision model (``explorer.decision.DecisionModel``) as the score."""
+    """Lu et al.'s rule with a learned decision model (``explorer.decision.DecisionModel``) as the score."""
 
     name = "decision"
     needs_features = True
@@ -246,7 +252,6 @@ class SpecDecPPStop(DecisionStop):
 
     def node_scores(self, view: LevelView) -> dict[int, float]:
         accept = super().node_scores(view)
-        tree = view.tree
         return {i: path_reach(view, i) for i in accept}
 
 
@@ -265,7 +270,7 @@ class GoodputStop(DecisionStop):
         the chances of reaching the next level through different nodes add up (EAGLE-2's expected acceptance
         length sums path probabilities over a tree's nodes the same way). An over-confident model can make
         siblings' chances sum past the chance of reaching this level; the branches' gains are then scaled down
-        to it (``level_mass``). In the seed's lossy mode each branch is verified on its own and the longest kept:
+        to it (``level_mass``). In Lu et al.'s lossy mode each branch is verified on its own and the longest kept:
         there the sum bounds the chance from above, as the best branch's did from below."""
         tree, branch_of = view.tree, view.tree.branch_ids()
         gain: dict[str, float] = {}

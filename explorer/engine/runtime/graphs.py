@@ -1,5 +1,5 @@
 """Model forwards: plain calls (``eager_forward``), and at fixed shapes through CUDA graphs per query-size bucket
-(``GraphRunner``, issue 13).
+(``GraphRunner``).
 
 On a GPU a small model's eager forward is mostly Python and kernel launches (docs/bench.md, "Machines": the 1.5B
 target's one-token forward takes 16.6 ms eager on an H200 and 4.55 ms replayed from a graph). A CUDA graph records one
@@ -18,7 +18,7 @@ Forwards larger than the last bucket (the prefill) and forwards before the cache
 CUDA (``capture=False``) the runner pads to the same buckets and calls the model eagerly, which is what the CPU
 tests check: padded buckets give the logits of unpadded forwards.
 
-A *chain replay* (``GraphRunner.chain``, issue 45) runs several draft levels of ``w`` chains in one graph: each
+A *chain replay* (``GraphRunner.chain``) runs several draft levels of ``w`` chains in one graph: each
 level's next tokens are chosen on the device (argmax, or an inverse-CDF draw from the processed distribution with
 uniforms drawn before the replay) and fed to the next level's forward, as gpt-fast's decode loop does, with the
 mask, position ids and cache positions advanced on the device. The host reads the levels' tokens and logits once,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -42,23 +43,50 @@ from .kv_cache import KVCache, StaticKVCache
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+class ForwardOutput(NamedTuple):
+    """What one forward returns (fresh tensors on the model's device).
+
+    Attributes:
+        logits: ``(keep, vocab)`` model dtype, the last ``keep`` rows.
+        hidden: float32 ``(rows, hidden_size)``, the last hidden state (after the final norm) of the last
+            ``hidden_rows`` rows, or None where not asked for.
+        states: model dtype ``(q, len(layers), hidden_size)``, the hidden states entering the decoder layers named
+            in ``layers`` (index ``i < L`` is the input of layer ``i``, 0 the token embeddings; ``L`` the final
+            norm's output) at every query row, or None where no layer was named.
+    """
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+
+
 def eager_forward(model, kv: KVCache, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None,
-                  keep: int, hidden: bool = False, hidden_rows: int | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  keep: int, hidden: bool = False, hidden_rows: int | None = None, layers: tuple[int, ...] = ()
+                  ) -> ForwardOutput:
     """One plain forward of ``model`` appending ``q = len(input_ids)`` rows to ``kv``. ``mask``: bool
-    ``(q, kv.length + q)`` or None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the
-    model dtype and, with ``hidden``, the last hidden state ``(rows, hidden_size)`` float32 of the last
-    ``hidden_rows`` rows (default ``keep``; more rows than ``keep`` leave the logits' kernels as they are)."""
+    ``(q, kv.length + q)`` or None (causal). Returns the logits of the last ``keep`` rows in the model dtype and,
+    with ``hidden``, the last hidden state of the last ``hidden_rows`` rows (default ``keep``; more rows than
+    ``keep`` leave the logits' kernels as they are), and with ``layers`` those layers' hidden states at every row
+    (``ForwardOutput``)."""
     device = next(model.parameters()).device
     attn = None if mask is None else forward_mask(model, kv.pad_mask(mask), kv.length, position_ids, device)
     cache_position = kv.before_forward(len(input_ids))
     out = model(input_ids=torch.tensor([input_ids], dtype=torch.long, device=device),
                 position_ids=torch.tensor([position_ids], dtype=torch.long, device=device), attention_mask=attn,
                 past_key_values=kv.hf, cache_position=cache_position, use_cache=True, logits_to_keep=keep,
-                output_hidden_states=hidden)
+                output_hidden_states=hidden or bool(layers))
     kv.after_forward(len(input_ids))
     logits = out.logits[0]
-    return logits, (out.hidden_states[-1][0, -(hidden_rows or logits.shape[0]):].float() if hidden else None)
+    last = out.hidden_states[-1][0, -(hidden_rows or logits.shape[0]):].float() if hidden else None
+    return ForwardOutput(logits, last, _layer_states(out.hidden_states, layers, 0, len(input_ids)))
+
+
+def _layer_states(hidden_states, layers: tuple[int, ...], start: int, stop: int) -> torch.Tensor | None:
+    """Rows ``start .. stop - 1`` of the named layers' hidden states, ``(rows, len(layers), hidden_size)``, a fresh
+    tensor (a graph's output buffers are overwritten by its next replay)."""
+    if not layers:
+        return None
+    return torch.stack([hidden_states[i][0, start:stop] for i in layers], dim=1)
 
 
 def bucket_for(n: int, buckets=BUCKETS) -> int | None:
@@ -92,8 +120,9 @@ class _Bucket:
         self.graph = None
         self.logits = None  # output buffers: (1, size, vocab) and (1, size, hidden) or None
         self.hidden = None
+        self.states: tuple = ()  # (1, size, hidden) per named layer
         # On CUDA the inputs go through pinned host buffers, copied asynchronously: a copy from pageable memory
-        # makes the host wait for the device (issue 13 counted two such waits per forward).
+        # makes the host wait for the device (two such waits per forward were counted).
         cuda = torch.device(device).type == "cuda"
         self._staged = (torch.zeros((3, size), dtype=torch.long, device="cpu", pin_memory=True),
                         torch.zeros((size, width), dtype=torch.bool, device="cpu", pin_memory=True)) if cuda else None
@@ -156,38 +185,43 @@ class GraphRunner:
         self.replays = self.captures = self.eager_calls = 0
 
     def forward(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray | None, keep: int,
-                hidden: bool = False, hidden_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                hidden: bool = False, hidden_rows: int | None = None, layers: tuple[int, ...] = ()) -> ForwardOutput:
         """One forward of ``q = len(input_ids)`` rows at ``kv.length``. ``mask``: bool ``(q, kv.length + q)`` or
-        None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the model dtype and, with
-        ``hidden``, the last hidden state (float32) of the last ``hidden_rows`` rows (default ``keep``; more than
-        ``keep``: an eager forward, as a prefill is), both fresh tensors."""
+        None (causal). Returns the logits of the last ``keep`` rows ``(keep, vocab)`` in the model dtype, with
+        ``hidden`` the last hidden state (float32) of the last ``hidden_rows`` rows (default ``keep``; more than
+        ``keep``: an eager forward, as a prefill is), and with ``layers`` the named layers' hidden states at every
+        row (``ForwardOutput``), all fresh tensors. A bucket's graph is captured per ``(hidden, layers)``."""
         n, length = len(input_ids), self.kv.length
         size = bucket_for(n, self.buckets)
+        layers = tuple(layers)
         if (size is None or not self._cache_ready() or length + size > self.kv.key_width
                 or (hidden and (hidden_rows or keep) > keep)):
             self.eager_calls += 1
-            return eager_forward(self.model, self.kv, input_ids, position_ids, mask, keep, hidden, hidden_rows)
-        b = self._bucket(size, hidden)
+            return eager_forward(self.model, self.kv, input_ids, position_ids, mask, keep, hidden, hidden_rows,
+                                 layers)
+        b = self._bucket(size, hidden, layers)
         self._stage(b, input_ids, position_ids, mask)
         if self.capture and b.graph is None:
-            self._capture(b, hidden)
+            self._capture(b, hidden, layers)
             self.kv.seek(size)  # warm-up and capture advanced the cache's counter
         if b.graph is not None:
             b.graph.replay()
             self.replays += 1
-            logits, hid = b.logits, b.hidden
+            logits, hid, states = b.logits, b.hidden, b.states
         else:
-            out = self._call(b, hidden)
+            out = self._call(b, hidden or bool(layers))
             self.eager_calls += 1
             logits, hid = out.logits, (out.hidden_states[-1] if hidden else None)
+            states = tuple(out.hidden_states[i] for i in layers)
         self.kv.after_forward(n)  # the padding rows are past `length`: stale, blocked, overwritten next time
         rows = slice(n - keep, n)
         # copies: the next replay overwrites the graph's output buffers (``.float()`` of a float32 buffer is the buffer)
-        return logits[0, rows].clone(), (hid[0, rows].to(torch.float32, copy=True) if hid is not None else None)
+        return ForwardOutput(logits[0, rows].clone(), hid[0, rows].to(torch.float32, copy=True) if hid is not None
+                             else None, _layer_states(states, tuple(range(len(layers))), 0, n))
 
     def chain(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray, levels: int, vocab: int,
               sampling: SamplingConfig, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``levels`` forwards of ``w = len(input_ids)`` chains in one replay (issue 45, item 6): the first feeds
+        """``levels`` forwards of ``w = len(input_ids)`` chains in one replay: the first feeds
         ``input_ids``; each next one feeds the tokens chosen from the previous one's logits on the device, one
         position further, each row attending to what its row attended to plus its own new column.
 
@@ -288,8 +322,9 @@ class GraphRunner:
                 ids, pos, cache_position = tokens[None], pos + 1, cache_position + c.w
                 allowed = allowed.scatter(1, cache_position[:, None], True)
 
-    def capture_all(self, hidden: bool = False) -> int:
-        """Capture every bucket not captured yet (with ``hidden`` as given), at the cache's current length, without
+    def capture_all(self, hidden: bool = False, layers: tuple[int, ...] = ()) -> int:
+        """Capture every bucket not captured yet (with ``hidden`` and ``layers`` as ``forward`` takes them), at the
+        cache's current length, without
         changing the cache's content up to that length: the capture's forwards write only past it, where padding
         rows go too. Returns how many graphs were captured (0 off CUDA, or before the cache's first forward)."""
         length = self.kv.length
@@ -297,11 +332,11 @@ class GraphRunner:
             return 0
         done = self.captures
         for size in self.buckets:
-            b = self._bucket(size, hidden)
+            b = self._bucket(size, hidden, tuple(layers))
             if b.graph is not None or length + size > self.kv.key_width:
                 continue
             self._stage(b, [0] * size, list(range(length, length + size)), None)  # causal rows of token 0
-            self._capture(b, hidden)
+            self._capture(b, hidden, tuple(layers))
         return self.captures - done
 
     def _cache_ready(self) -> bool:
@@ -324,17 +359,18 @@ class GraphRunner:
         return self.model(input_ids=b.ids, position_ids=b.pos, attention_mask=b.mask, past_key_values=self.kv.hf,
                           cache_position=b.cache_position, use_cache=True, output_hidden_states=hidden)
 
-    def _bucket(self, size: int, hidden: bool) -> _Bucket:
-        key = (size, hidden)
+    def _bucket(self, size: int, hidden: bool, layers: tuple[int, ...]) -> _Bucket:
+        key = (size, hidden, layers)
         if key not in self._buckets:
             self._buckets[key] = _Bucket(size, self.kv.key_width, self.kv.device, self.dtype)
         return self._buckets[key]
 
-    def _capture(self, b: _Bucket, hidden: bool) -> None:
+    def _capture(self, b: _Bucket, hidden: bool, layers: tuple[int, ...]) -> None:
         """Record bucket ``b``'s forward (``_record``); its outputs become the bucket's output buffers."""
-        b.graph, out = self._record(b.size, lambda: self._call(b, hidden))
+        b.graph, out = self._record(b.size, lambda: self._call(b, hidden or bool(layers)))
         b.logits = out.logits
         b.hidden = out.hidden_states[-1] if hidden else None
+        b.states = tuple(out.hidden_states[i] for i in layers)
 
     def _record(self, rows: int, work):
         """Warm ``work`` (the forwards of ``rows`` cache rows from ``kv.length``) up twice on a side stream, as

@@ -1,7 +1,7 @@
 """Counting a step's reads of tensor values into Python on the CPU: the host synchronisations it would make on a GPU.
 
 On CUDA, torch's sync debug mode counts the real synchronisations (``timeline.StepTimeline(count_syncs=True)``). On
-the CPU nothing synchronises, so the host work issue 13 asks to keep in single digits per step cannot be seen there.
+the CPU nothing synchronises, so the host work that should stay in single digits per step cannot be seen there.
 Every synchronisation the engine makes on a GPU, though, is a read of a device value into Python: ``.item()``,
 ``.tolist()``, ``float(t)``, ``int(t)``, ``bool(t)`` (an ``if`` on a tensor), ``.cpu()``, ``.nonzero()``, indexing
 by a boolean mask. ``HostReadCounter`` counts those calls through a ``TorchFunctionMode``, so a CPU test can hold a

@@ -6,7 +6,7 @@ Two backends behind one small interface:
   CPU a forward attends over exactly the cached columns.
 * ``StaticKVCache`` (transformers' ``StaticCache``, preallocated for the run's maximum context): every forward has
   the same key width, so its attention mask spans all ``max_len`` columns (unwritten ones blocked). Static shapes
-  are what CUDA graphs need (issue 13).
+  are what CUDA graphs need.
 
 Either way a step's forwards append rows at ``length``; ``keep`` then moves the accepted path's rows to sit right
 after the kept prefix and cuts the rest (only the kept rows move; nothing is re-gathered across the whole cache),

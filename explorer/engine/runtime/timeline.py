@@ -1,14 +1,15 @@
-"""Where one step's time goes (issue 16, "the step's timeline"): contiguous segments from the step's start to the
-end of its trace recording, with each forward's query rows.
+"""Where one step's time goes (the step's timeline): contiguous segments from the step's start to the end
+of what its observers learn from it, with each forward's query rows.
 
 The engine opens a segment at each phase boundary (``enter``); a forward opens its own segment and reopens the
 phase it interrupted, so the segments partition the step and their sum is the step's wall time less only the calls
 around it. Phases: ``drafting`` (the drafter's own work: tree, sampling, stop policy), ``draft forward`` /
 ``target forward`` (with their query rows), ``mask`` (mask and position ids), ``verification`` (the node rules),
-``odds`` (expected acceptance), ``drafter learn``, ``KV-cache commit`` and ``trace recording``.
+``odds`` (expected acceptance), ``KV-cache commit``, ``trace recording``, then the observers' learning
+(``drafter learn``, ``stop-policy adaptation``; ``engine/observers.py``).
 
 Clocks. On the CPU each boundary reads the host clock. On CUDA each boundary records a CUDA event instead and the
-step synchronises once, at its end (issue 13: a synchronisation per boundary stalled the host at every phase): an
+step synchronises once, at its end (a synchronisation per boundary stalled the host at every phase): an
 event fires when the device reaches it, which is when the work queued before it is done or, on an idle device,
 when the host queued it, so a segment is the time the phase held up the step (a forward's ``gpu_ms`` is its device
 time). ``count_syncs`` also counts the step's host synchronisations: on CUDA through torch's sync debug mode (each
@@ -26,8 +27,8 @@ import torch
 
 from .host_reads import HostReadCounter
 
-PHASES = ("drafting", "draft forward", "mask", "target forward", "verification", "odds", "drafter learn",
-          "stop-policy adaptation", "KV-cache commit", "trace recording")
+PHASES = ("drafting", "draft forward", "mask", "target forward", "verification", "odds", "KV-cache commit",
+          "trace recording", "drafter learn", "stop-policy adaptation")
 DRAFT_PHASES = ("drafting", "draft forward")
 VERIFY_PHASES = ("mask", "target forward", "verification", "odds")
 

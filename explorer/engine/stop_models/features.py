@@ -1,4 +1,4 @@
-"""Features of a drafted token, as the decision models of the seed paper read them.
+"""Features of a drafted token, as the decision models of Lu et al. 2024 read them.
 
 For a token ``x`` drafted from the draft's distribution ``q`` at its parent row:
 
@@ -6,15 +6,15 @@ For a token ``x`` drafted from the draft's distribution ``q`` at its parent row:
 * ``dist``: 11 numbers describing ``q`` itself: its entropy (nats) and its 10 largest probabilities, descending;
 * ``depth`` of the token in the draft tree, and the cumulative path probability ``prod q`` of the tokens from the
   first drafted level down to ``x``;
-* ``path``: ``dist`` plus ``log q(x)``, ``depth`` and ``log prod q`` (14 numbers). The seed's two models read
+* ``path``: ``dist`` plus ``log q(x)``, ``depth`` and ``log prod q`` (14 numbers). Lu et al.'s two models read
   ``hidden`` and ``dist``, which are the same for all children of one node, so siblings get one score; ``path``
-  (beyond the seed) tells a tree's siblings apart.
+  (beyond the paper) tells a tree's siblings apart.
 * ``session`` (10 numbers), what the run so far says about x beyond the draft's own distribution:
   two n-gram match lengths against the committed context (``CopyIndex``): ``copy_len``, the longest n <= 8 such
   that the last n tokens of context + path *including* x occur in the context, and ``ctx_len``, the longest n such
   that the n tokens *before* x occur in the context followed by some token (``copy_len = ctx_len + 1``: x continues
   the longest earlier occurrence of what precedes it, what prompt lookup would propose); and eight from the target's
-  own earlier verdicts (``TargetMemory``, Token Recycling's adjacency matrix used as evidence, seeded from the
+  own earlier verdicts (``TargetMemory``, Token Recycling's adjacency matrix used as evidence, filled from the
   prompt's rows of the target's prefill): ``target_rank``, 1 / rank of x among the target's top candidates the last
   time it scored x's parent token (0 when absent), and ``target_known``, whether it has scored that token yet; the
   same keyed by the two tokens before x (``bigram_rank``, ``bigram_known``), with the target's probability of x
@@ -46,7 +46,7 @@ SESSION_FEATURE_NAMES = ["copy_len", "ctx_len", "target_rank", "target_known", "
 CONTEXT_FEATURE_NAMES = PATH_FEATURE_NAMES + SESSION_FEATURE_NAMES
 MAX_COPY_NGRAM = 8
 MEMORY_K = 8  # target candidates remembered per token
-PROMPT_MEMORY_ROWS = 512  # the prompt's last rows whose target candidates seed the memory
+PROMPT_MEMORY_ROWS = 512  # the prompt's last rows whose target candidates prime the memory
 LOGP_FLOOR = 1e-4
 
 
@@ -153,7 +153,7 @@ class TargetMemory:
             self.rows[int(tok)] = c
             self.bigrams[(int(prev), int(tok))] = c
 
-    def seed(self, tokens: list[int], first: int, candidates: list[list[tuple[int, float]]]) -> None:
+    def prime(self, tokens: list[int], first: int, candidates: list[list[tuple[int, float]]]) -> None:
         """Remember the target's candidates at positions ``first, first + 1, ...`` of ``tokens`` (the prompt's rows
         of its prefill: ``candidates[j]`` follows ``tokens[first + j]``)."""
         keys = [(tokens[i - 1] if i else -1, tokens[i]) for i in range(first, first + len(candidates))]
@@ -183,19 +183,19 @@ def _row_features(pairs: list[tuple[int, float]] | None, token: int) -> tuple[fl
     return 0.0, 1.0, math.log(LOGP_FLOOR), (pairs[0][1] if pairs else 0.0)
 
 
-def top_candidates(hidden: torch.Tensor, head, k: int = MEMORY_K, chunk: int = 64) -> list[list[tuple[int, float]]]:
+def top_candidates(hidden: torch.Tensor, lm_head, k: int = MEMORY_K, chunk: int = 64) -> list[list[tuple[int, float]]]:
     """Each row's ``k`` best tokens with their plain-softmax (temperature 1) probabilities, best first.
 
     Args:
         hidden: ``(rows, hidden_size)`` last hidden states (the prompt's rows of a prefill: up to
-            ``PROMPT_MEMORY_ROWS``); head: maps ``chunk`` rows of them to logits ``(chunk, vocab)`` (the model's lm
+            ``PROMPT_MEMORY_ROWS``); lm_head: maps ``chunk`` rows of them to logits ``(chunk, vocab)`` (the model's lm
             head), so a long prompt never holds the logits of all its rows at once.
     Returns:
         one list of ``(token id, probability)`` per row, brought to the host in one transfer.
     """
     ids, probs = [], []
     for start in range(0, hidden.shape[0], chunk):
-        idx, p = plain_topk(head(hidden[start:start + chunk]), k)
+        idx, p = plain_topk(lm_head(hidden[start:start + chunk]), k)
         ids.append(idx)
         probs.append(p)
     if not ids:

@@ -1,4 +1,4 @@
-"""The two decision models of the seed paper and their files.
+"""The two decision models of Lu et al. 2024 and their files.
 
 Lu et al. 2024 (arXiv 2409.10644, code JackZeng0208/DynaSD) train small MLPs that predict, from what the draft
 model knows when it drafts a token, how likely the target is to accept it:
@@ -6,9 +6,9 @@ model knows when it drafts a token, how likely the target is to accept it:
 * ``hidden``: input the draft's last hidden state at the token's parent row (``hidden_size``, 896 for the
   0.5B draft), layers ``hidden_size -> 512 -> 256 -> 1`` by default;
 * ``dist``: input the 11 distribution features (entropy and top-10 probabilities of q), ``11 -> 64 -> 32 -> 1``;
-* ``path`` (beyond the seed): ``dist`` plus the token's own ``log q(x)``, its depth and ``log`` of the cumulative
+* ``path`` (beyond the paper): ``dist`` plus the token's own ``log q(x)``, its depth and ``log`` of the cumulative
   path probability, ``14 -> 64 -> 32 -> 1``; unlike the other two it scores a node's children differently;
-* ``context`` (beyond the seed): ``path`` plus ten session features (``features.py``: does x continue an earlier
+* ``context`` (beyond the paper): ``path`` plus ten session features (``features.py``: does x continue an earlier
   occurrence of what precedes it in the context; did the target rank x after the same parent token, and after the
   same two tokens, before, in the prompt or the run, and with what probability), ``24 -> 128 -> 64 -> 1``.
 

@@ -134,7 +134,7 @@ class OnlineAdapter:
             if len(self.labels) >= MIN_RECORDS:
                 t = roc_threshold(np.array(self.scores), np.array(self.labels), self.fnr_cost)
                 if t is not None:
-                    self.policy.threshold = t
+                    self.policy.set_threshold(t)
         else:
             model = self.policy.model
             with torch.inference_mode():
@@ -209,7 +209,7 @@ class OnlineAdapter:
         self.weights.extend(weights)
         if self.mode == "threshold":
             self.scores.extend(scores)
-            self.policy.threshold = threshold
+            self.policy.set_threshold(threshold)
         else:
             self.acts.extend(acts)
             _set_theta(self.policy.model.net.layers[-1], theta)

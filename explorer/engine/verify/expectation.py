@@ -1,5 +1,5 @@
 """What a verification rule implies about acceptance: per drafted node the probability that it passes, and from
-those the number of tokens a step is expected to commit (issue 15, "expected against realised acceptance").
+those the number of tokens a step is expected to commit (for the "expected against realised acceptance" instrument).
 
 Every node gets two probabilities, both computed from the step's own p (target) and q (draft) rows:
 

@@ -5,7 +5,7 @@
   against the target's ``p`` and the draft's ``q`` (float32 ``(vocab,)``), drawing as it tests;
 * an *odds rule* ``(tokens, p, q) -> ([(child index, ratio, slot probability), ...] in test order, p after the last
   test)`` says, drawing nothing, what the test implies about each child (``expectation.NodeOdds``), values as 0-d
-  device tensors or floats read in one transfer later (issue 13).
+  device tensors or floats read in one transfer later.
 
 ``point_stage`` tests the deterministic (free) children after the node rule. The rules and their papers:
 ``engine/verify/rules.py``. This module imports no table of verifiers, so the registry can hold these functions.
@@ -133,7 +133,7 @@ def point_stage(tokens, p, generator):
 
 # ------------------------------------------------------------------------------------------------ odds rules
 # What each node rule implies about a node's children, drawing nothing (``expectation.node_odds`` applies them to
-# a whole tree; the verifier walks ``rrs``'s on the device, issue 13).
+# a whole tree; the verifier walks ``rrs``'s on the device).
 
 
 def rrs_odds(tokens, p, q, replacement: bool = False):

@@ -2,7 +2,7 @@
 it tests, its node rule and its odds rule (``node_rules``). ``register_verifier`` adds one, in this one table.
 
 Every other table of verifiers is a live, read-only view of this one (``view``, ``names``), so that a verifier
-registered at run time is seen everywhere at once (issue 42): ``config.VERIFIERS`` and ``config.VERIFIER_LABELS``
+registered at run time is seen everywhere at once: ``config.VERIFIERS`` and ``config.VERIFIER_LABELS``
 (what ``MethodConfig.verifier`` accepts, the CLI's and the app's menus), ``drafting.DRAFT_RULES`` (how children are
 drawn), ``expectation.ODDS_RULES`` (expected acceptance) and ``rules.NODE_RULES`` / ``rules.ODDS_RULES`` (how the
 verifier walks). This module imports only ``node_rules`` below it, so that config and drafting can read it.
@@ -33,7 +33,7 @@ class Verifier:
         draws: how the draft model draws the children this rule tests (``DRAWS``, or ``greedy``).
         node_rule: the test walked node by node (``node_rules``); None for the rules whose test of a node depends
             only on the tree, which the verifier walks on the odds computed on the device for the whole tree
-            (greedy, ``rrs``, ``rrs-replacement``, ``longest-branch``: a few host synchronisations per step, issue 13).
+            (greedy, ``rrs``, ``rrs-replacement``, ``longest-branch``: a few host synchronisations per step).
         odds_rule: what the test implies about each child (``node_rules``), for the trace and the expected tokens
             (``expectation.node_odds``); None for greedy, whose test is the argmax.
         selectable: offered as ``MethodConfig.verifier`` and in the menus; greedy and the lossy ``longest-branch``
@@ -69,8 +69,8 @@ for _entry in (
     Verifier("rrs-replacement", "RRS with replacement (SpecInfer)", "with", odds_rule=rrs_replacement_odds),
     Verifier("mcns", "MCNS (naive multi-candidate)", "without", mcns_node, mcns_odds),
     Verifier("spechub", "SpecHub (2 drafts per node)", "hub", spechub_node, spechub_odds),  # Sun et al. 2024
-    # The seed's rule (Lu et al. 2024, lossy): each root's branch walked with rrs, the longest committed.
-    Verifier("longest-branch", "Longest branch (the seed's, lossy)", "without", odds_rule=rrs_odds,
+    # The rule of Lu et al. 2024 (lossy): each root's branch walked with rrs, the longest committed.
+    Verifier("longest-branch", "Longest branch (Lu et al. 2024, lossy)", "without", odds_rule=rrs_odds,
              selectable=False),
 ):
     _add(_entry)

@@ -1,5 +1,5 @@
 """The distributions a verification rule leaves after a rejection, computed on the models' device without reading
-a value into Python (each read is a host synchronisation on a GPU: issue 13).
+a value into Python (each read is a host synchronisation on a GPU).
 
 Tensors are float32 ``(vocab,)`` distributions; scalars stay 0-d tensors until the caller moves a whole step's
 worth to the host at once (``expectation.node_odds``). ``engine/verify/rules.py`` and ``engine/verify/expectation.py``

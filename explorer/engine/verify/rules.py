@@ -20,7 +20,7 @@ from (the bonus token when the walk ends at a leaf: p itself). Node rules:
 * ``mcns`` (naive multi-candidate sampling): draw ``y ~ p``; accept the child equal to y, else emit y.
 * ``spechub`` (Sun et al. 2024, arXiv 2411.05289): two drafts per node, one of them always the hub token
   ``a = argmax q``; a small transport plan decides (see ``spechub_node``). Nodes with one child use ``rrs``.
-* ``longest-branch``: the seed paper's rule (Lu et al. 2024): each target-sampled root's branch is walked on its
+* ``longest-branch``: the rule of Lu et al. 2024: each target-sampled root's branch is walked on its
   own with ``rrs`` (or ``greedy``) and the branch with the most accepted draft tokens is committed. **Lossy.**
 
 Free children (prompt lookup, Token Recycling: ``methods.FREE_SOURCES``) are deterministic proposals, q a point
@@ -36,7 +36,7 @@ How the walk runs. ``greedy``, ``rrs``, ``rrs-replacement`` (and ``longest-branc
 number that depends only on the tree: every node's acceptance probability is computed on the device for the whole
 tree at once (``expectation.node_odds``) and the walk compares it with the node's own uniform draw on the host
 (``ODDS_RULES``): a few host synchronisations per step however large the tree, where a read per tested node
-stalled a GPU step dozens of times (issue 13). ``mcns`` and ``spechub`` walk node by node (``NODE_RULES``).
+stalled a GPU step dozens of times. ``mcns`` and ``spechub`` walk node by node (``NODE_RULES``).
 
 The node rules and their odds live in ``node_rules``; the verifiers by name (label, drafting, node rule, odds rule)
 in ``registry``, where ``register_verifier`` adds one.
@@ -133,7 +133,7 @@ walk reaching it implies). Every node's acceptance probability is computed once,
 in one transfer (``expectation.node_odds``, which the trace shows anyway); the walk then compares each tested node's
 probability with its own uniform draw (``u < accept_prob``), all drawn at once. Afterwards only the residuals at
 the nodes the walk visited are computed: the rejected nodes' for the trace, the last for the bonus token. Host
-synchronisations per step: the odds, the uniforms, the residuals' top tokens, the bonus token (issue 13), however
+synchronisations per step: the odds, the uniforms, the residuals' top tokens, the bonus token, however
 large the tree. A read-only view of ``registry`` (its verifiers without a node rule; ``longest-branch`` walks
 on the same odds branch by branch)."""
 
@@ -231,7 +231,7 @@ def verify_tree(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generato
 
 def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator, greedy: bool = False,
                           odds: dict | None = None, **_) -> VerifyResult:
-    """The seed's rule (lossy): walk every root's subtree on its own (``rrs``, or ``greedy``), commit the root with
+    """Lu et al.'s rule (lossy): walk every root's subtree on its own (``rrs``, or ``greedy``), commit the root with
     the longest accepted draft continuation (ties: the first root). The next step's roots are drawn from the
     distribution at that branch's end: the residual at its rejection, or p after its last node."""
     odds = expectation.node_odds(tree, p_rows, q_rows, "longest-branch", greedy=greedy) if odds is None else odds

@@ -1,0 +1,156 @@
+"""The models' forwards of one engine: each model's KV cache, eager calls or graph runners, each forward timed on
+the step's timeline; and the handle a drafter gets on its own model (``DraftModelAccess``).
+
+A forward appends its rows to its model's cache and returns the logits of the rows asked for, cut to the pair's
+shared vocabulary (``runtime/graphs.ForwardOutput``): with ``hidden`` the last hidden state (the decision
+features), with ``layers`` the hidden states entering the named decoder layers at every row (what a drafter that
+reads the target's features takes from the verification forward, with no second target forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..models.pair import ModelPair
+from .runtime.graphs import BUCKETS, ForwardOutput, acquire_runner, eager_forward, release_runner
+from .runtime.kv_cache import KVCache, copy_layers, new_kv_cache
+from .runtime.timeline import StepTimeline
+from .sampling import SamplingConfig
+from .stop_models.features import top_candidates
+
+
+class Forwards:
+    """Forwards of a pair's ``target`` and ``draft`` models for one engine (batch size 1).
+
+    Args:
+        pair: the loaded models (forwards hold ``pair.lock``).
+        kv_cache: ``dynamic`` or ``static`` (``runtime/kv_cache.py``).
+        graphs: run forwards through graph runners (``runtime/graphs.GraphRunner``; a static cache).
+    Attributes:
+        target_kv, draft_kv: the caches of the current run (``open``); ``draft_kv`` None without a draft model.
+        timeline: the current step's ``StepTimeline`` (each forward is a segment of it), or None between steps.
+    """
+
+    def __init__(self, pair: ModelPair, kv_cache: str, graphs: bool):
+        self.pair, self.kv_cache, self.graphs = pair, kv_cache, graphs
+        self.runners: dict = {}  # role -> GraphRunner (graphs only)
+        self.target_kv: KVCache | None = None
+        self.draft_kv: KVCache | None = None
+        self.timeline: StepTimeline | None = None
+
+    def open(self, positions: int, drafts: bool) -> None:
+        """Fresh caches for a run needing ``positions`` positions; a draft cache where ``drafts``. With graphs, the
+        runners come from the pair's idle ones (padding rows of the largest bucket need room past the last row)."""
+        self.release()
+        if self.graphs:
+            roles = ("target", "draft") if drafts else ("target",)
+            self.runners = {role: acquire_runner(self.pair, role, positions + max(BUCKETS)) for role in roles}
+            self.target_kv = self.runners["target"].kv
+            self.draft_kv = self.runners["draft"].kv if drafts else None
+        else:
+            self.target_kv = new_kv_cache(self.kv_cache, self.pair.target, positions)
+            self.draft_kv = new_kv_cache(self.kv_cache, self.pair.draft, positions) if drafts else None
+
+    def release(self) -> None:
+        """Give the graph runners back to the pair for the next run."""
+        for role, runner in self.runners.items():
+            release_runner(self.pair, role, runner)
+        self.runners = {}
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far by this run's runners."""
+        return sum(runner.captures for runner in self.runners.values())
+
+    def _segment(self, role: str, rows: int):
+        return self.timeline.forward(role, rows) if self.timeline else contextlib.nullcontext()
+
+    def forward(self, role: str, input_ids: list[int], position_ids: list[int], mask, keep: int,
+                hidden: bool = False, hidden_rows: int | None = None, layers: tuple[int, ...] = ()) -> ForwardOutput:
+        """One forward of the ``target`` or ``draft`` model (``role``) appending to its KV cache. ``mask``: bool
+        ``(q, kv.length + q)`` numpy array or None for the ordinary causal mask. Returns the logits of the last
+        ``keep`` rows ``(keep, vocab)`` cut to the shared vocabulary, with ``hidden`` the last hidden state float32
+        ``(hidden_rows or keep, hidden_size)``, with ``layers`` the named layers' states ``(q, len(layers),
+        hidden_size)`` in the model dtype."""
+        model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.pair.draft, self.draft_kv)
+        runner = self.runners.get(role)
+        with torch.inference_mode(), self.pair.lock, self._segment(role, len(input_ids)):
+            if runner is not None:
+                out = runner.forward(input_ids, position_ids, mask, keep, hidden, hidden_rows, layers)
+            else:
+                out = eager_forward(model, kv, input_ids, position_ids, mask, keep, hidden, hidden_rows, layers)
+        return out._replace(logits=out.logits[:, : self.pair.vocab_size])
+
+    def draft_chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int, sampling: SamplingConfig,
+                    uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``levels`` draft forwards of ``len(input_ids)`` draft chains in one replay (``GraphRunner.chain``):
+        returns the chosen tokens int64 ``(levels, w)`` and the logits ``(levels * w, vocab)`` cut to the shared
+        vocabulary. Raises ValueError without a graph runner for the draft."""
+        runner = self.runners.get("draft")
+        if runner is None:
+            raise ValueError("a chain replay needs the draft's graph runner (graphs=True)")
+        with torch.inference_mode(), self.pair.lock, self._segment("draft", len(input_ids) * levels):
+            return runner.chain(input_ids, position_ids, mask, levels, self.pair.vocab_size, sampling, uniforms)
+
+    def capture_graphs(self, draft_hidden: bool, target_layers: tuple[int, ...], chains=None) -> int:
+        """CUDA: capture every query-size bucket of the runners now (the target's with ``target_layers``, the
+        draft's also with its last hidden state where ``draft_hidden``), and the draft's chain replays ``chains``
+        (``(widths, depths, sampling)``) where given. Returns the number of graphs captured; 0 off CUDA."""
+        with torch.inference_mode(), self.pair.lock:  # as the forwards: the caches are inference tensors
+            n = 0
+            for role, runner in self.runners.items():
+                n += runner.capture_all(layers=target_layers if role == "target" else ())
+            draft = self.runners.get("draft")
+            if draft is not None and draft_hidden:
+                n += draft.capture_all(hidden=True)
+            if draft is not None and chains is not None:
+                widths, depths, sampling = chains
+                n += draft.capture_chains(widths, depths, self.pair.vocab_size, sampling)
+        return n
+
+    def prompt_candidates(self, hidden: torch.Tensor) -> list[list[tuple[int, float]]]:
+        """The target's best next tokens (id, plain probability) at the rows whose last hidden states ``hidden``
+        ``(rows, hidden_size)`` are, through its LM head, cut to the shared vocabulary."""
+        target = self.pair.target
+        lm_head = target.get_output_embeddings()
+        dtype = next(target.parameters()).dtype
+        with torch.inference_mode(), self.pair.lock:
+            return top_candidates(hidden, lambda h: lm_head(h.to(dtype))[:, : self.pair.vocab_size])
+
+
+class DraftModelAccess:
+    """What a drafter may do with its own model during a run: forwards appending to its own KV cache (one level, or
+    several draft-chain levels in one replay), and for a draft that shares the target's layers (``layer-skip``), a
+    copy of the target's cached rows of those layers. Built by the engine for each run.
+
+    Attributes:
+        model: the draft model (read-only).
+        cache: the draft's own KV cache (``runtime/kv_cache.KVCache``): the drafter may cut it or drop layers.
+        chain_levels: the most draft levels one replay may run (0: none; ``Engine`` ``chain_levels``).
+    """
+
+    def __init__(self, forwards: Forwards, sampling: SamplingConfig, chain_levels: int):
+        self._forwards, self._sampling = forwards, sampling
+        self.model = forwards.pair.draft
+        self.cache = forwards.draft_kv
+        self.chain_levels = chain_levels
+
+    def forward(self, input_ids: list[int], position_ids: list[int], mask, keep: int,
+                hidden: bool = False) -> ForwardOutput:
+        """One forward of the draft model appending to its cache (``Forwards.forward``, role ``draft``)."""
+        return self._forwards.forward("draft", input_ids, position_ids, mask, keep=keep, hidden=hidden)
+
+    def chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int, uniforms=None):
+        """Several draft levels of draft chains in one replay (``Forwards.draft_chain``)."""
+        return self._forwards.draft_chain(input_ids, position_ids, mask, levels, self._sampling, uniforms)
+
+    def target_cached(self) -> int:
+        """Positions the target's KV cache holds."""
+        return self._forwards.target_kv.length
+
+    def copy_from_target(self, layers: range) -> None:
+        """Copy the target's cached keys and values of ``layers`` into the draft's cache (``kv_cache.copy_layers``):
+        an early exit of the target computes exactly those."""
+        copy_layers(self._forwards.target_kv, self.cache, layers)
