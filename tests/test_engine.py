@@ -344,3 +344,15 @@ def test_a_prefill_joins_no_step_that_needs_the_targets_prediction(tiny, cfg):
     eng.start(ids, 5)
     assert eng.state.target_kv.length == len(ids) and "joint_prefill" not in eng.trace.settings
     assert eng.step().prefill_rows == 0
+
+
+def test_a_joint_prefill_rewound_before_its_first_step_still_reads_the_prompts_rows(tiny):
+    """The audit rewinds before stepping: the prompt's rows must still come with the first verification then."""
+    ids = tiny.tokenizer.encode(PROMPTS[1])
+    cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=5, stop="decision", threshold=0.38)
+    joint = build_engine(tiny, cfg, SamplingConfig(), joint_prefill=True)
+    joint.start(ids, 20)
+    joint.rewind(seed=3)
+    assert joint.state.prompt_rows > 0 and joint.state.prefill_pending
+    joint.step()
+    assert joint.parts.drafter._after_prompt.rows and joint.state.prompt_rows == 0

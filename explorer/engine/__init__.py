@@ -3,10 +3,13 @@ nothing above: ``tests/test_architecture.py``).
 
 Modules:
 
-* ``machine``: the step machine (``Engine``: prefill, draft, verify, commit, record a ``StepTrace``) and
-  ``VerifiedStep``; ``factory``: builds an engine and its parts (``build_engine``, ``build_parts``) for a
-  ``config.MethodConfig``; ``config``: the method settings, validated; ``methods``: the methods by name
-  (``MethodSpec``); ``carried``: what a run learned for the session's next run (``Carried``);
+* ``machine``: the step machine (``Engine``: prefill, then draft -> verify -> commit -> record -> notify);
+  ``parts``: what it steps with (``EngineParts``, ``EngineOptions``, ``EngineError``); ``run_state``: one run's
+  state (``RunState``); ``forwarding``: the models' forwards and a drafter's handle on its own model;
+  ``verification``: a step's verification (``VerifiedStep``); ``recording``: its ``StepTrace``; ``observers``:
+  what learns from a verified step; ``factory``: builds an engine and its parts (``build_engine``,
+  ``build_parts``) for a ``config.MethodConfig``; ``config``: the method settings, validated; ``methods``: the
+  methods by name (``MethodSpec``); ``carried``: what a run learned for the session's next run (``Carried``);
 * ``tree`` (draft trees, masks, position ids), ``attention`` (the 4D float masks a forward hands a model, windowed
   for sliding-window layers), ``sampling`` (p and q from logits, top-k / top-p, lazy per-row distributions, draws),
   ``drafting`` (how a node's candidates are drawn), ``speedup`` (expected tokens and speedup of a chain or a tree).

@@ -179,7 +179,7 @@ def _follow(parts: EngineParts, trace: RunTrace) -> None:
     try:
         parts.row_pricing = RowPricing.from_prices(trace.model.get("row_pricing"))
     except (KeyError, TypeError, ValueError) as exc:
-        raise EngineError(f"the trace's row pricing cannot be replayed: {exc!r}") from None
+        raise EngineError(f"its row pricing is malformed: {exc!r}") from None
 
 
 def _observers(parts: EngineParts, chooser: TreeChooser | None) -> list:
@@ -190,13 +190,13 @@ def _observers(parts: EngineParts, chooser: TreeChooser | None) -> list:
     if chooser is not None:
         observers.append(TreeChoiceObserver(chooser))
     if parts.adapter is not None:
-        observers.append(AdaptationObserver(parts.adapter, parts.stop_policy))
+        observers.append(AdaptationObserver(parts))
     if parts.row_pricing is not None:
-        observers.append(RowPricingObserver(parts.row_pricing))
+        observers.append(RowPricingObserver(parts))
     if parts.fallback is not None:
-        observers.append(FallbackObserver(parts.fallback))
+        observers.append(FallbackObserver(parts))
     if parts.cost_meter is not None:
-        observers.append(CostRatioObserver(parts.cost_meter, parts.stop_policy))
+        observers.append(CostRatioObserver(parts))
     return observers
 
 

@@ -14,6 +14,7 @@ import contextlib
 import torch
 
 from ..models.pair import ModelPair
+from .parts import EngineError
 from .runtime.graphs import BUCKETS, ForwardOutput, acquire_runner, eager_forward, release_runner
 from .runtime.kv_cache import KVCache, copy_layers, new_kv_cache
 from .runtime.timeline import StepTimeline
@@ -87,10 +88,10 @@ class Forwards:
                     uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``levels`` draft forwards of ``len(input_ids)`` draft chains in one replay (``GraphRunner.chain``):
         returns the chosen tokens int64 ``(levels, w)`` and the logits ``(levels * w, vocab)`` cut to the shared
-        vocabulary. Raises ValueError without a graph runner for the draft."""
+        vocabulary. Raises EngineError without a graph runner for the draft."""
         runner = self.runners.get("draft")
         if runner is None:
-            raise ValueError("a chain replay needs the draft's graph runner (graphs=True)")
+            raise EngineError("a chain replay needs the draft's graph runner (graphs=True)")
         with torch.inference_mode(), self.pair.lock, self._segment("draft", len(input_ids) * levels):
             return runner.chain(input_ids, position_ids, mask, levels, self.pair.vocab_size, sampling, uniforms)
 

@@ -61,7 +61,7 @@ class Engine:
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
         parts: the drafter, stop policy, verifier and observers (``EngineParts``).
         capture_features, kv_cache, graphs, count_syncs, chain_levels, joint_prefill: how the machine runs
-            (``EngineOptions``; every option gives the same tokens and traces).
+            (``EngineOptions``).
     Attributes:
         state: the current run's ``RunState`` (None before ``start``); ``trace`` its ``RunTrace``.
         last_step: ``(Drafted, VerifiedStep)`` of the latest step (decision collect, the probe).
@@ -144,7 +144,9 @@ class Engine:
     def rewind(self, seed: int | None = None) -> RunTrace:
         """Go back to the state right after the prefill (caches cut back, no tokens generated), optionally with a
         new seed, without recomputing the prompt (a joint prefill's target reads it again in the next verification).
-        What the observers learned is kept. Used to draw many samples from one context (``analysis/audit.py``)."""
+        The drafter and the row prices return to their state after the prefill; the tree choice, the online
+        adaptation, the fallback and the cost meter keep what they learned. Used to draw many samples from one
+        context (``analysis/audit.py``)."""
         if self.trace is None:
             raise EngineError("start() the engine with a prompt first")
         if seed is not None:
@@ -196,7 +198,10 @@ class Engine:
         return replace(parts.drafter.carried(parts.carry_key), fallback=fallback, adapter=adapter)
 
     def run(self, max_steps: int | None = None, on_step=None) -> RunTrace:
-        """Step until finished (or ``max_steps``); ``on_step(step_trace)`` is called after each step."""
+        """Step until finished (or ``max_steps``); ``on_step(step_trace)`` is called after each step. Raises
+        EngineError before ``start``."""
+        if self.trace is None:
+            raise EngineError("start() the engine with a prompt first")
         count = 0
         while not self.finished and (max_steps is None or count < max_steps):
             s = self.step()
@@ -274,7 +279,8 @@ class Engine:
         if self.config.is_lossy:
             s.next_dist = result.next_dist
             s.next_logits = verified.p_rows.row_logits(result.next_row).clone()  # not a view of all rows
-        s.prefill_pending, s.prompt_rows = False, 0
+        if s.prefill_pending:
+            s.prompt_read()
         return s.commit(tokens, self.pair.eos_token_ids)
 
     def _notify(self, step: ObservedStep, timeline: StepTimeline) -> None:

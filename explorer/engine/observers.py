@@ -12,7 +12,8 @@ a step notifies them in this order (the drafter, then ``EngineParts.observers``)
   (``FallbackObserver``) and the goodput policy's measured cost ratio (``CostRatioObserver``).
 
 Observers before the clock stops are timed as a segment of the step (their ``phase``); what they add to the step's
-record (``StepTrace.adaptation``, ``fallback``, ``cost``) they write there themselves.
+record (``StepTrace.adaptation``, ``fallback``, ``cost``) they write there themselves. They read the parts they
+feed from ``EngineParts`` when notified, so a part swapped in after ``build_parts`` is the one that learns.
 """
 
 from __future__ import annotations
@@ -24,10 +25,7 @@ import torch
 
 from ..trace.records import StepTrace
 from .drafters.base import Drafted
-from .drafters.row_pricing import RowPricing
-from .policies.cost_ratio import CostRatioMeter
-from .policies.fallback import GoodputFallback
-from .policies.stopping import StopPolicy
+from .parts import EngineParts
 from .policies.tree_choice import TreeChooser
 from .stop_models.features import model_inputs
 from .verification import VerifiedStep
@@ -104,26 +102,27 @@ class AdaptationObserver:
 
     phase, after_clock = "stop-policy adaptation", False
 
-    def __init__(self, adapter, stop_policy: StopPolicy):
-        self.adapter, self.stop_policy = adapter, stop_policy
+    def __init__(self, parts: EngineParts):
+        self.parts = parts
 
     def observe(self, step: ObservedStep) -> None:
         step.record.adaptation = self._update(step.drafted, step.verified)
 
     def _update(self, d: Drafted, v: VerifiedStep) -> dict:
+        adapter, policy = self.parts.adapter, self.parts.stop_policy
         tree = d.tree
         nodes = [i for i in range(len(tree)) if tree.source[i] == "draft" and i in d.features and i in v.odds]
         if not nodes:
-            return {"mode": self.adapter.mode, "tokens": 0, "threshold": float(self.stop_policy.threshold)}
+            return {"mode": adapter.mode, "tokens": 0, "threshold": float(policy.threshold)}
         host = torch.device("cpu")  # the adapter learns on the host, wherever the models run
         labels = torch.tensor([v.odds[i].accept_prob for i in nodes], dtype=torch.float32, device=host)
-        if self.adapter.needs == "score":
+        if adapter.needs == "score":
             scores = [d.predicted[i] if i in d.predicted else d.q_show.get(i, 0.0) for i in nodes]
-            return self.adapter.update(labels, scores=torch.tensor(scores, dtype=torch.float32, device=host))
-        inputs = model_inputs(d.features, nodes, [tree.depth[i] for i in nodes], hidden=self.stop_policy.needs_hidden)
+            return adapter.update(labels, scores=torch.tensor(scores, dtype=torch.float32, device=host))
+        inputs = model_inputs(d.features, nodes, [tree.depth[i] for i in nodes], hidden=policy.needs_hidden)
         tested = expectation.tested_probs(tree, v.odds)  # the refit weighs a token by the chance its test happened
         weights = torch.tensor([tested.get(i, 0.0) for i in nodes], dtype=torch.float32, device=host)
-        return self.adapter.update(labels, inputs=inputs, weights=weights)
+        return adapter.update(labels, inputs=inputs, weights=weights)
 
 
 class RowPricingObserver:
@@ -131,11 +130,12 @@ class RowPricingObserver:
 
     phase, after_clock = "drafter learn", False
 
-    def __init__(self, pricing: RowPricing):
-        self.pricing = pricing
+    def __init__(self, parts: EngineParts):
+        self.parts = parts
 
     def observe(self, step: ObservedStep) -> None:
-        self.pricing.observe(step.history)
+        if self.parts.row_pricing is not None:
+            self.parts.row_pricing.observe(step.history)
 
 
 class FallbackObserver:
@@ -145,12 +145,13 @@ class FallbackObserver:
 
     phase, after_clock = "fallback", True
 
-    def __init__(self, fallback: GoodputFallback):
-        self.fallback = fallback
+    def __init__(self, parts: EngineParts):
+        self.parts = parts
 
     def observe(self, step: ObservedStep) -> None:
         ms = sum(s["ms"] for s in step.record.timeline)
-        step.record.fallback = self.fallback.observe(step.speculated, len(step.committed), ms, one_off=step.one_off)
+        step.record.fallback = self.parts.fallback.observe(step.speculated, len(step.committed), ms,
+                                                           one_off=step.one_off)
 
 
 class CostRatioObserver:
@@ -160,14 +161,15 @@ class CostRatioObserver:
 
     phase, after_clock = "cost ratio", True
 
-    def __init__(self, meter: CostRatioMeter, stop_policy: StopPolicy):
-        self.meter, self.stop_policy = meter, stop_policy
+    def __init__(self, parts: EngineParts):
+        self.parts = parts
 
     def observe(self, step: ObservedStep) -> None:
         record = step.record
         if step.verified.prefill_rows:
             return
-        record.cost = self.meter.observe(record.draft_ms, record.draft_calls, record.step_ms, len(step.drafted.tree))
-        self.stop_policy.set_threshold(record.cost["next"])
+        record.cost = self.parts.cost_meter.observe(record.draft_ms, record.draft_calls, record.step_ms,
+                                                    len(step.drafted.tree))
+        self.parts.stop_policy.set_threshold(record.cost["next"])
         if record.adaptation:  # its record names the threshold in force next
             record.adaptation["threshold"] = record.cost["next"]

@@ -66,7 +66,8 @@ class EngineParts:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """How the step machine runs (not what it computes: every option gives the same tokens and traces).
+    """How the step machine runs: greedy tokens are the same under every option; a joint prefill changes the first
+    step's record, and ``count_syncs`` fills ``StepTrace.host_syncs``.
 
     Attributes:
         capture_features: keep every drafted node's decision features (``Drafted.features``) for ``decision

@@ -79,14 +79,19 @@ class RunState:
     def mark_prefilled(self) -> None:
         """Remember the state right after the prefill, where ``rewind`` returns."""
         self._after_prefill = (self.target_kv.length, self.draft_kv.length if self.draft_kv is not None else 0,
-                               self.next_logits, self.next_dist, self.prefill_pending)
+                               self.next_logits, self.next_dist, self.prefill_pending, self.prompt_rows)
+
+    def prompt_read(self) -> None:
+        """The target has read the prompt (a joint prefill's first verification): no verification reads it again
+        but after a rewind, and none returns its rows again (the drafter keeps what it read of them)."""
+        self.prefill_pending, self.prompt_rows = False, 0
+        self._after_prefill = (*self._after_prefill[:5], 0)
 
     def rewind(self, seed: int) -> None:
         """Back to the state right after the prefill: caches cut back, no token generated, the generator reseeded
-        with ``seed``; a joint prefill's target reads the prompt again in the next verification (the drafter kept
-        what it read of the prompt's rows the first time: ``prompt_rows`` 0)."""
-        target_len, draft_len, self.next_logits, self.next_dist, self.prefill_pending = self._after_prefill
-        self.prompt_rows = 0
+        with ``seed``; a joint prefill's target reads the prompt again in the next verification."""
+        (target_len, draft_len, self.next_logits, self.next_dist, self.prefill_pending,
+         self.prompt_rows) = self._after_prefill
         self.target_kv.rewind(target_len)
         if self.draft_kv is not None:
             self.draft_kv.rewind(draft_len)

@@ -87,7 +87,8 @@ def verify_tree(forwards: Forwards, state: RunState, tree: DraftTree, q_rows: La
     """One target forward over the uncached committed tokens and the whole ``tree``, then ``verifier_name``'s walk
     with draws from ``state.generator``. ``q_rows``: the draft's distributions the tree's children were drawn from
     (``Drafted.q_rows``); ``lossy``: the target-initialized method (its rule keeps the longest accepted branch).
-    Reads ``state``, never changes it (but for the generator's draws); segments go to ``forwards.timeline``."""
+    The forward appends its rows to the target's cache (``commit`` keeps the accepted path's); the generator draws;
+    nothing else of ``state`` changes. Segments go to ``forwards.timeline``."""
     timeline = forwards.timeline
     L = len(state.committed)
     uncached = state.committed[state.target_kv.length:]
@@ -104,7 +105,8 @@ def verify_tree(forwards: Forwards, state: RunState, tree: DraftTree, q_rows: La
                                keep=n + (1 if uncached else 0), hidden=prompt_rows > 0,
                                hidden_rows=(prompt_rows + n) or None, layers=target_layers)
         logits, states = fwd.logits, fwd.states
-        if prompt_rows:
+        if prompt_rows:  # what the drafter learns of the prompt, timed as its learning (as a prefill apart's)
+            timeline.enter("drafter learn")
             prompt_top = forwards.prompt_candidates(fwd.hidden[:prompt_rows])
     else:  # first `ar` step: the prefill already gave the anchor's distribution
         logits = torch.empty(0, forwards.pair.vocab_size, device=forwards.pair.device)

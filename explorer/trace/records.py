@@ -52,7 +52,7 @@ class NodeTrace:
     Attributes:
         id: 0 for the anchor (the last committed token); drafted node i (breadth-first tree index) is ``i + 1``.
         parent: the parent's ``id`` (0 = the anchor); None for the anchor.
-        token_id / text: the token's vocabulary id, and its text decoded alone (``Engine.token_text``).
+        token_id / text: the token's vocabulary id, and its text decoded alone (``Recorder.token_text``).
         depth: 0 for the anchor, 1 for its children, and so on.
         position_id: ``L - 1 + depth``, L the committed tokens before the step (the anchor sits at ``L - 1``).
         source: ``context`` (the anchor), ``draft``, ``target``, ``lookup`` or ``recycled`` (the proposed ones:
@@ -201,7 +201,7 @@ class StepTrace:
             in older traces.
         timeline: where the step's time went (``engine/runtime/timeline.py``): ``[{"phase", "start_ms", "ms", "rows"?,
             "gpu_ms"?}]`` (``rows``: a forward's query rows; ``gpu_ms``: a forward's device time on CUDA),
-            contiguous segments from the step's start to the end of its trace recording; empty in older traces.
+            contiguous segments from the step's start to the end of what its observers learned; empty in older traces.
         adaptation: what online adaptation of the stop policy learned from this step (``engine/stop_models/online.py``,
             ``OnlineAdapter.update``: ``mode``, ``tokens`` labelled, ``threshold`` in force for the next step,
             ``records``, ``label_mean`` (mean acceptance probability of the step's model-drafted tokens under the

@@ -40,7 +40,7 @@ ONLINE_DEFAULT_SINCE = "2026-11-26T20:52:09+00:00"
 # methods (``Engine`` ``joint_prefill``) where forwards are eager; reports made before it prefilled apart.
 JOINT_PREFILL_SINCE = "2026-11-27T03:23:38+00:00"
 # The methods whose eager runs join it: every drafting method but the self-drafting one, whose draft reads the
-# target's cache (``Engine._can_join_prefill``).
+# target's cache (``machine.joins_prefill``).
 DRAFTING = tuple(name for name, spec in METHOD_SPECS.items()
                  if (spec.uses_draft_model or spec.free) and not spec.self_draft)
 

@@ -124,7 +124,7 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
         total = sum(s["ms"] for s in step.timeline)
         st.caption(f"Segments from the host clock (the device synchronised at each boundary on CUDA; forwards also "
                    f"carry CUDA-event device time there). Their sum, {total:.1f} ms, covers the step from its first "
-                   f"timestamp to the end of its trace recording; the step's own timer says {step.step_ms:.1f} ms "
+                   f"timestamp to the end of what it learned; the step's own timer says {step.step_ms:.1f} ms "
                    "without the trace recording.")
         st.plotly_chart(ifig.waterfall_figure(step), width="stretch", key=f"timeline_{step.index}")
         steps = [s for s in trace.steps if s.timeline]

@@ -198,8 +198,9 @@ class Drafter:
         yet: ``view.prompt_top`` is None here and comes to ``remember_prompt`` after that verification."""
 
     def remember_prompt(self, prompt: list[int], top: list) -> None:
-        """The target's candidates ``top`` at the last rows of ``prompt``, read by a joint prefill's first
-        verification, before ``observe`` sees that step; ``rewind`` keeps them. Nothing by default."""
+        """The target's candidates ``top`` at the last rows of ``prompt``. With a joint prefill they come with the
+        first step (``VerifiedStep.prompt_top``): a drafter that reads them calls this from its ``observe`` before
+        learning from that step (``ModelDrafter`` does); ``rewind`` keeps them. Nothing by default."""
 
     def priced_free_nodes(self, view) -> tuple[list["FreeNode"], dict | None]:
         """``free_nodes``, and where the run prices rows (``view.row_pricing``) only those worth their rows

@@ -73,7 +73,7 @@ class LookupDrafter(Drafter):
 
     def rewind(self) -> None:
         self.length = min(START_TOKENS, self.max_tokens)
-        self.proposed: list[list[int]] = []  # this step's continuations, for learn()
+        self.proposed: list[list[int]] = []  # this step's continuations, for observe()
         self.last_hit = 0  # tokens of the best continuation the last step committed
         self.copy_run = False  # the last step committed the whole best branch
         self.long_copy = False  # this step's best branch may pass the row edge (``row_budget``)

@@ -29,7 +29,7 @@ from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, Nod
                                     model_inputs)
 from ..tree import DraftTree, step_mask, step_position_ids
 from ..carried import Carried
-from .base import Drafted, Drafter
+from .base import Drafted, Drafter, Reach
 
 
 CHAIN_MAX_WIDTH = 8
@@ -315,7 +315,7 @@ class ModelDrafter(Drafter):
         k = self.tree_chooser.choose()
         return view.config.online_branching(k), dict(self.tree_chooser.last)
 
-    def _chain_plan(self, view, branching: list[int], index: int, level: int, width: int, reach: dict, template,
+    def _chain_plan(self, view, branching: list[int], index: int, level: int, width: int, reach: Reach, template,
                     want_hidden: bool, first_of_step: bool) -> int:
         """How many levels the next chain replay runs (0: a plain forward). Only where the run allows replays
         (``view.draft.chain_levels``), every level left has one child per node (no template), the policy reads no hidden

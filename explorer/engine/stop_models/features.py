@@ -77,11 +77,11 @@ class CopyIndex:
         self.tokens: list[int] = []
         self.follow: set[tuple] = set()  # n-grams ending before the last token
 
-    def sync(self, context: list[int]) -> None:
-        """Catch up with ``context`` (the committed tokens); rebuilds when it is not an extension of the last
-        one (a rewind, a new run)."""
+    def sync(self, context) -> None:
+        """Catch up with ``context`` (the committed tokens, a list or tuple); rebuilds when it is not an extension
+        of the last one (a rewind, a new run)."""
         L = len(self.tokens)
-        if len(context) < L or context[max(0, L - self.n_max):L] != self.tokens[max(0, L - self.n_max):]:
+        if len(context) < L or list(context[max(0, L - self.n_max):L]) != self.tokens[max(0, L - self.n_max):]:
             self.tokens, self.follow, L = [], set(), 0
         self.tokens = list(context)
         for end in range(max(0, L - 1), len(context) - 1):  # n-grams ending at `end` are followed by end + 1
