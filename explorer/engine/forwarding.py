@@ -1,5 +1,5 @@
 """The models' forwards of one engine: each model's KV cache, eager calls or graph runners, each forward timed on
-the step's timeline; and the handle a drafter gets on its own model (``DraftModelAccess``).
+the step's timeline (a drafter acts on its own model through ``drafters.base.DraftModelAccess`` over these).
 
 A forward appends its rows to its model's cache and returns the logits of the rows asked for, cut to the pair's
 shared vocabulary (``runtime/graphs.ForwardOutput``): with ``hidden`` the last hidden state (the decision
@@ -16,7 +16,7 @@ import torch
 from ..models.pair import ModelPair
 from .parts import EngineError
 from .runtime.graphs import BUCKETS, ForwardOutput, acquire_runner, eager_forward, release_runner
-from .runtime.kv_cache import KVCache, copy_layers, new_kv_cache
+from .runtime.kv_cache import KVCache, new_kv_cache
 from .runtime.timeline import StepTimeline
 from .sampling import SamplingConfig
 from .stop_models.features import top_candidates
@@ -119,39 +119,3 @@ class Forwards:
         dtype = next(target.parameters()).dtype
         with torch.inference_mode(), self.pair.lock:
             return top_candidates(hidden, lambda h: lm_head(h.to(dtype))[:, : self.pair.vocab_size])
-
-
-class DraftModelAccess:
-    """What a drafter may do with its own model during a run: forwards appending to its own KV cache (one level, or
-    several draft-chain levels in one replay), and for a draft that shares the target's layers (``layer-skip``), a
-    copy of the target's cached rows of those layers. Built by the engine for each run.
-
-    Attributes:
-        model: the draft model (read-only).
-        cache: the draft's own KV cache (``runtime/kv_cache.KVCache``): the drafter may cut it or drop layers.
-        chain_levels: the most draft levels one replay may run (0: none; ``Engine`` ``chain_levels``).
-    """
-
-    def __init__(self, forwards: Forwards, sampling: SamplingConfig, chain_levels: int):
-        self._forwards, self._sampling = forwards, sampling
-        self.model = forwards.pair.draft
-        self.cache = forwards.draft_kv
-        self.chain_levels = chain_levels
-
-    def forward(self, input_ids: list[int], position_ids: list[int], mask, keep: int,
-                hidden: bool = False) -> ForwardOutput:
-        """One forward of the draft model appending to its cache (``Forwards.forward``, role ``draft``)."""
-        return self._forwards.forward("draft", input_ids, position_ids, mask, keep=keep, hidden=hidden)
-
-    def chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int, uniforms=None):
-        """Several draft levels of draft chains in one replay (``Forwards.draft_chain``)."""
-        return self._forwards.draft_chain(input_ids, position_ids, mask, levels, self._sampling, uniforms)
-
-    def target_cached(self) -> int:
-        """Positions the target's KV cache holds."""
-        return self._forwards.target_kv.length
-
-    def copy_from_target(self, layers: range) -> None:
-        """Copy the target's cached keys and values of ``layers`` into the draft's cache (``kv_cache.copy_layers``):
-        an early exit of the target computes exactly those."""
-        copy_layers(self._forwards.target_kv, self.cache, layers)

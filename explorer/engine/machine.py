@@ -24,9 +24,9 @@ from ..models.pair import ModelPair
 from ..trace.records import RunTrace, StepTrace
 from .carried import Carried
 from .config import MethodConfig
-from .drafters.base import Drafted, DraftView, Reach, empty_draft
+from .drafters.base import Drafted, DraftModelAccess, DraftView, Reach, empty_draft
 from .drafters.model import chain_depths, chain_widths
-from .forwarding import DraftModelAccess, Forwards
+from .forwarding import Forwards
 from .observers import ObservedStep
 from .parts import EngineError, EngineOptions, EngineParts
 from .recording import Recorder, run_header

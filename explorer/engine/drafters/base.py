@@ -25,8 +25,13 @@ from typing import NamedTuple
 import torch
 
 from ..carried import Carried
+from ..config import MethodConfig
+from ..policies.stopping import StopPolicy
+from ..runtime.graphs import ForwardOutput
+from ..runtime.kv_cache import copy_layers
 from ..sampling import LazyRows, SamplingConfig
 from ..tree import DraftTree
+
 
 
 @dataclass
@@ -108,6 +113,43 @@ class Reach(NamedTuple):
     ends: frozenset
 
 
+class DraftModelAccess:
+    """What a drafter may do with its own model during a run: forwards appending to its own KV cache (one level, or
+    several draft-chain levels in one replay), and for a draft that shares the target's layers (``layer-skip``), a
+    copy of the target's cached rows of those layers. Built by the engine for each step over its
+    ``forwarding.Forwards``.
+
+    Attributes:
+        model: the draft model (read-only).
+        cache: the draft's own KV cache (``runtime/kv_cache.KVCache``): the drafter may cut it or drop layers.
+        chain_levels: the most draft levels one replay may run (0: none; ``Engine`` ``chain_levels``).
+    """
+
+    def __init__(self, forwards, sampling: SamplingConfig, chain_levels: int):
+        self._forwards, self._sampling = forwards, sampling
+        self.model = forwards.pair.draft
+        self.cache = forwards.draft_kv
+        self.chain_levels = chain_levels
+
+    def forward(self, input_ids: list[int], position_ids: list[int], mask, keep: int,
+                hidden: bool = False) -> ForwardOutput:
+        """One forward of the draft model appending to its cache (``Forwards.forward``, role ``draft``)."""
+        return self._forwards.forward("draft", input_ids, position_ids, mask, keep=keep, hidden=hidden)
+
+    def chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int, uniforms=None):
+        """Several draft levels of draft chains in one replay (``forwarding.Forwards.draft_chain``)."""
+        return self._forwards.draft_chain(input_ids, position_ids, mask, levels, self._sampling, uniforms)
+
+    def target_cached(self) -> int:
+        """Positions the target's KV cache holds."""
+        return self._forwards.target_kv.length
+
+    def copy_from_target(self, layers: range) -> None:
+        """Copy the target's cached keys and values of ``layers`` into the draft's cache (``kv_cache.copy_layers``):
+        an early exit of the target computes exactly those."""
+        copy_layers(self._forwards.target_kv, self.cache, layers)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DraftView:
     """What a drafter may read of the run it drafts for, built by the engine for each step (and for ``start``),
@@ -131,7 +173,7 @@ class DraftView:
         stop_policy: when the draft model stops drafting (``policies/stopping.py``).
         adapts: the stop policy adapts online (its labels need the decision features).
         capture_features: the run records the decision features of drafted nodes.
-        draft: the drafter's own model (``forwarding.DraftModelAccess``), or None where no draft model runs.
+        draft: the drafter's own model (``DraftModelAccess``), or None where no draft model runs.
         prompt_top: in ``start``, the target's best candidates ``[(id, plain probability)]`` at the prompt's last
             ``prompt_rows`` rows, where the prefill read them (None with a joint prefill: they come with the first
             step, ``VerifiedStep.prompt_top``).
@@ -142,7 +184,7 @@ class DraftView:
     committed: tuple[int, ...]
     n_prompt: int
     steps_done: int
-    config: object
+    config: MethodConfig
     sampling: SamplingConfig
     verifier_name: str
     branching: tuple[int, ...]
@@ -152,11 +194,11 @@ class DraftView:
     next_dist: torch.Tensor | None = None
     free_rows: int | None = None
     free_rows_run: int | None = None
-    row_pricing: object = None
-    stop_policy: object = None
+    row_pricing: object = None  # row_pricing.RowPricing (it imports this module)
+    stop_policy: StopPolicy | None = None
     adapts: bool = False
     capture_features: bool = False
-    draft: object = None
+    draft: DraftModelAccess | None = None
     prompt_top: list | None = None
     target_states: torch.Tensor | None = None
 
