@@ -65,7 +65,9 @@ class Forwards:
         """Graphs captured so far by this run's runners."""
         return sum(runner.captures for runner in self.runners.values())
 
-    def _segment(self, role: str, rows: int):
+    def segment(self, role: str, rows: int):
+        """A context manager timing a forward of ``role`` over ``rows`` rows on the step's timeline (none between
+        steps)."""
         return self.timeline.forward(role, rows) if self.timeline else contextlib.nullcontext()
 
     def forward(self, role: str, input_ids: list[int], position_ids: list[int], mask, keep: int,
@@ -77,7 +79,7 @@ class Forwards:
         hidden_size)`` in the model dtype."""
         model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.pair.draft, self.draft_kv)
         runner = self.runners.get(role)
-        with torch.inference_mode(), self.pair.lock, self._segment(role, len(input_ids)):
+        with torch.inference_mode(), self.pair.lock, self.segment(role, len(input_ids)):
             if runner is not None:
                 out = runner.forward(input_ids, position_ids, mask, keep, hidden, hidden_rows, layers)
             else:
@@ -92,7 +94,7 @@ class Forwards:
         runner = self.runners.get("draft")
         if runner is None:
             raise EngineError("a chain replay needs the draft's graph runner (graphs=True)")
-        with torch.inference_mode(), self.pair.lock, self._segment("draft", len(input_ids) * levels):
+        with torch.inference_mode(), self.pair.lock, self.segment("draft", len(input_ids) * levels):
             return runner.chain(input_ids, position_ids, mask, levels, self.pair.vocab_size, sampling, uniforms)
 
     def capture_graphs(self, draft_hidden: bool, target_layers: tuple[int, ...], chains=None) -> int:

@@ -269,7 +269,7 @@ class Engine:
         s, result = self.state, verified.result
         tokens = [drafted.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
         s.target_kv.keep(verified.tree_start, [verified.tree_start + i for i in result.path])
-        if drafted.calls:  # the path's nodes the draft model saw: a prefix of the path (free nodes were never fed)
+        if drafted.calls and s.draft_kv is not None:  # the path's nodes the draft model saw: a prefix of the path
             fed_path = []
             for i in result.path:
                 if i not in drafted.draft_rows:
@@ -313,7 +313,8 @@ class Engine:
             next_logits=s.next_logits, next_dist=s.next_dist, free_rows=parts.free_rows,
             free_rows_run=parts.free_rows_run, row_pricing=parts.row_pricing, stop_policy=parts.stop_policy,
             adapts=parts.adapter is not None, capture_features=self.options.capture_features, draft=draft,
-            prompt_top=prompt_top, target_states=target_states)
+            prompt_top=prompt_top, target_states=target_states, vocab_size=self.pair.vocab_size,
+            time_forward=lambda rows: self.forwards.segment("draft", rows))
 
 
 def joins_prefill(options: EngineOptions, config: MethodConfig, n_prompt: int) -> bool:

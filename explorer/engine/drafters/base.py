@@ -19,8 +19,10 @@ forwards, its cache), not the engine.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -179,6 +181,9 @@ class DraftView:
             step, ``VerifiedStep.prompt_top``).
         target_states: in ``start``, the prefill's hidden states of ``target_layers`` at every prompt row, model
             dtype ``(n_prompt, len(target_layers), hidden_size)``, else None.
+        vocab_size: the pair's shared vocabulary (the width of every p and q row).
+        time_forward: ``time_forward(rows)``, a context manager that times a drafter's own model call (one that
+            does not run through ``draft``, such as a draft head's) as a ``draft forward`` of ``rows`` rows.
     """
 
     committed: tuple[int, ...]
@@ -201,6 +206,8 @@ class DraftView:
     draft: DraftModelAccess | None = None
     prompt_top: list | None = None
     target_states: torch.Tensor | None = None
+    vocab_size: int = 0
+    time_forward: Callable[[int], ContextManager] = lambda rows: nullcontext()
 
 
 def empty_draft(context_len: int) -> Drafted:

@@ -1,0 +1,213 @@
+"""Drafting with an EAGLE-3 head (``models/eagle3.py``): a draft tree from the target's own hidden states.
+
+The head reads, at each committed position t, the target's hidden states of three layers (``target_layers``; they
+come out of the verification forward, ``VerifiedStep.target_states``, and the prefill's, ``view.target_states``)
+with the token at t + 1, and predicts the token at t + 2. So after a step the head first catches up on the
+committed positions it has not read (``_catch_up``): its last row predicts the anchor's children. Deeper levels feed
+the head's own output back as the feature, one head forward per level.
+
+The tree is EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2406.16858): each level expands the ``frontier`` nodes with
+the best cumulative draft log-probability, ``top_k`` children each, for ``depth`` levels; then the ``tokens`` best
+nodes are kept, every kept node's ancestors and earlier-drawn siblings with it (so each node's kept children are a
+prefix of its draws and the verifier's rule holds: lossless). Children are drawn as every verifier expects
+(``drafting.candidates``: the best ones when greedy). The head's tree rows are dropped from its cache after each
+step; the accepted path comes back with the target's own features at the next catch-up.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import torch
+
+from ...trace.records import TOP_K_SHOWN
+from .. import drafting
+from ..sampling import LazyRows, RowDists
+from ..tree import DraftTree
+from .base import Drafted, Drafter, empty_draft
+
+
+class HeadDrafter(Drafter):
+    """A draft tree from an EAGLE-3 head (module docstring).
+
+    Args:
+        head: the loaded head (``models.eagle3.Eagle3Head``), its embedding set to the target's where it has none.
+        target_layers: the target layers whose inputs it reads (``HeadConfig.aux_layers``).
+        top_k: children per expanded node; frontier: nodes expanded per level; depth: levels drafted; tokens: the
+            most nodes the tree keeps (SGLang's ``speculative_eagle_topk``, ``speculative_num_steps``,
+            ``speculative_num_draft_tokens``).
+    """
+
+    name = "eagle"
+    uses_draft_model = False
+
+    def __init__(self, head, target_layers: tuple[int, ...], top_k: int = 4, frontier: int = 4, depth: int = 6,
+                 tokens: int = 16):
+        self.head, self.target_layers = head, tuple(target_layers)
+        self.top_k, self.frontier, self.depth, self.tokens = top_k, frontier, depth, tokens
+        from ...models.eagle3 import HeadCache  # the head's own cache lives with the head's module
+
+        self._new_cache = HeadCache
+        self.cache = HeadCache()
+        self._states: torch.Tensor | None = None  # target states of positions start.. not yet read by the head
+        self._states_start = 0
+        self._root: tuple[torch.Tensor, torch.Tensor] | None = None  # the last read row's logits and output g
+        self._after_start: tuple = (None, 0)
+
+    # ------------------------------------------------------------------ the committed positions
+
+    def start(self, view) -> None:
+        """Keep the prefill's target states of the prompt rows (None with a joint prefill: they come with the
+        first verification)."""
+        self.cache, self._root = self._new_cache(), None
+        self._states, self._states_start = view.target_states, 0
+        self._after_start = (self._states, 0)
+
+    def rewind(self) -> None:
+        self.cache, self._root = self._new_cache(), None
+        self._states, self._states_start = self._after_start
+
+    def observe(self, step) -> None:
+        """Keep the target states of the committed rows the verification read (the path's rows past what the step
+        committed, cut at EOS or the budget, are left out)."""
+        v = step.verified
+        if v.target_states is None:
+            return
+        rows = v.target_states[: max(0, len(step.history) - v.states_start)]
+        if self._states is None or self._states_start + self._states.shape[0] != v.states_start:
+            self._states, self._states_start = rows, v.states_start  # a gap: read from here on
+            self.cache, self._root = self._new_cache(), None
+        else:
+            self._states = torch.cat([self._states, rows])
+
+    def _catch_up(self, committed, timed) -> bool:
+        """Feed the head the committed positions t it has not read, up to the anchor's parent (the token at t + 1
+        is committed), in one forward; keep its last row as the root (it predicts the anchor's children). Returns
+        whether the root is known (not before the target's states of those positions are)."""
+        last, start = len(committed) - 2, self.cache.length  # the last position whose next token is committed
+        if last < start:
+            return self._root is not None
+        held = 0 if self._states is None else self._states.shape[0]
+        if self._states_start != start or self._states_start + held <= last:
+            return False
+        head, device = self.head, self._states.device
+        n = last + 1 - start
+        tokens = torch.tensor(committed[start + 1: last + 2], dtype=torch.long, device=device)
+        with torch.inference_mode(), timed(n):
+            logits, g = head(tokens, head.features(self._states[:n]), torch.arange(start, last + 1, device=device),
+                             self.cache)
+        self._root = (logits[-1:], g[-1:])
+        self._states, self._states_start = self._states[n:], last + 1  # the anchor's state, where known
+        return True
+
+    # ------------------------------------------------------------------ drafting
+
+    def draft(self, view) -> Drafted:
+        committed = view.committed
+        calls_before = self.cache.length
+        if not self._catch_up(committed, view.time_forward):
+            return empty_draft(len(committed))
+        calls = 1 if self.cache.length > calls_before else 0
+        sampling, head = view.sampling, self.head
+        vocab = view.vocab_size
+        base = self.cache.length  # committed rows in the head's cache (positions 0 .. base - 1)
+        # drawn nodes: parent (-1 anchor), token, depth, cumulative log q, draw rank among siblings
+        parent, token, depth, score, rank = [], [], [], [], []
+        dists: dict[int, tuple[RowDists, int]] = {}  # node (-1 anchor) -> its children's distribution, row
+        g_of: dict[int, torch.Tensor] = {}  # node -> the head's output at its row (its children's feature)
+        row_of: dict[int, int] = {}  # fed node -> its row in the cache after ``base``
+        logits, g = self._root
+        frontier = [-1]
+        g_of[-1] = g[0]
+        level_logits = logits
+        for level in range(1, min(self.depth, view.reach.max_depth) + 1):
+            qd = RowDists(head.to_target_logits(level_logits, vocab), sampling)
+            new = []
+            for r, node in enumerate(frontier):
+                if node >= 0 and token[node] in view.reach.ends:
+                    continue
+                dists[node] = (qd, r)
+                kids = drafting.candidates(qd, r, self.top_k, verifier=view.verifier_name, generator=view.generator)
+                for j, t in enumerate(kids):
+                    q = qd.plain(r, t)
+                    parent.append(node), token.append(int(t)), depth.append(level), rank.append(j)
+                    score.append((score[node] if node >= 0 else 0.0) + math.log(max(q, 1e-30)))
+                    new.append(len(token) - 1)
+            if not new or level == min(self.depth, view.reach.max_depth):
+                break
+            frontier = sorted(new, key=lambda i: -score[i])[: self.frontier]
+            mask = self._level_mask(frontier, parent, row_of, base)
+            ids = torch.tensor([token[i] for i in frontier], dtype=torch.long, device=g.device)
+            feats = torch.stack([g_of[parent[i]] for i in frontier])
+            pos = torch.tensor([base - 1 + depth[i] for i in frontier], dtype=torch.long, device=g.device)
+            with torch.inference_mode(), view.time_forward(len(frontier)):
+                level_logits, out = head(ids, feats, pos, self.cache, mask)
+            calls += 1
+            for c, i in enumerate(frontier):
+                g_of[i], row_of[i] = out[c], len(row_of)
+        self.cache.rewind(base)  # the tree's rows: the accepted path comes back with the target's features
+        keep = _best_closed(parent, score, rank, self.tokens)
+        return self._tree(keep, parent, token, depth, dists, sampling.greedy, calls)
+
+    def _level_mask(self, frontier: list[int], parent: list[int], row_of: dict[int, int], base: int):
+        """Bool ``(rows, base + fed + rows)``: each frontier row sees the committed rows, its fed ancestors' rows
+        and itself."""
+        fed = len(row_of)
+        mask = torch.zeros(len(frontier), base + fed + len(frontier), dtype=torch.bool)
+        mask[:, :base] = True
+        for c, i in enumerate(frontier):
+            a = parent[i]
+            while a >= 0:
+                mask[c, base + row_of[a]] = True
+                a = parent[a]
+            mask[c, base + fed + c] = True
+        return mask.to(self._root[1].device)
+
+    def _tree(self, keep: list[int], parent, token, depth, dists, greedy: bool, calls: int) -> Drafted:
+        """The kept nodes as a breadth-first ``DraftTree`` with their q rows and shown q."""
+        order = sorted(keep, key=lambda i: (depth[i], i))
+        index = {i: n for n, i in enumerate(order)}
+        tree = DraftTree()
+        for level in sorted({depth[i] for i in order}):
+            nodes = [i for i in order if depth[i] == level]
+            tree.add_level([-1 if parent[i] < 0 else index[parent[i]] for i in nodes], [token[i] for i in nodes],
+                           source="draft")
+        q_rows, q_show, q_top = LazyRows(), {}, {}
+        rows_with_kids = {parent[i] for i in order}
+        for p in rows_with_kids:
+            qd, r = dists[p]
+            row = 0 if p < 0 else index[p] + 1
+            if not greedy:
+                q_rows.add(row, qd, r)
+            q_top[row] = qd.top([r], TOP_K_SHOWN)[r]
+        for i in order:
+            qd, r = dists[parent[i]]
+            q_show[index[i]] = qd.shown(r, token[i])
+        return Drafted(tree, q_rows=q_rows, q_show=q_show, calls=calls, q_top=q_top,
+                       info={"head": {"top_k": self.top_k, "frontier": self.frontier, "depth": self.depth,
+                                      "tokens": self.tokens, "target_layers": list(self.target_layers),
+                                      "drawn": len(token)}})
+
+
+def _best_closed(parent: list[int], score: list[float], rank: list[int], budget: int) -> list[int]:
+    """The ``budget`` drawn nodes with the best cumulative scores, closed under ancestors and earlier-drawn
+    siblings: a node becomes a candidate once its parent and its previous sibling are kept (EAGLE-2's rerank, with
+    each node's kept children a prefix of its draws)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parent):
+        children.setdefault(p, []).append(i)
+    for kids in children.values():
+        kids.sort(key=lambda i: rank[i])
+    heap = [(-score[children[-1][0]], children[-1][0])] if children.get(-1) else []
+    kept: list[int] = []
+    while heap and len(kept) < budget:
+        _, i = heapq.heappop(heap)
+        kept.append(i)
+        siblings = children[parent[i]]
+        nxt = siblings.index(i) + 1
+        if nxt < len(siblings):
+            heapq.heappush(heap, (-score[siblings[nxt]], siblings[nxt]))
+        if children.get(i):
+            heapq.heappush(heap, (-score[children[i][0]], children[i][0]))
+    return kept

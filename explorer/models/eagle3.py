@@ -1,0 +1,431 @@
+"""EAGLE-3 draft heads: one decoder layer that drafts from the target's own hidden states.
+
+An EAGLE-3 head (Li et al. 2025, arXiv 2503.01840) reads the hidden states of three target layers at a committed
+token, fuses them (``fc``: 3H -> H) into a feature g, and predicts the next token from g and the embedding of the
+token that follows it. Deeper draft levels feed the head's own pre-norm output back as g. Its logits cover a reduced
+draft vocabulary, mapped to target ids by ``d2t`` (target id = draft id + d2t[draft id]); a target token outside it
+gets probability 0 in q.
+
+The checkpoint format is the one SpecForge writes and vLLM (``llama_eagle3.py``) and SGLang load: a folder with
+``config.json`` (``architectures: ["LlamaForCausalLMEagle3"]``, ``num_hidden_layers: 1``, ``hidden_size``, head
+counts, ``intermediate_size``, ``vocab_size`` (the target's), ``draft_vocab_size``, ``rope_theta``,
+``rms_norm_eps``, optional ``target_hidden_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``) and
+safetensors weights: ``fc.weight [H, 3H]``, ``midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}``,
+``midlayer.self_attn.{q,k,v}_proj`` (input width 2H) and ``o_proj``, ``midlayer.mlp.{gate,up,down}_proj``,
+``norm.weight``, ``lm_head.weight [draft_vocab, H]``, ``d2t`` and ``t2d``; ``embed_tokens.weight`` optional (the
+target's when absent). The ``speculators`` package's ``layers.0.`` names load too. Pickled weights are refused.
+
+The layer, as vLLM runs it: the attention reads ``concat(input_layernorm(embed(token)), hidden_norm(g))`` and adds
+its output to g (the residual); then ``post_attention_layernorm``, the MLP and its residual; the logits are
+``lm_head(norm(out))`` and the next level's g is ``out`` before ``norm``. Which target layers feed it: by default
+the inputs of layers 2, L/2 and L-3 (vLLM's reading of ``eagle_aux_hidden_state_layer_ids``: the id is the layer
+whose input is read; transformers' ``hidden_states[id]``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PICKLED = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class HeadError(ValueError):
+    """A head that cannot be loaded or does not fit its target: the message says which file, field or size."""
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """An EAGLE-3 head's shape (``config.json``).
+
+    Attributes:
+        hidden_size: H, the head's width; ``target_hidden_size`` the target's (the features' width; H when
+            absent).
+        intermediate_size: the MLP's width.
+        num_attention_heads, num_key_value_heads, head_dim: the attention's shape (``head_dim`` H / heads when
+            absent).
+        vocab_size: the target's vocabulary; ``draft_vocab_size`` the head's (its logits' width).
+        rms_norm_eps, rope_theta, max_position_embeddings: as in a Llama config (no RoPE scaling).
+        aux_layer_ids: the target layers whose inputs feed ``fc``, or None for the default (``aux_layers``).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    target_hidden_size: int | None = None
+    aux_layer_ids: tuple[int, ...] | None = None
+
+    @property
+    def feature_size(self) -> int:
+        """The width of one target layer's hidden state."""
+        return self.target_hidden_size or self.hidden_size
+
+    def aux_layers(self, n_target_layers: int) -> tuple[int, ...]:
+        """The target layers whose inputs feed the head: the config's, else 2, L // 2 and L - 3."""
+        if self.aux_layer_ids is not None:
+            return self.aux_layer_ids
+        return (2, n_target_layers // 2, n_target_layers - 3)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> HeadConfig:
+        """Parse a ``config.json``. Raises HeadError for another architecture, more than one layer, a missing or
+        malformed field, or RoPE scaling (not supported)."""
+        if not isinstance(raw, dict):
+            raise HeadError("config.json is not a JSON object")
+        arch = raw.get("architectures") or []
+        if ARCHITECTURE not in arch:
+            raise HeadError(f"config.json names architectures {arch}: not an EAGLE-3 head ({ARCHITECTURE})")
+        if int(raw.get("num_hidden_layers", 1)) != 1:
+            raise HeadError(f"an EAGLE-3 head has one decoder layer; config.json says {raw['num_hidden_layers']}")
+        if raw.get("rope_scaling") not in (None, {}) and (raw["rope_scaling"] or {}).get("rope_type", "default") \
+                not in ("default",):
+            raise HeadError(f"RoPE scaling {raw['rope_scaling']} is not supported for heads")
+        eagle = raw.get("eagle_config") or {}
+        try:
+            hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+            aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+            config = cls(hidden_size=hidden, intermediate_size=int(raw["intermediate_size"]),
+                         num_attention_heads=heads,
+                         num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+                         head_dim=int(raw.get("head_dim") or hidden // heads), vocab_size=int(raw["vocab_size"]),
+                         draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
+                         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                         rope_theta=float(raw.get("rope_theta", 10000.0)),
+                         max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+                         target_hidden_size=int(raw["target_hidden_size"]) if raw.get("target_hidden_size") else None,
+                         aux_layer_ids=tuple(int(i) for i in aux) if aux else None)
+        except KeyError as exc:
+            raise HeadError(f"config.json lacks {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise HeadError(f"config.json has a malformed field: {exc}") from None
+        if min(config.hidden_size, config.intermediate_size, config.num_attention_heads, config.num_key_value_heads,
+               config.head_dim, config.vocab_size, config.draft_vocab_size) < 1:
+            raise HeadError("config.json has a size below 1")
+        if config.num_attention_heads % config.num_key_value_heads:
+            raise HeadError(f"{config.num_attention_heads} attention heads do not share "
+                            f"{config.num_key_value_heads} key/value heads evenly")
+        if config.draft_vocab_size > config.vocab_size:
+            raise HeadError(f"the draft vocabulary ({config.draft_vocab_size}) is larger than the target's "
+                            f"({config.vocab_size})")
+        return config
+
+    def to_dict(self) -> dict:
+        """``config.json`` as SpecForge writes it (vLLM and SGLang read it)."""
+        out = {"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
+               "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+               "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+               "head_dim": self.head_dim, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+               "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+               "max_position_embeddings": self.max_position_embeddings, "hidden_act": "silu",
+               "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+        if self.target_hidden_size:
+            out["target_hidden_size"] = self.target_hidden_size
+        if self.aux_layer_ids is not None:
+            out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+                                   "use_aux_hidden_state": True}
+        return out
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 (as Llama's)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class HeadCache:
+    """The head's own KV cache for one run (batch size 1): keys and values ``(kv_heads, length, head_dim)``,
+    appended by each forward; ``keep`` holds a prefix and chosen rows (the accepted path), ``rewind`` cuts back."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else int(self.k.shape[1])
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``(kv_heads, rows, head_dim)`` keys and values; returns the whole cache."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+        return self.k, self.v
+
+    def keep(self, prefix: int, rows: list[int]) -> None:
+        """Keep positions ``[0, prefix)`` then ``rows`` (ascending, >= ``prefix``); drop the rest."""
+        if self.k is None:
+            return
+        index = torch.tensor(list(range(prefix)) + list(rows), dtype=torch.long, device=self.k.device)
+        self.k, self.v = self.k[:, index], self.v[:, index]
+
+    def rewind(self, length: int) -> None:
+        self.keep(length, [])
+
+
+class HeadLayer(nn.Module):
+    """The head's decoder layer: attention whose queries, keys and values read 2H (the token's embedding and the
+    feature, each normed), RoPE positions, grouped key/value heads; the MLP; residuals on the feature."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        h, heads, kv, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.c = c
+        self.input_layernorm = RMSNorm(h, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, c.rms_norm_eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * h, heads * d, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * h, kv * d, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * h, kv * d, bias=False)
+        self.self_attn.o_proj = nn.Linear(heads * d, h, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(h, c.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
+
+    def forward(self, embeds: torch.Tensor, g: torch.Tensor, positions: torch.Tensor, cache: HeadCache,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """``embeds``, ``g``: ``(rows, H)``; ``positions``: int64 ``(rows,)``; ``mask``: bool ``(rows,
+        cache.length + rows)`` (True = attend) or None for causal rows after the cache. Returns ``(rows, H)``, the
+        layer's output before the final norm; appends the rows' keys and values to ``cache``."""
+        c, rows = self.c, g.shape[0]
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(g)], dim=-1)
+        attn = self.self_attn
+        q = attn.q_proj(x).view(rows, c.num_attention_heads, c.head_dim).transpose(0, 1)
+        k = attn.k_proj(x).view(rows, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        v = attn.v_proj(x).view(rows, c.num_key_value_heads, c.head_dim).transpose(0, 1)
+        cos, sin = _rope(positions, c.head_dim, c.rope_theta, x.dtype)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        past = cache.length
+        keys, values = cache.append(k, v)
+        if mask is None:  # causal rows after the cached ones
+            mask = torch.ones(rows, past + rows, dtype=torch.bool, device=g.device).tril(past)
+        group = c.num_attention_heads // c.num_key_value_heads
+        keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
+        out = torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                                               scale=1.0 / math.sqrt(c.head_dim))[0]
+        h = g + attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
+        m = self.mlp
+        y = self.post_attention_layernorm(h)
+        return h + m.down_proj(torch.nn.functional.silu(m.gate_proj(y)) * m.up_proj(y))
+
+
+class Eagle3Head(nn.Module):
+    """An EAGLE-3 draft head (module docstring: the layer, the features, the vocabulary map).
+
+    Attributes:
+        config: its ``HeadConfig``.
+        fc: 3 target features -> g (``features``).
+        midlayer: the decoder layer (``HeadLayer``); norm, lm_head: to draft-vocabulary logits.
+        d2t: int64 ``(draft_vocab,)``, target id = draft id + d2t; t2d: bool ``(vocab,)``, the target ids in the
+            draft vocabulary.
+        embed_tokens: the head's own token embedding, or None to use the target's (``set_embeddings``).
+    """
+
+    def __init__(self, config: HeadConfig, own_embeddings: bool = False):
+        super().__init__()
+        c = self.config = config
+        self.fc = nn.Linear(3 * c.feature_size, c.hidden_size, bias=False)
+        self.midlayer = HeadLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size) if own_embeddings else None
+        self._target_embed: nn.Module | None = None
+
+    def set_embeddings(self, embedding: nn.Module) -> None:
+        """Embed tokens with ``embedding`` (the target's input embeddings) where the head has none of its own."""
+        self._target_embed = embedding
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``(rows,)`` int64 target token ids -> ``(rows, H)``. Raises HeadError with no embedding to use."""
+        table = self.embed_tokens if self.embed_tokens is not None else self._target_embed
+        if table is None:
+            raise HeadError("the head has no token embedding of its own: set the target's (set_embeddings)")
+        return table(tokens).to(self.fc.weight.dtype)
+
+    def features(self, states: torch.Tensor) -> torch.Tensor:
+        """``(rows, 3, feature_size)`` target hidden states (``Forwards`` layers) -> g ``(rows, H)``."""
+        return self.fc(states.reshape(states.shape[0], -1).to(self.fc.weight.dtype))
+
+    def forward(self, tokens: torch.Tensor, g: torch.Tensor, positions: torch.Tensor, cache: HeadCache,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head step over ``rows``: ``tokens`` int64 ``(rows,)`` (the token after each feature's position),
+        ``g`` ``(rows, H)``, ``positions`` int64 ``(rows,)``, ``mask`` as ``HeadLayer.forward``. Returns the
+        draft-vocabulary logits ``(rows, draft_vocab)`` float32 and the next g ``(rows, H)`` (before the norm)."""
+        out = self.midlayer(self.embed(tokens), g, positions, cache, mask)
+        return self.lm_head(self.norm(out)).float(), out
+
+    def target_ids(self) -> torch.Tensor:
+        """int64 ``(draft_vocab,)``: the target id of each draft id."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def to_target_logits(self, logits: torch.Tensor, vocab: int | None = None) -> torch.Tensor:
+        """Draft-vocabulary logits ``(rows, draft_vocab)`` -> target-vocabulary logits ``(rows, vocab)`` float32,
+        -inf where the target id is outside the draft vocabulary (q = 0 there)."""
+        vocab = vocab or self.config.vocab_size
+        out = torch.full((logits.shape[0], vocab), float("-inf"), dtype=torch.float32, device=logits.device)
+        ids = self.target_ids()
+        keep = ids < vocab
+        out[:, ids[keep]] = logits[:, keep].float()
+        return out
+
+
+def _rope(positions: torch.Tensor, dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's rotary tables at ``positions``: cos and sin ``(rows, dim)``."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+    freqs = positions.float()[:, None] * inv[None]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE to ``(heads, rows, dim)``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[None] + rotated * sin[None]
+
+
+_RENAMES = (("layers.0.", "midlayer."), ("model.", ""))
+
+
+def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3Head:
+    """Load an EAGLE-3 head from a checkpoint folder (module docstring: the format), on ``device`` in ``dtype``
+    (default: the target's), checked against ``target`` (a transformers causal LM) when given.
+
+    Raises:
+        HeadError: no such folder, no or malformed ``config.json``, another architecture, pickled weights only, a
+            missing, unexpected or misshapen weight, or a head that does not fit the target (hidden size,
+            vocabulary, layer count), each named in the message.
+    """
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise HeadError(f"no head folder at {folder}")
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise HeadError(f"{folder} has no {CONFIG_FILE}: not an EAGLE-3 head checkpoint")
+    if config_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise HeadError(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        config = HeadConfig.from_dict(json.loads(config_path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HeadError(f"{config_path} is not valid JSON: {exc}") from None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
+        raise HeadError(f"{folder} has no .safetensors weights" + (
+            f" (pickled files {pickled} are never loaded: convert them to safetensors)" if pickled else ""))
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    name = key
+                    for old, new in _RENAMES:
+                        if name.startswith(old):
+                            name = new + name[len(old):]
+                    tensors[name] = f.get_tensor(key)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise HeadError(f"cannot read the weights in {folder}: {exc}") from None
+    if target is not None:
+        check_fit(config, target)
+    head = Eagle3Head(config, own_embeddings="embed_tokens.weight" in tensors)
+    expected = head.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise HeadError(f"the head's weights do not match its config.json: missing {missing[:6]}"
+                        f"{' ...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
+                        f"{' ...' if len(unexpected) > 6 else ''}")
+    for name, want in expected.items():
+        if tuple(tensors[name].shape) != tuple(want.shape):
+            raise HeadError(f"weight {name} has shape {tuple(tensors[name].shape)}, config.json implies "
+                            f"{tuple(want.shape)}")
+    tensors["d2t"] = tensors["d2t"].long()
+    tensors["t2d"] = tensors["t2d"].bool()
+    ids = torch.arange(config.draft_vocab_size) + tensors["d2t"]
+    if bool(((ids < 0) | (ids >= config.vocab_size)).any()):
+        raise HeadError("d2t maps a draft id outside the target vocabulary")
+    head.load_state_dict(tensors)
+    if target is not None:
+        dtype = dtype or next(target.parameters()).dtype
+        device = device or next(target.parameters()).device
+        head.set_embeddings(target.get_input_embeddings())
+    if device is not None or dtype is not None:
+        head = head.to(device=device, dtype=dtype)  # floating weights only: d2t and t2d keep their dtypes
+    return head.eval()
+
+
+def check_fit(config: HeadConfig, target) -> None:
+    """Raises HeadError where the head does not fit ``target``: the features' width against the target's hidden
+    size, the vocabulary against the target's, the feature layers against its layer count."""
+    tc = target.config
+    if config.feature_size != tc.hidden_size:
+        raise HeadError(f"the head reads features {config.feature_size} wide; the target's hidden size is "
+                        f"{tc.hidden_size}")
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if config.vocab_size != vocab and config.vocab_size != tc.vocab_size:
+        raise HeadError(f"the head's vocabulary has {config.vocab_size} tokens; the target's {vocab}")
+    layers = config.aux_layers(tc.num_hidden_layers)
+    if len(layers) != 3 or any(not 0 <= i <= tc.num_hidden_layers for i in layers):
+        raise HeadError(f"the head reads target layers {list(layers)}; the target has {tc.num_hidden_layers} "
+                        "(three ids from 0 to that count)")
+
+
+def save_head(head: Eagle3Head, path: str | Path) -> Path:
+    """Write ``head`` as an EAGLE-3 checkpoint folder (``config.json``, ``model.safetensors``; the target's
+    embedding is not saved unless the head has its own). Returns the folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_FILE).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    return folder
+
+
+def random_head(config: HeadConfig, seed: int = 0, draft_ids: list[int] | None = None) -> Eagle3Head:
+    """A head with seeded random weights (tests, and the start of training), its draft vocabulary the target ids
+    ``draft_ids`` (default: the first ``draft_vocab_size``)."""
+    gen = torch.Generator().manual_seed(seed)
+    head = Eagle3Head(config)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / math.sqrt(p.shape[1])))
+    ids = torch.tensor(draft_ids if draft_ids is not None else range(config.draft_vocab_size), dtype=torch.long)
+    if ids.numel() != config.draft_vocab_size:
+        raise HeadError(f"{ids.numel()} draft ids for a draft vocabulary of {config.draft_vocab_size}")
+    head.d2t.copy_(ids - torch.arange(config.draft_vocab_size))
+    head.t2d.zero_()
+    head.t2d[ids] = True
+    return head.eval()

@@ -1,0 +1,206 @@
+"""EAGLE-3 heads: the checkpoint format loads and saves, foreign or malformed checkpoints and heads that do not fit
+their target are refused with a message that says which, and the head's own KV cache computes what one forward
+over the same rows computes."""
+
+import json
+
+import pytest
+import torch
+
+from explorer.models.eagle3 import (ARCHITECTURE, HeadCache, HeadConfig, HeadError, load_head, random_head,
+                                    save_head)
+
+
+def _config(tiny, **changes) -> HeadConfig:
+    t = tiny.target.config
+    base = dict(hidden_size=t.hidden_size, intermediate_size=96, num_attention_heads=t.num_attention_heads,
+                num_key_value_heads=t.num_key_value_heads, head_dim=t.hidden_size // t.num_attention_heads,
+                vocab_size=t.vocab_size, draft_vocab_size=64, rope_theta=10000.0, aux_layer_ids=(0, 1, 2))
+    return HeadConfig(**{**base, **changes})
+
+
+def _saved(tiny, tmp_path, **changes):
+    head = random_head(_config(tiny, **changes), seed=1, draft_ids=list(range(10, 74)))
+    return head, save_head(head, tmp_path / "head")
+
+
+def test_a_saved_head_loads_back_in_the_checkpoint_format(tiny, tmp_path):
+    head, folder = _saved(tiny, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURE] and config["draft_vocab_size"] == 64
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    loaded = load_head(folder, target=tiny.target)
+    for (name, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b.to(a.dtype)), name
+    assert loaded.target_ids().tolist() == list(range(10, 74))
+    assert loaded.config.aux_layers(2) == (0, 1, 2)
+    # the speculators package's names (layers.0.*) load as well
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in state.items()}, str(folder / "model.safetensors"))
+    assert torch.equal(load_head(folder).midlayer.self_attn.q_proj.weight, head.midlayer.self_attn.q_proj.weight)
+
+
+def test_the_default_feature_layers_are_vllms_reading():
+    assert HeadConfig(8, 8, 2, 2, 4, 10, 10).aux_layers(28) == (2, 14, 25)
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("no folder", "no head folder"),
+    ("no config", "no config.json"),
+    ("bad json", "not valid JSON"),
+    ("other architecture", "not an EAGLE-3 head"),
+    ("two layers", "one decoder layer"),
+    ("pickled only", "pickled files"),
+    ("missing weight", "missing ['fc.weight']"),
+    ("misshapen weight", "weight norm.weight has shape"),
+    ("d2t out of range", "d2t maps a draft id outside"),
+])
+def test_a_malformed_or_foreign_checkpoint_is_refused_with_what_is_wrong(tiny, tmp_path, breakage, message):
+    from safetensors.torch import load_file, save_file
+
+    _, folder = _saved(tiny, tmp_path)
+    weights = folder / "model.safetensors"
+    config = json.loads((folder / "config.json").read_text())
+    if breakage == "no folder":
+        folder = tmp_path / "nowhere"
+    elif breakage == "no config":
+        (folder / "config.json").unlink()
+    elif breakage == "bad json":
+        (folder / "config.json").write_text("{not json")
+    elif breakage in ("other architecture", "two layers"):
+        config.update({"architectures": ["LlamaForCausalLM"]} if breakage == "other architecture"
+                      else {"num_hidden_layers": 2})
+        (folder / "config.json").write_text(json.dumps(config))
+    elif breakage == "pickled only":
+        torch.save(load_file(str(weights)), folder / "pytorch_model.bin")
+        weights.unlink()
+    else:
+        state = load_file(str(weights))
+        if breakage == "missing weight":
+            del state["fc.weight"]
+        elif breakage == "misshapen weight":
+            state["norm.weight"] = torch.ones(3)
+        else:
+            state["d2t"] = state["d2t"] + 10_000
+        save_file(state, str(weights))
+    with pytest.raises(HeadError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_head(folder, target=tiny.target)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8), "features 32 wide"),
+    (dict(vocab_size=300), "vocabulary has 300 tokens"),
+    (dict(aux_layer_ids=(0, 1, 5)), "reads target layers"),
+])
+def test_a_head_that_does_not_fit_its_target_is_refused(tiny, tmp_path, changes, message):
+    _, folder = _saved(tiny, tmp_path, **changes)
+    with pytest.raises(HeadError, match=message):
+        load_head(folder, target=tiny.target)
+
+
+def test_the_heads_cache_gives_what_one_forward_over_the_rows_gives(tiny):
+    """Rows fed one at a time through the head's KV cache equal the same rows fed at once with a causal mask; a
+    tree mask that hides a sibling row gives that row's chain result."""
+    head = random_head(_config(tiny), seed=2)
+    head.set_embeddings(tiny.target.get_input_embeddings())
+    gen = torch.Generator().manual_seed(0)
+    n, h = 6, head.config.hidden_size
+    tokens = torch.randint(0, 250, (n,), generator=gen)
+    g = torch.randn(n, h, generator=gen)
+    pos = torch.arange(n)
+    with torch.no_grad():
+        whole, whole_g = head(tokens, g, pos, HeadCache())
+        cache, rows = HeadCache(), []
+        for i in range(n):
+            rows.append(head(tokens[i:i + 1], g[i:i + 1], pos[i:i + 1], cache)[0])
+        assert cache.length == n
+        assert torch.allclose(torch.cat(rows), whole, atol=1e-5)
+        # two siblings at the same position after 4 rows: each sees the 4 rows and itself only
+        cache.rewind(4)
+        mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]], dtype=torch.bool)
+        twins, _ = head(tokens[4:6], g[4:6], torch.tensor([4, 4]), cache, mask)
+        assert torch.allclose(twins[0], whole[4], atol=1e-5)
+        alone = HeadCache()
+        head(tokens[:4], g[:4], pos[:4], alone)
+        second, _ = head(tokens[5:6], g[5:6], torch.tensor([4]), alone)
+        assert torch.allclose(twins[1], second[0], atol=1e-5)
+
+
+def test_target_logits_give_no_mass_outside_the_draft_vocabulary(tiny):
+    head = random_head(_config(tiny), seed=3, draft_ids=list(range(100, 164)))
+    logits = torch.randn(2, 64)
+    full = head.to_target_logits(logits, vocab=tiny.vocab_size)
+    assert full.shape == (2, tiny.vocab_size)
+    assert torch.isinf(full[:, :100]).all() and torch.isinf(full[:, 164:]).all()
+    assert torch.equal(full[:, 100:164], logits)
+    assert head.t2d[100:164].all() and not head.t2d[:100].any()
+
+
+# ------------------------------------------------------------------------------------------------ the head drafter
+
+def _head_engine(tiny, sampling, joint: bool = False, **shape):
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.drafters.eagle import HeadDrafter
+    from explorer.engine.factory import build_parts
+    from explorer.engine.machine import Engine
+
+    head = random_head(_config(tiny), seed=4, draft_ids=list(range(32, 96)))  # printable bytes only
+    head.set_embeddings(tiny.target.get_input_embeddings())
+    config = DEFAULTS["prompt-lookup"].with_(fallback="off")
+    parts = build_parts(tiny, config, sampling)
+    parts.drafter = HeadDrafter(head, head.config.aux_layers(tiny.target.config.num_hidden_layers), **shape)
+    return Engine(tiny, config, sampling, parts, joint_prefill=joint)
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_head_drafting_keeps_the_greedy_tokens_and_reads_every_committed_position(tiny, joint):
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+
+    greedy = SamplingConfig(temperature=0.0)
+    ids = tiny.tokenizer.encode("def add(a, b):\n    return a + b\n")
+    plain = build_engine(tiny, DEFAULTS["ar"], greedy)
+    plain.start(ids, 40)
+    want = plain.run().generated_ids
+    eng = _head_engine(tiny, greedy, joint=joint, top_k=3, frontier=2, depth=4, tokens=10)
+    eng.start(ids, 40)
+    drafter = eng.parts.drafter
+    while not eng.finished:
+        before = len(eng.state.committed)
+        step = eng.step()
+        if step.drafted:  # the head read every committed position whose next token was committed, no tree row
+            assert drafter.cache.length == before - 1
+    trace = eng.trace
+    assert trace.generated_ids == want
+    drafted = [s for s in trace.steps if s.drafted]
+    assert drafted and all(s.drafted <= 10 and max(n.depth for n in s.nodes) <= 4 for s in drafted)
+    assert all(n.q is not None for s in drafted for n in s.nodes[1:])  # the head's q of every node it drafted
+    assert all(s.drafter["head"]["target_layers"] == [0, 1, 2] for s in drafted)
+    # the head's rows are timed as draft forwards: one catch-up and one per expanded level
+    assert all(sum(1 for seg in s.timeline if seg["phase"] == "draft forward") == s.draft_calls for s in drafted)
+    # a token outside the head's draft vocabulary (bytes 32-95) was committed by the target all the same
+    assert any(t < 32 or t >= 96 for t in trace.generated_ids)
+    if joint:
+        assert not trace.steps[0].drafted  # no target state before the prompt is read: a plain first step
+
+
+def test_head_drafting_samples_the_targets_law(tiny):
+    from explorer.analysis.audit import audit_engine
+    from explorer.engine.sampling import SamplingConfig
+
+    eng = _head_engine(tiny, SamplingConfig(temperature=1.0, seed=7), top_k=2, frontier=2, depth=3, tokens=6)
+    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=1200)
+    assert result.passed, result.summary()
+
+
+def test_the_rerank_keeps_ancestors_and_earlier_siblings():
+    from explorer.engine.drafters.eagle import _best_closed
+
+    # anchor -> 0 (rank 0, -1.0), 1 (rank 1, -0.5: better, but drawn second); 0 -> 2 (-1.1); 1 -> 3 (-0.6)
+    parent, score, rank = [-1, -1, 0, 1], [-1.0, -0.5, -1.1, -0.6], [0, 1, 0, 0]
+    assert _best_closed(parent, score, rank, 1) == [0]  # 1 cannot come before its earlier-drawn sibling
+    assert _best_closed(parent, score, rank, 3) == [0, 1, 3]
+    assert sorted(_best_closed(parent, score, rank, 9)) == [0, 1, 2, 3]
