@@ -96,23 +96,29 @@ def test_a_measured_run_moves_r_and_keeps_the_greedy_tokens(tiny):
     assert "measured, not set" in " ".join(explain_step(steps[-1]))
 
 
-def test_measured_ratios_survive_a_saved_trace_and_steer_its_replay(tiny):
+@pytest.mark.parametrize("joint", [False, True])
+def test_measured_ratios_survive_a_saved_trace_and_steer_its_replay(tiny, joint):
+    """A joint prefill's first step is not measured: the replay's recorded ratios stay aligned with the steps."""
     from explorer.instruments.replay import replay_steps
 
-    eng = _run(tiny, GOODPUT.with_(cost_ratio="measured"), temperature=0.8, n=30, seed=5)
+    eng = build_engine(tiny, GOODPUT.with_(cost_ratio="measured"), SamplingConfig(temperature=0.8, seed=5),
+                       joint_prefill=joint)
+    eng.start(tiny.tokenizer.encode(PROMPT), 30)
+    eng.run()
+    assert bool(eng.trace.steps[0].prefill_rows) == joint
     loaded = loads_run(eng.trace.to_json())
     assert [s.cost for s in loaded.steps] == [s.cost for s in eng.trace.steps]
     last = len(loaded.steps) - 1
     for i, replayed in replay_steps(tiny, loaded, last):  # raises if a replayed step commits other tokens
-        assert replayed.trace.steps[i].cost["next"] == loaded.steps[i].cost["next"]
+        assert replayed.trace.steps[i].cost.get("next") == loaded.steps[i].cost.get("next")
         assert [s.threshold for s in replayed.trace.steps[i].stop_signals] == pytest.approx(
             [s.threshold for s in loaded.steps[i].stop_signals])
     bad = eng.trace.to_dict()
     for cost in ({"r": 0.1, "next": "fast"}, {"next": 0.1}, {"r": 0.1, "next": 0.1, "level_ms": "slow"}):
-        bad["steps"][0]["cost"] = cost
+        bad["steps"][1]["cost"] = cost
         with pytest.raises(TraceError, match="cost ratio"):
             RunTrace.from_dict(bad)
-    bad["steps"][0]["cost"] = [0.1]
+    bad["steps"][1]["cost"] = [0.1]
     with pytest.raises(TraceError, match="cost record"):
         RunTrace.from_dict(bad)
 

@@ -1,7 +1,8 @@
 """Command line of the speculative decoding explorer: ``python -m explorer <subcommand> [options]``.
 
 Subcommands: ``generate``, ``greedy-check``, ``audit``, ``verifiers``, ``bench`` and ``lessons`` (here);
-``decision collect | train | calibrate | eval | generalise | ablation`` (``cli/decision.py``); the instruments
+``decision collect | train | calibrate | eval | generalise | ablation`` (``cli/decision.py``); ``heads train``
+(``cli/heads.py``); the instruments
 ``probe``, ``acceptance``, ``calibration``, ``timeline`` and ``counterfactual`` (``cli/instruments.py``).
 
 ``generate`` decodes one prompt or a prompt file with one method and prints the text and metrics, or with
@@ -44,6 +45,7 @@ from ..trace.records import save_run
 from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, load_pair_from_args,
                    method_config_from_args, prompts_from_args, runs_from_args)
 from .decision import add_decision_parser
+from .heads import add_heads_parser
 from .forensics import add_forensics_parser
 from .instruments import add_instrument_parsers
 
@@ -319,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     les.set_defaults(func=cmd_lessons)
 
     add_decision_parser(sub)
+    add_heads_parser(sub)
     add_instrument_parsers(sub)
     add_forensics_parser(sub)
     return parser

@@ -167,6 +167,7 @@ class CostRatioObserver:
     def observe(self, step: ObservedStep) -> None:
         record = step.record
         if step.verified.prefill_rows:
+            self.parts.cost_meter.skip()
             return
         record.cost = self.parts.cost_meter.observe(record.draft_ms, record.draft_calls, record.step_ms,
                                                     len(step.drafted.tree))

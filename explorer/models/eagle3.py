@@ -256,18 +256,21 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size) if own_embeddings else None
-        self._target_embed: nn.Module | None = None
+        self._target_embed: tuple = ()  # the target's embedding, held outside the module's own parameters
 
     def set_embeddings(self, embedding: nn.Module) -> None:
-        """Embed tokens with ``embedding`` (the target's input embeddings) where the head has none of its own."""
-        self._target_embed = embedding
+        """Embed tokens with ``embedding`` (the target's input embeddings) where the head has none of its own. It
+        stays the target's: not among the head's parameters, never saved, moved or trained with it."""
+        self._target_embed = (embedding,)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """``(rows,)`` int64 target token ids -> ``(rows, H)``. Raises HeadError with no embedding to use."""
-        table = self.embed_tokens if self.embed_tokens is not None else self._target_embed
-        if table is None:
+        if self.embed_tokens is not None:
+            return self.embed_tokens(tokens).to(self.fc.weight.dtype)
+        if not self._target_embed:
             raise HeadError("the head has no token embedding of its own: set the target's (set_embeddings)")
-        return table(tokens).to(self.fc.weight.dtype)
+        table = self._target_embed[0]
+        return table(tokens.to(table.weight.device)).detach().to(self.fc.weight.dtype)  # read, never trained
 
     def features(self, states: torch.Tensor) -> torch.Tensor:
         """``(rows, 3, feature_size)`` target hidden states (``Forwards`` layers) -> g ``(rows, H)``."""
@@ -338,7 +341,7 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
         config = HeadConfig.from_dict(json.loads(config_path.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HeadError(f"{config_path} is not valid JSON: {exc}") from None
-    files = sorted(folder.glob("*.safetensors"))
+    files = _weight_files(folder)
     if not files:
         pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
         raise HeadError(f"{folder} has no .safetensors weights" + (
@@ -382,6 +385,21 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
     if device is not None or dtype is not None:
         head = head.to(device=device, dtype=dtype)  # floating weights only: d2t and t2d keep their dtypes
     return head.eval()
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The head's safetensors files: ``model.safetensors``, else the shards a ``model.safetensors.index.json``
+    names, else every ``.safetensors`` file of the folder."""
+    if (folder / WEIGHTS_FILE).is_file():
+        return [folder / WEIGHTS_FILE]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise HeadError(f"{index} is malformed: {exc!r}") from None
+        return [folder / n for n in names]
+    return sorted(folder.glob("*.safetensors"))
 
 
 def check_fit(config: HeadConfig, target) -> None:

@@ -61,6 +61,11 @@ class CostRatioMeter:
         """Replay: the r each next step sets for the step after it (``StepTrace.cost["next"]``), as recorded."""
         self._forced = list(values)
 
+    def skip(self) -> None:
+        """A step not measured (a joint prefill's, whose forward also read the prompt): r stays, and a replay's
+        recorded values move on to the next step."""
+        self._observed += 1
+
     def observe(self, draft_ms: float, draft_calls: int, step_ms: float, nodes: int = 0) -> dict:
         """Learn from a finished step that verified ``nodes`` tree nodes; returns its record for the trace
         (``StepTrace.cost``): ``r`` (in force during the step), ``level_ms`` and ``rest_ms`` (this step's, None when

@@ -1,0 +1,85 @@
+"""``python -m explorer heads train``: an EAGLE-3 head for the loaded pair's target, trained here on texts (the
+target's features computed once and cached; ``explorer/heads/``)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from ..heads.data import HeadDataError, build, chunk
+from ..heads.train import train_head
+from ..models.eagle3 import HeadConfig, HeadError
+from .args import add_model_args, load_pair_from_args
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def read_texts(paths: list[str]) -> list[str]:
+    """Texts from ``.txt`` files (one text each) or ``.jsonl`` files (a ``text`` field per line). Raises
+    HeadDataError for a missing or malformed file."""
+    texts = []
+    for name in paths:
+        path = Path(name)
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HeadDataError(f"cannot read {path}: {exc}") from None
+        if path.suffix == ".jsonl":
+            for i, line in enumerate(raw.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    text = json.loads(line)["text"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise HeadDataError(f"{path}:{i} is not a JSON object with a \"text\" field") from None
+                texts.append(str(text))
+        else:
+            texts.append(raw)
+    return texts
+
+
+def cmd_train(args) -> int:
+    pair = load_pair_from_args(args)
+    try:
+        texts = read_texts(args.texts)
+        sequences = chunk([pair.tokenizer.encode(t) for t in texts], args.seq_len)
+        layers = HeadConfig(1, 1, 1, 1, 1, 1, 1).aux_layers(pair.target.config.num_hidden_layers)
+        data = build(pair, sequences, layers, args.data, progress=not args.quiet)
+        card = train_head(pair, data, args.out, draft_vocab=args.draft_vocab, intermediate=args.intermediate,
+                          steps=args.steps, lr=args.lr, ttt=args.ttt, seed=args.seed, device=args.train_device,
+                          save_every=args.save_every, save_dtype=DTYPES[args.save_dtype] if args.save_dtype else None,
+                          progress=not args.quiet, command="python -m explorer " + shlex.join(sys.argv[1:]))
+    except (HeadDataError, HeadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: card[k] for k in ("steps", "seconds", "sequences", "tokens", "draft_vocab", "loss",
+                                           "agreement_by_level", "parameters")}, indent=1))
+    return 0
+
+
+def add_heads_parser(sub) -> None:
+    heads = sub.add_parser("heads", help="train EAGLE-3 draft heads for the pair's target")
+    hsub = heads.add_subparsers(dest="heads_command", required=True)
+    tr = hsub.add_parser("train", help="cache the target's features on texts, then train a head (resumable)")
+    tr.add_argument("--texts", action="append", required=True, help=".txt or .jsonl (a \"text\" field per line) "
+                    "file of training text; repeatable")
+    tr.add_argument("--data", required=True, help="folder caching the target's features (reused when it matches)")
+    tr.add_argument("--out", required=True, help="folder for the head (config.json, model.safetensors), its card "
+                    "and training state; an existing one goes on training")
+    tr.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")
+    tr.add_argument("--draft-vocab", type=int, default=8192, help="draft tokens: the data's most frequent")
+    tr.add_argument("--intermediate", type=int, help="the head's MLP width (default: the target's)")
+    tr.add_argument("--steps", type=int, default=1000, help="sequences trained on in all")
+    tr.add_argument("--lr", type=float, default=1e-4)
+    tr.add_argument("--ttt", type=int, default=3, help="training-time-test levels")
+    tr.add_argument("--save-every", type=int, default=100)
+    tr.add_argument("--save-dtype", choices=sorted(DTYPES), help="the saved head's dtype (default: the target's)")
+    tr.add_argument("--train-device", help="where to train (default: the pair's device), e.g. cuda")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_model_args(tr)
+    tr.set_defaults(func=cmd_train)

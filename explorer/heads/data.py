@@ -1,0 +1,114 @@
+"""A head's training data: token sequences with the target's features and next-token distributions, computed once.
+
+For each sequence of ``n`` tokens the target runs one forward (no cache) and the shard keeps, per position t: the
+hidden states entering the head's three feature layers (``HeadConfig.aux_layers``; ``(n, 3, H)`` in the target's
+dtype) and the target's ``LABEL_K`` most likely next tokens with their probabilities (a sparse soft label: the full
+distribution over a 152k vocabulary would not fit on disk). Shards are safetensors files with a ``manifest.json``
+beside them (the target, the layers, the sequences, the tokens); a folder whose manifest matches is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+LABEL_K = 32
+MANIFEST = "manifest.json"
+
+
+class HeadDataError(ValueError):
+    """Training data that cannot be built or read: the message says why."""
+
+
+@dataclass
+class Sequence:
+    """One cached sequence: ``tokens`` int64 ``(n,)``, ``states`` ``(n, 3, H)``, and at each position the target's
+    next-token candidates ``label_ids`` int64 ``(n, LABEL_K)`` with probabilities ``label_probs`` float32."""
+
+    tokens: torch.Tensor
+    states: torch.Tensor
+    label_ids: torch.Tensor
+    label_probs: torch.Tensor
+
+
+def chunk(token_lists: list[list[int]], seq_len: int) -> list[list[int]]:
+    """Token lists cut into sequences of at most ``seq_len`` (shorter than 4 dropped: too short to train on)."""
+    out = []
+    for ids in token_lists:
+        for start in range(0, len(ids), seq_len):
+            piece = ids[start:start + seq_len]
+            if len(piece) >= 4:
+                out.append(piece)
+    return out
+
+
+def build(pair, sequences: list[list[int]], layers: tuple[int, ...], folder: str | Path,
+          progress: bool = True) -> Path:
+    """Run the target over ``sequences`` and cache what a head trains on in ``folder`` (one shard per sequence).
+    Reuses a folder whose manifest names the same target, layers and sequences. Returns the folder.
+
+    Raises:
+        HeadDataError: no sequence to cache.
+    """
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    if not sequences:
+        raise HeadDataError("no training sequence: give texts of at least 4 tokens")
+    folder = Path(folder)
+    manifest = {"target": pair.target_id, "layers": list(layers), "label_k": LABEL_K,
+                "sequences": len(sequences), "tokens": sum(len(s) for s in sequences),
+                "sha256": hashlib.sha256(json.dumps(sequences).encode()).hexdigest()}
+    if (folder / MANIFEST).is_file():
+        try:
+            if json.loads((folder / MANIFEST).read_text()) == manifest:
+                return folder
+        except json.JSONDecodeError:
+            pass
+    folder.mkdir(parents=True, exist_ok=True)
+    target, device = pair.target, pair.device
+    for i, ids in enumerate(tqdm(sequences, desc="target features", unit="seq", disable=not progress)):
+        with torch.inference_mode(), pair.lock:
+            out = target(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
+        states = torch.stack([out.hidden_states[j][0] for j in layers], dim=1)
+        probs = out.logits[0, :, : pair.vocab_size].float().softmax(-1)
+        top = probs.topk(LABEL_K, dim=-1)
+        save_file({"tokens": torch.tensor(ids, dtype=torch.long), "states": states.contiguous().cpu(),
+                   "label_ids": top.indices.cpu(), "label_probs": top.values.cpu()},
+                  str(folder / f"{i:06d}.safetensors"))
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return folder
+
+
+def load(folder: str | Path, device=None) -> list[Sequence]:
+    """The cached sequences of ``folder``. Raises HeadDataError without a manifest or with a shard that does not
+    read."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        raise HeadDataError(f"{folder} holds no head training data ({MANIFEST} missing)")
+    out = []
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            t = load_file(str(path), device=str(device or "cpu"))
+            out.append(Sequence(t["tokens"], t["states"], t["label_ids"], t["label_probs"].float()))
+        except (OSError, KeyError, ValueError) as exc:
+            raise HeadDataError(f"cannot read {path}: {exc}") from None
+    return out
+
+
+def draft_vocabulary(data: list[Sequence], size: int, vocab: int) -> list[int]:
+    """The ``size`` target ids a head drafts among: the most frequent next tokens of the data (the target's best
+    candidate at every position, then the tokens themselves), ascending ids. Fewer when the data has fewer."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in data:
+        counts += torch.bincount(s.label_ids[:, 0].clamp(max=vocab - 1), minlength=vocab)
+        counts += torch.bincount(s.tokens.clamp(max=vocab - 1), minlength=vocab)
+    seen = int((counts > 0).sum())
+    top = counts.topk(min(size, max(seen, 1))).indices
+    return sorted(int(t) for t in top)

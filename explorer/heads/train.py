@@ -1,0 +1,170 @@
+"""Training an EAGLE-3 head on cached target features, with training-time test.
+
+The recipe follows EAGLE-3 (Li et al. 2025, arXiv 2503.01840) as SpecForge and vLLM's ``speculators`` run it:
+
+* **Soft labels**: at every level the head's draft-vocabulary distribution is fitted to the target's own next-token
+  distribution restricted to the draft vocabulary (soft cross-entropy); positions whose target favourite lies outside
+  the draft vocabulary are left out.
+* **Training-time test** over ``ttt`` levels: level 1 reads the target's features (causal over the sequence); level
+  j reads the head's own output of level j - 1 as its feature and the true token, and attends to the level-1 rows up
+  to its chain's start and to its own chain's rows of the levels before, exactly as drafting does
+  (``engine/drafters/eagle.py``). Level j's loss weighs ``decay ** (j - 1)``.
+* AdamW, gradient clipping, one sequence a step; the target's token embedding is read, never trained.
+
+Resumable: ``train_state.safetensors`` (the head and the optimizer's moments, never a pickled file) and
+``train_state.json`` beside the saved head; a run started again on the same folder goes on from the last save.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..models.eagle3 import Eagle3Head, HeadCache, HeadConfig, load_head, random_head, save_head
+from .data import Sequence, draft_vocabulary, load
+
+STATE = "train_state"
+
+
+def head_config(target, layers: tuple[int, ...], draft_vocab: int, intermediate: int | None = None) -> HeadConfig:
+    """A head shaped after ``target`` (its hidden size, attention heads, RoPE, vocabulary), reading ``layers``,
+    with ``draft_vocab`` draft tokens and an MLP ``intermediate`` wide (default: the target's)."""
+    c = target.config
+    heads = c.num_attention_heads
+    return HeadConfig(hidden_size=c.hidden_size, intermediate_size=intermediate or c.intermediate_size,
+                      num_attention_heads=heads, num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+                      head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
+                      draft_vocab_size=draft_vocab, rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+                      rope_theta=float(getattr(c, "rope_theta", 10000.0)),
+                      max_position_embeddings=int(getattr(c, "max_position_embeddings", 32768)),
+                      aux_layer_ids=tuple(layers))
+
+
+def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: torch.Tensor
+             ) -> tuple[torch.Tensor, list[float]]:
+    """The training-time-test loss of one sequence and each level's top-1 agreement with the target (module
+    docstring). ``to_draft``: int64 ``(vocab,)``, the draft id of each target id, -1 outside the draft vocabulary.
+    Returns the weighted loss (a scalar with gradients) and one agreement per level (on positions that count)."""
+    n = seq.tokens.shape[0]
+    rows = n - ttt  # every level reads rows 0 .. rows - 1 (their tokens and labels exist at every level)
+    if rows < 1:
+        raise ValueError(f"a sequence of {n} tokens is too short for {ttt} levels")
+    device = head.fc.weight.device
+    cache, t = HeadCache(), torch.arange(rows, device=device)
+    g = head.features(seq.states[:rows].to(device))
+    total, agree = torch.zeros((), device=device), []
+    tril = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(rows, dtype=torch.bool, device=device)
+    for j in range(1, ttt + 1):
+        mask = torch.cat([tril] + [eye] * (j - 1), dim=1)
+        logits, g = head(seq.tokens[j:j + rows].to(device), g, t + (j - 1), cache, mask)
+        ids, probs = seq.label_ids[j:j + rows].to(device), seq.label_probs[j:j + rows].to(device)
+        draft = to_draft[ids]  # (rows, K) draft ids, -1 outside
+        label = torch.zeros_like(logits).scatter_add_(1, draft.clamp(min=0), probs * (draft >= 0))
+        valid = (draft[:, 0] >= 0) & (label.sum(-1) > 0)
+        if not bool(valid.any()):
+            agree.append(0.0)
+            continue
+        label = label[valid] / label[valid].sum(-1, keepdim=True)
+        logp = logits[valid].log_softmax(-1)
+        total = total + decay ** (j - 1) * -(label * logp).sum(-1).mean()
+        agree.append(float((logits[valid].argmax(-1) == draft[valid, 0]).float().mean()))
+    return total, agree
+
+
+def train_head(pair, data_folder: str | Path, out: str | Path, *, draft_vocab: int = 8192,
+               intermediate: int | None = None, steps: int = 1000, lr: float = 1e-4, ttt: int = 3,
+               decay: float = 0.8, clip: float = 0.5, seed: int = 0, device: str | None = None,
+               save_every: int = 100, save_dtype: torch.dtype | None = None, progress: bool = True,
+               command: str = "") -> dict:
+    """Train (or go on training) a head for ``pair``'s target on the cached data of ``data_folder``, saving it in
+    ``out`` in the checkpoint format (``models/eagle3.save_head``) with a model card (``README.md``) and the
+    training state. Returns the card's facts.
+
+    Args:
+        draft_vocab: draft tokens (the data's most frequent, ``data.draft_vocabulary``); intermediate: the MLP's
+            width (default the target's); steps: sequences trained on in all (resumed runs count what was done);
+            lr, clip: AdamW's learning rate and the gradient norm clip; ttt, decay: training-time-test levels and
+            their loss weights; device: where to train (default the pair's); save_every: steps between saves;
+            save_dtype: the saved head's dtype (default the target's).
+    Raises:
+        HeadDataError: no data in ``data_folder``; HeadError: a saved state that does not fit this run.
+    """
+    started = time.perf_counter()
+    data = load(data_folder)
+    manifest = json.loads((Path(data_folder) / "manifest.json").read_text())
+    device = torch.device(device) if device else pair.device
+    out = Path(out)
+    state_file, info_file = out / f"{STATE}.safetensors", out / f"{STATE}.json"
+    if info_file.is_file() and state_file.is_file():  # go on from the last save
+        info = json.loads(info_file.read_text())
+        head = load_head(out, target=pair.target, device=device, dtype=torch.float32)
+        done, draft_ids = int(info["step"]), head.target_ids().tolist()
+    else:
+        draft_ids = draft_vocabulary(data, draft_vocab, pair.target.config.vocab_size)
+        config = head_config(pair.target, tuple(manifest["layers"]), len(draft_ids), intermediate)
+        head = random_head(config, seed=seed, draft_ids=draft_ids).to(device=device, dtype=torch.float32)
+        head.set_embeddings(pair.target.get_input_embeddings())
+        info, done = {"step": 0, "seconds": 0.0, "history": []}, 0
+    head.train()
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if done and state_file.is_file():
+        moments = load_file(str(state_file), device=str(device))
+        for name, p in head.named_parameters():
+            opt.state[p] = {"step": torch.tensor(float(done)), "exp_avg": moments[f"exp_avg.{name}"],
+                            "exp_avg_sq": moments[f"exp_avg_sq.{name}"]}
+    to_draft = torch.full((pair.target.config.vocab_size,), -1, dtype=torch.long, device=device)
+    to_draft[torch.tensor(draft_ids, device=device)] = torch.arange(len(draft_ids), device=device)
+    usable = [s for s in data if s.tokens.shape[0] > ttt]
+    order = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed)).tolist()
+    recent: list[tuple[float, list[float]]] = []
+    bar = tqdm(total=steps, initial=done, desc="head training", unit="seq", disable=not progress)
+    for step in range(done, steps):
+        seq = usable[order[step % len(usable)]]
+        loss, agree = ttt_loss(head, seq, ttt, decay, to_draft)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        recent = (recent + [(float(loss.detach()), agree)])[-50:]
+        bar.update(1)
+        bar.set_postfix(loss=f"{sum(r[0] for r in recent) / len(recent):.3f}")
+        if (step + 1) % save_every == 0 or step + 1 == steps:
+            info = _save(head, opt, out, step + 1, info, recent, time.perf_counter() - started,
+                         save_dtype or next(pair.target.parameters()).dtype)
+            started = time.perf_counter()
+    bar.close()
+    card = {"steps": info["step"], "seconds": round(info["seconds"], 1), "sequences": len(usable),
+            "tokens": manifest["tokens"], "draft_vocab": len(draft_ids), "ttt": ttt, "lr": lr,
+            "loss": info["history"][-1]["loss"] if info["history"] else None,
+            "agreement_by_level": info["history"][-1]["agreement"] if info["history"] else [],
+            "data": manifest, "command": command, "parameters": sum(p.numel() for p in params)}
+    (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
+    return card
+
+
+def _save(head: Eagle3Head, opt, out: Path, step: int, info: dict, recent, seconds: float, dtype) -> dict:
+    """Write the head (in ``dtype``), the optimizer's moments and the progress; returns the progress record."""
+    saved = Eagle3Head(head.config)
+    saved.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
+    save_head(saved.to(dtype), out)
+    moments = {}
+    for name, p in head.named_parameters():
+        st = opt.state.get(p, {})
+        if "exp_avg" in st:
+            moments[f"exp_avg.{name}"] = st["exp_avg"].detach().cpu().contiguous()
+            moments[f"exp_avg_sq.{name}"] = st["exp_avg_sq"].detach().cpu().contiguous()
+    save_file(moments, str(out / f"{STATE}.safetensors"))
+    levels = len(recent[0][1]) if recent else 0
+    entry = {"step": step, "loss": round(sum(r[0] for r in recent) / max(len(recent), 1), 4),
+             "agreement": [round(sum(r[1][j] for r in recent) / len(recent), 4) for j in range(levels)]}
+    info = {**info, "step": step, "seconds": info.get("seconds", 0.0) + seconds,
+            "history": info.get("history", []) + [entry]}
+    (out / f"{STATE}.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
