@@ -11,8 +11,8 @@ from explorer.engine.factory import build_parts
 from explorer.engine.machine import Engine
 from explorer.engine.sampling import SamplingConfig
 from explorer.heads.data import build, chunk, load
-from explorer.heads.train import head_config, train_head, ttt_loss
-from explorer.models.eagle3 import load_head, random_head
+from explorer.heads.train import head_config, train_head, ttt_levels, ttt_loss
+from explorer.models.eagle3 import HeadCache, load_head, random_head
 
 TEXT = "the cat sat on the mat. the dog sat on the log. " * 12
 GREEDY = SamplingConfig(temperature=0.0)
@@ -53,15 +53,34 @@ def test_a_head_trains_resumes_and_drafts_better_than_untrained(tiny, tmp_path):
     assert _tokens_per_call(tiny, trained) > _tokens_per_call(tiny, untrained)
 
 
-def test_the_ttt_loss_reads_each_level_as_drafting_does(tiny):
-    """Level 2's rows see the level-1 rows up to their chain's start and their own row only: the same outputs as
-    a head stepping through its cache one chain at a time."""
+def test_the_ttt_loss_has_a_gradient_and_one_agreement_per_level(tiny, tmp_path):
     config = head_config(tiny.target, (0, 1, 2), 64, intermediate=64)
     head = random_head(config, seed=1)
     head.set_embeddings(tiny.target.get_input_embeddings())
     ids = tiny.tokenizer.encode(TEXT[:40])
-    seq = load(build(tiny, [ids], (0, 1, 2), f"/tmp/ttt-{len(ids)}", progress=False))[0]
+    seq = load(build(tiny, [ids], (0, 1, 2), tmp_path / "data", progress=False))[0]
     to_draft = torch.full((tiny.target.config.vocab_size,), -1, dtype=torch.long)
     to_draft[head.target_ids()] = torch.arange(64)
     loss, agree = ttt_loss(head, seq, 2, 0.8, to_draft)
     assert loss.requires_grad and len(agree) == 2 and torch.isfinite(loss)
+
+
+def test_the_training_levels_are_what_drafting_computes(tiny, tmp_path):
+    """Level 3 of training-time test at chain start t equals the head drafting from the context ending at t + 1:
+    the level-1 rows 0 .. t in its cache, then two tree rows fed one after the other (with the true tokens)."""
+    config = head_config(tiny.target, (0, 1, 2), 64, intermediate=64)
+    head = random_head(config, seed=2)
+    head.set_embeddings(tiny.target.get_input_embeddings())
+    ids = tiny.tokenizer.encode(TEXT[:48])
+    seq = load(build(tiny, [ids], (0, 1, 2), tmp_path / "data", progress=False))[0]
+    with torch.no_grad():
+        levels = ttt_levels(head, seq, 3)
+        for t in (0, 5, 17):
+            cache = HeadCache()
+            feats = head.features(seq.states[: t + 1])
+            level1, g = head(seq.tokens[1: t + 2], feats, torch.arange(t + 1), cache)
+            assert torch.allclose(level1[-1], levels[0][t], atol=1e-4)
+            g = g[-1:]
+            for j in (2, 3):  # a tree row sees the cached rows, its ancestors' rows and itself
+                logits, g = head(seq.tokens[t + j: t + j + 1], g, torch.tensor([t + j - 1]), cache)
+                assert torch.allclose(logits[0], levels[j - 1][t], atol=1e-4), (t, j)

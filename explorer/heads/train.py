@@ -45,11 +45,12 @@ def head_config(target, layers: tuple[int, ...], draft_vocab: int, intermediate:
                       aux_layer_ids=tuple(layers))
 
 
-def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: torch.Tensor
-             ) -> tuple[torch.Tensor, list[float]]:
-    """The training-time-test loss of one sequence and each level's top-1 agreement with the target (module
-    docstring). ``to_draft``: int64 ``(vocab,)``, the draft id of each target id, -1 outside the draft vocabulary.
-    Returns the weighted loss (a scalar with gradients) and one agreement per level (on positions that count)."""
+def ttt_levels(head: Eagle3Head, seq: Sequence, ttt: int) -> list[torch.Tensor]:
+    """The head's draft-vocabulary logits at every training-time-test level of one sequence (module docstring):
+    level j's row t (t < n - ttt) reads the token at t + j and, as its feature, level j - 1's output at row t (the
+    target's features at level 1); it sits at position t + j - 1 and sees the level-1 rows 0 .. t and its own
+    chain's rows of the earlier levels, as the drafter's tree rows do. Returns ``ttt`` tensors ``(n - ttt,
+    draft_vocab)`` float32."""
     n = seq.tokens.shape[0]
     rows = n - ttt  # every level reads rows 0 .. rows - 1 (their tokens and labels exist at every level)
     if rows < 1:
@@ -57,12 +58,26 @@ def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: 
     device = head.fc.weight.device
     cache, t = HeadCache(), torch.arange(rows, device=device)
     g = head.features(seq.states[:rows].to(device))
-    total, agree = torch.zeros((), device=device), []
     tril = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
     eye = torch.eye(rows, dtype=torch.bool, device=device)
+    out = []
     for j in range(1, ttt + 1):
         mask = torch.cat([tril] + [eye] * (j - 1), dim=1)
         logits, g = head(seq.tokens[j:j + rows].to(device), g, t + (j - 1), cache, mask)
+        out.append(logits)
+    return out
+
+
+def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: torch.Tensor
+             ) -> tuple[torch.Tensor, list[float]]:
+    """The training-time-test loss of one sequence (``ttt_levels``; soft cross-entropy against the target's
+    distribution restricted to the draft vocabulary, level j weighed ``decay ** (j - 1)``) and each level's top-1
+    agreement with the target (on positions that count). ``to_draft``: int64 ``(vocab,)``, the draft id of each
+    target id, -1 outside the draft vocabulary. Returns the loss (a scalar with gradients) and the agreements."""
+    device = head.fc.weight.device
+    total, agree = torch.zeros((), device=device), []
+    for j, logits in enumerate(ttt_levels(head, seq, ttt), start=1):
+        rows = logits.shape[0]
         ids, probs = seq.label_ids[j:j + rows].to(device), seq.label_probs[j:j + rows].to(device)
         draft = to_draft[ids]  # (rows, K) draft ids, -1 outside
         label = torch.zeros_like(logits).scatter_add_(1, draft.clamp(min=0), probs * (draft >= 0))
