@@ -122,3 +122,31 @@ def test_probe_explains_every_rounding_divergence_as_a_near_tie(real_pair):
             bonus_row = rows[len(pr.committed) - 1]
             assert bonus_row.argmax_flip and bonus_row.gap_steps <= 2.0, (pr.step, bonus_row)
     assert 0 < max(deltas) < 2.0  # rounding, not a wrong mask (which moves logits by whole units)
+
+
+def test_a_head_shaped_for_the_embedded_target_loads_fits_and_drafts_losslessly(real_pair, prompts, tmp_path):
+    """A (random) EAGLE-3 head of the embedded 1.5B target's shape, saved in the checkpoint format, loads against the
+    real target (bf16 features of layers 2, 14, 25) and its drafts keep ar's greedy tokens."""
+    from explorer.engine.drafters.eagle import HeadDrafter
+    from explorer.engine.factory import build_parts
+    from explorer.engine.machine import Engine
+    from explorer.heads.train import head_config
+    from explorer.models.eagle3 import load_head, random_head, save_head
+
+    target = real_pair.target
+    config = head_config(target, (2, 14, 25), 2048, intermediate=1024)
+    assert config.aux_layers(target.config.num_hidden_layers) == (2, 14, 25) and config.head_dim == 128
+    folder = save_head(random_head(config, seed=0, draft_ids=list(range(2048))), tmp_path / "head")
+    head = load_head(folder, target=target)
+    assert next(head.parameters()).dtype == real_pair.dtype
+    greedy = SamplingConfig(temperature=0.0)
+    ar = _run(real_pair, DEFAULTS["ar"], prompts[1], greedy, n=12).generated_ids
+    cfg = DEFAULTS["prompt-lookup"].with_(fallback="off")
+    parts = build_parts(real_pair, cfg, greedy)
+    parts.drafter = HeadDrafter(head, config.aux_layer_ids, top_k=2, frontier=2, depth=3, tokens=6)
+    eng = Engine(real_pair, cfg, greedy, parts)
+    eng.start(prompts[1], 12)
+    trace = eng.run()
+    div = divergence(real_pair, prompts[1], ar, trace.generated_ids)
+    assert div is None or div["near_tie"], div  # bf16 batched verification parts from ar only at near ties
+    assert any(s.drafted for s in trace.steps) and all(s.target_calls == 1 for s in trace.steps)

@@ -148,7 +148,9 @@ class HeadDrafter(Drafter):
                 g_of[i], row_of[i] = out[c], len(row_of)
         self.cache.rewind(base)  # the tree's rows: the accepted path comes back with the target's features
         keep = _best_closed(parent, score, rank, self.tokens)
-        return self._tree(keep, parent, token, depth, dists, sampling.greedy, calls)
+        drafted = self._tree(keep, parent, token, depth, dists, sampling.greedy, calls)
+        drafted.tree_start = len(committed)  # no draft-model cache: the tree's rows sit after the context
+        return drafted
 
     def _level_mask(self, frontier: list[int], parent: list[int], row_of: dict[int, int], base: int):
         """Bool ``(rows, base + fed + rows)``: each frontier row sees the committed rows, its fed ancestors' rows
