@@ -84,3 +84,18 @@ def test_the_training_levels_are_what_drafting_computes(tiny, tmp_path):
             for j in (2, 3):  # a tree row sees the cached rows, its ancestors' rows and itself
                 logits, g = head(seq.tokens[t + j: t + j + 1], g, torch.tensor([t + j - 1]), cache)
                 assert torch.allclose(logits[0], levels[j - 1][t], atol=1e-4), (t, j)
+
+
+def test_the_stdlib_corpus_is_deterministic_and_holds_no_bench_prompt():
+    from explorer.analysis.prompts import humaneval
+    from explorer.heads.corpus import MAX_CHARS, MIN_CHARS, bench_probes, clean, stdlib_texts
+
+    texts = stdlib_texts(limit_chars=300_000)
+    assert texts == stdlib_texts(limit_chars=300_000) and len(texts) > 10
+    assert all(MIN_CHARS <= len(t) <= MAX_CHARS and "test" not in name.split("/")[:-1] for name, t in texts)
+    probes = bench_probes()
+    assert len(probes) > 50
+    kept, dropped = clean(texts, probes)
+    assert not dropped and len(kept) == len(texts)
+    leaky = ("leaky.py", "x = 1\n" + humaneval()[3].text)  # a text that holds a bench prompt is left out
+    assert clean(texts[:2] + [leaky], probes) == (texts[:2], ["leaky.py"])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..heads.corpus import clean, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk
 from ..heads.train import train_head
 from ..models.eagle3 import HeadConfig, HeadError
@@ -19,10 +20,14 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def read_texts(paths: list[str]) -> list[str]:
-    """Texts from ``.txt`` files (one text each) or ``.jsonl`` files (a ``text`` field per line). Raises
+    """Texts from ``.txt`` files (one text each), ``.jsonl`` files (a ``text`` field per line) or ``stdlib`` (the
+    Python standard library's modules, ``heads/corpus.py``); any text holding a bench prompt is dropped. Raises
     HeadDataError for a missing or malformed file."""
     texts = []
     for name in paths:
+        if name == "stdlib":
+            texts.extend(text for _, text in stdlib_texts())
+            continue
         path = Path(name)
         try:
             raw = path.read_text(encoding="utf-8")
@@ -39,7 +44,10 @@ def read_texts(paths: list[str]) -> list[str]:
                 texts.append(str(text))
         else:
             texts.append(raw)
-    return texts
+    kept, dropped = clean([(str(i), t) for i, t in enumerate(texts)])
+    if dropped:
+        print(f"left out {len(dropped)} texts holding a bench prompt", file=sys.stderr)
+    return [t for _, t in kept]
 
 
 def cmd_train(args) -> int:
@@ -66,7 +74,7 @@ def add_heads_parser(sub) -> None:
     hsub = heads.add_subparsers(dest="heads_command", required=True)
     tr = hsub.add_parser("train", help="cache the target's features on texts, then train a head (resumable)")
     tr.add_argument("--texts", action="append", required=True, help=".txt or .jsonl (a \"text\" field per line) "
-                    "file of training text; repeatable")
+                    "file of training text, or stdlib (the Python standard library's modules); repeatable")
     tr.add_argument("--data", required=True, help="folder caching the target's features (reused when it matches)")
     tr.add_argument("--out", required=True, help="folder for the head (config.json, model.safetensors), its card "
                     "and training state; an existing one goes on training")
