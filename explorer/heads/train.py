@@ -98,8 +98,9 @@ def train_head(pair, data_folder: str | Path, out: str | Path, *, draft_vocab: i
                save_every: int = 100, save_dtype: torch.dtype | None = None, progress: bool = True,
                command: str = "") -> dict:
     """Train (or go on training) a head for ``pair``'s target on the cached data of ``data_folder``, saving it in
-    ``out`` in the checkpoint format (``models/eagle3.save_head``) with a model card (``README.md``) and the
-    training state. Returns the card's facts.
+    ``out`` in the checkpoint format (``models/eagle3.save_head``) with its facts (``card.json``: data, command,
+    steps, time, loss and agreement by level) and the training state (float32 weights and the optimizer's moments,
+    so a resumed run loses nothing to the saved head's dtype). Returns the card's facts.
 
     Args:
         draft_vocab: draft tokens (the data's most frequent, ``data.draft_vocabulary``); intermediate: the MLP's
@@ -131,6 +132,9 @@ def train_head(pair, data_folder: str | Path, out: str | Path, *, draft_vocab: i
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     if done and state_file.is_file():
         moments = load_file(str(state_file), device=str(device))
+        with torch.no_grad():
+            for name, p in head.named_parameters():
+                p.copy_(moments[f"param.{name}"])
         for name, p in head.named_parameters():
             opt.state[p] = {"step": torch.tensor(float(done)), "exp_avg": moments[f"exp_avg.{name}"],
                             "exp_avg_sq": moments[f"exp_avg_sq.{name}"]}
@@ -172,6 +176,7 @@ def _save(head: Eagle3Head, opt, out: Path, step: int, info: dict, recent, secon
     moments = {}
     for name, p in head.named_parameters():
         st = opt.state.get(p, {})
+        moments[f"param.{name}"] = p.detach().float().cpu().contiguous()
         if "exp_avg" in st:
             moments[f"exp_avg.{name}"] = st["exp_avg"].detach().cpu().contiguous()
             moments[f"exp_avg_sq.{name}"] = st["exp_avg_sq"].detach().cpu().contiguous()
