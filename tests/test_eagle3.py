@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from explorer.models.eagle3 import (ARCHITECTURE, HeadCache, HeadConfig, HeadError, load_head, random_head,
-                                    save_head)
+from explorer.models.eagle3 import (ARCHITECTURE, HeadCache, HeadConfig, HeadError, default_aux_layers, load_head,
+                                    random_head, save_head)
 
 
 def _config(tiny, **changes) -> HeadConfig:
@@ -43,7 +43,7 @@ def test_a_saved_head_loads_back_in_the_checkpoint_format(tiny, tmp_path):
 
 
 def test_the_default_feature_layers_are_vllms_reading():
-    assert HeadConfig(8, 8, 2, 2, 4, 10, 10).aux_layers(28) == (2, 14, 25)
+    assert HeadConfig(8, 8, 2, 2, 4, 10, 10).aux_layers(28) == default_aux_layers(28) == (2, 14, 25)
 
 
 @pytest.mark.parametrize("breakage, message", [

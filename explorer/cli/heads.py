@@ -13,7 +13,7 @@ import torch
 from ..heads.corpus import clean, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk
 from ..heads.train import train_head
-from ..models.eagle3 import HeadConfig, HeadError
+from ..models.eagle3 import HeadError, default_aux_layers
 from .args import add_model_args, load_pair_from_args
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -55,7 +55,7 @@ def cmd_train(args) -> int:
     try:
         texts = read_texts(args.texts)
         sequences = chunk([pair.tokenizer.encode(t) for t in texts], args.seq_len)
-        layers = HeadConfig(1, 1, 1, 1, 1, 1, 1).aux_layers(pair.target.config.num_hidden_layers)
+        layers = default_aux_layers(pair.target.config.num_hidden_layers)
         data = build(pair, sequences, layers, args.data, progress=not args.quiet)
         card = train_head(pair, data, args.out, draft_vocab=args.draft_vocab, intermediate=args.intermediate,
                           steps=args.steps, lr=args.lr, ttt=args.ttt, seed=args.seed, device=args.train_device,

@@ -49,7 +49,7 @@ class RunState:
     prefill_pending: bool = False
     prompt_rows: int = 0
     finished: bool = False
-    _after_prefill: tuple = field(default=(), repr=False)
+    _after_prefill: dict = field(default_factory=dict, repr=False)  # field -> its value after the prefill
 
     @property
     def n_generated(self) -> int:
@@ -78,23 +78,26 @@ class RunState:
 
     def mark_prefilled(self) -> None:
         """Remember the state right after the prefill, where ``rewind`` returns."""
-        self._after_prefill = (self.target_kv.length, self.draft_kv.length if self.draft_kv is not None else 0,
-                               self.next_logits, self.next_dist, self.prefill_pending, self.prompt_rows)
+        self._after_prefill = {"target_len": self.target_kv.length,
+                               "draft_len": self.draft_kv.length if self.draft_kv is not None else 0,
+                               "next_logits": self.next_logits, "next_dist": self.next_dist,
+                               "prefill_pending": self.prefill_pending, "prompt_rows": self.prompt_rows}
 
     def prompt_read(self) -> None:
         """The target has read the prompt (a joint prefill's first verification): no verification reads it again
         but after a rewind, and none returns its rows again (the drafter keeps what it read of them)."""
         self.prefill_pending, self.prompt_rows = False, 0
-        self._after_prefill = (*self._after_prefill[:5], 0)
+        self._after_prefill["prompt_rows"] = 0
 
     def rewind(self, seed: int) -> None:
         """Back to the state right after the prefill: caches cut back, no token generated, the generator reseeded
         with ``seed``; a joint prefill's target reads the prompt again in the next verification."""
-        (target_len, draft_len, self.next_logits, self.next_dist, self.prefill_pending,
-         self.prompt_rows) = self._after_prefill
-        self.target_kv.rewind(target_len)
+        saved = self._after_prefill
+        self.next_logits, self.next_dist = saved["next_logits"], saved["next_dist"]
+        self.prefill_pending, self.prompt_rows = saved["prefill_pending"], saved["prompt_rows"]
+        self.target_kv.rewind(saved["target_len"])
         if self.draft_kv is not None:
-            self.draft_kv.rewind(draft_len)
+            self.draft_kv.rewind(saved["draft_len"])
         del self.committed[self.n_prompt:]
         self.finished = False
         self.generator.manual_seed(int(seed))

@@ -77,10 +77,8 @@ class HeadConfig:
         return self.target_hidden_size or self.hidden_size
 
     def aux_layers(self, n_target_layers: int) -> tuple[int, ...]:
-        """The target layers whose inputs feed the head: the config's, else 2, L // 2 and L - 3."""
-        if self.aux_layer_ids is not None:
-            return self.aux_layer_ids
-        return (2, n_target_layers // 2, n_target_layers - 3)
+        """The target layers whose inputs feed the head: the config's, else ``default_aux_layers``."""
+        return self.aux_layer_ids if self.aux_layer_ids is not None else default_aux_layers(n_target_layers)
 
     @classmethod
     def from_dict(cls, raw: dict) -> HeadConfig:
@@ -140,6 +138,11 @@ class HeadConfig:
             out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
                                    "use_aux_hidden_state": True}
         return out
+
+
+def default_aux_layers(n_target_layers: int) -> tuple[int, ...]:
+    """The target layers whose inputs feed a head by default: 2, L // 2 and L - 3 (EAGLE-3's choice)."""
+    return (2, n_target_layers // 2, n_target_layers - 3)
 
 
 class RMSNorm(nn.Module):

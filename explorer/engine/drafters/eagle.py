@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from ...models.eagle3 import HeadCache
 from ...trace.records import TOP_K_SHOWN
 from .. import drafting
 from ..sampling import LazyRows, RowDists
@@ -46,9 +47,6 @@ class HeadDrafter(Drafter):
                  tokens: int = 16):
         self.head, self.target_layers = head, tuple(target_layers)
         self.top_k, self.frontier, self.depth, self.tokens = top_k, frontier, depth, tokens
-        from ...models.eagle3 import HeadCache  # the head's own cache lives with the head's module
-
-        self._new_cache = HeadCache
         self.cache = HeadCache()
         self._states: torch.Tensor | None = None  # target states of positions start.. not yet read by the head
         self._states_start = 0
@@ -60,12 +58,12 @@ class HeadDrafter(Drafter):
     def start(self, view) -> None:
         """Keep the prefill's target states of the prompt rows (None with a joint prefill: they come with the
         first verification)."""
-        self.cache, self._root = self._new_cache(), None
+        self.cache, self._root = HeadCache(), None
         self._states, self._states_start = view.target_states, 0
         self._after_start = (self._states, 0)
 
     def rewind(self) -> None:
-        self.cache, self._root = self._new_cache(), None
+        self.cache, self._root = HeadCache(), None
         self._states, self._states_start = self._after_start
 
     def observe(self, step) -> None:
@@ -77,7 +75,7 @@ class HeadDrafter(Drafter):
         rows = v.target_states[: max(0, len(step.history) - v.states_start)]
         if self._states is None or self._states_start + self._states.shape[0] != v.states_start:
             self._states, self._states_start = rows, v.states_start  # a gap: read from here on
-            self.cache, self._root = self._new_cache(), None
+            self.cache, self._root = HeadCache(), None
         else:
             self._states = torch.cat([self._states, rows])
 

@@ -78,15 +78,16 @@ def eager_forward(model, kv: KVCache, input_ids: list[int], position_ids: list[i
     kv.after_forward(len(input_ids))
     logits = out.logits[0]
     last = out.hidden_states[-1][0, -(hidden_rows or logits.shape[0]):].float() if hidden else None
-    return ForwardOutput(logits, last, _layer_states(out.hidden_states, layers, 0, len(input_ids)))
+    return ForwardOutput(logits, last, _layer_states([out.hidden_states[i] for i in layers], len(input_ids)))
 
 
-def _layer_states(hidden_states, layers: tuple[int, ...], start: int, stop: int) -> torch.Tensor | None:
-    """Rows ``start .. stop - 1`` of the named layers' hidden states, ``(rows, len(layers), hidden_size)``, a fresh
-    tensor (a graph's output buffers are overwritten by its next replay)."""
-    if not layers:
+def _layer_states(states, rows: int) -> torch.Tensor | None:
+    """The first ``rows`` rows of the named layers' hidden states (``(1, q, hidden_size)`` each, in the layers'
+    order) as one fresh tensor ``(rows, layers, hidden_size)`` (a graph's output buffers are overwritten by its next
+    replay); None without layers."""
+    if not states:
         return None
-    return torch.stack([hidden_states[i][0, start:stop] for i in layers], dim=1)
+    return torch.stack([s[0, :rows] for s in states], dim=1)
 
 
 def bucket_for(n: int, buckets=BUCKETS) -> int | None:
@@ -217,7 +218,7 @@ class GraphRunner:
         rows = slice(n - keep, n)
         # copies: the next replay overwrites the graph's output buffers (``.float()`` of a float32 buffer is the buffer)
         return ForwardOutput(logits[0, rows].clone(), hid[0, rows].to(torch.float32, copy=True) if hid is not None
-                             else None, _layer_states(states, tuple(range(len(layers))), 0, n))
+                             else None, _layer_states(states, n))
 
     def chain(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray, levels: int, vocab: int,
               sampling: SamplingConfig, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
