@@ -417,7 +417,8 @@ def test_online_adaptation_carries_to_the_sessions_next_run(app):
     assert app.session_state["carried"].adapter == learned
     click(app, "step_btn")
     engine = app.session_state["engine"]
-    assert engine.parts.adapter.carried == len(learned["labels"]) and engine.trace.settings["adaptation_carried"] == learned
+    assert engine.parts.adapter.carried == len(learned["labels"])
+    assert engine.trace.settings["adaptation_carried"] == learned
     assert any("previous run of the method learned" in c.value for c in app.caption)
 
 

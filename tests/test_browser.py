@@ -159,8 +159,9 @@ def test_the_goodput_fallback_in_a_real_browser(tmp_path):
 
 
 def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
-    """Counterfactuals: re-verify a step as recorded (identical), replace a drafted token and see both trees, continue from
-    the edit as a new run and switch back, the step's waterfall, and the stop-signal calibration view."""
+    """Counterfactuals: re-verify a step as recorded (identical), replace a drafted token and see both trees,
+    continue from the edit as a new run and switch back, the step's waterfall, and the stop-signal calibration
+    view."""
     from browser import what_if_tour
 
     with running_app("tiny") as url:

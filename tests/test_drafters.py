@@ -230,7 +230,8 @@ def test_recycling_fills_rows_from_the_prompt_and_learns_the_targets_top_k(tiny)
     assert engine.trace.settings["recycling_initial"]["rows"][str(ids[0])] == rec.rows[ids[0]]
     step = engine.step()
     recycled = [n for n in step.nodes if n.source == "recycled"]
-    assert recycled and all(n.provenance["step"] == -2 for n in recycled)  # step 0 reads rows filled from the prompt only
+    # step 0 reads only rows filled from the prompt
+    assert recycled and all(n.provenance["step"] == -2 for n in recycled)
     # after the step, the rows of the anchor and of every tree node hold the target's top-k at those rows
     _, v = engine.last_step
     d, _ = engine.last_step

@@ -330,7 +330,8 @@ def test_a_joint_prefill_primes_the_memory_as_a_prefill_apart_does(tiny):
         assert [p for _, p in seeded[tok]] == pytest.approx([p for _, p in cands], abs=1e-4)
     text = joint.run().generated_ids
     joint.rewind()
-    assert joint.state.target_kv.length == 0 and joint.parts.drafter.memory.rows == seeded and joint.state.prompt_rows == 0
+    assert joint.state.target_kv.length == 0 and joint.state.prompt_rows == 0
+    assert joint.parts.drafter.memory.rows == seeded
     assert joint.run().generated_ids == text and joint.trace.steps[0].prefill_rows == len(ids)
 
 

@@ -116,7 +116,8 @@ def test_ar_and_the_lossy_mode_never_fall_back(tiny):
     for cfg in (DEFAULTS["ar"], MethodConfig(method="mcsd-improved", lossy=True, k_config=(1,), max_depth=3)):
         assert build_engine(tiny, cfg.with_(fallback="goodput"), SamplingConfig(temperature=0.0)).parts.fallback is None
     assert build_engine(tiny, DEFAULTS["sd"].with_(fallback="goodput"), SamplingConfig()).parts.fallback is not None
-    assert build_engine(tiny, DEFAULTS["sd"], SamplingConfig()).parts.fallback is None, tiny.measured  # auto, on the CPU
+    # auto, on the CPU
+    assert build_engine(tiny, DEFAULTS["sd"], SamplingConfig()).parts.fallback is None, tiny.measured
 
 
 def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, monkeypatch):
@@ -127,7 +128,8 @@ def test_auto_measures_the_cpu_once_and_falls_back_where_rows_are_dear(tiny, mon
     assert cost["rows"] == DEAR_ROWS and cost["one_row_ms"] > 0 and not cost["dear"]
     assert verification_cost(tiny) is cost  # measured once per pair
     engine = build_engine(tiny, DEFAULTS["mcsd-improved"], SamplingConfig(temperature=0.0))
-    assert engine.parts.fallback is None and engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"] == cost
+    assert engine.parts.fallback is None
+    assert engine.start(tiny.tokenizer.encode(PROMPT), 8).model["verification_cost"] == cost
     dear = {**cost, "one_row_ms": 300.0, "rows_ms": 900.0, "ratio": 3.0, "dear": True}
     monkeypatch.setitem(tiny.measured, "verification_cost", dear)
     for name in LOSSLESS:

@@ -107,7 +107,8 @@ def test_runners_are_reused_and_released(tiny):
     second = build_engine(tiny, MethodConfig(method="mcsd", k_config=(2, 2)), SamplingConfig(), kv_cache="static",
                     graphs=True)
     second.start(ids, 12)  # same width class: the idle runners (and on a GPU their graphs) are taken again
-    assert second.forwards.runners["target"] is runners["target"] and second.forwards.runners["draft"] is runners["draft"]
+    assert second.forwards.runners["target"] is runners["target"]
+    assert second.forwards.runners["draft"] is runners["draft"]
     assert second.state.target_kv.length == len(ids)
     second.run()
     second.release()

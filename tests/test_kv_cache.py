@@ -32,7 +32,8 @@ def test_kept_path_has_the_layout_of_a_fresh_prefill(tiny, kv_cache):
         for model, kv in ((tiny.target, eng.state.target_kv), (tiny.draft, eng.state.draft_kv)):
             fresh = DynamicKVCache()
             with torch.inference_mode():
-                model(input_ids=torch.tensor([eng.state.committed[: kv.length]]), past_key_values=fresh.hf, use_cache=True)
+                model(input_ids=torch.tensor([eng.state.committed[: kv.length]]), past_key_values=fresh.hf,
+                      use_cache=True)
             fresh.length = kv.length
             for (k, v), (k0, v0) in zip(kv.layer_tensors(), fresh.layer_tensors()):
                 assert torch.allclose(k, k0, atol=1e-5) and torch.allclose(v, v0, atol=1e-5)

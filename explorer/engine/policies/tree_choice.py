@@ -26,8 +26,9 @@ per level fed the level above, then one target forward of every node: ``optimal_
 with the sure steps at their measured share, and drafts the fastest. Until it has measured ``warmup`` steps it drafts
 the published width. The choice depends only on earlier steps, never on this step's draws, so the output law is
 unchanged; the costs are timed, so a replay takes the recorded ones (``factory.build_parts(..., follow=trace)``).
-The same costs set ``row_floor``, below which the drafter stops a side branch (``ModelDrafter._prune_side_branches``). What it
-measured carries to the session's next run (``state`` / ``restore``, ``Carried.tree``). The default
+The same costs set ``row_floor``, below which the drafter stops a side branch
+(``ModelDrafter._prune_side_branches``). What it measured carries to the session's next run (``state`` /
+``restore``, ``Carried.tree``). The default
 ``mcsd-improved`` chooses this way: on an H100 it ran HumanEval greedy at 1.19x ``ar`` against 1.04x for the
 published width, which drafts a second root whose chain costs host work at every level; on a 2-core CPU the two
 were level.
