@@ -204,3 +204,46 @@ def test_the_rerank_keeps_ancestors_and_earlier_siblings():
     assert _best_closed(parent, score, rank, 1) == [0]  # 1 cannot come before its earlier-drawn sibling
     assert _best_closed(parent, score, rank, 3) == [0, 1, 3]
     assert sorted(_best_closed(parent, score, rank, 9)) == [0, 1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------------------ the eagle method
+
+def test_eagle_is_a_method_that_takes_a_head_folder_and_records_it(tiny, tmp_path, capsys):
+    """``--method eagle --head DIR`` on every command that takes a method: the run keeps ``ar``'s greedy tokens and
+    its trace names the head (folder, config hash, draft vocabulary, feature layers); without a head for the target
+    the command says so."""
+    from explorer.cli.main import main
+    from explorer.trace.records import load_run
+
+    _, folder = _saved(tiny, tmp_path)
+    args = ["generate", "--models", "tiny", "--prompt", "def add(a, b):", "--no-chat-template",
+            "--max-new-tokens", "24", "--method", "eagle", "--head", str(folder), "--head-topk", "2",
+            "--head-depth", "3", "--head-tokens", "6", "--save-trace", str(tmp_path / "traces"), "--json"]
+    assert main(args) == 0, capsys.readouterr().err
+    [saved] = list((tmp_path / "traces").glob("*.json"))
+    trace = load_run(saved)
+    head = trace.settings["head"]
+    assert head["path"] == str(folder.resolve()) and head["draft_vocab_size"] == 64
+    assert len(head["config_sha256"]) == 16 and head["target_layers"] == [0, 1, 2]
+    assert trace.settings["method"]["head_tokens"] == 6
+    assert all(s.drafted <= 6 for s in trace.steps)
+    capsys.readouterr()
+    assert main(["generate", "--models", "tiny", "--prompt", "x", "--method", "eagle"]) == 2
+    assert "no EAGLE-3 head is shipped for" in capsys.readouterr().err
+    assert main(["generate", "--models", "tiny", "--prompt", "x", "--method", "eagle", "--head",
+                 str(tmp_path / "nowhere")]) == 2
+    assert "no head folder at" in capsys.readouterr().err
+
+
+def test_the_eagle_configs_shape_bounds_its_tree():
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.tree import TreeShapeError
+
+    config = DEFAULTS["eagle"].with_(head_tokens=20, head_depth=5)
+    assert config.max_nodes() == 20 and config.max_draft_depth() == 5
+    assert not config.spec.uses_draft_model and config.spec.uses_head
+    with pytest.raises(TreeShapeError, match="head_topk 4"):
+        DEFAULTS["eagle"].with_(verifier="spechub")
+    DEFAULTS["eagle"].with_(verifier="spechub", head_topk=2)
+    with pytest.raises(TreeShapeError, match="head_tokens"):
+        DEFAULTS["eagle"].with_(head_tokens=0)

@@ -99,3 +99,23 @@ def test_the_stdlib_corpus_is_deterministic_and_holds_no_bench_prompt():
     assert not dropped and len(kept) == len(texts)
     leaky = ("leaky.py", "x = 1\n" + humaneval()[3].text)  # a text that holds a bench prompt is left out
     assert clean(texts[:2] + [leaky], probes) == (texts[:2], ["leaky.py"])
+
+
+def test_a_fresh_head_starts_as_the_targets_logit_lens_of_its_last_feature_layer(tiny):
+    """``init_from_target``: with the layer's output projections at zero and ``fc`` passing the last feature layer
+    through, a fresh head's logits are the target's own LM head (restricted to the draft vocabulary) on that layer's
+    state; the head then only learns to step one position ahead."""
+    from explorer.heads.train import init_from_target
+
+    draft_ids = list(range(20, 84))
+    head = random_head(head_config(tiny.target, (0, 1, 1), 64, intermediate=64), seed=2, draft_ids=draft_ids)
+    init_from_target(head, tiny.target, draft_ids)
+    head.set_embeddings(tiny.target.get_input_embeddings())
+    ids = torch.tensor([tiny.tokenizer.encode(TEXT[:30])])
+    with torch.no_grad():
+        states = torch.stack(tiny.target(input_ids=ids, output_hidden_states=True).hidden_states, dim=2)[0]
+        feats = states[:, [0, 1, 1]]
+        n = ids.shape[1] - 1
+        logits, _ = head(ids[0, 1:], head.features(feats[:n]), torch.arange(n), HeadCache())
+        lens = tiny.target.lm_head(tiny.target.model.norm(states[:n, 1]))[:, draft_ids]
+    assert torch.allclose(logits, lens.float(), atol=1e-4)

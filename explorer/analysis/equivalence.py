@@ -17,6 +17,7 @@ import torch
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
+from ..models.head_store import has_head
 from ..models.pair import ModelPair
 
 NEAR_TIE_ULPS = 4
@@ -70,8 +71,10 @@ def divergence(pair: ModelPair, prompt_ids: list[int], reference: list[int], oth
 
 def check_prompt(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int,
                  methods: dict[str, MethodConfig] | None = None) -> dict:
-    """Run HF greedy generate, ``ar`` and every lossless method on one prompt; compare as described above."""
-    methods = methods or {m: c for m, c in DEFAULTS.items() if m != "ar"}
+    """Run HF greedy generate, ``ar`` and every lossless method on one prompt (``eagle`` where a head is shipped
+    for the target); compare as described above."""
+    methods = methods or {m: c for m, c in DEFAULTS.items()
+                          if m != "ar" and (not c.spec.uses_head or has_head(pair, c.head))}
     ref = hf_greedy(pair, prompt_ids, max_new_tokens)
     report = {"hf_generate": ref, "methods": {}}
 

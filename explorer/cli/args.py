@@ -89,6 +89,12 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                                                  f"({FREE_ROWS_CPU} on the CPU, no limit on CUDA; where a row costs "
                                                  "5 ms or more, token-recycling keeps the template slots whose "
                                                  "measured acceptance pays for their rows)")
+    g.add_argument("--head", help="eagle: an EAGLE-3 head's checkpoint folder (config.json + model.safetensors, as "
+                                  "SpecForge writes it); default: the head shipped for the target")
+    g.add_argument("--head-topk", type=int, help="eagle: children drawn per expanded node, and nodes expanded per "
+                                                 "level (default 4)")
+    g.add_argument("--head-depth", type=int, help="eagle: levels the head drafts (default 6)")
+    g.add_argument("--head-tokens", type=int, help="eagle: most draft tokens verified (default 16)")
     g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
                                   "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")
 
@@ -131,7 +137,7 @@ def method_config_from_args(args) -> MethodConfig:
     changes = {}
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
                  "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback",
-                 "free_rows", "cost_ratio", "tree_choice"):
+                 "free_rows", "cost_ratio", "tree_choice", "head", "head_topk", "head_depth", "head_tokens"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

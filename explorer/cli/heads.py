@@ -12,6 +12,8 @@ import torch
 
 from ..heads.corpus import clean, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk
+from ..heads.prompts import training_prompts
+from ..heads.respond import respond
 from ..heads.train import train_head
 from ..models.eagle3 import HeadError, default_aux_layers
 from .args import add_model_args, load_pair_from_args
@@ -55,7 +57,10 @@ def cmd_train(args) -> int:
     try:
         texts = read_texts(args.texts)
         sequences = chunk([pair.tokenizer.encode(t) for t in texts], args.seq_len)
-        layers = default_aux_layers(pair.target.config.num_hidden_layers)
+        n_layers = pair.target.config.num_hidden_layers
+        layers = args.layers or default_aux_layers(n_layers)
+        if len(layers) != 3 or not all(0 <= i <= n_layers for i in layers):
+            raise HeadError(f"--layers takes three target layers from 0 to {n_layers}, got {list(layers)}")
         data = build(pair, sequences, layers, args.data, progress=not args.quiet)
         card = train_head(pair, data, args.out, draft_vocab=args.draft_vocab, intermediate=args.intermediate,
                           steps=args.steps, lr=args.lr, ttt=args.ttt, seed=args.seed, device=args.train_device,
@@ -66,6 +71,19 @@ def cmd_train(args) -> int:
         return 2
     print(json.dumps({k: card[k] for k in ("steps", "seconds", "sequences", "tokens", "draft_vocab", "loss",
                                            "agreement_by_level", "parameters")}, indent=1))
+    return 0
+
+
+def cmd_respond(args) -> int:
+    pair = load_pair_from_args(args)
+    prompts = training_prompts(args.per_kind, seed=args.seed)
+    try:
+        out = respond(pair, prompts, args.out, max_new_tokens=args.max_new_tokens, batch=args.batch,
+                      progress=not args.quiet)
+    except HeadDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{out}: the target's responses to {len(prompts)} prompts (train on it with --texts {out})")
     return 0
 
 
@@ -80,9 +98,11 @@ def add_heads_parser(sub) -> None:
                     "and training state; an existing one goes on training")
     tr.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")
     tr.add_argument("--draft-vocab", type=int, default=8192, help="draft tokens: the data's most frequent")
+    tr.add_argument("--layers", type=lambda v: tuple(int(x) for x in v.split(",")),
+                    help="the three target layers whose inputs the head reads, e.g. 2,14,27 (default: 2, L/2, L-3)")
     tr.add_argument("--intermediate", type=int, help="the head's MLP width (default: the target's)")
     tr.add_argument("--steps", type=int, default=1000, help="sequences trained on in all")
-    tr.add_argument("--lr", type=float, default=1e-4)
+    tr.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (warm-up, then cosine decay)")
     tr.add_argument("--ttt", type=int, default=3, help="training-time-test levels")
     tr.add_argument("--save-every", type=int, default=100)
     tr.add_argument("--save-dtype", choices=sorted(DTYPES), help="the saved head's dtype (default: the target's)")
@@ -91,3 +111,13 @@ def add_heads_parser(sub) -> None:
     tr.add_argument("--quiet", action="store_true", help="no progress bars")
     add_model_args(tr)
     tr.set_defaults(func=cmd_train)
+    rs = hsub.add_parser("respond", help="the target's own greedy responses to prompts assembled for training "
+                         "(heads/prompts.py; no bench prompt), as JSONL texts for train --texts (resumable)")
+    rs.add_argument("--out", required=True, help="JSONL file to append to (prompts already in it are skipped)")
+    rs.add_argument("--per-kind", type=int, default=40, help="prompts of each of the seven kinds")
+    rs.add_argument("--max-new-tokens", type=int, default=256)
+    rs.add_argument("--batch", type=int, default=16, help="prompts decoded together")
+    rs.add_argument("--seed", type=int, default=0)
+    rs.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_args(rs)
+    rs.set_defaults(func=cmd_respond)

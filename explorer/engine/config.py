@@ -40,7 +40,7 @@ class MethodConfig:
 
     Attributes:
         method: one of ``methods.METHODS`` (``ar``, ``sd``, ``mcsd``, ``mcsd-improved``, ``prompt-lookup``,
-            ``token-recycling``, ``hybrid``, ``layer-skip``).
+            ``token-recycling``, ``hybrid``, ``eagle``, ``layer-skip``).
         gamma: draft chain length for ``sd`` and ``layer-skip``.
         k_config: children per node at each draft level (``mcsd``; for ``mcsd-improved`` the first levels,
             padded with 1s up to ``max_depth``: 1s make the "fork" chains of Lu et al. 2024).
@@ -89,6 +89,11 @@ class MethodConfig:
             run measures, ``engine/policies/tree_choice.py``; the chains and the stop policy as before). The
             dataclass default is ``fixed`` (so a config saved before the choice existed replays as it ran);
             ``DEFAULTS["mcsd-improved"]`` chooses online (docs/bench.md, "The root width chosen online on the H100").
+        head: ``eagle``: the EAGLE-3 head's checkpoint folder (``models/eagle3.py``); empty = the head shipped for
+            the pair's target (``models/head_store.py``).
+        head_topk, head_depth, head_tokens: ``eagle``: EAGLE-2's dynamic tree (``drafters/eagle.py``): children
+            drawn per expanded node (and nodes expanded per level), levels drafted, most nodes verified (SGLang's
+            ``speculative_eagle_topk``, ``speculative_num_steps``, ``speculative_num_draft_tokens``).
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -116,6 +121,10 @@ class MethodConfig:
     free_rows: int = 0
     cost_ratio: str = "fixed"
     tree_choice: str = "fixed"
+    head: str = ""
+    head_topk: int = 4
+    head_depth: int = 6
+    head_tokens: int = 16
 
     @property
     def spec(self):
@@ -133,7 +142,8 @@ class MethodConfig:
             object.__setattr__(self, "tree", parse_tree_template(self.tree))
         for name, lo, hi in (("gamma", 1, 64), ("width", 1, 64), ("max_depth", 1, 64), ("lookup_tokens", 1, 64),
                              ("lookup_ngram", 1, 8), ("lookup_branches", 1, 16), ("recycling_k", 1, 64),
-                             ("free_rows", 0, MAX_TREE_NODES + 1)):
+                             ("free_rows", 0, MAX_TREE_NODES + 1), ("head_topk", 1, 16), ("head_depth", 1, 32),
+                             ("head_tokens", 1, 256)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
@@ -173,16 +183,20 @@ class MethodConfig:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
         if self.verifier != "auto" and self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; use auto or one of {', '.join(VERIFIERS)}")
+        if not isinstance(self.head, str):
+            raise ValueError(f"head must be a folder path (or empty for the shipped head), got {self.head!r}")
         if self.lossy and self.method != "mcsd-improved":
             raise ValueError(f"the lossy mode belongs to mcsd-improved, not {self.method}")
         if self.lossy and self.verifier != "auto":
             raise ValueError("the lossy mode uses Lu et al.'s longest-branch rule; leave the verifier on auto")
         hub = self.verifier != "auto" and VERIFIER_REGISTRY[self.verifier].draws == "hub"  # SpecHub's pairs
-        if hub and any(k > 2 for k in self.draft_branching()):
-            shape = f"tree template {self.tree}" if self.tree else f"k_config {self.k_config}"
+        branching = self.draft_branching() + ([self.head_topk] if self.spec.uses_head else [])
+        if hub and any(k > 2 for k in branching):
+            shape = (f"tree template {self.tree}" if self.tree else f"head_topk {self.head_topk}"
+                     if self.spec.uses_head else f"k_config {self.k_config}")
             who = "SpecHub" if self.verifier == "spechub" else f"{self.verifier} (SpecHub's hub drafting)"
-            raise TreeShapeError(f"{who} verifies at most two drafts per node; {shape} has "
-                                 f"{max(self.draft_branching())} (use e.g. 2,2,2)")
+            raise TreeShapeError(f"{who} verifies at most two drafts per node; {shape} has {max(branching)} "
+                                 f"(use e.g. {'head_topk 2' if self.spec.uses_head else '2,2,2'})")
         if "recycling" in self.spec.free and max(self.recycling_widths) > self.recycling_k:
             raise TreeShapeError(f"recycling widths {self.recycling_widths} ask for more candidates per token than "
                                  f"the matrix stores (recycling_k {self.recycling_k})")
@@ -191,9 +205,10 @@ class MethodConfig:
                                  "in one target pass")
 
     def draft_branching(self) -> list[int]:
-        """Children per node for each draft-model level (empty for methods without a draft model)."""
+        """Children per node for each draft-model level (empty for methods without a draft model, ``eagle``'s head
+        included: its tree is dynamic)."""
         shape = self.spec.model_tree
-        if shape == "none":
+        if shape in ("none", "head"):
             return []
         if shape == "chain":
             return [1] * self.gamma
@@ -221,6 +236,8 @@ class MethodConfig:
     def max_draft_depth(self) -> int:
         """Deepest draft level a step can reach (the acceptance rate of Lu et al. 2024 divides by it; 0 for ``ar``)."""
         depth = len(self.draft_branching())
+        if self.spec.uses_head:
+            depth = self.head_depth
         if "lookup" in self.spec.free:
             depth = max(depth, self.lookup_tokens)
         if "recycling" in self.spec.free:
@@ -242,6 +259,8 @@ class MethodConfig:
             return roots * (1 + tree_size(self.draft_branching()))
         if self.tree:
             return len(self.tree)
+        if self.spec.uses_head:
+            return self.head_tokens
         return tree_size(self.online_branching(max(ONLINE_ROOTS))) + self.free_nodes()
 
     def verifier_for(self, greedy: bool) -> str:
@@ -299,5 +318,6 @@ DEFAULTS = {
     "prompt-lookup": MethodConfig(method="prompt-lookup"),
     "token-recycling": MethodConfig(method="token-recycling"),
     "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
+    "eagle": MethodConfig(method="eagle"),
     "layer-skip": MethodConfig(method="layer-skip", gamma=4),
 }

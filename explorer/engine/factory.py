@@ -3,7 +3,8 @@
 ``Engine`` (``engine/machine.py``) is only the step machine (draft, verify, commit, record, notify); the strategies
 and meters it steps with are built here:
 
-* the drafter (``drafters.make_drafter``) and the free rows its branches may fill (``config.free_row_budget``);
+* the drafter (``drafters.make_drafter``; for ``eagle`` the head, ``models/head_store.py``) and the free rows its
+  branches may fill (``config.free_row_budget``);
 * the stop policy (``stopping.make_stop_policy``) and, for the learned ones, the decision model that serves the
   pair (``resolve_decision``: its own, shipped or calibrated, else the embedded pair's, transferred, with online
   adaptation switched on);
@@ -29,6 +30,8 @@ from __future__ import annotations
 import json
 
 from ..models.early_exit import LayerSkipError, self_draft_pair
+from ..models.eagle3 import HeadError
+from ..models.head_store import describe, head_for
 from ..models.pair import ModelPair
 from ..trace.records import RunTrace
 from .carried import Carried
@@ -120,7 +123,8 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
 
     Raises:
         EngineError: a learned stop policy with no decision model for this pair, a carried adaptation state that
-            does not fit the adapter, or a followed trace whose row prices are malformed.
+            does not fit the adapter, a followed trace whose row prices are malformed, or (``eagle``) a head that
+            cannot be found, read or fitted to the target.
         ValueError: a stop policy threshold outside [0, 1] (``stopping.make_stop_policy``).
     """
     config, decision_model = resolve_decision(pair, config, decision_model)
@@ -138,7 +142,8 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
                               branch_threshold=config.branch_threshold)
         chooser.costs = costs
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling, exits, chooser, tree), stop_policy=stop_policy,
+        drafter=make_drafter(config, carried.recycling, exits, chooser, tree, _head(pair, config)),
+        stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
         free_rows_run=free_row_budget(config.free_rows, pair.device.type, copy_run=True), carry_key=key,
@@ -164,6 +169,19 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
         _follow(parts, follow)
     parts.observers = _observers(parts, chooser)
     return parts
+
+
+def _head(pair: ModelPair, config: MethodConfig):
+    """``make_drafter``'s head for ``eagle`` (the loaded head, its target layers, what the trace records of it), else
+    None. Raises EngineError where the head cannot be found or loaded, or does not fit the target."""
+    if not config.spec.uses_head:
+        return None
+    try:
+        head, folder = head_for(pair, config.head)
+    except HeadError as exc:
+        raise EngineError(f"the EAGLE-3 head: {exc}") from None
+    n_layers = pair.target.config.num_hidden_layers
+    return head, head.config.aux_layers(n_layers), describe(head, folder, n_layers)
 
 
 def _follow(parts: EngineParts, trace: RunTrace) -> None:

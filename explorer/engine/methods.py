@@ -22,7 +22,9 @@ class MethodSpec:
         name: the name used by the CLI, the bench, traces and the app.
         label: for menus.
         model_tree: how the draft model shapes its tree: ``none`` (no draft model), ``chain`` (``gamma``),
-            ``tree`` (``k_config``) or ``stoppable`` (``k_config`` then chains to ``max_depth``, with a stop policy).
+            ``tree`` (``k_config``), ``stoppable`` (``k_config`` then chains to ``max_depth``, with a stop policy)
+            or ``head`` (no draft model: an EAGLE-3 head drafts EAGLE-2's dynamic tree from the target's features,
+            ``head_topk`` / ``head_depth`` / ``head_tokens``).
         free: the free drafters whose branches join the tree, in verification order (``lookup``, ``recycling``).
         summary: one line for help texts and teach mode.
         self_draft: the draft model is the target's own first layers (``models/early_exit.py``), whatever the pair's
@@ -38,7 +40,12 @@ class MethodSpec:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.model_tree != "none"
+        return self.model_tree not in ("none", "head")
+
+    @property
+    def uses_head(self) -> bool:
+        """Drafts with an EAGLE-3 head that reads the target's hidden states (``drafters/eagle.py``)."""
+        return self.model_tree == "head"
 
     @property
     def has_stop_policy(self) -> bool:
@@ -58,6 +65,8 @@ METHOD_SPECS = {s.name: s for s in (
                summary="a static tree read from the target's own earlier top-k candidates, no draft model"),
     MethodSpec("hybrid", "Hybrid: draft tree + free branches", "stoppable", ("lookup", "recycling"),
                summary="the improved MCSD tree plus lookup and recycled branches, one target pass for all"),
+    MethodSpec("eagle", "EAGLE-3 head (drafts from the target's features)", "head",
+               summary="a dynamic tree drafted by a one-layer head that reads three of the target's hidden states"),
     MethodSpec("layer-skip", "Layer skip (the target drafts for itself)", "chain", self_draft=True,
                summary="a chain drafted by the target's own first layers, the exit chosen from measured acceptance"),
 )}

@@ -9,7 +9,13 @@ The recipe follows EAGLE-3 (Li et al. 2025, arXiv 2503.01840) as SpecForge and v
   j reads the head's own output of level j - 1 as its feature and the true token, and attends to the level-1 rows up
   to its chain's start and to its own chain's rows of the levels before, exactly as drafting does
   (``engine/drafters/eagle.py``). Level j's loss weighs ``decay ** (j - 1)``.
-* AdamW, gradient clipping, one sequence a step; the target's token embedding is read, never trained.
+* **Started from the target** (``init_from_target``): the head's LM head holds the target's output rows of the
+  draft vocabulary and its final norm the target's, ``fc`` passes the last feature layer through and the layer's
+  output projections start at zero, so a fresh head already maps its output into the target's token space and only
+  has to learn to step one position ahead (a head trained from random weights on a few hundred thousand tokens
+  never learns that map well).
+* AdamW, a short warm-up then a cosine decay of the learning rate, gradient clipping, one sequence a step; the
+  target's token embedding is read, never trained.
 
 Resumable: ``train_state.safetensors`` (the head and the optimizer's moments, never a pickled file) and
 ``train_state.json`` beside the saved head; a run started again on the same folder goes on from the last save.
@@ -18,6 +24,7 @@ Resumable: ``train_state.safetensors`` (the head and the optimizer's moments, ne
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -43,6 +50,32 @@ def head_config(target, layers: tuple[int, ...], draft_vocab: int, intermediate:
                       rope_theta=float(getattr(c, "rope_theta", 10000.0)),
                       max_position_embeddings=int(getattr(c, "max_position_embeddings", 32768)),
                       aux_layer_ids=tuple(layers))
+
+
+def init_from_target(head: Eagle3Head, target, draft_ids: list[int]) -> None:
+    """Start ``head`` from ``target`` (module docstring): ``lm_head`` = the target's output rows ``draft_ids``,
+    ``norm`` = the target's final norm, ``fc`` = identity on the last feature layer (zeros elsewhere), the
+    attention's and the MLP's output projections zero (the layer starts as the identity on ``g``)."""
+    out = target.get_output_embeddings().weight
+    final_norm = getattr(getattr(target, "model", None), "norm", None)
+    h = head.config.hidden_size
+    with torch.no_grad():
+        head.lm_head.weight.copy_(out[torch.tensor(draft_ids, device=out.device)].float())
+        if final_norm is not None and getattr(final_norm, "weight", None) is not None:
+            head.norm.weight.copy_(final_norm.weight.float())
+        head.fc.weight.zero_()
+        head.fc.weight[:, 2 * h:].copy_(torch.eye(h))
+        head.midlayer.self_attn.o_proj.weight.zero_()
+        head.midlayer.mlp.down_proj.weight.zero_()
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int = 20) -> float:
+    """The learning rate at ``step`` of ``steps``: linear warm-up over ``warmup`` steps to ``peak``, then a cosine
+    decay to a tenth of it."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
 def ttt_levels(head: Eagle3Head, seq: Sequence, ttt: int) -> list[torch.Tensor]:
@@ -105,7 +138,7 @@ def train_head(pair, data_folder: str | Path, out: str | Path, *, draft_vocab: i
     Args:
         draft_vocab: draft tokens (the data's most frequent, ``data.draft_vocabulary``); intermediate: the MLP's
             width (default the target's); steps: sequences trained on in all (resumed runs count what was done);
-            lr, clip: AdamW's learning rate and the gradient norm clip; ttt, decay: training-time-test levels and
+            lr, clip: AdamW's peak learning rate (``learning_rate``) and the gradient norm clip; ttt, decay: training-time-test levels and
             their loss weights; device: where to train (default the pair's); save_every: steps between saves;
             save_dtype: the saved head's dtype (default the target's).
     Raises:
@@ -124,7 +157,9 @@ def train_head(pair, data_folder: str | Path, out: str | Path, *, draft_vocab: i
     else:
         draft_ids = draft_vocabulary(data, draft_vocab, pair.target.config.vocab_size)
         config = head_config(pair.target, tuple(manifest["layers"]), len(draft_ids), intermediate)
-        head = random_head(config, seed=seed, draft_ids=draft_ids).to(device=device, dtype=torch.float32)
+        head = random_head(config, seed=seed, draft_ids=draft_ids)
+        init_from_target(head, pair.target, draft_ids)
+        head = head.to(device=device, dtype=torch.float32)
         head.set_embeddings(pair.target.get_input_embeddings())
         info, done = {"step": 0, "seconds": 0.0, "history": []}, 0
     head.train()
@@ -146,6 +181,8 @@ def train_head(pair, data_folder: str | Path, out: str | Path, *, draft_vocab: i
     bar = tqdm(total=steps, initial=done, desc="head training", unit="seq", disable=not progress)
     for step in range(done, steps):
         seq = usable[order[step % len(usable)]]
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, steps, lr)
         loss, agree = ttt_loss(head, seq, ttt, decay, to_draft)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -49,6 +49,7 @@ class ModelPair:
     measured: dict = field(default_factory=dict, repr=False)  # this machine's costs, once (runtime/forward_costs.py)
     packed_weights: bool = False  # float32 linears packed once for oneDNN (models/packed_weights.py)
     fused_kernels: bool = False  # norms, MLPs and rotary compiled into fused kernels (models/fused_kernels.py)
+    heads: dict = field(default_factory=dict, repr=False)  # loaded EAGLE-3 heads by folder (models/head_store.py)
 
 
 def _eos_ids(lm, tok) -> tuple[int, ...]:

@@ -1,35 +1,41 @@
 """Drafters: who proposes a step's draft tree. ``make_drafter`` builds the one a method names
-(``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, the hybrid, or the
-target's own first layers (``layer-skip``).
+(``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, the hybrid, an EAGLE-3
+head (``eagle``) or the target's own first layers (``layer-skip``).
 
 Modules: ``base`` (the interface: ``Drafter``, ``DraftView``, ``Reach``, the step's ``Drafted`` record, ``FreeNode`` and
 ``merge_free``, which joins free branches to a tree as a trie), ``model`` (the draft model's tree, level by level,
 with the stop policy), ``lookup`` (prompt lookup decoding), ``recycling`` (Token Recycling), ``hybrid`` (the draft
 model's tree plus free branches), ``layer_skip`` (the target's first layers, the exit chosen from measured
-acceptance) and ``row_pricing`` (which free rows pay for their verification)."""
+acceptance), ``eagle`` (an EAGLE-3 head's dynamic tree from the target's features) and ``row_pricing`` (which free rows pay for their verification)."""
 
 from __future__ import annotations
 
 from ..policies.tree_choice import TreeChooser
 from .base import Drafted, Drafter, FreeNode, merge_free
+from .eagle import HeadDrafter
 from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
 from .lookup import LookupDrafter, lookup_continuations
 from .model import ModelDrafter
 from .recycling import RecyclingDrafter
 
-__all__ = ["Drafted", "Drafter", "FreeNode", "HybridDrafter", "LookupDrafter", "ModelDrafter", "RecyclingDrafter",
+__all__ = ["Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter", "ModelDrafter", "RecyclingDrafter",
            "lookup_continuations", "make_drafter", "merge_free"]
 
 
 def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,
-                 tree_chooser: TreeChooser | None = None, tree_state: dict | None = None) -> Drafter:
+                 tree_chooser: TreeChooser | None = None, tree_state: dict | None = None, head=None) -> Drafter:
     """The drafter of ``config`` (a ``MethodConfig``); ``recycling_state``: a Token Recycling matrix carried over
     from an earlier run (``RecyclingDrafter.state()``), or None to start empty; ``layer_skip_state``: likewise
     ``layer-skip``'s exit chooser (``ExitChooser.state()``); ``tree_chooser``: the online tree choice the model
     drafter picks its root width with (``policies/tree_choice.py``; None: the config's fixed shape), and
-    ``tree_state`` what it measured in an earlier run (``TreeChooser.state()``)."""
+    ``tree_state`` what it measured in an earlier run (``TreeChooser.state()``); ``head``: for ``eagle``, the loaded
+    head, the target layers it reads and what the trace records of it (``(head, layers, source)``)."""
     spec = config.spec
+    if spec.uses_head:
+        model, layers, source = head
+        return HeadDrafter(model, layers, top_k=config.head_topk, frontier=config.head_topk,
+                           depth=config.head_depth, tokens=config.head_tokens, source=source)
     free: list[Drafter] = []
     for name in spec.free:
         if name == "lookup":

@@ -38,20 +38,25 @@ class HeadDrafter(Drafter):
         top_k: children per expanded node; frontier: nodes expanded per level; depth: levels drafted; tokens: the
             most nodes the tree keeps (SGLang's ``speculative_eagle_topk``, ``speculative_num_steps``,
             ``speculative_num_draft_tokens``).
+        source: what the trace records of the head (``head_store.describe``: its folder, config hash, draft
+            vocabulary size, feature layers).
     """
 
     name = "eagle"
     uses_draft_model = False
 
     def __init__(self, head, target_layers: tuple[int, ...], top_k: int = 4, frontier: int = 4, depth: int = 6,
-                 tokens: int = 16):
-        self.head, self.target_layers = head, tuple(target_layers)
+                 tokens: int = 16, source: dict | None = None):
+        self.head, self.target_layers, self.source = head, tuple(target_layers), dict(source or {})
         self.top_k, self.frontier, self.depth, self.tokens = top_k, frontier, depth, tokens
         self.cache = HeadCache()
         self._states: torch.Tensor | None = None  # target states of positions start.. not yet read by the head
         self._states_start = 0
         self._root: tuple[torch.Tensor, torch.Tensor] | None = None  # the last read row's logits and output g
         self._after_start: tuple = (None, 0)
+
+    def state_for_trace(self) -> dict:
+        return {"head": self.source} if self.source else {}
 
     # ------------------------------------------------------------------ the committed positions
 

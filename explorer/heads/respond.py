@@ -1,0 +1,70 @@
+"""The target's own responses to prompts: the text a head trains on (the head then learns what the target says, in
+the chat format it is run with). Batched greedy decoding with transformers' ``generate``; resumable (a prompt
+already answered in the output file is skipped)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .data import HeadDataError
+
+
+def answered(path: Path) -> set[str]:
+    """The prompts already answered in the JSONL file ``path`` (none when it does not exist)."""
+    if not path.is_file():
+        return set()
+    done = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            done.add(json.loads(line)["prompt"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise HeadDataError(f"{path} holds a line that is not a response record") from None
+    return done
+
+
+def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_tokens: int = 256, batch: int = 16,
+            progress: bool = True) -> Path:
+    """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text"}``, where ``text``
+    is the chat-formatted prompt followed by the target's greedy response (at most ``max_new_tokens`` tokens), as
+    the target reads it when decoding. Prompts of similar length are batched (left padding). Returns ``out``.
+
+    Raises:
+        HeadDataError: ``out`` holds something else than response records.
+    """
+    from tqdm import tqdm
+
+    out = Path(out)
+    done = answered(out)
+    todo = [(k, p) for k, p in prompts if p not in done]
+    tok = pair.tokenizer
+    formatted = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+                 for _, p in todo]
+    encoded = [tok.encode(f, add_special_tokens=False) for f in formatted]
+    order = sorted(range(len(todo)), key=lambda i: len(encoded[i]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    stops = pair.target.generation_config.eos_token_id
+    stops = set(stops if isinstance(stops, list) else [stops if stops is not None else tok.eos_token_id])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(todo), desc="target responses", unit="prompt", disable=not progress)
+    for start in range(0, len(order), batch):
+        picks = order[start:start + batch]
+        width = max(len(encoded[i]) for i in picks)
+        ids = torch.tensor([[pad] * (width - len(encoded[i])) + encoded[i] for i in picks], device=pair.device)
+        mask = torch.tensor([[0] * (width - len(encoded[i])) + [1] * len(encoded[i]) for i in picks],
+                            device=pair.device)
+        with torch.inference_mode(), pair.lock:
+            gen = pair.target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                       do_sample=False, pad_token_id=pad)
+        with out.open("a", encoding="utf-8") as f:
+            for row, i in enumerate(picks):
+                reply = gen[row, width:].tolist()
+                ends = [j for j, t in enumerate(reply) if t in stops]
+                reply = tok.decode(reply[:ends[0] + 1] if ends else reply, skip_special_tokens=False)
+                kind, prompt = todo[i]
+                f.write(json.dumps({"kind": kind, "prompt": prompt, "text": formatted[i] + reply}) + "\n")
+        bar.update(len(picks))
+    bar.close()
+    return out

@@ -1,0 +1,72 @@
+"""Which EAGLE-3 head drafts for a pair: the one a user names, else the one shipped for the pair's target
+(``assets/heads/<name>/``, each with ``card.json`` naming its target), loaded once per pair."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .eagle3 import Eagle3Head, HeadError, load_head
+
+HEADS_DIR = Path(__file__).resolve().parents[2] / "assets" / "heads"
+CARD = "card.json"
+
+
+def shipped_head(target_id: str, root: Path = HEADS_DIR) -> Path | None:
+    """The folder under ``assets/heads`` whose card names ``target_id`` as its target, or None."""
+    if not root.is_dir():
+        return None
+    for folder in sorted(p for p in root.iterdir() if (p / CARD).is_file()):
+        try:
+            card = json.loads((folder / CARD).read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(card, dict) and card.get("data", {}).get("target") == target_id:
+            return folder
+    return None
+
+
+def head_path(pair, path: str = "") -> Path:
+    """The head folder a run of ``pair`` drafts with: ``path``, else the one shipped for its target.
+
+    Raises:
+        HeadError: no path given and no head shipped for the target.
+    """
+    if path:
+        return Path(path).expanduser()
+    found = shipped_head(pair.target_id)
+    if found is None:
+        raise HeadError(f"no EAGLE-3 head is shipped for {pair.target_id}: give one (--head DIR, or the app's head "
+                        "folder) or train one with `python -m explorer heads train`")
+    return found
+
+
+def has_head(pair, path: str = "") -> bool:
+    """Whether a head folder is at hand for ``pair`` (``path``, else one shipped for its target); not loaded."""
+    return bool(path) or shipped_head(pair.target_id) is not None
+
+
+def head_for(pair, path: str = "") -> tuple[Eagle3Head, Path]:
+    """The loaded head (``head_path``) on the target's device and dtype, its embedding the target's, and its folder;
+    loaded once per pair and folder (``pair.heads``), shared by the pair's engines (read-only).
+
+    Raises:
+        HeadError: as ``head_path`` and ``eagle3.load_head`` (a malformed or foreign checkpoint, one that does not fit
+            the target).
+    """
+    folder = head_path(pair, path).resolve()
+    key = str(folder)
+    if key not in pair.heads:
+        with pair.lock:
+            pair.heads[key] = load_head(folder, target=pair.target)
+    return pair.heads[key], folder
+
+
+def describe(head: Eagle3Head, folder: Path, n_target_layers: int) -> dict:
+    """What a trace records of a head: its folder, the sha256 of its config (sorted JSON), its draft vocabulary size
+    and the target layers it reads."""
+    config = json.dumps(head.config.to_dict(), sort_keys=True)
+    return {"path": str(folder), "config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16],
+            "draft_vocab_size": head.config.draft_vocab_size,
+            "target_layers": list(head.config.aux_layers(n_target_layers))}
