@@ -247,3 +247,30 @@ def test_the_eagle_configs_shape_bounds_its_tree():
     DEFAULTS["eagle"].with_(verifier="spechub", head_topk=2)
     with pytest.raises(TreeShapeError, match="head_tokens"):
         DEFAULTS["eagle"].with_(head_tokens=0)
+
+
+def test_a_head_step_is_explained_and_drawn_from_its_trace_alone(tiny, tmp_path):
+    """Teach mode says the head drafted from the target's features (no draft model), and the tree figure names the
+    layers it read and marks a bonus token outside its draft vocabulary, all from the saved trace."""
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.lessons.teach import explain_step
+    from explorer.trace.figures import tree_figure
+    from explorer.trace.records import loads_run
+
+    _, folder = _saved(tiny, tmp_path)
+    eng = build_engine(tiny, DEFAULTS["eagle"].with_(head=str(folder), fallback="off"), SamplingConfig())
+    eng.start(tiny.tokenizer.encode("def add(a, b):\n    return a + b\n"), 24)
+    trace = loads_run(eng.run().to_json())
+    vocab = set(trace.settings["head"]["draft_ids"])
+    assert vocab == set(range(10, 74))
+    step = next(s for s in trace.steps if s.drafted)
+    words = " ".join(explain_step(step, trace.settings["method"]))
+    assert "no draft model" in words and "layers 0, 1, 2" in words
+    fig = tree_figure(step, draft_vocab=vocab)
+    assert "head read target layers 0, 1, 2" in fig.layout.title.text
+    outside = [s for s in trace.steps if s.bonus_token is not None and s.bonus_token not in vocab]
+    assert outside, "the tiny target commits tokens outside bytes 10-73"
+    stars = [t for t in tree_figure(outside[0], draft_vocab=vocab).data if t.name and t.name.startswith("bonus")]
+    assert stars[0].marker.symbol == "star-open" and "outside the head's" in stars[0].name

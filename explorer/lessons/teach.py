@@ -58,7 +58,9 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
         target_roots = any(n.source == "target" for n in roots)
         model = [n for n in drafted if n.source == "draft"]
         levels = max((n.depth for n in model), default=0) - (1 if target_roots else 0)  # draft levels only
-        if model:
+        if model and step.drafter.get("head"):
+            out.append(head_words(step, anchor.text, len(model), levels))
+        elif model:
             out.append(f"Drafting: after the last committed token {_tok(anchor.text)}, the small draft model proposed "
                        f"{len(model)} token(s) over {levels} level(s) in {step.draft_calls} draft call(s) "
                        f"(one call per level: every branch of a level is fed at once).")
@@ -192,6 +194,21 @@ def tree_choice_words(choice: dict) -> str:
     return (f"Tree chosen online: {roots} with chains of about {choice.get('depth')} levels, expected "
             f"{best.get('expected_tokens', 0):.2f} tokens in {best.get('cost_ms', 0):.0f} ms, the most tokens per "
             f"second from the acceptance and forward costs measured so far (other widths: {others}).")
+
+
+def head_words(step: StepTrace, anchor: str, drafted: int, levels: int) -> str:
+    """How an EAGLE-3 head drafted a step (``StepTrace.drafter["head"]``), in plain words."""
+    head = step.drafter["head"]
+    layers = ", ".join(str(i) for i in head.get("target_layers", []))
+    return (f"Drafting from the target's own features: there is no draft model. A one-layer head read what the "
+            f"target had computed inside itself for the text so far (the hidden states entering its layers "
+            f"{layers}), with the last committed token {_tok(anchor)}, and guessed the next token; it then fed its "
+            f"own output back to guess further. It expanded the {head.get('frontier', head.get('top_k'))} likeliest "
+            f"branches at each level ({head.get('top_k')} guesses each, {step.draft_calls} head call(s), each far "
+            f"cheaper than a draft model's forward) and kept the {drafted} token(s) over {levels} level(s) whose "
+            f"paths it found likeliest (EAGLE-2's dynamic tree). The head proposes only the "
+            f"{head.get('draft_vocab', 'most frequent')} tokens of its draft vocabulary; any other token comes from "
+            f"the target itself.")
 
 
 def layer_skip_words(skip: dict) -> str:

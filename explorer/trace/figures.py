@@ -134,7 +134,8 @@ def _hover(n) -> str:
 
 def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None,
                 color_by: str = "status", flagged: dict[int, str] | None = None, shown: dict[int, str] | None = None,
-                font: int | None = None, final: bool | None = None) -> go.Figure:
+                font: int | None = None, final: bool | None = None, draft_vocab: set[int] | None = None
+                ) -> go.Figure:
     """The draft token tree of one step, coloured by verification status (``color_by="status"``) or by draft
     source (``"source"``: draft model, target root, prompt lookup, token recycling; rejected and unverified nodes
     faded). The marker's shape always tells the source (circle: draft model, diamond: target root, square: lookup,
@@ -146,7 +147,9 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     (``phases.DRAFTED`` before its test); nodes absent are not drawn, and the commit's outline and bonus star appear
     only when ``final`` (default: once every drawn node shows its own status). The layout is the whole tree's, so
     nodes keep their places from phase to phase. ``font``: the text size in px of labels, titles and legend
-    (default: the desk sizes); markers grow with it."""
+    (default: the desk sizes); markers grow with it. ``draft_vocab``: an EAGLE-3 head's draft vocabulary (target
+    ids, ``RunTrace.settings["head"]["draft_ids"]``): a bonus token outside it is drawn as an open star, a token the
+    head could never have proposed; the title names the target layers the head read."""
     g = tree_graph(step)
     pos = tree_layout(g)
     by_id = {n.id: n for n in step.nodes}
@@ -204,17 +207,24 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         fig.add_trace(go.Scatter(x=[pos[last.id][0], x], y=[y, y], mode="lines", hoverinfo="skip",
                                  line=dict(color=BONUS_COLOR, dash="dot"), showlegend=False))
         text = step.committed_text[-1]
-        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", name="bonus token (from target)",
+        unreachable = draft_vocab is not None and step.bonus_token not in draft_vocab
+        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text",
+                                 name="bonus token (from target" + (", outside the head's vocabulary)"
+                                                                    if unreachable else ")"),
                                  text=[token_label(text, 10)], textposition="middle right",
                                  textfont=dict(size=font or 12),
                                  hovertext=[f"<b>{token_label(text, 40)}</b><br>bonus token sampled from the "
-                                            "target after the accepted path"], hoverinfo="text",
-                                 marker=dict(size=18 * scale, color=BONUS_COLOR, symbol="star")))
+                                            "target after the accepted path" + (
+                                                "<br>outside the head's draft vocabulary: the head could never "
+                                                "have proposed it" if unreachable else "")], hoverinfo="text",
+                                 marker=dict(size=18 * scale, color=BONUS_COLOR,
+                                             symbol="star-open" if unreachable else "star",
+                                             line=dict(color=BONUS_COLOR, width=3 if unreachable else 1))))
     depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     fig.update_layout(
         title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
-                   + (" · LOSSY rule" if step.lossy else ""), y=0.98),
+                   + (" · LOSSY rule" if step.lossy else "") + _head_title(step), y=0.98),
         height=height or max(340, min(900, 34 * leaves + 140)), margin=dict(l=10, r=10, t=80, b=10),
         xaxis=dict(title="depth (position id - anchor position)", dtick=1, range=[-0.5, depth + 1.2], zeroline=False),
         yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
@@ -225,6 +235,14 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
                           xaxis=dict(title_font=dict(size=font), tickfont=dict(size=font)),
                           hoverlabel=dict(font_size=font))
     return fig
+
+
+def _head_title(step: StepTrace) -> str:
+    """The title's note for a step an EAGLE-3 head drafted: the target layers whose states it read."""
+    head = step.drafter.get("head") if isinstance(step.drafter, dict) else None
+    if not head or not head.get("target_layers"):
+        return ""
+    return " · head read target layers " + ", ".join(str(i) for i in head["target_layers"])
 
 
 def mask_figure(step: StepTrace, highlight: int | None = None, rows: list[int] | None = None,

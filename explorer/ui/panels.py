@@ -121,7 +121,10 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
             color_by = st.radio("Colour the tree by", ["status", "source"], horizontal=True,
                                 key=f"{prefix}color_by", format_func={"status": "verification status",
                                                                       "source": "draft source"}.get)
-        st.plotly_chart(figures.tree_figure(step, selected=chosen, color_by=color_by, flagged=flagged_nodes(probe)),
+        head = trace.settings.get("head") or {}
+        vocab = set(head["draft_ids"]) if head.get("draft_ids") else None
+        st.plotly_chart(figures.tree_figure(step, selected=chosen, color_by=color_by, flagged=flagged_nodes(probe),
+                                            draft_vocab=vocab),
                         width="stretch",
                         key=chart_key, on_select="rerun", selection_mode="points")
         st.caption("Click a node to inspect it." + (" Shapes: ● draft model, ■ prompt lookup, ▲ token recycling."

@@ -111,6 +111,22 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                                 key=Sidebar.LOOKUP_BRANCHES.widget_key(prefix))
         changes["lookup_ngram"] = box.slider("Lookup: longest n-gram matched", 1, 6, d.lookup_ngram,
                                              key=Sidebar.LOOKUP_NGRAM.widget_key(prefix))
+    if spec.uses_head:
+        changes["head"] = box.text_input(
+            "EAGLE-3 head folder", key=Sidebar.HEAD_PATH.widget_key(prefix),
+            placeholder="empty: the head shipped for the target",
+            help="an EAGLE-3 checkpoint (config.json + model.safetensors, as SpecForge writes it) for this target; "
+                 "`python -m explorer heads train` makes one").strip()
+        changes["head_topk"] = box.slider("Head: children per node", 1, 8, d.head_topk,
+                                          key=Sidebar.HEAD_TOPK.widget_key(prefix),
+                                          help="EAGLE-2's dynamic tree: each level expands this many best nodes, "
+                                               "drawing this many children each")
+        changes["head_depth"] = box.slider("Head: draft levels", 1, 12, d.head_depth,
+                                           key=Sidebar.HEAD_DEPTH.widget_key(prefix))
+        changes["head_tokens"] = box.slider("Head: most draft tokens verified", 1, 64, d.head_tokens,
+                                            key=Sidebar.HEAD_TOKENS.widget_key(prefix),
+                                            help="the best nodes by cumulative draft probability (with their "
+                                                 "ancestors) are verified in one target pass")
     if "recycling" in spec.free:
         changes["recycling_widths"] = box.text_input(
             "Recycling tree template (widths per level)", ",".join(map(str, d.recycling_widths)),

@@ -192,7 +192,7 @@ class HeadDrafter(Drafter):
         return Drafted(tree, q_rows=q_rows, q_show=q_show, calls=calls, q_top=q_top,
                        info={"head": {"top_k": self.top_k, "frontier": self.frontier, "depth": self.depth,
                                       "tokens": self.tokens, "target_layers": list(self.target_layers),
-                                      "drawn": len(token)}})
+                                      "drawn": len(token), "draft_vocab": self.head.config.draft_vocab_size}})
 
 
 def _best_closed(parent: list[int], score: list[float], rank: list[int], budget: int) -> list[int]:
