@@ -13,6 +13,7 @@ from explorer.analysis.bench import (HF_ASSISTED, HF_ASSISTED_BF16, HF_GENERATE,
 from explorer.analysis.report import ReportError, load_report, loads_report, write_reports
 from explorer.cli.main import main
 from explorer.models.loading import quantize_draft
+from explorer.trace.records import load_run
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -123,9 +124,15 @@ def test_reports_are_written_and_read_back(result, tmp_path):
 
 def test_bench_cli_on_the_tiny_pair(tmp_path, capsys):
     rc = main(["bench", "--models", "tiny", "--prompt-file", "mt-bench", "--range", "0:1", "--methods",
-               "ar,hf-assisted,mcsd", "--max-new-tokens", "6", "--warmup", "0", "--out", str(tmp_path)])
+               "ar,hf-assisted,mcsd", "--max-new-tokens", "6", "--warmup", "0", "--out", str(tmp_path),
+               "--save-traces", str(tmp_path / "traces")])
     assert rc == 0 and (tmp_path / "bench.html").exists()
     assert "| mcsd |" in capsys.readouterr().out
+    # each timed run of our engine is kept, with its prompt's set and id, for forensics (none of transformers')
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["ar", "mcsd"]
+    [kept] = list((tmp_path / "traces" / "mcsd").glob("*.json"))
+    assert load_run(kept).prompt_info["source"] == "mt-bench"
+    assert main(["forensics", "--trace", str(tmp_path / "traces" / "mcsd"), "--out", str(tmp_path / "fo")]) == 0
     # the machine line names the CPU's vector capability (two EPYCs: AVX2 in fp32 against AVX-512 with bf16)
     machine = load_report(tmp_path / "bench.json")["meta"]["machine"]
     assert f"({torch.backends.cpu.get_cpu_capability()})" in machine

@@ -49,7 +49,7 @@ HF_GENERATE = "hf-generate"  # plain decoding as transformers does it: the basel
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
 HF_METHODS = (HF_GENERATE, HF_ASSISTED, HF_ASSISTED_BF16, HF_PROMPT_LOOKUP)
 BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOOKUP, "sd", "mcsd", "mcsd-improved",
-                 "prompt-lookup", "token-recycling", "hybrid")
+                 "prompt-lookup", "token-recycling", "hybrid", "eagle")
 
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
@@ -216,11 +216,12 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
                carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
-               joint_prefill: bool = False) -> dict:
+               joint_prefill: bool = False, with_trace: bool = False) -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
-    and ``carried``, what the run learned for the next prompt (``engine/carried.py``: Token Recycling's matrix, the
-    goodput fallback's rates, the stop policy's online adaptation).
+    ``carried``, what the run learned for the next prompt (``engine/carried.py``: Token Recycling's matrix, the
+    goodput fallback's rates, the stop policy's online adaptation), and with ``with_trace`` the run's ``RunTrace``
+    (``trace``).
     ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little). ``chain_levels``:
     draft levels of chains per replay (``Engine``; needs ``graphs``). ``joint_prefill``: the target's prefill joined
     to the first verification where the method allows (``Engine``).
@@ -244,7 +245,8 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
         metrics["cost_ratio"] = trace.steps[-1].cost["next"]
     if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
         metrics["host_syncs_per_step"] = sum(s.host_syncs for s in trace.steps) / len(trace.steps)
-    return {**metrics, "token_ids": trace.generated_ids, "carried": engine.carried()}
+    return {**metrics, "token_ids": trace.generated_ids, "carried": engine.carried(),
+            **({"trace": trace} if with_trace else {})}
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -286,7 +288,8 @@ def samples_at(temperature: float, samples: int) -> int:
 def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs: dict | None = None,
           temperatures=(0.0,), max_new_tokens: int = 128, seed: int = 0, warmup: int = 1, top_p: float = 1.0,
           kv_cache: str = "dynamic", graphs: bool = False, decision_dir=None, samples: int = 1,
-          chain_levels: int = 0, kinds: list[str] | None = None, progress=lambda msg: None) -> dict:
+          chain_levels: int = 0, kinds: list[str] | None = None, progress=lambda msg: None,
+          keep_trace=None) -> dict:
     """Run ``methods`` over ``prompts_ids`` at each temperature.
 
     Args:
@@ -308,6 +311,8 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         kinds: the kind of each prompt (code, chat, math, ...; ``prompts.prompt_kind``), as long as
             ``prompts_ids``: each run row gets its ``kind`` and ``by_kind`` holds the summary per (temperature, kind,
             method), its ratios against the same kind's baselines (``summarise``).
+        keep_trace: called as ``keep_trace(label, sampling, trace)`` with each timed run of our engine (not the
+            warm-up's), e.g. to save them for ``forensics --trace``.
     Token Recycling's matrix carries over from prompt to prompt within a temperature, as the method is meant to
     run (a session's matrix keeps learning), and so do the goodput fallback's rates (``engine/policies/fallback.py``)
     and the stop policy's online adaptation (``engine/stop_models/online.py``); each temperature starts afresh. A label
@@ -346,7 +351,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             decision_models[config.decision_model] = load_decision_model(decision_dir, config.decision_model)
         return decision_models[config.decision_model]
 
-    def one(method, ids, sampling, n):
+    def one(method, ids, sampling, n, keep=False):
         if method == HF_ASSISTED:
             return run_hf_assisted(pair, ids, n, sampling)
         if method == HF_ASSISTED_BF16:
@@ -357,8 +362,10 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             return run_hf_assisted(pair, ids, n, sampling, helper="plain")
         earlier = carried.get(method)
         row = run_engine(pair, configs[method], ids, n, sampling, decision_model=decision_model(configs[method]),
-                         carried=earlier, **cache_of(method))
+                         carried=earlier, with_trace=keep and keep_trace is not None, **cache_of(method))
         learned = row.pop("carried")
+        if "trace" in row:
+            keep_trace(method, sampling, row.pop("trace"))
         if graphs and not cache_of(method)["graphs"]:
             row["eager"] = True  # asked for graphs, ran without (a self-draft): the report says so
         if carries(method):
@@ -381,7 +388,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
             for sample in range(samples_at(temperature, samples)):
                 sampling = SamplingConfig(temperature=temperature, top_p=top_p, seed=seed + n + 1000 * sample)
                 for method in methods:
-                    row = one(method, ids, sampling, max_new_tokens)
+                    row = one(method, ids, sampling, max_new_tokens, keep=True)
                     row.update(temperature=temperature, method=method, prompt=n, sample=sample,
                                **({"kind": kinds[n]} if kinds else {}))
                     runs.append(row)

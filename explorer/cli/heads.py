@@ -23,12 +23,15 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def read_texts(paths: list[str]) -> list[str]:
     """Texts from ``.txt`` files (one text each), ``.jsonl`` files (a ``text`` field per line) or ``stdlib`` (the
-    Python standard library's modules, ``heads/corpus.py``); any text holding a bench prompt is dropped. Raises
+    Python standard library's modules, ``heads/corpus.py``; ``stdlib:N`` its first N characters); any text holding a bench prompt is dropped. Raises
     HeadDataError for a missing or malformed file."""
     texts = []
     for name in paths:
-        if name == "stdlib":
-            texts.extend(text for _, text in stdlib_texts())
+        if name == "stdlib" or name.startswith("stdlib:"):
+            limit = name.partition(":")[2]
+            if limit and not limit.isdigit():
+                raise HeadDataError(f"--texts {name}: write stdlib:N with N the characters to read")
+            texts.extend(text for _, text in (stdlib_texts(int(limit)) if limit else stdlib_texts()))
             continue
         path = Path(name)
         try:
@@ -92,7 +95,8 @@ def add_heads_parser(sub) -> None:
     hsub = heads.add_subparsers(dest="heads_command", required=True)
     tr = hsub.add_parser("train", help="cache the target's features on texts, then train a head (resumable)")
     tr.add_argument("--texts", action="append", required=True, help=".txt or .jsonl (a \"text\" field per line) "
-                    "file of training text, or stdlib (the Python standard library's modules); repeatable")
+                    "file of training text, or stdlib (the Python standard library's modules; stdlib:N its first N "
+                    "characters); repeatable")
     tr.add_argument("--data", required=True, help="folder caching the target's features (reused when it matches)")
     tr.add_argument("--out", required=True, help="folder for the head (config.json, model.safetensors), its card "
                     "and training state; an existing one goes on training")

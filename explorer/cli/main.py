@@ -39,6 +39,7 @@ from ..engine.tree import TreeShapeError
 from ..lessons.lesson import LESSONS_DIR, load_lesson, shipped_lessons
 from ..lessons.player import export_html, trace_html
 from ..lessons.record import record_lessons, time_lessons
+from ..models.head_store import has_head
 from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
 from ..trace.records import save_run
@@ -169,6 +170,26 @@ def cmd_verifiers(args) -> int:
     return 0
 
 
+BENCH_METHODS_ARG = ",".join(BENCH_METHODS)
+
+
+class TraceKeeper:
+    """``bench``'s ``keep_trace``: each timed run of our engine saved as ``DIR/<label>/t<T>-<prompt id>-s<seed>.json``
+    with its prompt's set, id and kind (what ``forensics --trace DIR/<label>`` groups by)."""
+
+    def __init__(self, folder: str, ids: list[list[int]], prompts):
+        self.folder, self.prompts = Path(folder), {tuple(i): p for i, p in zip(ids, prompts)}
+
+    def __call__(self, label: str, sampling, trace) -> None:
+        prompt = self.prompts.get(tuple(trace.prompt_ids))
+        if prompt is not None:
+            trace.prompt_info = prompt.info()
+        name = f"t{sampling.temperature:g}-{prompt.id if prompt else 'prompt'}-s{sampling.seed}.json"
+        out = self.folder / label.replace("/", "_")
+        out.mkdir(parents=True, exist_ok=True)
+        save_run(trace, out / name.replace("/", "_"))
+
+
 def cmd_bench(args) -> int:
     """Benchmark methods against ar and hf-assisted on one prompt set; write JSON, CSV, Markdown and HTML."""
     # here, not at the top: its figures (plotly, networkx: 0.3 s) would slow every command's start
@@ -180,6 +201,8 @@ def cmd_bench(args) -> int:
     methods = [m for m in args.methods.split(",") if m]
     temps = [float(t) for t in args.temperatures.split(",")]
     pair = load_pair_from_args(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
+    if args.methods == BENCH_METHODS_ARG and not has_head(pair):  # the default list: eagle where a head is shipped
+        methods = [m for m in methods if m != "eagle"]
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
     kinds = [p.category or p.source for p in prompts]  # a set of several kinds is summarised per kind too
     runs_per_method = sum(len(ids) * samples_at(t, args.samples) for t in temps)
@@ -193,7 +216,8 @@ def cmd_bench(args) -> int:
                    seed=args.seed, warmup=args.warmup, top_p=args.top_p,
                    kv_cache="static" if args.graphs else args.kv_cache, graphs=args.graphs,
                    decision_dir=args.decision_dir, samples=args.samples, chain_levels=args.chain_levels,
-                   kinds=kinds if len(set(kinds)) > 1 else None, progress=progress)
+                   kinds=kinds if len(set(kinds)) > 1 else None, progress=progress,
+                   keep_trace=TraceKeeper(args.save_traces, ids, prompts) if args.save_traces else None)
     bar.close()
     result["meta"] = {
         "prompt_set": spec, "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
@@ -286,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--prompt-file", required=True,
                     help="humaneval, mt-bench, prompt-mix, kinds (two prompts of each of seven kinds) or a JSONL file")
     bn.add_argument("--range", metavar="START:STOP", help="slice of the prompt file (default 0:4; all of kinds)")
-    bn.add_argument("--methods", default=",".join(BENCH_METHODS),
+    bn.add_argument("--save-traces", metavar="DIR", help="keep each timed run of our engine (DIR/<method>/*.json), "
+                                                         "e.g. for forensics --trace DIR/eagle")
+    bn.add_argument("--methods", default=BENCH_METHODS_ARG,
                     help="comma-separated; a method may carry settings, e.g. mcsd-improved+adapt=last-layer")
     bn.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")
     bn.add_argument("--top-p", type=float, default=1.0)

@@ -169,6 +169,31 @@ def _lossy_notes(runs, audit):
     return notes
 
 
+def _head_notes(runs, audit):
+    head, model, notes = runs[0], runs[1], []
+    first = next((s for s in head.steps if s.drafted), None)
+    if first is not None:
+        layers = ", ".join(str(i) for i in first.drafter["head"]["target_layers"])
+        notes.append(Note(0, first.index, "draft", "No draft model: a head of one decoder layer reads what the target "
+                          f"computed inside itself for the text so far (the hidden states entering its layers {layers}) "
+                          "with the last token, and guesses the next token; its own output is fed back to guess "
+                          f"further. {first.draft_calls} head calls drafted this tree; each costs a few milliseconds, "
+                          "a small part of a draft model's forward.", level=1))
+    best = max(head.steps, key=lambda s: (s.accepted_draft_len, -s.index))
+    notes.append(Note(0, best.index, "commit", f"{best.accepted_draft_len} of the head's tokens accepted in one "
+                      "target call: the target's features already say much about the tokens that follow."))
+    vocab = set(head.settings.get("head", {}).get("draft_ids", ()))
+    outside = next((s for s in head.steps if vocab and s.bonus_token is not None and s.bonus_token not in vocab), None)
+    if outside is not None:
+        notes.append(Note(0, outside.index, "commit", f"The bonus token {quote_token(outside.committed_text[-1])} is "
+                          f"outside the head's draft vocabulary ({len(vocab)} of the target's most frequent tokens): "
+                          "the head could never propose it, and the target supplies it as always."))
+    notes.append(Note(1, len(model.steps) - 1, "commit", f"The same prompt drafted by the 0.5B draft model: "
+                      f"{_per_call(model):.2f} tokens per target call, against {_per_call(head):.2f} for the head. "
+                      "Compare the race's times: the head's drafting costs far less per token."))
+    return notes
+
+
 LESSON_SPECS = (
     LessonSpec("01-code-chains", "Code: long chains accepted",
                "Why does a small draft model save the large one so much work on code?",
@@ -202,6 +227,11 @@ LESSON_SPECS = (
                (("mcsd-improved --lossy", MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,),
                                                        max_depth=4, stop="none"),
                  SamplingConfig(temperature=1.0, seed=1)),), _lossy_notes, max_new_tokens=32, audit_samples=600),
+    LessonSpec("07-head-features", "Drafting from the target's own features",
+               "Can the target draft for itself, with one extra layer reading its hidden states?",
+               "Write a Python function that returns the n-th Fibonacci number, with a short docstring.",
+               (("eagle (EAGLE-3 head)", DEFAULTS["eagle"], GREEDY),
+                ("mcsd-improved (0.5B draft)", DEFAULTS["mcsd-improved"], GREEDY)), _head_notes, max_new_tokens=64),
 )
 
 
