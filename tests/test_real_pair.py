@@ -150,3 +150,17 @@ def test_a_head_shaped_for_the_embedded_target_loads_fits_and_drafts_losslessly(
     div = divergence(real_pair, prompts[1], ar, trace.generated_ids)
     assert div is None or div["near_tie"], div  # bf16 batched verification parts from ar only at near ties
     assert any(s.drafted for s in trace.steps) and all(s.target_calls == 1 for s in trace.steps)
+
+
+def test_the_shipped_head_drafts_for_the_embedded_target_without_a_draft_model(real_pair, prompts):
+    """``--method eagle`` on the embedded pair finds the head shipped for its target (assets/heads), keeps ar's
+    greedy tokens (near ties aside) and commits several tokens per target call on a HumanEval prompt."""
+    greedy = SamplingConfig(temperature=0.0)
+    ar = _run(real_pair, DEFAULTS["ar"], prompts[1], greedy, n=32).generated_ids
+    trace = _run(real_pair, DEFAULTS["eagle"].with_(fallback="off"), prompts[1], greedy, n=32)
+    div = divergence(real_pair, prompts[1], ar, trace.generated_ids)
+    assert div is None or div["near_tie"], div
+    assert trace.settings["head"]["path"].endswith("qwen2.5-coder-1.5b-instruct")
+    assert trace.settings["head"]["target_layers"] == [2, 14, 27]
+    per_call = len(trace.generated_ids) / sum(s.target_calls for s in trace.steps)
+    assert per_call > HEAD_TOKENS_PER_CALL, per_call

@@ -23,8 +23,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def read_texts(paths: list[str]) -> list[str]:
     """Texts from ``.txt`` files (one text each), ``.jsonl`` files (a ``text`` field per line) or ``stdlib`` (the
-    Python standard library's modules, ``heads/corpus.py``; ``stdlib:N`` its first N characters); any text holding a bench prompt is dropped. Raises
-    HeadDataError for a missing or malformed file."""
+    Python standard library's modules, ``heads/corpus.py``; ``stdlib:N`` its first N characters); any text holding
+    a bench prompt is dropped. Raises HeadDataError for a missing or malformed file."""
     texts = []
     for name in paths:
         if name == "stdlib" or name.startswith("stdlib:"):

@@ -138,9 +138,9 @@ def train_head(pair, data_folder: str | Path, out: str | Path, *, draft_vocab: i
     Args:
         draft_vocab: draft tokens (the data's most frequent, ``data.draft_vocabulary``); intermediate: the MLP's
             width (default the target's); steps: sequences trained on in all (resumed runs count what was done);
-            lr, clip: AdamW's peak learning rate (``learning_rate``) and the gradient norm clip; ttt, decay: training-time-test levels and
-            their loss weights; device: where to train (default the pair's); save_every: steps between saves;
-            save_dtype: the saved head's dtype (default the target's).
+            lr, clip: AdamW's peak learning rate (``learning_rate``) and the gradient norm clip; ttt, decay:
+            training-time-test levels and their loss weights; device: where to train (default the pair's);
+            save_every: steps between saves; save_dtype: the saved head's dtype (default the target's).
     Raises:
         HeadDataError: no data in ``data_folder``; HeadError: a saved state that does not fit this run.
     """

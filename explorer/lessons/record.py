@@ -174,10 +174,10 @@ def _head_notes(runs, audit):
     first = next((s for s in head.steps if s.drafted), None)
     if first is not None:
         layers = ", ".join(str(i) for i in first.drafter["head"]["target_layers"])
-        notes.append(Note(0, first.index, "draft", "No draft model: a head of one decoder layer reads what the target "
-                          f"computed inside itself for the text so far (the hidden states entering its layers {layers}) "
-                          "with the last token, and guesses the next token; its own output is fed back to guess "
-                          f"further. {first.draft_calls} head calls drafted this tree; each costs a few milliseconds, "
+        notes.append(Note(0, first.index, "draft", "No draft model: a head of one decoder layer reads what the "
+                          "target computed inside itself for the text so far (the hidden states entering its layers "
+                          f"{layers}) with the last token, and guesses the next token; its own output is fed back to "
+                          f"guess further. {first.draft_calls} head calls drafted this tree; each costs a few milliseconds, "
                           "a small part of a draft model's forward.", level=1))
     best = max(head.steps, key=lambda s: (s.accepted_draft_len, -s.index))
     notes.append(Note(0, best.index, "commit", f"{best.accepted_draft_len} of the head's tokens accepted in one "

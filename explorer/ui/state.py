@@ -170,7 +170,8 @@ class Sidebar:
     RECYCLING_WIDTHS: Key[str] = Key("rc_widths", "Token Recycling's template as typed", widget=True)
     RECYCLING_K: Key[int] = Key("rc_k", "Token Recycling's candidates per token", widget=True)
     RECYCLING_CARRY: Key[bool] = Key("rc_carry", "carry the recycling matrix to the next run", widget=True)
-    HEAD_PATH: Key[str] = Key("head_path", "eagle: the head's folder, empty for the shipped one", widget=True, kept=True)
+    HEAD_PATH: Key[str] = Key("head_path", "eagle: the head's folder, empty for the shipped one", widget=True,
+                              kept=True)
     HEAD_TOPK: Key[int] = Key("head_topk", "eagle: children per expanded node", widget=True)
     HEAD_DEPTH: Key[int] = Key("head_depth", "eagle: levels drafted", widget=True)
     HEAD_TOKENS: Key[int] = Key("head_tokens", "eagle: most draft tokens verified", widget=True)

@@ -6,7 +6,8 @@ Modules: ``base`` (the interface: ``Drafter``, ``DraftView``, ``Reach``, the ste
 ``merge_free``, which joins free branches to a tree as a trie), ``model`` (the draft model's tree, level by level,
 with the stop policy), ``lookup`` (prompt lookup decoding), ``recycling`` (Token Recycling), ``hybrid`` (the draft
 model's tree plus free branches), ``layer_skip`` (the target's first layers, the exit chosen from measured
-acceptance), ``eagle`` (an EAGLE-3 head's dynamic tree from the target's features) and ``row_pricing`` (which free rows pay for their verification)."""
+acceptance), ``eagle`` (an EAGLE-3 head's dynamic tree from the target's features) and ``row_pricing`` (which free
+rows pay for their verification)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from .lookup import LookupDrafter, lookup_continuations
 from .model import ModelDrafter
 from .recycling import RecyclingDrafter
 
-__all__ = ["Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter", "ModelDrafter", "RecyclingDrafter",
-           "lookup_continuations", "make_drafter", "merge_free"]
+__all__ = ["Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter", "ModelDrafter",
+           "RecyclingDrafter", "lookup_continuations", "make_drafter", "merge_free"]
 
 
 def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,
