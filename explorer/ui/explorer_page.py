@@ -252,7 +252,8 @@ def explorer_page(settings) -> None:
     st.title("Speculative decoding explorer")
     st.caption("Draft a token tree with a small model, verify it with the large one in a single pass, and watch "
                "every decision. Methods: AR, SD, MCSD, the improved MCSD of Lu et al. 2024, prompt lookup, Token "
-               "Recycling, a hybrid of both with the draft model, and layer skip (the target drafting for itself).")
+               "Recycling, a hybrid of both with the draft model, an EAGLE-3 head reading the target's own hidden "
+               "states, and layer skip (the target drafting for itself).")
     if settings["teach"]:
         st.markdown(panels.TEACH_CSS, unsafe_allow_html=True)
 
