@@ -3,6 +3,7 @@ it stopped, and the trained head drafts more accepted tokens than an untrained o
 
 import json
 
+import pytest
 import torch
 
 from explorer.engine.config import DEFAULTS
@@ -119,3 +120,48 @@ def test_a_fresh_head_starts_as_the_targets_logit_lens_of_its_last_feature_layer
         logits, _ = head(ids[0, 1:], head.features(feats[:n]), torch.arange(n), HeadCache())
         lens = tiny.target.lm_head(tiny.target.model.norm(states[:n, 1]))[:, draft_ids]
     assert torch.allclose(logits, lens.float(), atol=1e-4)
+
+
+def test_the_assembled_prompts_cover_every_kind_hold_no_bench_prompt_and_repeat():
+    from explorer.heads.corpus import bench_probes, leaks
+    from explorer.heads.prompts import KINDS, training_prompts
+
+    prompts = training_prompts(per_kind=6, seed=3)
+    assert prompts == training_prompts(per_kind=6, seed=3)  # deterministic for one seed
+    assert prompts != training_prompts(per_kind=6, seed=4)
+    assert {k for k, _ in prompts} == set(KINDS) and len(prompts) == 6 * len(KINDS)
+    assert [k for k, _ in prompts[:len(KINDS)]] == list(KINDS)  # interleaved: any prefix covers every kind
+    probes = bench_probes()
+    assert not any(leaks(p, probes) for _, p in prompts)
+    assert len({p for _, p in prompts}) == len(prompts)
+
+
+def test_the_targets_responses_are_written_once_each_and_train_on(tiny, tmp_path, capsys):
+    """``heads respond``: one record per prompt (the prompt as the target reads it, chat template applied, then its
+    greedy continuation, as ``generate`` gives it alone); a second run skips what is answered; a file of something else is refused."""
+    from explorer.cli.main import main
+    from explorer.heads.data import HeadDataError
+    from explorer.heads.respond import respond
+
+    out = tmp_path / "responses.jsonl"
+    prompts = [("code", "def add(a, b):"), ("chat", "the cat sat on the"), ("qa", "x")]
+    respond(tiny, prompts[:2], out, max_new_tokens=6, batch=2, progress=False)
+    respond(tiny, prompts, out, max_new_tokens=6, batch=2, progress=False)  # only the third is new
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in records] == [p for _, p in prompts]
+    stops = set(tiny.eos_token_ids)
+    tok = tiny.tokenizer
+    for r in records:  # the chat template applied, batched with left padding: each as generate gives it alone
+        formatted = tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                            tokenize=False)
+        ids = tok.encode(formatted, add_special_tokens=False)
+        alone = tiny.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
+        ends = [j for j, t in enumerate(alone) if t in stops]
+        assert r["text"] == formatted + tok.decode(alone[:ends[0] + 1] if ends else alone)
+    out.write_text("not json\n")
+    with pytest.raises(HeadDataError, match="not a response record"):
+        respond(tiny, prompts, out, progress=False)
+    assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / "cli.jsonl"), "--per-kind", "1",
+                 "--max-new-tokens", "4", "--quiet"]) == 0
+    assert len((tmp_path / "cli.jsonl").read_text().splitlines()) == 7

@@ -28,7 +28,8 @@ def answered(path: Path) -> set[str]:
 def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_tokens: int = 256, batch: int = 16,
             progress: bool = True) -> Path:
     """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text"}``, where ``text``
-    is the chat-formatted prompt followed by the target's greedy response (at most ``max_new_tokens`` tokens), as
+    is the chat-formatted prompt (the prompt itself for a tokenizer without a chat template) followed by the
+    target's greedy response (at most ``max_new_tokens`` tokens), as
     the target reads it when decoding. Prompts of similar length are batched (left padding). Returns ``out``.
 
     Raises:
@@ -41,7 +42,7 @@ def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_to
     todo = [(k, p) for k, p in prompts if p not in done]
     tok = pair.tokenizer
     formatted = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-                 for _, p in todo]
+                 if getattr(tok, "chat_template", None) else p for _, p in todo]  # a base model reads the prompt
     encoded = [tok.encode(f, add_special_tokens=False) for f in formatted]
     order = sorted(range(len(todo)), key=lambda i: len(encoded[i]))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
