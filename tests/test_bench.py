@@ -170,7 +170,8 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     at.sidebar.radio(key="page").set_value("Benchmarks").run()
     # never empty: with no report of the user's, the reference reports shipped in assets/bench are shown
     assert not at.exception and any("No report of yours" in i.value for i in at.info)
-    assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench", "kinds", "kinds-greedy"}
+    assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench", "kinds", "kinds-greedy",
+                                                                  "kinds-eagle"}
     # both prompt sets were measured on the CPU and on a GPU: side by side, then each report in its tab
     assert len(at.dataframe) == 3 and [t.label for t in at.tabs] == ["CPU", "GPU"]
     assert {"CPU x ar", "GPU x ar"} <= set(at.dataframe[0].value.columns)
