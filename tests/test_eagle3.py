@@ -44,6 +44,7 @@ def test_a_saved_head_loads_back_in_the_checkpoint_format(tiny, tmp_path):
 
 def test_the_default_feature_layers_are_vllms_reading():
     assert HeadConfig(8, 8, 2, 2, 4, 10, 10).aux_layers(28) == default_aux_layers(28) == (2, 14, 25)
+    assert default_aux_layers(2) == (2, 1, 0)  # a tiny target's layers, all within 0 .. L
 
 
 @pytest.mark.parametrize("breakage, message", [

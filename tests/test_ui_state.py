@@ -203,7 +203,7 @@ def test_the_kept_widget_values_are_the_ones_the_app_always_kept():
     assert names == {"prompt_text", "chat", "example", "cmp_prompt", "cmp_chat", "pair_spec", "draft_path",
                      "target_path", "dtype", "method", "gamma", "lossy", "width", "max_depth", "stop", "decision_model",
                      "verifier", "temperature", "top_k", "top_p", "seed", "max_new", "teach", "tree_template",
-                     "b_method"}  # b_method: in the b_ family, which was kept
+                     "b_method", "head_path"}  # b_method: in the b_ family, which was kept; head_path: eagle's
     assert sorted(prefixes) == ["b_", "k_config_", "threshold_"]
 
 

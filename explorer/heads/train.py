@@ -40,10 +40,11 @@ STATE = "train_state"
 
 def head_config(target, layers: tuple[int, ...], draft_vocab: int, intermediate: int | None = None) -> HeadConfig:
     """A head shaped after ``target`` (its hidden size, attention heads, RoPE, vocabulary), reading ``layers``,
-    with ``draft_vocab`` draft tokens and an MLP ``intermediate`` wide (default: the target's)."""
+    with ``draft_vocab`` draft tokens and an MLP ``intermediate`` wide (default: the target's, else 4 x hidden)."""
     c = target.config
     heads = c.num_attention_heads
-    return HeadConfig(hidden_size=c.hidden_size, intermediate_size=intermediate or c.intermediate_size,
+    width = intermediate or getattr(c, "intermediate_size", None) or 4 * c.hidden_size  # GPT-2, OPT: no such field
+    return HeadConfig(hidden_size=c.hidden_size, intermediate_size=width,
                       num_attention_heads=heads, num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
                       head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
                       draft_vocab_size=draft_vocab, rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),

@@ -147,8 +147,9 @@ def _rope_parameters(raw: dict) -> dict:
 
 
 def default_aux_layers(n_target_layers: int) -> tuple[int, ...]:
-    """The target layers whose inputs feed a head by default: 2, L // 2 and L - 3 (EAGLE-3's choice)."""
-    return (2, n_target_layers // 2, n_target_layers - 3)
+    """The target layers whose inputs feed a head by default: 2, L // 2 and L - 3 (EAGLE-3's choice), kept within
+    0 .. L for a target of fewer than five layers."""
+    return (min(2, n_target_layers), n_target_layers // 2, max(n_target_layers - 3, 0))
 
 
 class RMSNorm(nn.Module):
