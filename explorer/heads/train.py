@@ -11,9 +11,8 @@ The recipe follows EAGLE-3 (Li et al. 2025, arXiv 2503.01840) as SpecForge and v
   (``engine/drafters/eagle.py``). Level j's loss weighs ``decay ** (j - 1)``.
 * **Started from the target** (``init_from_target``): the head's LM head holds the target's output rows of the
   draft vocabulary and its final norm the target's, ``fc`` passes the last feature layer through and the layer's
-  output projections start at zero, so a fresh head already maps its output into the target's token space and only
-  has to learn to step one position ahead (a head trained from random weights on a few hundred thousand tokens
-  never learns that map well).
+  output projections start at zero, so a fresh head already maps its output into the target's token space (the
+  target's logit lens of that layer) and has to learn to step one position ahead, not the map to tokens as well.
 * AdamW, a short warm-up then a cosine decay of the learning rate, gradient clipping, one sequence a step; the
   target's token embedding is read, never trained.
 

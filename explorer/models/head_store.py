@@ -22,7 +22,8 @@ def shipped_head(target_id: str, root: Path = HEADS_DIR) -> Path | None:
             card = json.loads((folder / CARD).read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if isinstance(card, dict) and card.get("data", {}).get("target") == target_id:
+        data = card.get("data") if isinstance(card, dict) else None
+        if isinstance(data, dict) and data.get("target") == target_id:
             return folder
     return None
 
