@@ -29,8 +29,8 @@ def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_to
             progress: bool = True) -> Path:
     """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text"}``, where ``text``
     is the chat-formatted prompt (the prompt itself for a tokenizer without a chat template) followed by the
-    target's greedy response (at most ``max_new_tokens`` tokens), as
-    the target reads it when decoding. Prompts of similar length are batched (left padding). Returns ``out``.
+    target's greedy response (at most ``max_new_tokens`` tokens, cut after the pair's first end-of-sequence token),
+    as the target reads it when decoding. Prompts of similar length are batched (left padding). Returns ``out``.
 
     Raises:
         HeadDataError: ``out`` holds something else than response records.
@@ -46,8 +46,7 @@ def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_to
     encoded = [tok.encode(f, add_special_tokens=False) for f in formatted]
     order = sorted(range(len(todo)), key=lambda i: len(encoded[i]))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    stops = pair.target.generation_config.eos_token_id
-    stops = set(stops if isinstance(stops, list) else [stops if stops is not None else tok.eos_token_id])
+    stops = set(pair.eos_token_ids)
     out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(todo), desc="target responses", unit="prompt", disable=not progress)
     for start in range(0, len(order), batch):

@@ -31,7 +31,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..models.eagle3 import Eagle3Head, HeadCache, HeadConfig, load_head, random_head, save_head
+from ..models.eagle3 import (Eagle3Head, HeadCache, HeadConfig, load_head, random_head, rope_theta_of,
+                              save_head)
 from .data import Sequence, draft_vocabulary, load
 
 STATE = "train_state"
@@ -47,8 +48,7 @@ def head_config(target, layers: tuple[int, ...], draft_vocab: int, intermediate:
                       num_attention_heads=heads, num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
                       head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
                       draft_vocab_size=draft_vocab, rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
-                      rope_theta=float(getattr(c, "rope_theta", None)  # transformers 5 keeps it in rope_parameters
-                                       or (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+                      rope_theta=rope_theta_of(c.to_dict()),
                       max_position_embeddings=int(getattr(c, "max_position_embeddings", 32768)),
                       aux_layer_ids=tuple(layers))
 

@@ -104,7 +104,7 @@ class HeadConfig:
                          head_dim=int(raw.get("head_dim") or hidden // heads), vocab_size=int(raw["vocab_size"]),
                          draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
                          rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                         rope_theta=float(raw.get("rope_theta") or _rope_parameters(raw).get("rope_theta", 10000.0)),
+                         rope_theta=rope_theta_of(raw),
                          max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
                          target_hidden_size=int(raw["target_hidden_size"]) if raw.get("target_hidden_size") else None,
                          aux_layer_ids=tuple(int(i) for i in aux) if aux else None)
@@ -140,10 +140,11 @@ class HeadConfig:
         return out
 
 
-def _rope_parameters(raw: dict) -> dict:
-    """A config's ``rope_parameters`` (where transformers 5 keeps ``rope_theta``), or ``{}``."""
+def rope_theta_of(raw: dict) -> float:
+    """A config's RoPE theta (a ``config.json`` or a transformers config's ``to_dict()``): ``rope_theta``, else the
+    one in ``rope_parameters`` (where transformers 5 keeps it), else 10000."""
     params = raw.get("rope_parameters")
-    return params if isinstance(params, dict) else {}
+    return float(raw.get("rope_theta") or (params.get("rope_theta") if isinstance(params, dict) else None) or 10000.0)
 
 
 def default_aux_layers(n_target_layers: int) -> tuple[int, ...]:
