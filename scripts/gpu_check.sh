@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of README.md and docs/bench.md in one unattended run, each part after the last, on a CUDA machine
+# The GPU figures of docs/speed.md and docs/bench.md in one unattended run, each part after the last, on a CUDA machine
 # whose $SPEC_EXPLORER_CACHE/gguf/ holds the embedded pair's two GGUF files (docs/bench.md, "Running on a GPU"):
 #   prepare     convert the pair to bf16 safetensors (once; later runs load the cache)
 #   bench-*     the bench grid: HumanEval 0-2 and MT-bench 0-2, T 0 and 0.7, 128 new tokens, CUDA graphs,

@@ -5,7 +5,7 @@ decoding (``ar``, transformers' ``generate``) prefills the prompt and then feeds
 to the same tokens at the same positions, so in exact arithmetic their logits agree; in floating point the order of
 the sums differs (another kernel, another query length), and in bf16 a logit moves by a rounding step now and then.
 When the best two tokens of a row sit within that step, greedy verification and ``ar`` can pick different tokens:
-the divergences README's "Numerics" section describes.
+the divergences docs/numerics.md ("Numerics") describes.
 
 For one step the probe recomputes every tree node's target logits the plain way (``ReferenceDecoder``: the prompt
 prefilled, every committed token and then the node's root-to-node path fed one token per forward, a cropped KV cache

@@ -129,7 +129,7 @@ def _chain_tree_notes(runs, audit):
                           f"{common + 1} ({quote_token(_piece(sd, common))} in the chain, "
                           f"{quote_token(_piece(tree, common))} here). A forward over many rows rounds bf16 differently "
                           "from one over few; where the target's two best tokens are nearly tied, that can pick the "
-                          "other one (README, \"Numerics\"; `python -m explorer probe` shows it node by node)."))
+                          "other one (docs/numerics.md, \"Numerics\"; `python -m explorer probe` shows it node by node)."))
     return notes
 
 
