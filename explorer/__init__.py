@@ -11,3 +11,5 @@ The command line, ``python -m explorer`` (``cli/main.py``), has the subcommands 
 ``audit``, ``verifiers``, ``bench``, ``lessons``, ``decision`` (collect, train, calibrate, eval, generalise,
 ablation) and the instruments ``probe``, ``acceptance``, ``calibration``, ``timeline``, ``counterfactual``; the
 Streamlit app is ``app.py`` at the project root."""
+
+__version__ = "0.9.0"

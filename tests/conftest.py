@@ -12,11 +12,6 @@ os.environ.setdefault("SPEC_EXPLORER_THREADS", str(torch.get_num_threads()))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py helpers
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "real: uses the embedded real model pair (1.6 GB download on first use)")
-    config.addinivalue_line("markers", "cuda: runs on a CUDA GPU (skipped without one; CI has none)")
-
-
 @pytest.fixture(scope="session")
 def tiny():
     from explorer.models.tiny import tiny_pair

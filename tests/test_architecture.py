@@ -180,3 +180,34 @@ def test_a_registered_verifier_is_seen_everywhere(tiny, original, restore_verifi
     assert name not in VERIFIERS and name not in drafting.DRAFT_RULES
     with pytest.raises(ValueError, match="unknown verifier"):
         MethodConfig(method="mcsd", verifier=name)
+
+
+def _pins(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith(("#", "-r"))]
+
+
+def test_pyproject_pins_what_the_requirements_files_pin():
+    """The package's dependencies are requirements.txt's pins and its dev extra requirements-dev.txt's, in order:
+    the README's commands install the files, ``pip install .`` the package, and both get the same versions."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["dependencies"] == _pins(ROOT / "requirements.txt")
+    assert project["optional-dependencies"]["dev"] == _pins(ROOT / "requirements-dev.txt")
+    assert project["scripts"]["spec-explorer"] == "explorer.cli.main:main"
+
+
+def test_the_console_script_is_the_module_command():
+    """``spec-explorer`` (the console script) and ``python -m explorer`` are one program; usage names the one typed."""
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "spec-explorer"
+    if not script.exists():
+        pytest.fail(f"{script} is missing: scripts/setup.sh installs the package in editable mode")
+    out = subprocess.run([str(script), "verifiers", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("usage: spec-explorer verifiers")
+    module = subprocess.run([sys.executable, "-m", "explorer", "verifiers", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    words = lambda text: text.replace("python -m explorer", "spec-explorer").split()  # noqa: E731 (usage wraps by name)
+    assert words(module.stdout) == words(out.stdout)

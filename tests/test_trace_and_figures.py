@@ -79,6 +79,97 @@ def test_traces_that_parse_but_cannot_be_drawn_are_refused(run_trace, path, valu
         loads_run(bad)
 
 
+# The fields added after the first version 1 writer (commit 833fd29): its traces lack them.
+LATER_STEP_FIELDS = ("forward_ms", "drafter", "expected_tokens", "timeline", "adaptation", "fallback", "host_syncs",
+                     "cost", "prefill_rows")
+LATER_NODE_FIELDS = ("p_top", "q_top", "provenance", "accept_prob", "slot_prob", "test_order", "predicted_accept")
+LATER_STOP_FIELDS = ("pruned", "expected", "forwards", "cost_pruned", "row_floor", "chances")
+
+
+def _as_version_1(d: dict) -> dict:
+    """``d`` as the first writer wrote it: version 1, no producer, the fields added since left out."""
+    d = json.loads(json.dumps(d))
+    d["schema_version"] = 1
+    del d["producer"]
+    for step in d["steps"]:
+        for key, names in ((None, LATER_STEP_FIELDS), ("nodes", LATER_NODE_FIELDS), ("stop_signals", LATER_STOP_FIELDS)):
+            for item in [step] if key is None else step[key]:
+                for name in names:
+                    item.pop(name)
+    return d
+
+
+def test_traces_are_written_as_version_2_and_name_their_writer(run_trace):
+    from explorer import __version__
+
+    d = json.loads(run_trace.to_json())
+    assert d["schema_version"] == 2 and d["producer"] == {"name": "spec-explorer", "version": __version__}
+    assert all(step["timeline"] and "prefill_rows" in step for step in d["steps"])
+
+
+def test_version_1_traces_are_upgraded_and_keep_what_they_hold(run_trace, tmp_path):
+    from explorer.trace import schema
+
+    old = _as_version_1(run_trace.to_dict())
+    assert old["steps"][0].get("timeline") is None and "p_top" not in old["steps"][0]["nodes"][1]
+    back = loads_run(json.dumps(old))
+    assert back.schema_version == 2 and back.producer == schema.V1_PRODUCER
+    assert back.generated_ids == run_trace.generated_ids
+    for was, now in zip(run_trace.steps, back.steps):
+        assert [n.token_id for n in now.nodes] == [n.token_id for n in was.nodes]
+        assert [n.status for n in now.nodes] == [n.status for n in was.nodes]
+        assert now.mask == was.mask and now.timeline == [] and now.forward_ms is None
+        assert all(n.p_top == [] and n.accept_prob is None for n in now.nodes)
+        figures.tree_figure(now), figures.mask_figure(now), figures.stop_figure(now)  # still drawn
+    save_run(back, tmp_path / "upgraded.json")  # saved again: version 2, and it reads back the same
+    again = load_run(tmp_path / "upgraded.json")
+    assert again.to_dict() == back.to_dict() and json.loads((tmp_path / "upgraded.json").read_text())[
+        "schema_version"] == 2
+    assert old["schema_version"] == 1 and "producer" not in old  # the reader upgraded a copy
+
+
+def test_shipped_lessons_are_version_1_traces_and_still_open():
+    from explorer.lessons.lesson import load_lesson, shipped_lessons
+
+    paths = shipped_lessons()
+    assert paths
+    for path in paths:
+        raw = json.loads(path.read_text())
+        assert {r["trace"]["schema_version"] for r in raw["runs"]} == {1}  # recorded before version 2
+        lesson = load_lesson(path)
+        assert all(r.trace.schema_version == 2 and r.trace.steps for r in lesson.runs)
+
+
+def test_the_upgrade_fills_exactly_the_fields_a_version_1_reader_defaulted():
+    """Each record's fields with a default are the ones version 1 let a trace leave out, and the upgrade fills them
+    with those defaults: a field added later without a default, or with another one, fails here."""
+    import dataclasses
+
+    from explorer.trace import records, schema
+
+    for cls, added in ((records.StepTrace, schema.STEP_FIELDS_ADDED), (records.NodeTrace, schema.NODE_FIELDS_ADDED),
+                       (records.StopSignal, schema.STOP_FIELDS_ADDED)):
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(cls)
+                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+        assert {k: v for k, v in added.items() if k != "stop_signals"} == defaults, cls.__name__
+    assert set(LATER_STEP_FIELDS) <= set(schema.STEP_FIELDS_ADDED)
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (lambda d: d["steps"][0].pop("timeline"), "step 1 of the trace is malformed: the step lacks the field 'timeline'"),
+    (lambda d: d["steps"][0]["nodes"][1].pop("p_top"), "node 1 lacks the field 'p_top'"),
+    (lambda d: d.pop("producer"), "'producer'"),
+    (lambda d: d.update(schema_version=3), "a newer spec-explorer wrote it"),
+    (lambda d: d.update(schema_version="2"), "schema version '2' is not supported"),
+])
+def test_version_2_traces_must_hold_every_field(run_trace, spoil, message):
+    d = json.loads(run_trace.to_json())
+    spoil(d)
+    with pytest.raises(TraceError, match=message):
+        loads_run(json.dumps(d))
+
+
 def test_unreadable_trace_file(tmp_path):
     with pytest.raises(TraceError, match="cannot read"):
         load_run(tmp_path / "missing.json")

@@ -2,7 +2,7 @@
 
 Nothing here imports torch: a saved trace replays without a model. ``to_dict``/``from_dict`` round-trip through
 JSON; ``load_run`` validates a file (schema version, required fields, size) and raises ``TraceError`` with a
-message a user can act on.
+message a user can act on. Version 1 traces are upgraded on reading (``schema.upgrade``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .. import __version__
 from .jsonfile import parse_json, read_file
+from .schema import SCHEMA_VERSION, SchemaError, missing_fields, upgrade
 
-SCHEMA_VERSION = 1
+PRODUCER = {"name": "spec-explorer", "version": __version__}
+"""What a trace written by this build says wrote it (``RunTrace.producer``)."""
 MAX_TRACE_BYTES = 50 * 1024 * 1024
 TOP_K_SHOWN = 8  # tokens of p and q recorded per node for the node inspector
 
@@ -287,7 +290,10 @@ class RunTrace:
         prefill_ms: wall-clock milliseconds of the prefill (both models, and the drafter's start).
         prompt_info: where the prompt came from when it came from a prompt set: ``id``, ``source`` (``humaneval``,
             ``mt-bench``, a file name) and ``category``; ``{}`` otherwise (forensics groups saved runs by it).
-        schema_version: ``SCHEMA_VERSION`` of the writer (``from_dict`` reads only its own).
+        schema_version: ``SCHEMA_VERSION`` of the writer (``from_dict`` reads it and upgrades version 1,
+            ``schema.upgrade``).
+        producer: what wrote the trace, ``{"name", "version"}`` (``PRODUCER``; an upgraded version 1 trace says
+            ``schema.V1_PRODUCER``).
     """
 
     settings: dict
@@ -298,6 +304,7 @@ class RunTrace:
     prefill_ms: float = 0.0
     prompt_info: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    producer: dict = field(default_factory=lambda: dict(PRODUCER))
 
     @property
     def generated_ids(self) -> list[int]:
@@ -317,7 +324,8 @@ class RunTrace:
         return self.temperature == 0.0
 
     def to_dict(self) -> dict:
-        return {"schema_version": self.schema_version, "settings": self.settings, "model": self.model,
+        return {"schema_version": self.schema_version, "producer": self.producer, "settings": self.settings,
+                "model": self.model,
                 "prompt": self.prompt, "prompt_ids": self.prompt_ids, "prefill_ms": self.prefill_ms,
                 **({"prompt_info": self.prompt_info} if self.prompt_info else {}),
                 "steps": [s.to_dict() for s in self.steps]}
@@ -326,14 +334,22 @@ class RunTrace:
     def from_dict(d: dict) -> "RunTrace":
         if not isinstance(d, dict):
             raise TraceError("a trace must be a JSON object")
-        version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise TraceError(f"trace schema version {version!r} is not supported (this build reads {SCHEMA_VERSION})")
+        try:
+            d = upgrade(d)
+        except SchemaError as exc:
+            raise TraceError(str(exc)) from None
         for key in ("settings", "model", "prompt", "prompt_ids", "steps"):
             if key not in d:
                 raise TraceError(f"trace is missing the field {key!r}")
         if not isinstance(d["steps"], list):
             raise TraceError("trace field 'steps' must be a list")
+        for i, step in enumerate(d["steps"]):
+            problem = _missing_in_step(step)
+            if problem:
+                raise TraceError(f"step {i + 1} of the trace is malformed: {problem}")
+        producer = d.get("producer")
+        if not (isinstance(producer, dict) and all(isinstance(producer.get(k), str) for k in ("name", "version"))):
+            raise TraceError("trace field 'producer' must be an object with the strings name and version")
         try:
             steps = [StepTrace.from_dict(s) for s in d["steps"]]
         except (TypeError, KeyError, AttributeError, ValueError) as exc:
@@ -353,7 +369,8 @@ class RunTrace:
             if problem:
                 raise TraceError(f"step {i + 1} of the trace is malformed: {problem}")
         return RunTrace(settings=d["settings"], model=d["model"], prompt=d["prompt"], prompt_ids=d["prompt_ids"],
-                        steps=steps, prefill_ms=float(d.get("prefill_ms", 0.0)), prompt_info=info)
+                        steps=steps, prefill_ms=float(d.get("prefill_ms", 0.0)), prompt_info=info,
+                        producer=producer)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)
@@ -374,6 +391,23 @@ _NODE_TYPES = {"id": int, "parent": (int, type(None)), "token_id": int, "text": 
                "provenance": (dict, type(None)), "accept_prob": (int, float, type(None)),
                "slot_prob": (int, float, type(None)), "test_order": (int, type(None)),
                "predicted_accept": (int, float, type(None))}
+
+
+def _missing_in_step(step) -> str | None:
+    """Which field a version 2 step dict, or one of its nodes or stop signals, lacks (every field is written), or
+    None."""
+    if not isinstance(step, dict):
+        return f"expected an object, got {type(step).__name__}"
+    parts = [("the step", step, StepTrace)]
+    for key, cls in (("nodes", NodeTrace), ("stop_signals", StopSignal)):
+        items = step.get(key)
+        parts += [(f"{key[:-1].replace('_', ' ')} {j}", item, cls)
+                  for j, item in enumerate(items if isinstance(items, list) else []) if isinstance(item, dict)]
+    for where, obj, cls in parts:
+        lacking = missing_fields(obj, [f.name for f in fields(cls)])
+        if lacking:
+            return f"{where} lacks the field {lacking[0]!r}"
+    return None
 
 
 def _step_problem(step: "StepTrace") -> str | None:
