@@ -75,7 +75,8 @@ def main() -> int:
     cli = cli_steps(args.pair, args.steps)
     rows = [{"step": i + 1, "app": a, "cli": c,
              "draft_ratio": round(a["draft_ms"] / max(c["draft_ms"], 1), 2),
-             "verify_ratio": round(a["verify_ms"] / max(c["verify_ms"], 1), 2)} for i, (a, c) in enumerate(zip(app, cli))]
+             "verify_ratio": round(a["verify_ms"] / max(c["verify_ms"], 1), 2)}
+            for i, (a, c) in enumerate(zip(app, cli))]
     from explorer.ui.common import app_threads
 
     print(json.dumps({"prompt": PROMPT, "pair": args.pair, "idle_s": args.idle, "app_threads": app_threads(),

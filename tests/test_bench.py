@@ -347,7 +347,8 @@ def test_the_bench_carries_what_a_run_learned_to_the_next_prompt(tiny, monkeypat
 
     def spy(pair, config, ids, n, sampling, **kw):
         c = kw.get("carried")
-        seen.append(tuple(c is not None and getattr(c, part) is not None for part in ("recycling", "fallback", "adapter")))
+        seen.append(tuple(c is not None and getattr(c, part) is not None
+                          for part in ("recycling", "fallback", "adapter")))
         return real(pair, config, ids, n, sampling, **kw)
 
     monkeypatch.setattr(bench_module, "run_engine", spy)

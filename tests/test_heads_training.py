@@ -138,7 +138,8 @@ def test_the_assembled_prompts_cover_every_kind_hold_no_bench_prompt_and_repeat(
 
 def test_the_targets_responses_are_written_once_each_and_train_on(tiny, tmp_path, capsys):
     """``heads respond``: one record per prompt (the prompt as the target reads it, chat template applied, then its
-    greedy continuation, as ``generate`` gives it alone); a second run skips what is answered; a file of something else is refused."""
+    greedy continuation, as ``generate`` gives it alone); a second run skips what is answered; a file of something
+    else is refused."""
     from explorer.cli.main import main
     from explorer.heads.data import HeadDataError
     from explorer.heads.respond import respond

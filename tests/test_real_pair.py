@@ -152,7 +152,8 @@ def test_a_head_shaped_for_the_embedded_target_loads_fits_and_drafts_losslessly(
     assert any(s.drafted for s in trace.steps) and all(s.target_calls == 1 for s in trace.steps)
 
 
-HEAD_TOKENS_PER_CALL = 1.25  # the shipped head: 1.59 on the kinds set greedy, 1.60 on HumanEval (docs/heads.md); 1.0 untrained
+# the shipped head: 1.59 on the kinds set greedy, 1.60 on HumanEval (docs/heads.md); 1.0 untrained
+HEAD_TOKENS_PER_CALL = 1.25
 
 
 def test_the_shipped_head_drafts_for_the_embedded_target_without_a_draft_model(real_pair, prompts):

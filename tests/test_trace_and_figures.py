@@ -92,8 +92,9 @@ def _as_version_1(d: dict) -> dict:
     d["schema_version"] = 1
     del d["producer"]
     for step in d["steps"]:
-        for key, names in ((None, LATER_STEP_FIELDS), ("nodes", LATER_NODE_FIELDS), ("stop_signals", LATER_STOP_FIELDS)):
-            for item in [step] if key is None else step[key]:
+        for items, names in (([step], LATER_STEP_FIELDS), (step["nodes"], LATER_NODE_FIELDS),
+                             (step["stop_signals"], LATER_STOP_FIELDS)):
+            for item in items:
                 for name in names:
                     item.pop(name)
     return d

@@ -137,7 +137,7 @@ def run_facts(pair) -> dict:
             "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights, "fused_kernels": pair.fused_kernels,
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{cpu}{gpu}", "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "commit": source_commit()}
+            "date": datetime.datetime.now(datetime.UTC).isoformat(), "commit": source_commit()}
 
 
 HF_ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
@@ -425,7 +425,7 @@ def summarise(runs: list[dict], methods, temperatures, configs: dict, draft, syn
             agg = base[method]
             tps = agg["tokens_per_s"]
 
-            def ratio(baseline):
+            def ratio(baseline, base=base, tps=tps):
                 b = base.get(baseline, {}).get("tokens_per_s")
                 return tps / b if b and tps else None
 

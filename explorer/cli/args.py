@@ -30,8 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", help="draft model: local HF folder, hub id or .gguf file (implies --models custom)")
     g.add_argument("--target", help="target model: local HF folder, hub id or .gguf file (implies --models custom; "
                                     "without --draft the target drafts with its own first layers)")
-    g.add_argument("--dtype", default=None, help="auto (default: bf16 on CUDA and on CPUs with native bf16, else fp32), "
-                                                          "bf16, fp16 or fp32")
+    g.add_argument("--dtype", default=None,
+                   help="auto (default: bf16 on CUDA and on CPUs with native bf16, else fp32), bf16, fp16 or fp32")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--draft-quant", default="auto", choices=["auto", "none", "int8"],
                    help="int8: the draft's linear layers dynamically quantized (lossless; faster drafting on CPU). "

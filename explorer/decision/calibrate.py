@@ -12,7 +12,7 @@ under the pair's folder name (``calibration_dir``), where ``decision_model_for``
 from __future__ import annotations
 
 import shutil
-from typing import Callable
+from collections.abc import Callable
 
 from ..analysis.prompts import load_prompt_set
 from ..engine.stop_models.model import calibration_dir, find_calibrated
@@ -43,8 +43,9 @@ def calibration_prompts(n: int = CALIBRATION_PROMPTS) -> list:
 def calibrate(pair, *, prompts: int | None = None, max_new_tokens: int | None = None, seed: int = 0,
               on_progress: Callable[[str, float], None] | None = None) -> dict:
     """Collect on ``prompts`` prompts of the calibration mix (``max_new_tokens`` each, greedy and temperature 1 in
-    turn; None: ``CALIBRATION_PROMPTS`` and ``CALIBRATION_TOKENS``), train every model kind and save them for ``pair`` (``calibration_dir``); a calibration already in the
-    cache is replaced. Returns the models' card (``train.train_models``) with ``"folder"`` added.
+    turn; None: ``CALIBRATION_PROMPTS`` and ``CALIBRATION_TOKENS``), train every model kind and save them for
+    ``pair`` (``calibration_dir``); a calibration already in the cache is replaced. Returns the models' card
+    (``train.train_models``) with ``"folder"`` added.
 
     ``on_progress(message, fraction)``: called after each prompt and before training (fraction 0..1).
     Raises ValueError for fewer than 4 prompts (a validation split needs some), DataError when no prompt fits the

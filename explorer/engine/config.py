@@ -281,7 +281,7 @@ class MethodConfig:
         d["tree"] = None if self.tree is None else list(self.tree)
         return d
 
-    def with_(self, **changes) -> "MethodConfig":
+    def with_(self, **changes) -> MethodConfig:
         """A copy with ``changes``; a new stop policy without a threshold gets that policy's default (and a fixed
         cost ratio unless it is ``goodput``); the lossy mode of Lu et al. 2024 without a tree choice gets the published
         shape (the root width is chosen online for the lossless method only)."""

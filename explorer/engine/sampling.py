@@ -376,7 +376,7 @@ class LazyRows(Mapping):
     def add(self, key: int, dists: RowDists, row: int) -> None:
         self._refs[key] = (dists, row)
 
-    def remapped(self, key_map) -> "LazyRows":
+    def remapped(self, key_map) -> LazyRows:
         """The same rows under new keys ``key_map(old_key)`` (a tree re-indexed after free branches joined)."""
         out = LazyRows()
         out._refs = {key_map(k): v for k, v in self._refs.items()}

@@ -49,7 +49,7 @@ def python_version() -> str:
 def bench_probes() -> list[str]:
     """A stretch of each bench prompt's first substantial line (``PROBE_CHARS`` characters)."""
     probes = set()
-    for name, load in PROMPT_SETS.items():
+    for load in PROMPT_SETS.values():
         for prompt in load():
             for line in prompt.text.splitlines():
                 line = line.strip()

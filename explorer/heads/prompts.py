@@ -51,7 +51,7 @@ def code_prompts(rng: random.Random, n: int) -> list[str]:
     """Write-a-function prompts from standard-library functions that have a docstring (name, arguments, the
     docstring's first sentence)."""
     found = []
-    for name, source in stdlib_texts(limit_chars=3_000_000):
+    for _name, source in stdlib_texts(limit_chars=3_000_000):
         try:
             tree = ast.parse(source)
         except SyntaxError:

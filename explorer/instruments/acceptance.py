@@ -77,7 +77,7 @@ def acceptance_vector(cells: dict[tuple[int, int], Cell], use: str = "expected",
     if use not in ("expected", "realised"):
         raise ValueError(f"use must be 'expected' or 'realised', got {use!r}")
     pooled: dict[int, Cell] = {}
-    for (d, r), c in cells.items():
+    for (_depth, r), c in cells.items():
         p = pooled.setdefault(r, Cell(0, r))
         p.tested += c.tested
         p.accepted += c.accepted

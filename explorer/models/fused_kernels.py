@@ -6,10 +6,10 @@ multiplies), rotary position embedding about a dozen, the MLP's SiLU and product
 of launch and memory round trip however little it computes, so the draft's forward costs nearly what the target's
 does. Compiling these pieces fuses each into one or two kernels; the matrix multiplies and attention stay
 as they are. Measured on an H100 (bf16, random weights of the embedded pair's shapes, one forward replayed from a
-CUDA graph, timed as ``scripts/forward_times.py`` does): the 0.5B draft's 1-row forward 2.87 -> 1.82 ms and 4 rows 3.25 -> 2.11 ms;
-the 1.5B target's 1 row 4.20 -> 2.97 ms and 16 rows 4.96 -> 3.40 ms. Compiling a whole forward instead gave
-1.58 / 2.68 ms but cost about 25 s of compiling per query size on the target (nine bucket sizes), against about
-3 s here: the pieces are compiled with dynamic shapes, once for every row count.
+CUDA graph, timed as ``scripts/forward_times.py`` does): the 0.5B draft's 1-row forward 2.87 -> 1.82 ms and 4 rows
+3.25 -> 2.11 ms; the 1.5B target's 1 row 4.20 -> 2.97 ms and 16 rows 4.96 -> 3.40 ms. Compiling a whole forward
+instead gave 1.58 / 2.68 ms but cost about 25 s of compiling per query size on the target (nine bucket sizes),
+against about 3 s here: the pieces are compiled with dynamic shapes, once for every row count.
 
 What is compiled, per model instance: every module whose class name ends in ``RMSNorm`` and every ``...MLP`` whose
 linear layers are plain ``torch.nn.Linear`` (an int8 or oneDNN-packed MLP is left alone); and, once per model family,

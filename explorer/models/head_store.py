@@ -65,11 +65,12 @@ def head_for(pair, path: str = "") -> tuple[Eagle3Head, Path]:
 
 
 def describe(head: Eagle3Head, folder: Path, n_target_layers: int) -> dict:
-    """What a trace records of a head: its folder (``assets/heads/<name>`` for a shipped one), the sha256 of its config (sorted JSON), its draft vocabulary (size
-    and target ids, so a replay can tell which committed tokens the head could not have proposed) and the target
-    layers it reads."""
+    """What a trace records of a head: its folder (``assets/heads/<name>`` for a shipped one), the sha256 of its
+    config (sorted JSON), its draft vocabulary (size and target ids, so a replay can tell which committed tokens the
+    head could not have proposed) and the target layers it reads."""
     config = json.dumps(head.config.to_dict(), sort_keys=True)
     shipped = folder.parent == HEADS_DIR.resolve()  # named as in the repository, not this machine's path
-    return {"path": f"assets/heads/{folder.name}" if shipped else str(folder), "config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16],
+    return {"path": f"assets/heads/{folder.name}" if shipped else str(folder),
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16],
             "draft_vocab_size": head.config.draft_vocab_size, "draft_ids": head.target_ids().tolist(),
             "target_layers": list(head.config.aux_layers(n_target_layers))}

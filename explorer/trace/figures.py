@@ -82,7 +82,8 @@ def node_rows(step: StepTrace) -> list[dict]:
             "committed": n.committed, "p (target)": n.p, "q (draft)": n.q, "p/q": n.ratio, "u": n.u,
             "P(accept)": n.accept_prob, "slot P(accept)": n.slot_prob,
             "from": provenance_text(n) or "",
-            "residual top": ", ".join(f"{token_label(t, 10, escape=False)} {pr:.2f}" for _, t, pr in n.residual_top[:3]),
+            "residual top": ", ".join(f"{token_label(t, 10, escape=False)} {pr:.2f}"
+                                      for _, t, pr in n.residual_top[:3]),
         })
     return rows
 
@@ -115,7 +116,8 @@ def tree_layout(g: nx.DiGraph, root: int = 0) -> dict[int, tuple[float, float]]:
 def _hover(n) -> str:
     lines = [f"<b>{token_label(n.text, 40)}</b> (id {n.token_id})", f"status: {STATUS_LABELS.get(n.status, n.status)}"
              + (" · committed" if n.committed and n.status != CONTEXT else ""),
-             f"depth {n.depth} · position id {n.position_id}" + (f" · branch {n.branch}" if n.branch is not None else "")]
+             f"depth {n.depth} · position id {n.position_id}"
+             + (f" · branch {n.branch}" if n.branch is not None else "")]
     if n.status != CONTEXT:
         lines.append(f"p (target) {_fmt(n.p)} · q (draft) {_fmt(n.q)}")
         if n.source == "target":

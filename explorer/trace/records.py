@@ -265,7 +265,7 @@ class StepTrace:
         return asdict(self)
 
     @staticmethod
-    def from_dict(d: dict) -> "StepTrace":
+    def from_dict(d: dict) -> StepTrace:
         d = dict(d)
         d["nodes"] = [NodeTrace(**_known(NodeTrace, n)) for n in d["nodes"]]
         d["stop_signals"] = [StopSignal(**_known(StopSignal, s)) for s in d.get("stop_signals", [])]
@@ -331,7 +331,7 @@ class RunTrace:
                 "steps": [s.to_dict() for s in self.steps]}
 
     @staticmethod
-    def from_dict(d: dict) -> "RunTrace":
+    def from_dict(d: dict) -> RunTrace:
         if not isinstance(d, dict):
             raise TraceError("a trace must be a JSON object")
         try:
@@ -410,7 +410,7 @@ def _missing_in_step(step) -> str | None:
     return None
 
 
-def _step_problem(step: "StepTrace") -> str | None:
+def _step_problem(step: StepTrace) -> str | None:
     """What makes a loaded step impossible to draw (types and references the figures rely on), or None."""
     for n in step.nodes:
         for name, kind in _NODE_TYPES.items():

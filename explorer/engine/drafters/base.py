@@ -22,7 +22,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import torch
 
@@ -251,7 +252,7 @@ class Drafter:
         first step (``VerifiedStep.prompt_top``): a drafter that reads them calls this from its ``observe`` before
         learning from that step (``ModelDrafter`` does); ``rewind`` keeps them. Nothing by default."""
 
-    def priced_free_nodes(self, view) -> tuple[list["FreeNode"], dict | None]:
+    def priced_free_nodes(self, view) -> tuple[list[FreeNode], dict | None]:
         """``free_nodes``, and where the run prices rows (``view.row_pricing``) only those worth their rows
         (``row_pricing.RowPricing.choose``), with the record of that choice for the trace (None: not priced)."""
         nodes = self.free_nodes(view)
@@ -260,7 +261,7 @@ class Drafter:
             return nodes, None
         return pricing.choose(nodes, at=len(view.committed))
 
-    def free_nodes(self, view) -> list["FreeNode"]:
+    def free_nodes(self, view) -> list[FreeNode]:
         """Deterministic proposals for this step (free drafters only), as a trie-able list of FreeNodes."""
         return []
 

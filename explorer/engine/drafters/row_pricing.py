@@ -71,7 +71,7 @@ class RowPricing:
         self.reset()
 
     @classmethod
-    def from_prices(cls, prices: dict | None) -> "RowPricing | None":
+    def from_prices(cls, prices: dict | None) -> RowPricing | None:
         """Pricing at ``prices`` (``{"one_row_ms", "jump_ms", "row_ms"}``: ``forward_costs.row_prices``, or a
         trace's ``model["row_pricing"]``), or None where there are none (rows are not dear here). Raises KeyError,
         TypeError or ValueError for a malformed record."""

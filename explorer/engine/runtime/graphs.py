@@ -280,7 +280,7 @@ class GraphRunner:
                 mask[np.arange(w), length + np.arange(w)] = True
                 c = self._stage_chain([0] * w, [length] * w, mask, levels, vocab, sampling)
                 if c.graph is None:
-                    c.graph, _ = self._record(levels * w, lambda: self._chain_body(c, sampling))
+                    c.graph, _ = self._record(levels * w, lambda c=c: self._chain_body(c, sampling))
         return self.captures - done
 
     def _stage_chain(self, input_ids: list[int], position_ids: list[int], mask: np.ndarray, levels: int, vocab: int,

@@ -152,7 +152,7 @@ class StaticKVCache(KVCache):
         return self.length
 
 
-def copy_layers(src: KVCache, dst: "DynamicKVCache", layers: range) -> None:
+def copy_layers(src: KVCache, dst: DynamicKVCache, layers: range) -> None:
     """Layers ``layers`` of ``dst`` become copies of ``src``'s first ``dst.length`` positions in those layers.
 
     For a draft that computes what the target computes in those layers (``layer_skip.EarlyExitDraft``): its keys

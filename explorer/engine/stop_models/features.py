@@ -159,7 +159,7 @@ class TargetMemory:
         keys = [(tokens[i - 1] if i else -1, tokens[i]) for i in range(first, first + len(candidates))]
         self.update(keys, candidates)
 
-    def copy(self) -> "TargetMemory":
+    def copy(self) -> TargetMemory:
         out = TargetMemory(self.k)
         out.rows, out.bigrams = dict(self.rows), dict(self.bigrams)
         return out
