@@ -420,10 +420,14 @@ def test_continue_live_goes_on_from_the_text_where_the_steps_cannot_be_replayed(
 
 def test_the_players_data_holds_every_phase_of_the_lesson(tiny_lesson, tmp_path):
     """``lessons export``: the page's data has every step and phase of the lesson with the Classroom's own words
-    (one source), the trees and masks of the trace, and the page holds Plotly.js itself (no request)."""
+    (one source), each phase's tree and mask as ``trace.figures`` draws them, and the page holds Plotly.js itself
+    (no request); the page gives its data back whole (``read_page``). tests/test_player.py checks every shipped
+    lesson."""
     import plotly
+    import plotly.io as pio
 
-    from explorer.lessons.player import PLOTLY_CARTESIAN, TEMPLATE, export_html, player_data
+    from explorer.lessons.player import (FONT, MASK_HEIGHT, PLOTLY_CARTESIAN, TEMPLATE, export_html, player_data,
+                                         read_page)
 
     data = json.loads(json.dumps(player_data(tiny_lesson)))  # plain data
     assert data["title"] == tiny_lesson.title and len(data["runs"]) == len(tiny_lesson.runs)
@@ -432,15 +436,18 @@ def test_the_players_data_holds_every_phase_of_the_lesson(tiny_lesson, tmp_path)
         expected = [(p.step, p.kind, p.label, phases.account(trace.steps[p.step], p, run["greedy"]),
                      tiny_lesson.note_at(r, p)) for p in phases.run_phases(trace)]
         assert [(s, p["kind"], p["label"], p["account"], p["note"]) for s, p in run["phases"]] == expected
-        for step, drawn in zip(trace.steps, run["steps"]):
-            assert [(n[0], n[1], n[5], n[6], n[7]) for n in drawn["nodes"]] == [
-                (n.id, n.parent, n.source, n.status, n.committed) for n in step.nodes]
-            assert drawn["mask"] == step.mask and drawn["mask_ids"] == list(step.mask_node_ids)
-        first_verify = next(p for s, p in run["phases"] if p["kind"] == "verify")
-        assert set(first_verify["shown"].values()) - {"context", "drafted", "accepted", "rejected"} == set()
+        assert run["steps"] == len(trace.steps)
+        for (s, drawn), phase in zip(run["phases"], phases.run_phases(trace)):
+            step = trace.steps[s]
+            tree = figures.tree_figure(step, shown=phases.shown_status(step, phase), font=FONT)
+            assert drawn["tree"] == json.loads(pio.to_json(tree))
+            if len(step.nodes) > 1:
+                mask = figures.mask_figure(step, rows=phases.mask_rows(step, phase), font=FONT, height=MASK_HEIGHT)
+                assert drawn["mask"] == json.loads(pio.to_json(mask))
         assert run["race"] and all(lane["point"]["speedup"] > 0 for lane in run["race"].values())
     assert any(p["note"] for run in data["runs"] for _, p in run["phases"])
     page = export_html(tiny_lesson, tmp_path).read_text(encoding="utf-8")
+    assert read_page(page) == data
     assert "src=" not in TEMPLATE.read_text() and "href=" not in TEMPLATE.read_text()  # nothing loaded from outside
     # plotly.js inlined: the cartesian bundle of the plotly package's own version (every trace the player draws)
     assert page.count("/*PLOTLY_JS*/") == 0 and PLOTLY_CARTESIAN.read_text()[:200] in page
@@ -452,7 +459,7 @@ def test_any_trace_plays_as_a_page(tiny, tmp_path):
     """A plain run (no lesson, no baseline) becomes a player page of one run without a race: the Explorer's
     Download as HTML and ``generate --html``."""
     from explorer.cli.main import main
-    from explorer.lessons.player import player_data, trace_lesson
+    from explorer.lessons.player import PLAYER_SCHEMA, player_data, trace_lesson
 
     run = _run(tiny, MethodConfig(method="sd", gamma=3), tokens=8)
     data = player_data(trace_lesson(run))
@@ -461,7 +468,7 @@ def test_any_trace_plays_as_a_page(tiny, tmp_path):
     assert main(["generate", "--models", "tiny", "--prompt", "def f(x):", "--method", "sd", "--max-new-tokens", "6",
                  "--html", str(tmp_path)]) == 0
     page = (tmp_path / "trace_000.html").read_text(encoding="utf-8")
-    assert '"player_schema":1' in page and "def f(x):" in page
+    assert f'"player_schema":{PLAYER_SCHEMA}' in page and "def f(x):" in page
 
 
 def test_a_teachers_lesson_from_a_run_with_notes_at_chosen_phases(tiny):

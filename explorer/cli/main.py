@@ -37,7 +37,7 @@ from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError
 from ..lessons.lesson import LESSONS_DIR, load_lesson, shipped_lessons
-from ..lessons.player import export_html, trace_html
+from ..lessons.player import export_html, export_index, trace_html
 from ..lessons.record import record_lessons, time_lessons
 from ..models.head_store import has_head
 from ..models.loading import ModelPairError
@@ -245,11 +245,13 @@ def cmd_lessons(args) -> int:
     only = args.only.split(",") if args.only else None
     if args.action == "export":  # no model: the lesson files hold everything the page draws
         out = Path(args.out if args.out != str(LESSONS_DIR) else "reports/lessons")
-        for path in shipped_lessons():
-            lesson = load_lesson(path)
+        lessons = [load_lesson(path) for path in shipped_lessons()]
+        for lesson in lessons:
             if only is None or lesson.id in only:
                 written = export_html(lesson, out)
                 print(f"{written} ({written.stat().st_size / 1e6:.1f} MB)")
+        # the index links every shipped lesson whose page is in the folder (those of an earlier export too)
+        print(export_index(lessons, out))
         return 0
 
     pair = load_pair_from_args(args)
@@ -264,7 +266,9 @@ def cmd_lessons(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m explorer", description=__doc__.split("\n")[0])
+    # the console script and ``python -m explorer`` are one program; usage lines name the one that was typed
+    prog = "spec-explorer" if Path(sys.argv[0]).name == "spec-explorer" else "python -m explorer"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode prompts with one method and report metrics")
@@ -336,13 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     les = sub.add_parser("lessons", help="the classroom's lessons: list them, record them on a real pair, time "
                                          "their runs on this machine for the race (time), or write each as one "
-                                         "HTML page that plays in any browser (export)")
+                                         "HTML page that plays in any browser, with an index page (export)")
     les.add_argument("action", choices=["list", "record", "time", "export"])
     les.add_argument("--only", help="comma-separated lesson ids to record, time or export (default: all)")
     les.add_argument("--graphs", action="store_true",
                      help="time: our forwards through CUDA graphs (a static KV cache), as bench --graphs")
     les.add_argument("--out", default=str(LESSONS_DIR),
-                     help="folder for the lesson files (default: assets/lessons; export: reports/lessons)")
+                     help="folder for the lesson files (default: assets/lessons; export: reports/lessons, with an "
+                          "index.html linking the pages)")
     add_model_args(les)
     les.set_defaults(func=cmd_lessons)
 

@@ -11,15 +11,17 @@
   MCSD's analysis treats its k candidates (Yang et al. 2024): a level is passed with probability
   ``1 - (1 - alpha)^width``, so tokens per target call ``= 1 + sum_l prod_{j<=l} (1 - (1 - alpha)^w_j)`` over
   ``len(widths) c + 1`` target-forward costs (one draft forward per level). With every width 1 this is Leviathan's
-  chain. The run's measured point: its acceptance and its speedup over the recorded ``ar`` run (``measured_point``;
-  the lesson player, ``player.html``, draws the curve with its cost slider from it).
+  chain. The run's measured point: its acceptance and its speedup over the recorded ``ar`` run (``measured_point``).
+  ``speedup_figure`` draws the curve for one cost ratio with the run's point; ``speedup_curves`` is the curve at
+  every stop of the lesson player's cost slider (``SPEEDUP_COSTS``), all computed by ``engine.speedup.tree_speedup``:
+  the player (``player.py``) only swaps in the curve for the slider's stop.
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..engine.speedup import fitted_alpha
+from ..engine.speedup import fitted_alpha, tree_speedup
 from ..trace.records import RunTrace
 
 LANE_PARTS = {"drafting": "draft", "draft forward": "draft", "mask": "verify", "target forward": "verify",
@@ -106,14 +108,6 @@ def _sized(fig: go.Figure, font: int) -> go.Figure:
     return fig.update_layout(font=dict(size=font), legend_font=dict(size=font), xaxis=axis, yaxis=axis)
 
 
-
-
-
-
-
-
-
-
 def mean_widths(run: RunTrace) -> list[float]:
     """The run's mean tree shape: for each level up to the rounded mean depth of the steps that drafted, the mean
     number of candidates per parent (nodes at that level over nodes at the level above) over the steps that
@@ -165,4 +159,63 @@ def measured_point(run: RunTrace, baseline: RunTrace) -> dict:
             "c": c, "speedup": rate(run) / rate(baseline) if rate(baseline) else 0.0}
 
 
-__all__ = ["commit_times", "lane_segments", "mean_widths", "measured_point", "race_figure"]
+SPEEDUP_ALPHAS = tuple(i / 50 for i in range(51))  # the curve's acceptance rates: 0 to 1 in steps of 0.02
+SPEEDUP_COSTS = tuple(i / 50 for i in range(51))  # the player's cost slider: c from 0 to 1 in steps of 0.02
+SPEEDUP_DIGITS = 4  # the curve's speedups are rounded to this many decimals (a page holds 51 curves per lane)
+
+
+def speedup_points(widths: list[float], c: float) -> list[float]:
+    """The expected speedup (``engine.speedup.tree_speedup``) of a tree of ``widths`` per level (a chain where every
+    width is 1; ``[]``, a run that never drafted, counts as a chain of one) at every acceptance rate of
+    ``SPEEDUP_ALPHAS``, at cost ratio ``c``, rounded to ``SPEEDUP_DIGITS`` decimals."""
+    widths = list(widths) or [1.0]
+    return [round(tree_speedup(alpha, widths, c), SPEEDUP_DIGITS) for alpha in SPEEDUP_ALPHAS]
+
+
+def speedup_curve(widths: list[float], c: float) -> go.Scatter:
+    """The expected speedup against acceptance at cost ratio ``c`` (``speedup_points``): the curve the cost slider
+    moves."""
+    return go.Scatter(x=list(SPEEDUP_ALPHAS), y=speedup_points(widths, c), mode="lines", name=f"expected, c = {c:.2f}",
+                      line=dict(width=3, color="#3b6fb6"))
+
+
+def speedup_curves(point: dict) -> list[go.Scatter]:
+    """``speedup_curve`` of the run's mean tree (``measured_point``'s ``widths``) at every ``SPEEDUP_COSTS`` stop."""
+    return [speedup_curve(point["widths"], c) for c in SPEEDUP_COSTS]
+
+
+def slider_stop(c: float | None) -> int:
+    """The index in ``SPEEDUP_COSTS`` nearest to a measured cost ratio ``c`` (0.2 where none was measured; a ratio
+    above 1 at the slider's end)."""
+    c = 0.2 if c is None else c
+    return min(range(len(SPEEDUP_COSTS)), key=lambda i: abs(SPEEDUP_COSTS[i] - c))
+
+
+def speedup_figure(point: dict, c: float, font: int = 16) -> go.Figure:
+    """Expected speedup against acceptance for the run's mean tree (``measured_point``): the curve at cost ratio
+    ``c`` first (``speedup_curve``: the trace the player's slider replaces), the curve at the measured cost ratio
+    (dotted, where one was measured), and the run's own point (a star labelled with its measured speedup); the
+    break-even line at 1."""
+    fig = go.Figure(speedup_curve(point["widths"], c))
+    if point["c"] is not None:
+        fig.add_trace(go.Scatter(x=list(SPEEDUP_ALPHAS), y=speedup_points(point["widths"], point["c"]), mode="lines",
+                                 name=f"at the measured c = {point['c']:.2f}", line=dict(dash="dot", color="#888")))
+    fig.add_trace(go.Scatter(x=[point["alpha"]], y=[point["speedup"]], mode="markers+text", name="this run",
+                             text=[f"{point['speedup']:.2f}x"], cliponaxis=False,
+                             textposition="top left" if point["alpha"] > 0.85 else "top center",
+                             marker=dict(size=16, color="#d62728", symbol="star")))
+    tree = point["alpha_fitted"]  # a tree's alpha is per candidate (MCSD's independent candidates)
+    fig.update_layout(
+        title=dict(text="Speedup against acceptance: " + ("a tree" if tree else "a chain"), font=dict(size=font + 2),
+                   yref="container", y=0.99, yanchor="top"),
+        margin=dict(l=60, r=20, t=50, b=50), hoverlabel=dict(font=dict(size=font)),
+        xaxis=dict(title=dict(text="acceptance rate α" + (" per candidate" if tree else "")), range=[0, 1],
+                   automargin=True),
+        yaxis=dict(title=dict(text="speedup over ar"), automargin=True),
+        shapes=[dict(type="line", xref="paper", x0=0, x1=1, y0=1, y1=1, line=dict(dash="dash", width=1))],
+        legend=dict(x=0.01, y=0.99, bgcolor="rgba(255,255,255,0.8)"))
+    return _sized(fig, font)
+
+
+__all__ = ["SPEEDUP_ALPHAS", "SPEEDUP_COSTS", "commit_times", "lane_segments", "mean_widths", "measured_point",
+           "race_figure", "slider_stop", "speedup_curve", "speedup_curves", "speedup_figure", "speedup_points"]
