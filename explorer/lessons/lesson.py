@@ -128,7 +128,7 @@ class Lesson:
             out.setdefault(t.machine, t)
         return out
 
-    def with_timings(self, timings: MachineTimings) -> "Lesson":
+    def with_timings(self, timings: MachineTimings) -> Lesson:
         """This lesson with ``timings`` in place of any earlier entry for the same machine name.
 
         Raises LessonError when ``timings`` does not hold one trace per run of the lesson."""
@@ -158,7 +158,7 @@ class Lesson:
         return json.dumps(self.to_dict(), ensure_ascii=False)
 
     @staticmethod
-    def from_dict(d) -> "Lesson":
+    def from_dict(d) -> Lesson:
         """Raises LessonError for another schema version or a malformed lesson."""
         if not isinstance(d, dict):
             raise LessonError("a lesson must be a JSON object")

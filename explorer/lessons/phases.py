@@ -199,8 +199,8 @@ def _commit_account(step: StepTrace) -> list[str]:
         lines.append(f"Committed {len(step.committed_ids)} token{'s' if len(step.committed_ids) != 1 else ''} "
                      f"from one target call: {quote_token(text)}.")
         if step.bonus_token is not None:
-            lines.append(f"{len(path)} came from the draft tree; the last, {quote_token(step.committed_text[-1])}, is the "
-                         "**bonus token**, drawn from the target's own distribution after the accepted path.")
+            lines.append(f"{len(path)} came from the draft tree; the last, {quote_token(step.committed_text[-1])}, "
+                         "is the **bonus token**, drawn from the target's own distribution after the accepted path.")
         lines.append(f"Both KV caches keep the context plus the accepted path; the rows of {rejected} rejected and "
                      f"{unverified} unverified tokens are dropped.")
     if step.lossy:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..analysis.audit import audit
 from ..analysis.bench import run_facts
@@ -93,10 +93,11 @@ def _sampling_notes(runs, audit):
     for s in t.steps:
         node = next((n for n in s.nodes if n.status == REJECTED and n.residual_top), None)
         if node is not None:
-            notes.append(Note(0, s.index, "verify", f"{quote_token(node.text)} is rejected: u ≥ p/q. The next test (its "
-                              "sibling, or the token that replaces it) draws from the residual norm(max(p − q, 0)): "
-                              "what the target wanted and the draft under-proposed. Accept with min(1, p/q), "
-                              "correct with the residual: together they give exactly p.", node=node.id))
+            notes.append(Note(0, s.index, "verify", f"{quote_token(node.text)} is rejected: u ≥ p/q. The next test "
+                              "(its sibling, or the token that replaces it) draws from the residual "
+                              "norm(max(p − q, 0)): what the target wanted and the draft under-proposed. Accept "
+                              "with min(1, p/q), correct with the residual: together they give exactly p.",
+                              node=node.id))
             break
     if audit:
         notes.append(Note(0, len(t.steps) - 1, "commit", _audit_words(audit)))
@@ -127,9 +128,10 @@ def _chain_tree_notes(runs, audit):
             done += len(s.committed_ids)
         notes.append(Note(1, step, "commit", f"Both runs are greedy and lossless, yet the texts part at token "
                           f"{common + 1} ({quote_token(_piece(sd, common))} in the chain, "
-                          f"{quote_token(_piece(tree, common))} here). A forward over many rows rounds bf16 differently "
-                          "from one over few; where the target's two best tokens are nearly tied, that can pick the "
-                          "other one (docs/numerics.md, \"Numerics\"; `python -m explorer probe` shows it node by node)."))
+                          f"{quote_token(_piece(tree, common))} here). A forward over many rows rounds bf16 "
+                          "differently from one over few; where the target's two best tokens are nearly tied, that can "
+                          "pick the other one (docs/numerics.md, \"Numerics\"; `python -m explorer probe` shows it "
+                          "node by node)."))
     return notes
 
 
@@ -148,8 +150,9 @@ def _lookup_notes(runs, audit):
         prov = node.provenance
         where = "the prompt" if prov.get("in_prompt") else "the text so far"
         notes.append(Note(0, s.index, "draft", f"No draft model: the last {prov.get('ngram', '?')} token(s) "
-                          f"{quote_token(str(prov.get('match_text', '')))} occurred earlier in {where}, so the tokens that "
-                          f"followed there are proposed, for free (copied from position {prov.get('copied_from')})."))
+                          f"{quote_token(str(prov.get('match_text', '')))} occurred earlier in {where}, so the "
+                          "tokens that followed there are proposed, for free (copied from position "
+                          f"{prov.get('copied_from')})."))
         notes.append(Note(0, s.index, "commit", f"{s.accepted_draft_len} copied tokens accepted in one target "
                           "call: the answer repeats the prompt's code."))
     notes.append(Note(0, len(t.steps) - 1, "commit", f"Over the run: {_per_call(t):.2f} tokens per target call, "
@@ -177,8 +180,8 @@ def _head_notes(runs, audit):
         notes.append(Note(0, first.index, "draft", "No draft model: a head of one decoder layer reads what the "
                           "target computed inside itself for the text so far (the hidden states entering its layers "
                           f"{layers}) with the last token, and guesses the next token; its own output is fed back to "
-                          f"guess further. {first.draft_calls} head calls drafted this tree; each costs a few milliseconds, "
-                          "a small part of a draft model's forward.", level=1))
+                          f"guess further. {first.draft_calls} head calls drafted this tree; each costs a few "
+                          "milliseconds, a small part of a draft model's forward.", level=1))
     best = max(head.steps, key=lambda s: (s.accepted_draft_len, -s.index))
     notes.append(Note(0, best.index, "commit", f"{best.accepted_draft_len} of the head's tokens accepted in one "
                       "target call: the target's features already say much about the tokens that follow."))
@@ -311,7 +314,7 @@ def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None,
         path = out / f"{spec.id}.json"
         path.write_text(lesson.to_json(), encoding="utf-8")
         progress(f"[{spec.id}] wrote {path} ({path.stat().st_size / 1e3:.0f} kB), "
-                 f"{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} UTC")
+                 f"{datetime.datetime.now(datetime.UTC):%H:%M:%S} UTC")
         paths.append(path)
     return paths
 

@@ -297,7 +297,7 @@ def _adaptive_width(step: StepTrace, method: dict, target_roots: bool) -> list[s
         out.append(f"Adaptive width: the draft was sure at {len(sure)} place(s) (top probability {tops}, at or above "
                    f"{_pct(threshold)}), so each got one candidate instead of {instead}: another one would rarely "
                    "be accepted and would cost a draft row on every later level.")
-    for top, n, k in unsure[:3]:
+    for top, n, _k in unsure[:3]:
         out.append(f"Adaptive width: the draft was unsure at one place (top probability {_pct_against(top, threshold)}"
                    f" < {_pct(threshold)}), so it drew {n} candidate(s) there.")
     return out
