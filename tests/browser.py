@@ -7,12 +7,14 @@ Used by tests/test_browser.py (tiny pair) and by hand on the default pair:
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,15 +32,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_app(pair: str, port: int | None = None, timeout: float = 600, log: list | None = None,
-                procs: list | None = None):
+                procs: list | None = None, app: Path = ROOT / "app.py"):
     """Start ``streamlit run app.py`` on localhost with the given initial pair; yield its URL. ``log``: a list
     that gets the server's whole output (stdout and stderr) appended once the server has stopped; ``procs``: a list
-    that gets the server's ``Popen`` (its pid, for memory readings)."""
+    that gets the server's ``Popen`` (its pid, for memory readings); ``app``: another checkout's app.py (started in
+    its folder, with its .streamlit/config.toml), to measure against this one."""
     port = port or free_port()
     env = dict(os.environ, SPEC_EXPLORER_PAIR=pair)
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port",
+    app = Path(app).resolve()
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.port",
                              str(port), "--server.address", "127.0.0.1", "--server.headless", "true"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=app.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     if procs is not None:
         procs.append(proc)
@@ -62,26 +66,116 @@ def running_app(pair: str, port: int | None = None, timeout: float = 600, log: l
             log.append(out)
 
 
-# The app writes how many script runs of the session have finished into a hidden marker at the end of every run
-# (app.py, mark_run_finished): a test waits for it to change after its click, not for a fixed time, and not for the
-# script-state attribute, whose "running" phase a fast rerun can skip entirely.
-RUNS = "() => document.querySelector('[data-spec-run]')?.getAttribute('data-spec-run') ?? null"
+# How a test knows that the script run its click started has finished, from what Streamlit itself sends: every
+# message of a session comes over its websocket as a ForwardMsg protobuf, and a run begins with session_status_changed
+# (script running) and ends with script_finished. Chromium's DevTools protocol reports each frame the page receives
+# (Network.webSocketFrameReceived), so a test counts the runs that finished without any marker in the app. The
+# script-state attribute on the app's root (IDLE) alone cannot tell: a fast rerun (a fragment's) starts and finishes
+# between two frames the browser draws, and its "running" phase is never rendered.
+class _Runs:
+    """Streamlit's own account of one page's script runs, read off its websocket from the first ``runs(page)`` on:
+    how many started and finished (``script_finished``, except a run cut short by another, which goes on in its
+    place), and whether one is running now."""
+
+    def __init__(self, page):
+        self.started = self.finished = 0
+        self.running = False
+        self.fragment = False  # whether the last run that finished was a fragment's alone (st.fragment)
+        self._cdp = page.context.new_cdp_session(page)
+        self._cdp.on("Network.webSocketFrameReceived", self._frame)
+        self._cdp.send("Network.enable")
+
+    def _frame(self, params: dict) -> None:
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        response = params.get("response") or {}
+        if response.get("opcode") != 2:  # Streamlit's messages are binary frames
+            return
+        try:
+            msg = ForwardMsg.FromString(base64.b64decode(response.get("payloadData", "")))
+        except Exception:  # noqa: BLE001 - not one of Streamlit's messages
+            return
+        kind = msg.WhichOneof("type")
+        if kind == "session_status_changed":
+            if msg.session_status_changed.script_is_running and not self.running:
+                self.started += 1
+            self.running = msg.session_status_changed.script_is_running
+        elif kind == "script_finished" and msg.script_finished != ForwardMsg.FINISHED_EARLY_FOR_RERUN:
+            self.finished += 1
+            self.running = False
+            self.fragment = msg.script_finished == ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY
+
+
+_WATCHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# Resolves once the page shows no script run in progress and nothing on it has changed for QUIET ms (the last
+# message's elements drawn), or after MAX ms.
+SETTLED = """([quiet, max]) => new Promise(resolve => {
+  let last = performance.now();
+  const start = last;
+  const seen = new MutationObserver(() => { last = performance.now(); });
+  seen.observe(document.body, {subtree: true, childList: true, attributes: true, characterData: true});
+  const tick = () => {
+    const now = performance.now();
+    const app = document.querySelector("[data-testid='stApp']");
+    const idle = app?.getAttribute('data-test-script-state') === 'notRunning';
+    if ((idle && now - last >= quiet) || now - start >= max) { seen.disconnect(); resolve(now - start); }
+    else { setTimeout(tick, 10); }
+  };
+  tick();
+})"""
+
+
+def _watch(page) -> _Runs:
+    watch = _WATCHED.get(page)
+    if watch is None:
+        watch = _WATCHED[page] = _Runs(page)
+    return watch
+
+
+def settle(page, quiet_ms: int = 100, max_ms: int = 5000) -> None:
+    """Wait until no script run is in progress and the page has stopped changing (``SETTLED``)."""
+    page.evaluate(SETTLED, [quiet_ms, max_ms])
 
 
 def wait_idle(page, timeout_ms: int) -> None:
     """Wait until no script run is in progress (for the first load; after an action use ``rerun``)."""
+    _watch(page)
     page.wait_for_selector(IDLE, timeout=timeout_ms)
+    settle(page)
 
 
-def runs(page):
-    """The app's count of finished script runs in this session (a string), or None before the first."""
-    return page.evaluate(RUNS)
+def runs(page) -> int:
+    """How many script runs of the page's session have finished since the page was first asked (``_Runs``)."""
+    return _watch(page).finished
+
+
+def last_run_was_fragment(page) -> bool:
+    """Whether the page's last finished script run reran one fragment (``st.fragment``) rather than the app."""
+    return _watch(page).fragment
+
+
+def _wait(page, done, timeout_ms: int) -> bool:
+    """Let Playwright deliver the page's events until ``done()`` holds (True) or ``timeout_ms`` passes (False)."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        page.wait_for_timeout(15)
+    return True
 
 
 def wait_runs_after(page, before, timeout_ms: int) -> None:
-    """Wait until a script run has finished after the count ``before`` and no other is in progress."""
-    page.wait_for_function(f"before => ({RUNS})() !== before", arg=before, timeout=timeout_ms)
+    """Wait until a script run has finished after the count ``before`` (``runs``), no other is in progress and the
+    page has drawn it; ``before`` None: the page's first load."""
+    if before is None:
+        wait_idle(page, timeout_ms)
+        return
+    watch = _watch(page)
+    if not _wait(page, lambda: watch.finished > before and not watch.running, timeout_ms):
+        raise TimeoutError(f"no script run finished within {timeout_ms} ms")
     page.wait_for_selector(IDLE, timeout=timeout_ms)
+    settle(page)
 
 
 def rerun(page, action, timeout_ms: int = 300_000) -> None:
@@ -99,9 +193,10 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1600, "height": 1400})
-        page.goto(url)
+        page.goto(url.rstrip("/") + "/explorer")  # the Explorer's own path: the app's root page
         page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
         wait_runs_after(page, None, load_timeout_s * 1000)
+        landed = page.url
         # nothing typed: the prompt box starts with a real prompt, so the first Step of a fresh page draws a tree
         prompt = page.get_by_label("Prompt", exact=True).input_value()
         try:
@@ -119,6 +214,7 @@ def step_twice(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
         if charts.count() >= 4:
             charts.nth(3).screenshot(path=str(out_dir / "step2_stop.png"))
         report = {
+            "url": landed,
             "prompt": prompt,
             "plots": charts.count(),
             "errors": page.locator("[data-testid='stAlertContentError']").all_inner_texts(),
@@ -144,22 +240,17 @@ def _open(browser, url: str, prompt: str, load_timeout_s: float, page=None):
     return page
 
 
-STARTED = ("before => ({runs})() !== before || document.querySelector(\"[data-testid='stApp']\")"
-           "?.getAttribute('data-test-script-state') === 'running'").format(runs=RUNS)
-
-
 def _press(page, name: str, timeout_ms: int = 300_000, attempts: int = 3) -> None:
     """Click the button ``name`` and wait for the script run it starts. A click that lands while the page is
     still settling (an expander opening, a chart drawing) can be lost: when no run starts or finishes within 20 s,
     click again."""
     button = page.get_by_role("button", name=name, exact=True)
+    watch = _watch(page)
     for _ in range(attempts):
-        before = runs(page)
+        before, started = watch.finished, watch.started
         button.click(timeout=120_000)
-        try:
-            page.wait_for_function(STARTED, arg=before, timeout=20_000)
-        except Exception:  # playwright's TimeoutError: nothing started, the click was lost
-            continue
+        if not _wait(page, lambda b=before, s=started: watch.started != s or watch.finished != b, 20_000):
+            continue  # nothing started: the click was lost
         wait_runs_after(page, before, timeout_ms)
         return
     raise AssertionError(f"pressing {name!r} started no script run in {attempts} clicks")
@@ -230,6 +321,7 @@ def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
         report["after_steps"] = _step_caption(page)
         _press(page, "Back")
         report["after_back"] = _step_caption(page)
+        report["back_fragment"] = last_run_was_fragment(page)  # the step view alone reran, not the app
         page.screenshot(path=str(out_dir / "back_full.png"), full_page=True)
         # click a drafted node of the tree (the second marker of the first node trace after the anchor)
         tree = page.locator(".js-plotly-plot").first
@@ -237,6 +329,7 @@ def tour(url: str, out_dir: Path, load_timeout_s: float = 600) -> dict:
         report["tree_points"] = points.count()
         box = points.nth(min(2, points.count() - 1)).bounding_box()
         rerun(page, lambda: page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2), 60_000)
+        report["click_fragment"] = last_run_was_fragment(page)
         heads = page.locator("h4").all_inner_texts()
         report["inspector"] = [h for h in heads if h.startswith("Node inspector")]
         page.screenshot(path=str(out_dir / "inspector_full.png"), full_page=True)
@@ -549,7 +642,8 @@ def fallback_tour(url: str, out_dir: Path, steps: int = 4, prompt: str = "def fi
 # The Classroom's lesson player: an iframe (ui/lesson_player.py; inside the component's shadow root, which
 # Playwright's CSS selectors pierce) whose page says the phase on screen in window.shownPhase.
 PLAYER_POS = """f => { const w = f.contentWindow;
-  return w && w.shownPhase !== undefined ? f.dataset.src.split('/').pop().split('.')[0] + ':' + w.shownPhase : null; }"""
+  return w && w.shownPhase !== undefined
+    ? f.dataset.src.split('/').pop().split('.')[0] + ':' + w.shownPhase : null; }"""
 # Things a projector must show whole: no button, selectbox value, metric or label cut (scrollWidth > clientWidth).
 CUT_TEXT = """() => [...document.querySelectorAll('button *, button, select, input[role=combobox], '
   + '[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *, [data-testid="stWidgetLabel"] *')]
@@ -625,9 +719,10 @@ def classroom_tour(url: str, out_dir: Path, pid: int | None = None, sizes=((1280
             page = browser.new_page(viewport={"width": width, "height": height}, is_mobile=phone, has_touch=phone)
             errors: list[str] = []
             frames: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("websocket", lambda ws: (ws.on("framesent", lambda f: frames.append("sent")),
-                                             ws.on("framereceived", lambda f: frames.append("received"))))
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            page.on("websocket", lambda ws, frames=frames: (
+                ws.on("framesent", lambda f: frames.append("sent")),
+                ws.on("framereceived", lambda f: frames.append("received"))))
             t0 = time.monotonic()
             page.goto(url + "/?page=classroom")
             frame = player_frame(page)
@@ -775,7 +870,8 @@ def whole_class(url: str, out_dir: Path, pid: int, students: int = 10, rounds: i
 
 # CUT_TEXT within the main block only (the sidebar is the Explorer's, drawn off-screen on a phone); the file
 # uploader's "add icon" ligature is a material icon's name, clipped on purpose
-CUT_MAIN = CUT_TEXT.replace(".filter(e => e.offsetParent", ".filter(e => e.closest('[data-testid=stMain]') && e.offsetParent")
+CUT_MAIN = CUT_TEXT.replace(".filter(e => e.offsetParent",
+                            ".filter(e => e.closest('[data-testid=stMain]') && e.offsetParent")
 
 
 def forensics_tour(url: str, out_dir: Path, traces: list[Path], bad_files: tuple[Path, Path],

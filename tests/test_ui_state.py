@@ -17,7 +17,8 @@ UI = ROOT / "explorer" / "ui"
 GROUP_NAMES = {g.__name__ for g in GROUPS}
 # Which groups each module may write (state.py's docstring); a new module under explorer/ui must be placed here.
 OWNERS = {"app.py": {"App"}, "sidebar.py": {"Sidebar"}, "explorer_page.py": {"Explorer"}, "panels.py": {"Explorer"},
-          "instruments_panel.py": {"Explorer"}, "counterfactual_panel.py": {"Explorer"}, "lesson_panel.py": {"Explorer"},
+          "instruments_panel.py": {"Explorer"}, "counterfactual_panel.py": {"Explorer"},
+          "lesson_panel.py": {"Explorer"},
           "classroom_page.py": {"Classroom"}, "compare_page.py": {"Compare"}, "forensics_page.py": {"Forensics"},
           "bench_page.py": set(),
           "common.py": {"Shared"}, "lesson_player.py": set(), "__init__.py": set()}
@@ -236,7 +237,7 @@ def test_the_hand_off_gives_the_explorer_what_its_docstring_says(session, dtype,
     session["cls_lesson"] = "01-code-chains"  # the Classroom's own keys are its business
     state.hand_off_to_explorer(trace, 2, "Chains")
     assert session == {"continue_lesson": {"trace": trace, "step": 2, "title": "Chains"}, "prompt_text": "def f(x):",
-                       "chat": True, "pair_spec": "default", "dtype": named, "page": "Explorer",
+                       "chat": True, "pair_spec": "default", "dtype": named, "go_to": "Explorer",
                        "cls_lesson": "01-code-chains"}
 
 

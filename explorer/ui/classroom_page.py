@@ -25,8 +25,11 @@ from .state import Classroom, hand_off_to_explorer
 
 PLAYER_HEIGHT = "max(520px, calc(100vh - 150px))"  # the player under the lesson row, on any screen
 
+# The player fills the screen under the lesson row: the main block's top and bottom padding (6rem and 10rem) shrink,
+# the top to what keeps the lesson row clear of the app's header when the focused player scrolls into view. Streamlit
+# has no option for that padding (the wide layout already lifts the width limit), so this stays CSS.
 CLASSROOM_CSS = """<style>
-[data-testid="stMainBlockContainer"] {padding-top: 2.2rem; padding-bottom: 0.5rem; max-width: 100%;}
+[data-testid="stMainBlockContainer"] {padding-top: 3.2rem; padding-bottom: 0.5rem;}
 </style>"""
 
 
@@ -74,7 +77,7 @@ def _open_file(upload) -> None:
 
 
 def classroom_page() -> None:
-    st.markdown(CLASSROOM_CSS, unsafe_allow_html=True)
+    st.html(CLASSROOM_CSS)  # style only: it takes no room on the page
     lessons, problems = _lessons()
     for problem in problems:
         st.error(f"A shipped lesson cannot be opened: {problem}")

@@ -13,7 +13,7 @@ import streamlit as st
 from ..engine.config import VERIFIERS
 from ..trace import figures
 from ..trace.records import StepTrace
-from .instruments_panel import teach_caption
+from .instruments_panel import app_button, teach_caption
 from .state import Explorer
 
 TEACH_WHAT_IF = ("What would the target have done if the draft had proposed another word here? Pick a drafted "
@@ -38,10 +38,12 @@ def _token_choice(step: StepTrace, parent_id: int, key: str):
     return st.text_input("Token id, or text in quotes (one token)", key=f"{key}_typed", placeholder="e.g. 42 or ' the'")
 
 
+@st.fragment
 def counterfactual_section(step: StepTrace, result: dict | None, can_edit: bool, teach: bool,
                            temperature: float = 0.0) -> None:
-    """The what-if expander of ``step``; ``result``: the latest re-verification of this step, if any;
-    ``temperature``: the run's (the settings edit starts from it)."""
+    """The what-if expander of ``step``, a fragment: choosing the edit reruns this section alone; re-verifying it,
+    or going on from it, reruns the app (the work needs the models). ``result``: the latest re-verification of this
+    step, if any; ``temperature``: the run's (the settings edit starts from it)."""
     with st.expander("What if: edit this step and re-verify it", expanded=result is not None):
         if teach:
             teach_caption(TEACH_WHAT_IF)
@@ -81,8 +83,8 @@ def _edit_form(step: StepTrace, temperature: float) -> None:
         if verifier != "as recorded":
             specs.append(f"verifier:{verifier}")
     more = st.slider("Then decode more tokens from the edit", 0, 64, 16, key=f"{key}_more")
-    st.button("Re-verify this step", key=f"{key}_go", on_click=_request,
-              args=({"step": step.index, "edits": specs, "continue": more},))
+    app_button(st, "Re-verify this step", key=f"{key}_go", on_click=_request,
+               args=({"step": step.index, "edits": specs, "continue": more},))
 
 
 def _request(request: dict) -> None:
@@ -112,6 +114,6 @@ def _show(step: StepTrace, result: dict) -> None:
     if result.get("continuation_text"):
         st.markdown(f"**Then** (decoding on from the edit): `{result['continuation_text']!r}`")
     if result.get("engine") is not None:
-        st.button("Continue from the edit as a new run", key=f"cf_branch_{step.index}",
-                  on_click=_continue_from_edit, args=(step.index,),
-                  help="the session keeps the original run; switch between its runs above the buttons")
+        app_button(st, "Continue from the edit as a new run", key=f"cf_branch_{step.index}",
+                   on_click=_continue_from_edit, args=(step.index,),
+                   help="the session keeps the original run; switch between its runs above the buttons")

@@ -27,7 +27,8 @@ from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from . import panels
 from .common import build_config, example_prompts, guarded, make_engine, pair_or_message, parse_upload, set_error
 from .counterfactual_panel import counterfactual_section
-from .instruments_panel import acceptance_section, calibration_section, optimal_tree_section, timeline_section
+from .instruments_panel import (acceptance_report, acceptance_section, calibration_section, optimal_tree_section,
+                               timeline_section)
 from .lesson_panel import save_as_lesson
 from .state import Explorer, engine_lock, keep_learned, replay_in_explorer
 
@@ -219,33 +220,61 @@ def _load_trace(upload) -> None:
 
 
 def controls(trace, replaying: bool) -> None:
-    """The button row and the step slider. Stop needs no handler: any click while Run to end goes on makes
-    Streamlit interrupt that script run (between two steps: Streamlit calls happen only in the progress callback);
-    the next run sees the ``running`` flag still set."""
-    c = _cursor()
-    n = len(trace.steps) if trace is not None else 0
-    b = st.columns([1, 1, 1.3, 1.3, 1, 1, 1.6, 1.6])  # labels wrap where a column is narrow: never cut to "For..."
+    """The button row. Stop needs no handler: any click while Run to end goes on makes Streamlit interrupt that script
+    run (between two steps: Streamlit calls happen only in the progress callback); the next run sees the ``running``
+    flag still set. These buttons rerun the whole page; Back, Forward and Go to step belong to the step view
+    (``step_view``), which they rerun alone."""
+    b = st.columns([1, 1.3, 1, 1, 1.6, 1.6])  # labels wrap where a column is narrow: never cut to "Run t..."
     b[0].button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
                 help="draft and verify one speculative round on the real models", wrap=True)
-    b[1].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0, wrap=True)
-    b[2].button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1, wrap=True)
-    b[3].button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying, wrap=True)
-    b[4].button("Stop", key="stop_btn", help="interrupts Run to end after the current step", wrap=True)
-    b[5].button("Reset", key="reset_btn", on_click=_reset, wrap=True)
-    b[6].download_button("Download trace", data=(lambda t=trace: t.to_json()) if trace is not None else "",
+    b[1].button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying, wrap=True)
+    b[2].button("Stop", key="stop_btn", help="interrupts Run to end after the current step", wrap=True)
+    b[3].button("Reset", key="reset_btn", on_click=_reset, wrap=True)
+    b[4].download_button("Download trace", data=(lambda t=trace: t.to_json()) if trace is not None else "",
                          file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
                          disabled=trace is None, on_click="ignore", wrap=True,
                          help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
     # built on the click, on its own thread (about 1.6 MB: Plotly.js inlined), not on every rerun
-    b[7].download_button("Download as HTML", data=(lambda t=trace: trace_html(t)) if trace is not None else "",
+    b[5].download_button("Download as HTML", data=(lambda t=trace: trace_html(t)) if trace is not None else "",
                          file_name="spec-explorer-trace.html", mime="text/html", key="download_html_btn",
                          disabled=trace is None or not trace.steps, on_click="ignore", wrap=True,
                          help="the session as one page that plays its steps in any browser, offline: for a bug "
                               "report or a hand-in")
+
+
+def step_navigation(trace) -> None:
+    """Back, Forward and the Go to step slider (the step view's first row)."""
+    c = _cursor()
+    n = len(trace.steps)
+    b = st.columns([1, 1.3, 7.7], vertical_alignment="bottom")
+    b[0].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0, wrap=True)
+    b[1].button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1, wrap=True)
     if n >= 2:
         if Explorer.STEP_SLIDER.get() != c + 1:
             Explorer.STEP_SLIDER.set(c + 1)
-        st.slider("Go to step", 1, n, key=Explorer.STEP_SLIDER.name, on_change=_slider_moved)
+        b[2].slider("Go to step", 1, n, key=Explorer.STEP_SLIDER.name, on_change=_slider_moved)
+
+
+@st.fragment
+def step_view(trace, teach: bool, pair, replaying: bool) -> None:
+    """The run on screen from the step at the cursor, a fragment of the page: Back, Forward, Go to step and the step
+    panels' own controls (a click on the tree, the what-if slider and edit, the optimal tree's budget) rerun this
+    part of the page alone, not the sidebar, the prompt and the run's instruments below it. A control whose work
+    needs the models or another run (probe, re-verify, run the optimal tree) reruns the whole page
+    (``instruments_panel.app_button``). ``pair``: the loaded models (None when replaying a file)."""
+    step_navigation(trace)
+    _drawn(replaying, show_run, trace, _cursor(), teach, pair)
+
+
+def _drawn(replaying: bool, draw, *args) -> None:
+    """``draw(*args)``; a replayed file that validated but still cannot be drawn gets a message instead."""
+    if not replaying:
+        draw(*args)
+        return
+    try:
+        draw(*args)
+    except Exception as exc:  # noqa: BLE001 - a file that validated but still cannot be drawn
+        st.error(f"This trace cannot be drawn: {type(exc).__name__}: {exc}. Press Reset.")
 
 
 def explorer_page(settings) -> None:
@@ -254,8 +283,9 @@ def explorer_page(settings) -> None:
                "every decision. Methods: AR, SD, MCSD, the improved MCSD of Lu et al. 2024, prompt lookup, Token "
                "Recycling, a hybrid of both with the draft model, an EAGLE-3 head reading the target's own hidden "
                "states, and layer skip (the target drafting for itself).")
+    st.html(panels.METRIC_CSS)
     if settings["teach"]:
-        st.markdown(panels.TEACH_CSS, unsafe_allow_html=True)
+        st.html(panels.TEACH_CSS)
 
     examples = example_prompts()
 
@@ -333,20 +363,17 @@ def explorer_page(settings) -> None:
         st.warning("Lossy mode: the longest-branch rule of Lu et al. 2024 does not preserve the target's distribution.")
     if engine is not None and engine.finished:
         st.success("Run finished (max new tokens or end of sequence). Press Reset to start again.")
-    if replaying:
-        try:
-            show_run(trace, _cursor(), settings["teach"])
-        except Exception as exc:  # noqa: BLE001 - a file that validated but still cannot be drawn
-            st.error(f"This trace cannot be drawn: {type(exc).__name__}: {exc}. Press Reset.")
-    else:
-        show_run(trace, _cursor(), settings["teach"], pair=pair)
+    step_view(trace, settings["teach"], pair, replaying)
+    if trace.steps:
+        _drawn(replaying, run_instruments, trace, settings["teach"], pair)
     if pair is not None:
         audit_panel(pair, settings, prompt_text, chat)
 
 
 def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
-    """The run on screen: metrics, text, the step at ``cursor`` and the run's instruments (``pair``: the loaded
-    models, which the probe and the cost measurement need; None when replaying a file)."""
+    """The run on screen at the step ``cursor``: metrics up to it, the text, the step's panels, its what-if, its
+    timeline and the optimal tree beside its own (``pair``: the loaded models, which the probe and the what-if need;
+    None when replaying a file)."""
     panels.metrics_row(trace, cursor)
     st.markdown("**Generated text** (each step's tokens shaded; bonus tokens underlined in blue; the step on "
                 "screen outlined)")
@@ -361,8 +388,14 @@ def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:
                            temperature=trace.temperature)
     costs = _costs_for(pair)
     timeline_section(trace, step, costs, teach)
-    report = acceptance_section(trace, costs, can_measure=pair is not None, teach=teach)
-    optimal_tree_section(trace, step, report, can_run=pair is not None, teach=teach)
+    optimal_tree_section(trace, step, acceptance_report(trace, costs), can_run=pair is not None, teach=teach)
+
+
+def run_instruments(trace, teach: bool, pair=None) -> None:
+    """The instruments of the whole run, under the step view (they do not change with the step on screen):
+    expected against realised acceptance (with the forward-cost measurement: ``pair``, the loaded models) and the
+    stop signal's calibration."""
+    acceptance_section(trace, _costs_for(pair), can_measure=pair is not None, teach=teach)
     calibration_section(trace, teach)
 
 
@@ -459,6 +492,7 @@ def run_instrument_requests(pair, trace) -> None:
                             error_key=Explorer.PROBE_ERROR)
         if costs is not None:
             Explorer.FORWARD_COSTS.set({"pair": pair.name, "costs": costs})
+            Explorer.RUN_FIGURES.clear()  # the figures drawn from the costs measured before
     _what_if_requests(pair, trace)
     error = Explorer.PROBE_ERROR.pop()
     if error:

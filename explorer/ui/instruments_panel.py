@@ -6,6 +6,8 @@ forward costs) is requested here and done by the page (``explorer_page.run_instr
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
+from typing import Any
 
 import streamlit as st
 
@@ -55,6 +57,49 @@ METRIC_HELP = {
 }
 
 
+def app_button(box, label: str, **kwargs) -> None:
+    """A button (``box.button``) whose work needs the whole page: the models (a probe, a what-if), another run (the
+    optimal tree's), the sidebar. Its callback asks for the work; inside a fragment (``explorer_page.step_view``) the
+    click would rerun that fragment only, so it reruns the app, whose script body does the work."""
+    if box.button(label, **kwargs):
+        st.rerun(scope="app")
+
+
+def of_the_run(trace: RunTrace, name: str, build: Callable[[], Any]) -> Any:
+    """A figure (or a search) of the whole run, ``build()``, not of the step on screen: built once per length of the
+    run and kept for the run on screen (``Explorer.RUN_FIGURES``), so that Back and Forward, which redraw the step
+    view, do not build it again. ``name`` names it and whatever else it is drawn from (a budget, a measured cost)."""
+    held = Explorer.RUN_FIGURES.get()
+    if held is None or held["trace"] is not trace or held["steps"] != len(trace.steps):
+        held = {"trace": trace, "steps": len(trace.steps)}
+        Explorer.RUN_FIGURES.set(held)
+    if name not in held:
+        held[name] = build()
+    return held[name]
+
+
+STEPS_KEPT = 16  # the steps whose figures of_the_step keeps: Back and Forward over the last ones build nothing
+
+
+def of_the_step(trace: RunTrace, step: StepTrace, name: str, build: Callable[[], Any]) -> Any:
+    """A figure of one step of the run on screen, ``build()``: a recorded step does not change, so its figures are
+    built once (most when the step is new: Step's run draws it) and kept for the ``STEPS_KEPT`` steps drawn last
+    (``Explorer.STEP_FIGURES``); going Back and Forward over them builds nothing. ``name`` names the figure and
+    whatever else it is drawn from (the node selected, the colouring, a what-if threshold)."""
+    held = Explorer.STEP_FIGURES.get()
+    if held is None or held["trace"] is not trace:
+        held = {"trace": trace, "steps": {}}
+        Explorer.STEP_FIGURES.set(held)
+    steps = held["steps"]
+    built = steps.pop(step.index, None) or {}
+    steps[step.index] = built  # the last drawn last
+    while len(steps) > STEPS_KEPT:
+        del steps[next(iter(steps))]
+    if name not in built:
+        built[name] = build()
+    return built[name]
+
+
 def teach_caption(text: str) -> None:
     st.markdown(f"<div class='teach-box'><p>{html.escape(text)}</p></div>", unsafe_allow_html=True)
 
@@ -81,8 +126,8 @@ def probe_section(step: StepTrace, probe: dict | None, can_probe: bool, teach: b
                    "the same random draws, and lints the mask the target was sent. Costs one target forward per "
                    "node; older steps are replayed first.")
         if can_probe:
-            st.button("Probe this step", key=f"{prefix}probe_btn_{step.index}", on_click=_request_probe,
-                      args=(step.index,))
+            app_button(st, "Probe this step", key=f"{prefix}probe_btn_{step.index}", on_click=_request_probe,
+                       args=(step.index,))
         else:
             st.caption("Needs the models: run the session live, or use `python -m explorer probe --trace FILE`.")
         if probe is None:
@@ -126,7 +171,8 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
                    f"carry CUDA-event device time there). Their sum, {total:.1f} ms, covers the step from its first "
                    f"timestamp to the end of what it learned; the step's own timer says {step.step_ms:.1f} ms "
                    "without the trace recording.")
-        st.plotly_chart(ifig.waterfall_figure(step), width="stretch", key=f"timeline_{step.index}")
+        st.plotly_chart(of_the_step(trace, step, "waterfall", lambda: ifig.waterfall_figure(step)), width="stretch",
+                        key=f"timeline_{step.index}")
         steps = [s for s in trace.steps if s.timeline]
         one_row = None
         if costs:
@@ -135,7 +181,8 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
         plain = timeline.plain_decoding_ms(steps, one_row)
         totals = timeline.phase_totals(steps)
         tokens = sum(len(s.committed_ids) for s in steps)
-        st.plotly_chart(ifig.run_time_figure(totals, plain, tokens), width="stretch", key="timeline_run")
+        st.plotly_chart(of_the_run(trace, f"run time {one_row}", lambda: ifig.run_time_figure(totals, plain, tokens)),
+                        width="stretch", key="timeline_run")
         spent = sum(totals.values())
         if plain is not None:
             st.caption(f"The steps took {spent / 1e3:.2f} s for {tokens} tokens; plain decoding would take about "
@@ -169,7 +216,8 @@ def calibration_section(trace: RunTrace, teach: bool) -> None:
         right.plotly_chart(ifig.roc_figure(report), width="stretch", key="cal_roc")
         st.plotly_chart(ifig.threshold_cost_figure(report), width="stretch", key="cal_costs")
         score = ("the decision model's predicted acceptance of each drafted token"
-                 if report["policy"] in ("decision", "prune", "specdec++") else "the draft's probability q(x) of each token")
+                 if report["policy"] in ("decision", "prune", "specdec++")
+                 else "the draft's probability q(x) of each token")
         st.caption(f"Score: {score} ({report['policy']} policy). Threshold costs come "
                    "from re-running the recorded stop decisions (exact under greedy verification; where a lower "
                    "threshold would draft deeper than recorded they are lower bounds).")
@@ -179,9 +227,15 @@ def _request_costs() -> None:
     Explorer.COSTS_REQUEST.set(True)
 
 
+def acceptance_report(trace: RunTrace, costs: dict | None) -> dict:
+    """Expected against realised acceptance over the run (``instruments.acceptance.run_report``; the optimal tree
+    reads its measured rates), computed once per length of the run (``of_the_run``)."""
+    return of_the_run(trace, f"acceptance {costs is not None}", lambda: acc.run_report([trace], costs=costs))
+
+
 def acceptance_section(trace: RunTrace, costs: dict | None, can_measure: bool, teach: bool) -> dict:
-    """Expected against realised acceptance over the run; returns the report (the optimal tree reads it)."""
-    report = acc.run_report([trace], costs=costs)
+    """Expected against realised acceptance over the run; returns the report."""
+    report = acceptance_report(trace, costs)
     with st.expander("Expected against realised acceptance"):
         if teach:
             teach_caption(TEACH_ACCEPTANCE)
@@ -216,8 +270,11 @@ def _run_tree(parents: list[int]) -> None:
     ask_for_tree_run(parents)
 
 
+@st.fragment
 def optimal_tree_section(trace: RunTrace, step: StepTrace | None, report: dict, can_run: bool,
                          teach: bool) -> None:
+    """The optimal tree for the run's measured rates beside ``step``'s own tree, a fragment: its node budget and
+    depth limit rerun this section alone; running a tree reruns the app."""
     with st.expander("The optimal tree for this run"):
         if teach:
             teach_caption(TEACH_OPTIMAL)
@@ -228,7 +285,7 @@ def optimal_tree_section(trace: RunTrace, step: StepTrace | None, report: dict, 
         budget = c[0].slider("Node budget", 1, 64, 32, key="opt_budget")
         depth = c[1].slider("Depth limit", 1, 16, 8, key="opt_depth")
         table = report["acceptance_vector"]
-        best = ot.optimal_tree(table, budget, depth)
+        best = of_the_run(trace, f"optimal {budget} {depth}", lambda: ot.optimal_tree(table, budget, depth))
         costs = report.get("forward_costs_ms")
         used = report["used_tree"]
         lines = [f"Trees this run used: {used['mean_nodes']:.1f} nodes on average, "
@@ -238,7 +295,8 @@ def optimal_tree_section(trace: RunTrace, step: StepTrace | None, report: dict, 
         shown = [("Optimal tree", best)]
         if costs:
             draft, target = ot.cost_curve(costs["draft"]), ot.cost_curve(costs["target"])
-            fast = ot.fastest_tree(table, budget, depth, draft, target)
+            fast = of_the_run(trace, f"fastest {budget} {depth}",
+                              lambda: ot.fastest_tree(table, budget, depth, draft, target))
             lines.append(f"Fastest under the measured forward costs: {ot.summary(fast)}.")
             if used.get("modelled_tokens_per_s"):
                 lines.append(f"The trees this run used model at {used['modelled_tokens_per_s']:.2f} tokens/s.")
@@ -247,20 +305,21 @@ def optimal_tree_section(trace: RunTrace, step: StepTrace | None, report: dict, 
         st.markdown("  \n".join(html.escape(x) for x in lines))
         cols = st.columns(len(shown) + (1 if step is not None else 0))
         for col, (name, tree) in zip(cols, shown):
-            col.plotly_chart(ifig.template_figure(list(tree.parents), list(tree.node_probabilities),
-                                                  f"{name}: {tree.expected_tokens:.2f} tokens per call"),
-                             width="stretch", key=f"opt_fig_{name}")
+            figure = of_the_run(trace, f"{name} {budget} {depth} {costs is not None}", lambda t=tree, n=name: (
+                ifig.template_figure(list(t.parents), list(t.node_probabilities),
+                                     f"{n}: {t.expected_tokens:.2f} tokens per call")))
+            col.plotly_chart(figure, width="stretch", key=f"opt_fig_{name}")
             col.code(",".join(map(str, tree.parents)) or "(no tree)", language=None)
             if can_run and tree.parents:
-                col.button(f"Run mcsd with the {name.lower()}", key=f"opt_run_{name}", on_click=_run_tree,
+                app_button(col, f"Run mcsd with the {name.lower()}", key=f"opt_run_{name}", on_click=_run_tree,
                            args=(list(tree.parents),),
                            help="switches the sidebar to mcsd with this tree template and runs the prompt")
         if step is not None:
             parents = acc.model_tree_parents(step)
             probs = ot.node_probabilities(parents, table) if parents else []
-            cols[-1].plotly_chart(ifig.template_figure(parents, probs, f"Step {step.index + 1}'s tree: "
-                                                       f"{ot.expected_tokens(parents, table):.2f} tokens per call"),
-                                  width="stretch", key="opt_fig_used")
+            title = f"Step {step.index + 1}'s tree: {ot.expected_tokens(parents, table):.2f} tokens per call"
+            figure = of_the_run(trace, f"step {step.index}", lambda: ifig.template_figure(parents, probs, title))
+            cols[-1].plotly_chart(figure, width="stretch", key="opt_fig_used")
         st.caption("Under Sequoia's positional model: the sibling tested r-th at depth d passes with the measured "
                    "rate of slot (d, r), whatever the token. Slots nobody measured count as never accepted, so "
                    "measure with a wide tree (e.g. k_config 6,3,2,2,1,1) to let the search consider wide ones.")

@@ -31,6 +31,7 @@ _HTML = """<div class="player-box"></div>
 <div class="player-bar"><button class="live" title="load the embedded pair, replay this run to the step on screen and
 go on stepping on the Explorer page">Continue live &#9654;</button><span class="where"></span></div>"""
 
+# The component's own elements (Streamlit draws none of them), in the theme's variables.
 _CSS = """
 .player-box iframe { width: 100%; border: 0; display: block; }
 .player-bar { display: flex; gap: 12px; align-items: center; padding: 4px 0; font-family: var(--st-font); }

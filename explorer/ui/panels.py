@@ -12,16 +12,19 @@ from ..lessons.teach import explain_step, fallback_rates, layer_skip_words, tree
 from ..trace import figures
 from ..trace.metrics import run_metrics
 from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
-from .instruments_panel import flagged_nodes, probe_section, teach_caption
+from .instruments_panel import flagged_nodes, of_the_run, of_the_step, probe_section, teach_caption
 from .state import Explorer
 
+# Teach mode's large type, for a projector (drawn with st.html: style only, it takes no room on the page). Streamlit
+# has no per-page text size (theme.baseFontSize is the whole app's, fixed at start): this stays CSS.
 TEACH_CSS = """<style>
 html, body, [class*="st-"], .stMarkdown p, .stMarkdown li { font-size: 1.3rem !important; }
 h1 { font-size: 2.6rem !important; } h2, h3 { font-size: 2rem !important; }
 </style>"""
 
 
-# Metric labels wrap onto a second line where seven columns are narrow, instead of being cut to "Generat...".
+# Metric labels wrap onto a second line where seven columns are narrow, instead of being cut to "Generat...":
+# st.metric has no option for it (its label is one line, cut with an ellipsis), so this stays CSS.
 METRIC_CSS = """<style>
 [data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
   overflow: visible !important; text-overflow: clip !important;}
@@ -35,12 +38,11 @@ def code(text: str) -> str:
 
 
 def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
-    """Run metrics over steps ``[0, upto]`` (all when None)."""
+    """Run metrics over steps ``[0, upto]`` (all when None); their labels wrap where the page draws ``METRIC_CSS``."""
     shown = trace if upto is None else RunTrace(settings=trace.settings, model=trace.model, prompt=trace.prompt,
                                                 prompt_ids=trace.prompt_ids, steps=trace.steps[: upto + 1],
                                                 prefill_ms=trace.prefill_ms)
     m = run_metrics(shown)
-    st.markdown(METRIC_CSS, unsafe_allow_html=True)
     cols = st.columns(7)
     acc, mcsd_acc = m["acceptance_rate"], m["mcsd_acceptance_rate"]
     cols[0].metric("Generated tokens", m["generated_tokens"])
@@ -109,30 +111,7 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
     step_caption(step, len(trace.steps))
     if teach:
         teach_box(step, trace.settings.get("method"), trace.settings.get("decision_model"))
-    chart_key = Explorer.TREE_CHART.name(step.index, within=prefix)  # per step: a click stays with its step
-    event = Explorer.TREE_CHART.get(step.index, within=prefix)  # the click that caused this rerun
-    chosen = selected_node(event, step.index, prefix)
-    chosen = chosen if chosen in {n.id for n in step.nodes} else None
-    free = any(n.source in FREE_SOURCES for n in step.nodes)
-    left, right = st.columns([3, 2])
-    with left:
-        color_by = "status"
-        if free:  # free drafters mix sources in one tree: let the colours tell them apart
-            color_by = st.radio("Colour the tree by", ["status", "source"], horizontal=True,
-                                key=f"{prefix}color_by", format_func={"status": "verification status",
-                                                                      "source": "draft source"}.get)
-        head = trace.settings.get("head") or {}
-        vocab = set(head["draft_ids"]) if head.get("draft_ids") else None
-        st.plotly_chart(figures.tree_figure(step, selected=chosen, color_by=color_by, flagged=flagged_nodes(probe),
-                                            draft_vocab=vocab),
-                        width="stretch",
-                        key=chart_key, on_select="rerun", selection_mode="points")
-        st.caption("Click a node to inspect it." + (" Shapes: ● draft model, ■ prompt lookup, ▲ token recycling."
-                                                     if free else ""))
-    with right:
-        st.plotly_chart(figures.mask_figure(step, highlight=chosen), width="stretch", key=f"{prefix}mask_chart")
-    if chosen is not None:
-        inspector(step, chosen)
+    tree_and_inspector(trace, step, prefix, probe)
     priced = step.drafter.get("row_pricing")
     if priced:
         st.caption(f"Row pricing: {priced['kept']} of {priced['offered']} free proposals kept, expected "
@@ -148,15 +127,48 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
         st.dataframe(figures.node_rows(step), hide_index=True, width="stretch")
     probe_section(step, probe, can_probe, teach, prefix)
     c1, c2, c3 = st.columns(3)
-    c1.plotly_chart(figures.branch_figure(step), width="stretch", key=f"{prefix}branch_chart")
+    c1.plotly_chart(of_the_step(trace, step, "branches", lambda: figures.branch_figure(step)), width="stretch",
+                    key=f"{prefix}branch_chart")
     with c2:
-        stop_panel(step, prefix)
-    c3.plotly_chart(figures.run_figure(trace), width="stretch", key=f"{prefix}run_chart")
+        stop_panel(trace, step, prefix)
+    c3.plotly_chart(of_the_run(trace, "run", lambda: figures.run_figure(trace)), width="stretch",
+                    key=f"{prefix}run_chart")
     if step.adaptation:
         adaptation_panel(trace, step, teach, prefix)
     if step.cost:
-        st.plotly_chart(figures.cost_ratio_figure(trace, current=step.index), width="stretch",
-                        key=f"{prefix}cost_ratio_chart")
+        st.plotly_chart(of_the_run(trace, f"cost ratio {step.index}", lambda: figures.cost_ratio_figure(
+            trace, current=step.index)), width="stretch", key=f"{prefix}cost_ratio_chart")
+
+
+@st.fragment
+def tree_and_inspector(trace: RunTrace, step: StepTrace, prefix: str = "", probe: dict | None = None) -> None:
+    """The step's tree beside its mask, and the inspector of the node clicked, a fragment: a click on a node (or
+    another colouring) redraws these three alone, with the node highlighted in the tree and its row in the mask."""
+    chart_key = Explorer.TREE_CHART.name(step.index, within=prefix)  # per step: a click stays with its step
+    event = Explorer.TREE_CHART.get(step.index, within=prefix)  # the click that caused this rerun
+    chosen = selected_node(event, step.index, prefix)
+    chosen = chosen if chosen in {n.id for n in step.nodes} else None
+    free = any(n.source in FREE_SOURCES for n in step.nodes)
+    left, right = st.columns([3, 2])
+    with left:
+        color_by = "status"
+        if free:  # free drafters mix sources in one tree: let the colours tell them apart
+            color_by = st.radio("Colour the tree by", ["status", "source"], horizontal=True,
+                                key=f"{prefix}color_by", format_func={"status": "verification status",
+                                                                      "source": "draft source"}.get)
+        head = trace.settings.get("head") or {}
+        vocab = set(head["draft_ids"]) if head.get("draft_ids") else None
+        flagged = flagged_nodes(probe)
+        tree = of_the_step(trace, step, f"tree {chosen} {color_by} {sorted(flagged.items())}", lambda: (
+            figures.tree_figure(step, selected=chosen, color_by=color_by, flagged=flagged, draft_vocab=vocab)))
+        st.plotly_chart(tree, width="stretch", key=chart_key, on_select="rerun", selection_mode="points")
+        st.caption("Click a node to inspect it." + (" Shapes: ● draft model, ■ prompt lookup, ▲ token recycling."
+                                                     if free else ""))
+    with right:
+        st.plotly_chart(of_the_step(trace, step, f"mask {chosen}", lambda: figures.mask_figure(step, highlight=chosen)),
+                        width="stretch", key=f"{prefix}mask_chart")
+    if chosen is not None:
+        inspector(step, chosen)
 
 
 TEACH_ADAPTATION = ("Every check by the big model tells us, for free, which drafted tokens it would accept. The stop "
@@ -169,8 +181,8 @@ TEACH_ADAPTATION = ("Every check by the big model tells us, for free, which draf
 def adaptation_panel(trace, step: StepTrace, teach: bool, prefix: str = "") -> None:
     """The stop policy's online adaptation over the run, and what this step taught it."""
     a = step.adaptation
-    st.plotly_chart(figures.adaptation_figure(trace, current=step.index), width="stretch",
-                    key=f"{prefix}adaptation_chart")
+    st.plotly_chart(of_the_run(trace, f"adaptation {step.index}", lambda: figures.adaptation_figure(
+        trace, current=step.index)), width="stretch", key=f"{prefix}adaptation_chart")
     if not a.get("tokens"):  # nothing drafted by the model (a plain step of the fallback, or only free drafts)
         note = (f"This step drafted nothing for the stop policy to learn from; the threshold stays "
                 f"{a['threshold']:.3f}.")
@@ -268,12 +280,15 @@ def cost_ratio_words(cost: dict) -> str:
     return text + f"; r for the next step: {cost['next']:.3f} (moving averages over the run)."
 
 
-def stop_panel(step: StepTrace, prefix: str = "") -> None:
-    """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model)."""
+@st.fragment
+def stop_panel(trace: RunTrace, step: StepTrace, prefix: str = "") -> None:
+    """The stop chart, and a slider that re-runs the step's stop decisions with another threshold (no model), a
+    fragment: the slider redraws this panel alone."""
     sigs = step.stop_signals
     policy = sigs[0].policy if sigs else "none"
     if not sigs or policy == "none":
-        st.plotly_chart(figures.stop_figure(step), width="stretch", key=f"{prefix}stop_chart")
+        st.plotly_chart(of_the_step(trace, step, "stop", lambda: figures.stop_figure(step)), width="stretch",
+                        key=f"{prefix}stop_chart")
         return
     recorded = recorded_setting(sigs[0])  # back from the score scale (1 - (1 - h) = h)
     if step.cost:
@@ -285,7 +300,8 @@ def stop_panel(step: StepTrace, prefix: str = "") -> None:
                     float(round(recorded, 2)), 0.05, key=key,
                     help="re-runs this step's stop decisions on the recorded scores; nothing is recomputed")
     result = what_if(step, tau)
-    st.plotly_chart(figures.stop_figure(step, {"rows": result["rows"]}), width="stretch", key=f"{prefix}stop_chart")
+    chart = of_the_step(trace, step, f"stop {tau!r}", lambda: figures.stop_figure(step, {"rows": result["rows"]}))
+    st.plotly_chart(chart, width="stretch", key=f"{prefix}stop_chart")
     pruned = [f"branch {b} at level {r['level']}" for r in result["rows"] for b in r["pruned"]]
     note = (f"With {name} = {tau:.2f}: {result['drafted']} draft tokens over "
             f"{result['draft_levels']} levels (recorded {step.drafted}), {result['tokens']} token(s) committed "

@@ -128,12 +128,12 @@ class LessonHandOff(TypedDict):
 
 
 class App:
-    """app.py: the page router."""
+    """app.py: the page router (``st.navigation``)."""
 
-    PAGE: Key[str] = Key("page", "the page on screen: the sidebar's page radio; ?page= picks it on a new session",
-                         widget=True)
-    FINISHED_RUNS: Key[int] = Key("_finished_runs", "script runs of this session finished so far: a hidden marker "
-                                  "browser automation waits on (tests/browser.py)", 0)
+    PAGE: Key[str] = Key("page", "the title of the page on screen (Explorer, Classroom, Compare, Forensics, "
+                         "Benchmarks), written by app.py on each run")
+    GO_TO: Key[str | None] = Key("go_to", "a page another part asks for (its title): app.py switches to it on the "
+                                 "next run (written only by the hand-offs below)")
 
 
 class Sidebar:
@@ -232,6 +232,12 @@ class Explorer:
     CF_BRANCH: Key[int | None] = Key("cf_branch", "index of the step whose what-if edit goes on as a new run")
     COUNTERFACTUALS: Key[dict | None] = Key("counterfactuals", "what-if results: {\"trace\", step index: plain data "
                                             "and its \"engine\"}")
+    RUN_FIGURES: Key[dict | None] = Key("run_figures", "figures of the whole run on screen, which do not change with "
+                                        "the step shown, built once per length of the run: {\"trace\", \"steps\", "
+                                        "name: figure} (instruments_panel.of_the_run)")
+    STEP_FIGURES: Key[dict | None] = Key("step_figures", "figures of single steps of the run on screen (a recorded "
+                                         "step does not change), for the steps drawn last: {\"trace\", \"steps\": "
+                                         "{step index: {name: figure}}} (instruments_panel.of_the_step)")
     AUDIT: Key[dict | None] = Key("audit", "the last losslessness audit's result (plain data)")
     INSPECT: KeyFamily[int] = KeyFamily("inspect_", "per step index: the node inspected (the tree's last click)")
     TREE_CHART: KeyFamily[Any] = KeyFamily("tree_chart_", "per step index: the tree chart's selection event",
@@ -316,7 +322,7 @@ def hand_off_to_explorer(trace: RunTrace, step: int, title: str) -> None:
       prompt (a lesson's runs apply the chat template), so the run's settings match what is on screen;
     * ``Sidebar.PAIR_SPEC`` = ``"default"`` and ``Sidebar.DTYPE`` = the recorded dtype as the sidebar names it
       (``bfloat16`` -> bf16, ``float32`` -> fp32, else auto): the embedded pair the lessons were recorded on;
-    * ``App.PAGE`` = ``"Explorer"``.
+    * ``App.GO_TO`` = ``"Explorer"``: app.py opens the Explorer page.
     """
     dtype = str(trace.model.get("dtype", "auto"))
     Explorer.CONTINUE_LESSON.set(LessonHandOff(trace=trace, step=step, title=title))
@@ -324,10 +330,10 @@ def hand_off_to_explorer(trace: RunTrace, step: int, title: str) -> None:
     Explorer.CHAT.set(True)
     Sidebar.PAIR_SPEC.set("default")
     Sidebar.DTYPE.set({"bfloat16": "bf16", "float32": "fp32"}.get(dtype, "auto"))
-    App.PAGE.set("Explorer")
+    App.GO_TO.set("Explorer")
 
 
-def replay_in_explorer(trace: "RunTrace", name: str, step: int = 0) -> None:
+def replay_in_explorer(trace: RunTrace, name: str, step: int = 0) -> None:
     """The Explorer replays ``trace`` with no model, from ``step`` (its Load trace, and the other pages' "open in
     the Explorer"); the live session's runs end with it. Writes ``Explorer.ENGINE`` = None, ``Explorer.TRACE`` =
     ``trace``, ``Explorer.CURSOR`` = ``step`` (None for a trace with no step), ``Explorer.REPLAY`` = ``name``,
@@ -346,21 +352,22 @@ def replay_in_explorer(trace: "RunTrace", name: str, step: int = 0) -> None:
     Explorer.STEP_SLIDER.set(step + 1)
 
 
-def open_in_explorer(trace: "RunTrace", name: str, step: int) -> None:
+def open_in_explorer(trace: RunTrace, name: str, step: int) -> None:
     """Another page's "open in the Explorer" (a button callback): ``replay_in_explorer`` at ``step``, then writes
-    ``App.PAGE`` = ``"Explorer"``."""
+    ``App.GO_TO`` = ``"Explorer"`` (app.py opens the Explorer page)."""
     replay_in_explorer(trace, name, step)
-    App.PAGE.set("Explorer")
+    App.GO_TO.set("Explorer")
 
 
-def hand_lesson_to_classroom(lesson: "Lesson") -> None:
+def hand_lesson_to_classroom(lesson: Lesson) -> None:
     """The Explorer's Save as lesson, "Open in the Classroom" (a button callback): the Classroom opens ``lesson`` as
     a lesson opened from a file. Writes ``Classroom.UPLOADED`` = ``lesson``, ``Classroom.LESSON`` = ``"file:" +
-    lesson.id``, ``Classroom.ERROR`` = None and ``App.PAGE`` = ``"Classroom"``."""
+    lesson.id``, ``Classroom.ERROR`` = None and ``App.GO_TO`` = ``"Classroom"`` (app.py opens the Classroom
+    page)."""
     Classroom.UPLOADED.set(lesson)
     Classroom.LESSON.set("file:" + lesson.id)
     Classroom.ERROR.set(None)
-    App.PAGE.set("Classroom")
+    App.GO_TO.set("Classroom")
 
 
 def ask_for_tree_run(parents: list[int]) -> None:
