@@ -1,3 +1,4 @@
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,26 @@ os.environ.setdefault("SPEC_EXPLORER_PAIR", "tiny")
 # the app, that setting would hold for every later test: keep torch's own default here.
 os.environ.setdefault("SPEC_EXPLORER_THREADS", str(torch.get_num_threads()))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py helpers
+
+
+# The slow kinds (markers in pyproject.toml) that a test's own code tells: whole modules of one kind, and any test
+# that drives Streamlit's AppTest or a real browser. ``./scripts/test.sh --fast`` leaves them out.
+MODULE_KINDS = {"test_app": "app", "test_browser": "browser"}
+CALL_KINDS = {"AppTest": "app", "sync_playwright": "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        if module in MODULE_KINDS:
+            item.add_marker(MODULE_KINDS[module])
+        try:
+            source = inspect.getsource(item.function)
+        except (AttributeError, OSError, TypeError):
+            continue
+        for call, kind in CALL_KINDS.items():
+            if call in source:
+                item.add_marker(kind)
 
 
 @pytest.fixture(scope="session")

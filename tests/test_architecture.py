@@ -81,6 +81,7 @@ def restore_verifier_tables():
         unregister_verifier(name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_worked_example_runs_as_written(example, restore_verifier_tables):
     code = _example_code(EXAMPLES[example])
