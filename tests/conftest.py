@@ -33,6 +33,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(kind)
 
 
+def pytest_runtest_logreport(report):
+    """``SPEC_EXPLORER_TEST_TIMES=FILE``: each test phase's seconds appended as it ends (node id, phase, seconds,
+    markers), so a run that is cut off still says where its time went (choosing what the fast tier leaves out)."""
+    path = os.environ.get("SPEC_EXPLORER_TEST_TIMES")
+    if path:
+        kinds = ",".join(sorted(k for k in ("real", "cuda", "browser", "app", "slow") if k in report.keywords))
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.2f}\t{kinds}\n")
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from explorer.models.tiny import tiny_pair
