@@ -167,7 +167,8 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "nothing.json"))
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
-    at.sidebar.radio(key="page").set_value("Benchmarks").run()
+    at.query_params["page"] = "benchmarks"  # as an old ?page= link does: app.py switches to the page
+    at.run()
     # never empty: with no report of the user's, the reference reports shipped in assets/bench are shown
     assert not at.exception and any("No report of yours" in i.value for i in at.info)
     assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench", "kinds", "kinds-greedy",
@@ -206,7 +207,8 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
-    at.sidebar.radio(key="page").set_value("Benchmarks").run()
+    at.query_params["page"] = "benchmarks"  # as an old ?page= link does: app.py switches to the page
+    at.run()
     # the user's report first; the references stay in an expander below it
     assert not at.exception and not at.error and len(at.dataframe) == 4
     assert at.expander[0].label.startswith("Reference reports")
@@ -260,7 +262,8 @@ def test_the_page_runs_a_small_benchmark(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPEC_EXPLORER_BENCH", str(tmp_path / "bench.json"))
     at = AppTest.from_file(APP, default_timeout=300)
     at.run()
-    at.sidebar.radio(key="page").set_value("Benchmarks").run()
+    at.query_params["page"] = "benchmarks"  # as an old ?page= link does: app.py switches to the page
+    at.run()
     at.button(key="bench_run").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     report = load_report(tmp_path / "bench.json")
