@@ -17,6 +17,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py hel
 # that drives Streamlit's AppTest or a real browser. ``./scripts/test.sh --fast`` leaves them out.
 MODULE_KINDS = {"test_app": "app", "test_browser": "browser"}
 CALL_KINDS = {"AppTest": "app", "sync_playwright": "browser"}
+# Unit tests that took 4 s or more (all their cases together) in the full suite of 2026-11-28 on a 2-core EPYC
+# (SPEC_EXPLORER_TEST_TIMES), and those that export every shipped lesson: the fast tier leaves them to the full run.
+SLOW_TESTS = {
+    "tests/test_architecture.py::test_the_console_script_is_the_module_command",
+    "tests/test_audit.py::test_the_lossy_longest_branch_rule_is_detected",
+    "tests/test_classroom.py::test_shipped_lessons_cover_the_topics_and_draw_every_phase",
+    "tests/test_classroom.py::test_the_players_data_holds_every_phase_of_the_lesson",
+    "tests/test_cli_and_prompts.py::test_generate_greedy_methods_agree_through_the_cli",
+    "tests/test_cli_and_prompts.py::test_module_entry_point_runs",
+    "tests/test_cost_ratio.py::test_a_measured_run_moves_r_and_keeps_the_greedy_tokens",
+    "tests/test_cost_ratio.py::test_an_r_that_moves_between_samples_keeps_the_output_law",
+    "tests/test_cost_ratio.py::test_measured_ratios_survive_a_saved_trace_and_steer_its_replay",
+    "tests/test_eagle3.py::test_head_drafting_samples_the_targets_law",
+    "tests/test_expectation.py::test_expected_tokens_match_reverifying_the_drafted_tree",
+    "tests/test_expectation.py::test_slot_probability_is_the_acceptance_rate_over_redrafts",
+    "tests/test_fallback.py::test_fallback_steps_keep_the_output_law",
+    "tests/test_families.py::test_the_default_tree_method_passes_the_audit_on_a_windowed_family",
+    "tests/test_forensics.py::test_the_command_reads_a_folder_and_names_what_it_skipped",
+    "tests/test_fused_kernels.py::test_a_fused_pair_keeps_its_logits_and_greedy_tokens",
+    "tests/test_graphs.py::test_chain_replays_sample_from_the_target",
+    "tests/test_layer_skip.py::test_layer_skip_passes_the_audit",
+    "tests/test_player.py::test_a_built_page_is_kept_and_a_changed_lesson_is_built_again",
+    "tests/test_player.py::test_every_phase_of_the_page_draws_what_figures_py_draws",
+    "tests/test_row_pricing.py::test_priced_trees_keep_the_output_law",
+    "tests/test_row_pricing.py::test_the_priced_hybrid_keeps_the_output_law",
+}
+SLOW_FIXTURES = {"exported"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
         if module in MODULE_KINDS:
             item.add_marker(MODULE_KINDS[module])
+        if item.nodeid.partition("[")[0] in SLOW_TESTS or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("slow")
         try:
             source = inspect.getsource(item.function)
         except (AttributeError, OSError, TypeError):
