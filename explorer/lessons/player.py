@@ -34,6 +34,7 @@ from urllib.parse import quote
 import plotly
 import plotly.graph_objects as go
 
+from ..models.cache import cache_dir
 from ..trace.figures import mask_figure, tree_figure
 from ..trace.records import RunTrace, StepTrace
 from .authoring import lesson_from_run
@@ -226,12 +227,11 @@ _PAGE_CODE = ("lessons/player.py", "lessons/player.html", "lessons/phases.py", "
 
 
 def page_cache() -> Path | None:
-    """The folder of built lesson pages: ``lesson_pages`` in the model cache (``$SPEC_EXPLORER_CACHE`` or
-    ``~/.cache/spec-explorer``, as ``models.loading.cache_dir``); None when ``SPEC_EXPLORER_PAGE_CACHE=off``."""
+    """The folder of built lesson pages: ``lesson_pages`` in the project's cache (``models.cache.cache_dir``); None
+    when ``SPEC_EXPLORER_PAGE_CACHE=off``."""
     if os.environ.get("SPEC_EXPLORER_PAGE_CACHE", "").lower() == "off":
         return None
-    root = os.environ.get("SPEC_EXPLORER_CACHE") or str(Path.home() / ".cache" / "spec-explorer")
-    return Path(root) / "lesson_pages"
+    return cache_dir() / "lesson_pages"
 
 
 _code_digest: str | None = None

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from .cache import cache_dir
 from .early_exit import EarlyExitDraft, LayerSkipError
 from .fused_kernels import FUSE_MODES, FusedKernelsError, fuse_kernels
 from .packed_weights import PACK_MODES, can_pack, pack_linear_weights
@@ -77,15 +78,6 @@ DEFAULT_TARGET = EmbeddedModel(
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     size_bytes=1_117_320_768,
 )
-
-
-def cache_dir() -> Path:
-    """Folder for assembled GGUF files and converted weights: ``$SPEC_EXPLORER_CACHE`` or ``~/.cache/spec-explorer``."""
-    root = os.environ.get("SPEC_EXPLORER_CACHE")
-    if root:
-        return Path(root).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spec-explorer"
 
 
 def default_device() -> torch.device:
