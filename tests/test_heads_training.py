@@ -166,3 +166,57 @@ def test_the_targets_responses_are_written_once_each_and_train_on(tiny, tmp_path
     assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / "cli.jsonl"), "--per-kind", "1",
                  "--max-new-tokens", "4", "--quiet"]) == 0
     assert len((tmp_path / "cli.jsonl").read_text().splitlines()) == 7
+
+
+def test_features_are_cached_apart_and_trained_on_together_with_a_held_out_measure(tiny, tmp_path, capsys):
+    """``heads features`` caches a folder; ``heads train`` reads several (``--data`` repeated), measures each level
+    on held-out features at every save, and may run in bfloat16 autocast; folders of other layers are refused."""
+    from explorer.cli.main import main
+    from explorer.heads.data import HeadDataError, load_all
+
+    text = tmp_path / "a.txt"
+    text.write_text(TEXT)
+    (tmp_path / "b.txt").write_text(TEXT.replace("cat", "bird"))
+    for name in ("a", "b"):
+        assert main(["heads", "features", "--models", "tiny", "--texts", str(tmp_path / f"{name}.txt"), "--data",
+                     str(tmp_path / name), "--seq-len", "64", "--layers", "0,1,2", "--quiet"]) == 0
+    assert "train on it with --data" in capsys.readouterr().out
+    assert main(["heads", "train", "--models", "tiny", "--data", str(tmp_path / "a"), "--eval-data",
+                 str(tmp_path / "b"), "--out", str(tmp_path / "head"), "--draft-vocab", "48", "--vocab-data-share",
+                 "0.5", "--intermediate", "32", "--steps", "6", "--save-every", "3", "--ttt", "2", "--autocast",
+                 "bfloat16", "--freeze-lm-head", "--quiet"]) == 0
+    card = json.loads((tmp_path / "head" / "card.json").read_text())
+    assert card["autocast"] == "bfloat16" and card["draft_vocab"] == 48 and card["freeze_lm_head"]
+    assert len(card["held_out_agreement_by_level"]) == 2
+    assert all(0.0 <= a <= 1.0 for a in card["held_out_agreement_by_level"])
+    history = json.loads((tmp_path / "head" / "train_state.json").read_text())["history"]
+    assert [len(h["held_out"]) for h in history] == [2, 2]
+    assert main(["heads", "train", "--models", "tiny", "--data", str(tmp_path / "a"), "--out", str(tmp_path / "head"),
+                 "--steps", "8", "--ttt", "2", "--freeze-lm-head", "--quiet"]) == 0  # resumed: no moments for lm_head
+    head = load_head(tmp_path / "head", target=tiny.target, dtype=torch.float32)
+    rows = tiny.target.get_output_embeddings().weight[head.target_ids()].float()
+    assert torch.equal(head.lm_head.weight, rows)  # frozen: still the target's rows
+    both, manifests = load_all([tmp_path / "a", tmp_path / "b"])
+    assert len(both) == sum(m["sequences"] for m in manifests)
+    assert main(["heads", "features", "--models", "tiny", "--texts", str(text), "--data", str(tmp_path / "c"),
+                 "--seq-len", "64", "--layers", "0,1,1", "--quiet"]) == 0
+    with pytest.raises(HeadDataError, match="different targets or layers"):
+        load_all([tmp_path / "a", tmp_path / "c"])
+
+
+def test_the_draft_vocabulary_takes_the_datas_share_then_the_lowest_ids(tiny, tmp_path):
+    from explorer.heads.data import draft_vocabulary
+
+    data = load(build(tiny, chunk([tiny.tokenizer.encode(TEXT)], 96), (0, 1, 2), tmp_path / "d", progress=False))
+    vocab = tiny.target.config.vocab_size
+    by_data = draft_vocabulary(data, 8, vocab)
+    assert len(by_data) == 8 and set(by_data) <= {int(t) for s in data for t in s.tokens.tolist()} | {
+        int(t) for s in data for t in s.label_ids[:, 0].tolist()}
+    half = draft_vocabulary(data, 8, vocab, data_share=0.5)
+    assert len(half) == 8 and half == sorted(half)
+    from_data = set(draft_vocabulary(data, 4, vocab))
+    assert from_data <= set(half)
+    assert set(half) - from_data == set(sorted(set(range(vocab)) - from_data)[: 8 - len(from_data)])
+    assert draft_vocabulary(data, 5, vocab, data_share=0.0) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        draft_vocabulary(data, 5, vocab, data_share=1.5)

@@ -4,13 +4,14 @@ target's features computed once and cached; ``explorer/heads/``)."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
 
 import torch
 
-from ..heads.corpus import clean, stdlib_texts
+from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk
 from ..heads.prompts import training_prompts
 from ..heads.respond import respond
@@ -22,16 +23,23 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def read_texts(paths: list[str]) -> list[str]:
-    """Texts from ``.txt`` files (one text each), ``.jsonl`` files (a ``text`` field per line) or ``stdlib`` (the
-    Python standard library's modules, ``heads/corpus.py``; ``stdlib:N`` its first N characters); any text holding
-    a bench prompt is dropped. Raises HeadDataError for a missing or malformed file."""
+    """Texts from ``.txt`` files (one text each), ``.jsonl`` files (a ``text`` field per line), ``stdlib`` (the
+    Python standard library's modules, ``heads/corpus.py``; ``stdlib:N`` its first N characters, ``stdlib:A-B`` the
+    modules ``stdlib:B`` adds to ``stdlib:A``) or ``pydoc`` (its reference topics); any text holding a bench prompt
+    is dropped. Raises HeadDataError for a missing or malformed file."""
     texts = []
     for name in paths:
+        if name == "pydoc":
+            texts.extend(text for _, text in pydoc_texts())
+            continue
         if name == "stdlib" or name.startswith("stdlib:"):
             limit = name.partition(":")[2]
-            if limit and not limit.isdigit():
-                raise HeadDataError(f"--texts {name}: write stdlib:N with N the characters to read")
-            texts.extend(text for _, text in (stdlib_texts(int(limit)) if limit else stdlib_texts()))
+            if not re.fullmatch(r"(\d+-)?\d+", limit or "0"):
+                raise HeadDataError(f"--texts {name}: write stdlib:N (its first N characters) or stdlib:A-B (the "
+                                    "modules stdlib:B adds to stdlib:A)")
+            start, _, end = limit.rpartition("-")
+            chosen = stdlib_range(int(start), int(end)) if start else stdlib_texts(int(end)) if end else stdlib_texts()
+            texts.extend(text for _, text in chosen)
             continue
         path = Path(name)
         try:
@@ -55,25 +63,47 @@ def read_texts(paths: list[str]) -> list[str]:
     return [t for _, t in kept]
 
 
+def _features(pair, args) -> Path:
+    """Cache the target's features on ``args.texts`` in the first ``--data`` folder (``heads/data.build``)."""
+    texts = read_texts(args.texts)
+    sequences = chunk([pair.tokenizer.encode(t) for t in texts], args.seq_len)
+    n_layers = pair.target.config.num_hidden_layers
+    layers = args.layers or default_aux_layers(n_layers)
+    if len(layers) != 3 or not all(0 <= i <= n_layers for i in layers):
+        raise HeadError(f"--layers takes three target layers from 0 to {n_layers}, got {list(layers)}")
+    return build(pair, sequences, layers, args.data[0], progress=not args.quiet)
+
+
+def cmd_features(args) -> int:
+    pair = load_pair_from_args(args)
+    try:
+        folder = _features(pair, args)
+    except (HeadDataError, HeadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    manifest = json.loads((folder / "manifest.json").read_text())
+    print(f"{folder}: the target's features on {manifest['sequences']} sequences, {manifest['tokens']} tokens "
+          f"(train on it with --data {folder})")
+    return 0
+
+
 def cmd_train(args) -> int:
     pair = load_pair_from_args(args)
     try:
-        texts = read_texts(args.texts)
-        sequences = chunk([pair.tokenizer.encode(t) for t in texts], args.seq_len)
-        n_layers = pair.target.config.num_hidden_layers
-        layers = args.layers or default_aux_layers(n_layers)
-        if len(layers) != 3 or not all(0 <= i <= n_layers for i in layers):
-            raise HeadError(f"--layers takes three target layers from 0 to {n_layers}, got {list(layers)}")
-        data = build(pair, sequences, layers, args.data, progress=not args.quiet)
-        card = train_head(pair, data, args.out, draft_vocab=args.draft_vocab, intermediate=args.intermediate,
+        if args.texts:
+            _features(pair, args)
+        card = train_head(pair, args.data, args.out, draft_vocab=args.draft_vocab, intermediate=args.intermediate,
                           steps=args.steps, lr=args.lr, ttt=args.ttt, seed=args.seed, device=args.train_device,
                           save_every=args.save_every, save_dtype=DTYPES[args.save_dtype] if args.save_dtype else None,
-                          progress=not args.quiet, command="python -m explorer " + shlex.join(sys.argv[1:]))
+                          progress=not args.quiet, command="python -m explorer " + shlex.join(sys.argv[1:]),
+                          vocab_data_share=args.vocab_data_share, autocast=args.autocast,
+                          eval_folders=args.eval_data or [], freeze_lm_head=args.freeze_lm_head)
     except (HeadDataError, HeadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({k: card[k] for k in ("steps", "seconds", "sequences", "tokens", "draft_vocab", "loss",
-                                           "agreement_by_level", "parameters")}, indent=1))
+                                           "agreement_by_level", "held_out_agreement_by_level", "parameters")},
+                     indent=1))
     return 0
 
 
@@ -93,27 +123,45 @@ def cmd_respond(args) -> int:
 def add_heads_parser(sub) -> None:
     heads = sub.add_parser("heads", help="train EAGLE-3 draft heads for the pair's target")
     hsub = heads.add_subparsers(dest="heads_command", required=True)
-    tr = hsub.add_parser("train", help="cache the target's features on texts, then train a head (resumable)")
-    tr.add_argument("--texts", action="append", required=True, help=".txt or .jsonl (a \"text\" field per line) "
-                    "file of training text, or stdlib (the Python standard library's modules; stdlib:N its first N "
-                    "characters); repeatable")
-    tr.add_argument("--data", required=True, help="folder caching the target's features (reused when it matches)")
+    texts_help = (".txt or .jsonl (a \"text\" field per line) file of training text, stdlib (the Python standard "
+                  "library's modules; stdlib:N its first N characters, stdlib:A-B the modules stdlib:B adds to "
+                  "stdlib:A) or pydoc (its reference topics); repeatable")
+    ft = hsub.add_parser("features", help="cache the target's features on texts for train --data (reused when it "
+                         "matches)")
+    ft.add_argument("--texts", action="append", required=True, help=texts_help)
+    tr = hsub.add_parser("train", help="train a head on cached features (and cache them first from --texts); "
+                         "resumable")
+    tr.add_argument("--texts", action="append", help=texts_help + "; their features go to the first --data folder")
     tr.add_argument("--out", required=True, help="folder for the head (config.json, model.safetensors), its card "
                     "and training state; an existing one goes on training")
-    tr.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")
-    tr.add_argument("--draft-vocab", type=int, default=8192, help="draft tokens: the data's most frequent")
-    tr.add_argument("--layers", type=lambda v: tuple(int(x) for x in v.split(",")),
-                    help="the three target layers whose inputs the head reads, e.g. 2,14,27 (default: 2, L/2, L-3)")
+    tr.add_argument("--draft-vocab", type=int, default=8192, help="draft tokens")
+    tr.add_argument("--vocab-data-share", type=float, default=1.0, help="the share of the draft tokens that are the "
+                    "data's most frequent; the rest are the lowest token ids (a BPE tokenizer's most frequent)")
     tr.add_argument("--intermediate", type=int, help="the head's MLP width (default: the target's)")
     tr.add_argument("--steps", type=int, default=1000, help="sequences trained on in all")
     tr.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (warm-up, then cosine decay)")
     tr.add_argument("--ttt", type=int, default=3, help="training-time-test levels")
+    tr.add_argument("--autocast", choices=["bfloat16", "float16"], help="run the matrix products in this dtype "
+                    "(weights and optimizer stay float32)")
+    tr.add_argument("--eval-data", action="append", help="held-out cached features: each level's agreement on them "
+                    "at every save (repeatable)")
+    tr.add_argument("--freeze-lm-head", action="store_true", help="keep the head's LM head the target's output "
+                    "rows (fewer parameters to fit on little data)")
     tr.add_argument("--save-every", type=int, default=100)
     tr.add_argument("--save-dtype", choices=sorted(DTYPES), help="the saved head's dtype (default: the target's)")
     tr.add_argument("--train-device", help="where to train (default: the pair's device), e.g. cuda")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_model_args(tr)
+    for p in (ft, tr):
+        p.add_argument("--data", action="append", required=True,
+                       help="folder caching the target's features (reused when it matches)" if p is ft else
+                       "folder of cached features (heads features); repeatable: trained on together")
+        p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")
+        p.add_argument("--layers", type=lambda v: tuple(int(x) for x in v.split(",")),
+                       help="the three target layers whose inputs the head reads, e.g. 2,14,27 (default: 2, L/2, "
+                       "L-3)")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        add_model_args(p)
+    ft.set_defaults(func=cmd_features)
     tr.set_defaults(func=cmd_train)
     rs = hsub.add_parser("respond", help="the target's own greedy responses to prompts assembled for training "
                          "(heads/prompts.py; no bench prompt), as JSONL texts for train --texts (resumable)")

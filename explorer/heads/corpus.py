@@ -1,8 +1,9 @@
 """Training text a head may be shipped from: source code whose licence lets us ship what is learned from it, never a
 prompt the bench or the lessons measure with.
 
-``stdlib_texts`` reads the Python standard library's own modules (the Python Software Foundation License: a
-permissive licence; the shipped head's card names the Python version). ``leaks`` finds any text that holds a
+``stdlib_texts`` reads the Python standard library's own modules and ``pydoc_texts`` its reference topics
+(``pydoc_data``: the language reference's prose with examples); both under the Python Software Foundation License, a
+permissive licence (the shipped head's card names the Python version). ``leaks`` finds any text that holds a
 prompt of the bench's sets (HumanEval, MT-bench, the prompt mix, the kinds set): such a text would let a head learn
 the answer it is measured on, so ``clean`` drops it.
 """
@@ -39,6 +40,20 @@ def stdlib_texts(limit_chars: int = 2_000_000) -> list[tuple[str, str]]:
         if total >= limit_chars:
             break
     return out
+
+
+def stdlib_range(start_chars: int, end_chars: int) -> list[tuple[str, str]]:
+    """The modules ``stdlib_texts(end_chars)`` adds to ``stdlib_texts(start_chars)``: the next stretch of the standard
+    library, for a run that adds data to one trained on its first ``start_chars`` characters."""
+    return stdlib_texts(end_chars)[len(stdlib_texts(start_chars)) if start_chars > 0 else 0:]
+
+
+def pydoc_texts() -> list[tuple[str, str]]:
+    """``(topic, text)`` of the Python reference topics ``pydoc`` shows (``pydoc_data.topics``: about 80 topics,
+    465,000 characters of English prose and examples for Python 3.11), in name order."""
+    from pydoc_data.topics import topics
+
+    return [(f"pydoc:{name}", topics[name]) for name in sorted(topics)]
 
 
 def python_version() -> str:

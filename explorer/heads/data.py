@@ -102,13 +102,35 @@ def load(folder: str | Path, device=None) -> list[Sequence]:
     return out
 
 
-def draft_vocabulary(data: list[Sequence], size: int, vocab: int) -> list[int]:
-    """The ``size`` target ids a head drafts among: the most frequent next tokens of the data (the target's best
-    candidate at every position, then the tokens themselves), ascending ids. Fewer when the data has fewer."""
+def load_all(folders: list[str | Path], device=None) -> tuple[list[Sequence], list[dict]]:
+    """The cached sequences of every folder in ``folders`` (in that order) and their manifests. Raises
+    HeadDataError as ``load`` does, or when the folders' manifests name different targets or layers."""
+    data, manifests = [], []
+    for folder in folders:
+        data.extend(load(folder, device))
+        manifests.append(json.loads((Path(folder) / MANIFEST).read_text()))
+    if len({(m["target"], tuple(m["layers"])) for m in manifests}) > 1:
+        raise HeadDataError("the data folders hold features of different targets or layers: "
+                            + ", ".join(f"{f}: {m['target']} {m['layers']}" for f, m in zip(folders, manifests)))
+    return data, manifests
+
+
+def draft_vocabulary(data: list[Sequence], size: int, vocab: int, data_share: float = 1.0) -> list[int]:
+    """The ``size`` target ids a head drafts among, ascending: first the ``data_share`` of them that are the data's
+    most frequent next tokens (the target's best candidate at every position, then the tokens themselves), then the
+    lowest ids not yet chosen. A byte-pair tokenizer numbers its tokens in merge order, which follows their frequency
+    in the text it was built on, so the low ids stand for text the data lacks (on the kinds set 8,192 tokens from
+    135k tokens of data left 23 % of the target's greedy tokens outside; 12,288 with a quarter by id, 16 %). With
+    ``data_share`` 1, fewer than ``size`` when the data has fewer distinct tokens."""
+    if not 0.0 <= data_share <= 1.0:
+        raise ValueError(f"data_share {data_share} is not between 0 and 1")
     counts = torch.zeros(vocab, dtype=torch.long)
     for s in data:
         counts += torch.bincount(s.label_ids[:, 0].clamp(max=vocab - 1), minlength=vocab)
         counts += torch.bincount(s.tokens.clamp(max=vocab - 1), minlength=vocab)
     seen = int((counts > 0).sum())
-    top = counts.topk(min(size, max(seen, 1))).indices
-    return sorted(int(t) for t in top)
+    chosen = {int(t) for t in counts.topk(min(round(size * data_share), max(seen, 1), size)).indices}
+    if data_share < 1.0:
+        rest = (i for i in range(vocab) if i not in chosen)
+        chosen.update(next(rest) for _ in range(min(size, vocab) - len(chosen)))
+    return sorted(chosen)
