@@ -121,8 +121,7 @@ def draft_vocabulary(data: list[Sequence], size: int, vocab: int, data_share: fl
     lowest ids not yet chosen. A byte-pair tokenizer numbers its tokens in merge order, which follows their frequency
     in the text it was built on, so the low ids stand for text the data lacks (on the kinds set 8,192 tokens from
     135k tokens of data left 23 % of the target's greedy tokens outside; the second shipped head's 12,288, a
-    quarter by id, 17.7 %). With
-    ``data_share`` 1, fewer than ``size`` when the data has fewer distinct tokens."""
+    quarter by id, 17.7 %). With ``data_share`` 1, fewer than ``size`` when the data has fewer distinct tokens."""
     if not 0.0 <= data_share <= 1.0:
         raise ValueError(f"data_share {data_share} is not between 0 and 1")
     counts = torch.zeros(vocab, dtype=torch.long)
