@@ -24,8 +24,9 @@ LESSONS = [load_lesson(p) for p in shipped_lessons()]
 
 
 def _plotly(fig) -> dict:
-    """A figure as ``plotly.io.to_json`` writes it, read back."""
-    return json.loads(pio.to_json(fig))
+    """A figure as ``plotly.io.to_json`` writes it, read back, in the template every page carries (whichever the
+    process's default is: importing Streamlit, as earlier tests do, makes it Streamlit's)."""
+    return json.loads(pio.to_json(fig.update_layout(template=player.PAGE_TEMPLATE)))
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +266,15 @@ def test_a_built_page_is_kept_and_a_changed_lesson_is_built_again(tmp_path, monk
     assert len(list((tmp_path / "lesson_pages").glob("*.html"))) == 2
     monkeypatch.setenv("SPEC_EXPLORER_PAGE_CACHE", "off")
     assert player.page_cache() is None and "read back" not in player.player_html(lesson)
+
+
+def test_a_page_is_the_same_whichever_template_the_process_defaults_to(monkeypatch):
+    """A page built where Streamlit was imported (the app: it makes its template Plotly's default) is the page
+    ``lessons export`` builds: each figure carries ``PAGE_TEMPLATE``, so the page cache may serve either to both."""
+    lesson = min(LESSONS, key=lambda le: sum(len(r.trace.steps) for r in le.runs))
+    monkeypatch.setattr(pio.templates, "default", "plotly")
+    plain = player.player_data(lesson)
+    monkeypatch.setattr(pio.templates, "default", "plotly_dark")
+    assert player.player_data(lesson) == plain
+    tree = plain["runs"][0]["phases"][0][1]["tree"]
+    assert tree["layout"]["template"] == json.loads(json.dumps(pio.templates[player.PAGE_TEMPLATE].to_plotly_json()))

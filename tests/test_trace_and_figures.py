@@ -129,16 +129,20 @@ def test_version_1_traces_are_upgraded_and_keep_what_they_hold(run_trace, tmp_pa
     assert old["schema_version"] == 1 and "producer" not in old  # the reader upgraded a copy
 
 
-def test_shipped_lessons_are_version_1_traces_and_still_open():
+def test_shipped_lessons_still_open_and_some_are_version_1_traces():
+    """Every shipped lesson opens as a version-2 trace; those recorded before version 2 keep the reader's upgrade
+    exercised on real files (a lesson recorded again is written as version 2)."""
     from explorer.lessons.lesson import load_lesson, shipped_lessons
 
     paths = shipped_lessons()
     assert paths
+    versions = set()
     for path in paths:
         raw = json.loads(path.read_text())
-        assert {r["trace"]["schema_version"] for r in raw["runs"]} == {1}  # recorded before version 2
+        versions |= {r["trace"]["schema_version"] for r in raw["runs"]}
         lesson = load_lesson(path)
         assert all(r.trace.schema_version == 2 and r.trace.steps for r in lesson.runs)
+    assert 1 in versions and versions <= {1, 2}
 
 
 def test_the_upgrade_fills_exactly_the_fields_a_version_1_reader_defaulted():

@@ -48,6 +48,10 @@ TEMPLATE = Path(__file__).with_name("player.html")
 # bundles in full (4.6 MB): a lesson page opens about twice as fast (assets/ATTRIBUTION.md)
 PLOTLY_CARTESIAN = Path(__file__).resolve().parents[2] / "assets" / "vendor" / "plotly-cartesian-4.1.1.min.js"
 FONT = 16  # px: chart text on a projector (at least 16 px)
+# Every figure of a page carries Plotly's own template by name: the figures take the process's default template,
+# which importing Streamlit switches to its own, so a page built by the app would otherwise differ from the same
+# page built by `lessons export` (and a cached page from either would be served to both)
+PAGE_TEMPLATE = "plotly"
 MASK_HEIGHT = 560  # px: the height mask_figure thins its row labels for (the player's mask box on a projector)
 REF = "§"  # a string "§<base-36 index>" in the page's data is a reference into its pool (``pack``)
 _MIN_POOLED = 12  # values whose JSON is shorter stay where they are
@@ -58,9 +62,11 @@ def _json(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _figure_json(fig: go.Figure) -> dict:
-    """A figure as plain JSON data (what ``plotly.io.to_json`` writes, read back)."""
-    return json.loads(_json(fig.to_plotly_json()))
+def page_figure(fig: go.Figure) -> dict:
+    """``fig`` as a page embeds it: plain JSON data (what ``plotly.io.to_json`` writes, read back), its layout's
+    template set to ``PAGE_TEMPLATE`` (on ``fig`` itself: a copy costs a third of a page's build) whatever the
+    process's default template is."""
+    return json.loads(_json(fig.update_layout(template=PAGE_TEMPLATE).to_plotly_json()))
 
 
 def _phase_data(lesson: Lesson, run: int, step: StepTrace, greedy: bool) -> list[dict]:
@@ -72,10 +78,10 @@ def _phase_data(lesson: Lesson, run: int, step: StepTrace, greedy: bool) -> list
         shown = shown_status(step, phase)
         key = tuple(sorted(shown.items()))
         if key not in trees:
-            trees[key] = _figure_json(tree_figure(step, shown=shown, font=FONT))
+            trees[key] = page_figure(tree_figure(step, shown=shown, font=FONT))
         rows = tuple(mask_rows(step, phase))
         if len(step.nodes) > 1 and rows and rows not in masks:
-            masks[rows] = _figure_json(mask_figure(step, rows=list(rows), font=FONT, height=MASK_HEIGHT))
+            masks[rows] = page_figure(mask_figure(step, rows=list(rows), font=FONT, height=MASK_HEIGHT))
         out.append({"kind": phase.kind, "label": phase.label, "level": phase.level, "node": phase.node,
                     "tree": trees[key], "mask": masks.get(rows),
                     "account": account(step, phase, greedy), "note": lesson.note_at(run, phase)})
@@ -90,10 +96,10 @@ def _race_data(lesson: Lesson, run: int) -> dict:
         trace, baseline = timed.runs[run], timed.baseline
         point = measured_point(trace, baseline)
         at = slider_stop(point["c"])
-        out[name] = {"figure": _figure_json(race_figure(trace, baseline, lesson.runs[run].label, font=FONT,
+        out[name] = {"figure": page_figure(race_figure(trace, baseline, lesson.runs[run].label, font=FONT,
                                                         machine=name)),
                      "point": point,
-                     "speedup": {"figure": _figure_json(speedup_figure(point, SPEEDUP_COSTS[at], font=FONT)),
+                     "speedup": {"figure": page_figure(speedup_figure(point, SPEEDUP_COSTS[at], font=FONT)),
                                  "costs": list(SPEEDUP_COSTS), "at": at,
                                  "curves": [json.loads(_json(c.to_plotly_json())) for c in speedup_curves(point)]}}
     return out
