@@ -84,9 +84,11 @@ class MethodConfig:
             rows (``drafters/row_pricing.py``).
         cost_ratio: the ``goodput`` stop policy's r: ``fixed`` (the ``threshold`` setting) or ``measured`` (from
             the run's own step times, starting at ``threshold``; ``engine/policies/cost_ratio.py``).
-        tree_choice: ``mcsd-improved`` (lossless) only: ``fixed`` (the published shape: ``k_config``'s root width) or
-            ``online`` (each step's root width chosen from ``ONLINE_ROOTS`` by the acceptance and forward costs the
-            run measures, ``engine/policies/tree_choice.py``; the chains and the stop policy as before). The
+        tree_choice: ``mcsd-improved`` (lossless) and ``eagle`` only: ``fixed`` (the published shape: ``k_config``'s
+            root width; ``head_tokens`` nodes) or ``online`` (each step's root width chosen from ``ONLINE_ROOTS`` by
+            the acceptance and forward costs the run measures, ``engine/policies/tree_choice.py``, the chains and the
+            stop policy as before; for ``eagle`` how many of the ``head_tokens`` best nodes the step verifies,
+            ``engine/policies/head_tree.py``). The
             dataclass default is ``fixed`` (so a config saved before the choice existed replays as it ran);
             ``DEFAULTS["mcsd-improved"]`` chooses online (docs/bench.md, "The root width chosen online on the H100").
         head: ``eagle``: the EAGLE-3 head's checkpoint folder (``models/eagle3.py``); empty = the head shipped for
@@ -161,9 +163,9 @@ class MethodConfig:
             raise ValueError("a measured cost ratio is the goodput stop policy's r; choose stop goodput")
         if self.tree_choice not in TREE_CHOICES:
             raise ValueError(f"unknown tree choice {self.tree_choice!r}; use one of {', '.join(TREE_CHOICES)}")
-        if self.tree_choice == "online" and (self.method != "mcsd-improved" or self.lossy):
-            raise ValueError("the tree chosen online is the lossless mcsd-improved's root width; "
-                             f"{'the lossy mode' if self.lossy else self.method} keeps its fixed shape")
+        if self.tree_choice == "online" and (self.method not in ("mcsd-improved", "eagle") or self.lossy):
+            raise ValueError("the tree chosen online is the lossless mcsd-improved's root width or eagle's tree "
+                             f"size; {'the lossy mode' if self.lossy else self.method} keeps its fixed shape")
         if self.fallback not in FALLBACK_MODES:
             raise ValueError(f"unknown fallback {self.fallback!r}; use one of {', '.join(FALLBACK_MODES)}")
         if self.decision_model not in DECISION_MODELS:
@@ -220,7 +222,7 @@ class MethodConfig:
         """``draft_branching`` with ``roots`` candidates at the root where the tree is chosen online (``tree_choice``),
         else ``draft_branching`` unchanged."""
         branching = self.draft_branching()
-        if self.tree_choice != "online":
+        if self.tree_choice != "online" or self.spec.uses_head:  # a head's tree has no root width to choose
             return branching
         return [roots] + branching[1:]
 

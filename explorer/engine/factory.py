@@ -14,7 +14,8 @@ and meters it steps with are built here:
   same terms;
 * the row pricing of Token Recycling's branches on a CPU (``drafters/row_pricing.py``);
 * the goodput stop policy's measured cost ratio (``engine/policies/cost_ratio.py``);
-* the online tree choice (``policies/tree_choice.py``) and the forward costs it prices steps with;
+* the online tree choice (``policies/tree_choice.py``; for ``eagle`` the tree's size, ``policies/head_tree.py``)
+  and the forward costs it prices steps with;
 * the verifier's name for the sampling (``MethodConfig.verifier_for``);
 * the step's observers (``engine/observers.py``), in the order a step notifies them.
 
@@ -44,9 +45,10 @@ from .observers import (AdaptationObserver, CostRatioObserver, FallbackObserver,
 from .parts import EngineError, EngineParts
 from .policies.cost_ratio import CostRatioMeter
 from .policies.fallback import GoodputFallback, asks_row_costs, fallback_active
+from .policies.head_tree import TreeSizer
 from .policies.stopping import LEARNED_POLICIES, adapt_problem, make_stop_policy
 from .policies.tree_choice import ONLINE_ROOTS, TreeChooser
-from .runtime.forward_costs import row_ms, row_prices, rows_are_dear, tree_costs
+from .runtime.forward_costs import head_tree_costs, row_ms, row_prices, rows_are_dear, tree_costs
 from .sampling import SamplingConfig
 from .stop_models.model import DecisionModelError, decision_model_for
 from .stop_models.online import AdaptError, make_adapter
@@ -135,14 +137,17 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     key = carry_key(pair, config, sampling)  # what the fallback's rates and the two choosers belong to
     exits = carried.layer_skip["state"] if carried.layer_skip and carried.layer_skip.get("key") == key else None
     tree = carried.tree["state"] if carried.tree and carried.tree.get("key") == key else None
-    chooser, costs = None, None
-    if config.tree_choice == "online":  # priced with the recorded run's costs in a replay: timed, not computed
+    chooser, sizer, costs = None, None, None
+    if config.tree_choice == "online" and config.spec.uses_head:  # the head's tree size; a replay forces it
+        costs = (follow.model.get("tree_costs") if follow is not None else None) or head_tree_costs(pair)
+        sizer = TreeSizer(costs["target"], config.head_tokens)
+    elif config.tree_choice == "online":  # priced with the recorded run's costs in a replay: timed, not computed
         costs = (follow.model.get("tree_costs") if follow is not None else None) or tree_costs(pair)
         chooser = TreeChooser(ONLINE_ROOTS, published=config.draft_branching()[0], max_depth=config.max_depth,
                               branch_threshold=config.branch_threshold)
         chooser.costs = costs
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling, exits, chooser, tree, _head(pair, config)),
+        drafter=make_drafter(config, carried.recycling, exits, chooser, tree, _head(pair, config), sizer),
         stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),
@@ -187,13 +192,18 @@ def _head(pair: ModelPair, config: MethodConfig):
 def _follow(parts: EngineParts, trace: RunTrace) -> None:
     """Make ``parts`` take ``trace``'s timing-driven decisions whatever this machine measures: speculate or take a
     plain step as recorded (a fallback that only replays where the run has none), the measured cost ratio after
-    each step, the free rows' prices (none where the recording priced none). Raises EngineError for malformed
+    each step, the free rows' prices (none where the recording priced none), the head's tree sizes. Raises
+    EngineError for malformed
     recorded prices."""
     if parts.fallback is None:
         parts.fallback = GoodputFallback(replay_only=True)
     parts.fallback.force([s.fallback.get("speculate", True) for s in trace.steps])
     if parts.cost_meter is not None:
         parts.cost_meter.force([s.cost.get("next") for s in trace.steps])
+    sizer = getattr(parts.drafter, "sizer", None)
+    if sizer is not None:  # the head's tree sizes, chosen from wall times
+        sizes = [s.drafter.get("head", {}).get("size") for s in trace.steps]
+        sizer.force([size["tokens"] for size in sizes if isinstance(size, dict) and "tokens" in size])
     try:
         parts.row_pricing = RowPricing.from_prices(trace.model.get("row_pricing"))
     except (KeyError, TypeError, ValueError) as exc:

@@ -127,6 +127,12 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                             key=Sidebar.HEAD_TOKENS.widget_key(prefix),
                                             help="the best nodes by cumulative draft probability (with their "
                                                  "ancestors) are verified in one target pass")
+        online = box.checkbox("Head: size the tree online", value=d.tree_choice == "online",
+                              key=Sidebar.HEAD_ONLINE.widget_key(prefix),
+                              help="each step verifies as many of those nodes as the acceptance measured so far "
+                                   "and this machine's cost per target row say pay (fewer on a CPU, where rows "
+                                   "are dear); off: all of them. Never changes the output law")
+        changes["tree_choice"] = "online" if online else "fixed"
     if "recycling" in spec.free:
         changes["recycling_widths"] = box.text_input(
             "Recycling tree template (widths per level)", ",".join(map(str, d.recycling_widths)),

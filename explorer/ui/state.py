@@ -175,6 +175,8 @@ class Sidebar:
     HEAD_TOPK: Key[int] = Key("head_topk", "eagle: children per expanded node", widget=True)
     HEAD_DEPTH: Key[int] = Key("head_depth", "eagle: levels drafted", widget=True)
     HEAD_TOKENS: Key[int] = Key("head_tokens", "eagle: most draft tokens verified", widget=True)
+    HEAD_ONLINE: Key[bool] = Key("head_online", "eagle: how many of those a step verifies, chosen online",
+                                 widget=True)
     FREE_ROWS: Key[int] = Key("free_rows", "free branches' most target rows (0 = auto)", widget=True)
     FALLBACK: Key[str] = Key("fallback", "the goodput fallback to plain decoding", widget=True)
     VERIFIER: Key[str] = Key("verifier", "the verification rule", widget=True, kept=True)

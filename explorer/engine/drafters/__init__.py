@@ -11,6 +11,7 @@ rows pay for their verification)."""
 
 from __future__ import annotations
 
+from ..policies.head_tree import TreeSizer
 from ..policies.tree_choice import TreeChooser
 from .base import Drafted, Drafter, FreeNode, merge_free
 from .eagle import HeadDrafter
@@ -25,18 +26,20 @@ __all__ = ["Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "Lo
 
 
 def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,
-                 tree_chooser: TreeChooser | None = None, tree_state: dict | None = None, head=None) -> Drafter:
+                 tree_chooser: TreeChooser | None = None, tree_state: dict | None = None, head=None,
+                 sizer: TreeSizer | None = None) -> Drafter:
     """The drafter of ``config`` (a ``MethodConfig``); ``recycling_state``: a Token Recycling matrix carried over
     from an earlier run (``RecyclingDrafter.state()``), or None to start empty; ``layer_skip_state``: likewise
     ``layer-skip``'s exit chooser (``ExitChooser.state()``); ``tree_chooser``: the online tree choice the model
     drafter picks its root width with (``policies/tree_choice.py``; None: the config's fixed shape), and
     ``tree_state`` what it measured in an earlier run (``TreeChooser.state()``); ``head``: for ``eagle``, the loaded
-    head, the target layers it reads and what the trace records of it (``(head, layers, source)``)."""
+    head, the target layers it reads and what the trace records of it (``(head, layers, source)``), and ``sizer``
+    the online choice of its tree's size (``policies/head_tree.py``; None: ``head_tokens`` nodes every step)."""
     spec = config.spec
     if spec.uses_head:
         model, layers, source = head
         return HeadDrafter(model, layers, top_k=config.head_topk, frontier=config.head_topk,
-                           depth=config.head_depth, tokens=config.head_tokens, source=source)
+                           depth=config.head_depth, tokens=config.head_tokens, source=source, sizer=sizer)
     free: list[Drafter] = []
     for name in spec.free:
         if name == "lookup":

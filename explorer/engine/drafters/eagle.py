@@ -9,21 +9,25 @@ the head's own output back as the feature, one head forward per level.
 The tree is EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2406.16858): each level expands the ``frontier`` nodes with
 the best cumulative draft log-probability, ``top_k`` children each, for ``depth`` levels; then the ``tokens`` best
 nodes are kept, every kept node's ancestors and earlier-drawn siblings with it (so each node's kept children are a
-prefix of its draws and the verifier's rule holds: lossless). Children are drawn as every verifier expects
-(``drafting.candidates``: the best ones when greedy). The head's tree rows are dropped from its cache after each
-step; the accepted path comes back with the target's own features at the next catch-up.
+prefix of its draws and the verifier's rule holds: lossless). With ``tree_choice=online`` a
+``policies.head_tree.TreeSizer`` keeps fewer of them where this machine's row costs and the run's measured
+acceptance say fewer pay. Children are drawn as every verifier expects (``drafting.candidates``: the best ones when
+greedy). The head's tree rows are dropped from its cache after each step; the accepted path comes back with the
+target's own features at the next catch-up.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import time
 
 import torch
 
 from ...models.eagle3 import HeadCache
 from ...trace.records import TOP_K_SHOWN
 from .. import drafting
+from ..policies.head_tree import TreeSizer
 from ..sampling import LazyRows, RowDists
 from ..tree import DraftTree
 from .base import Drafted, Drafter, empty_draft
@@ -40,14 +44,18 @@ class HeadDrafter(Drafter):
             ``speculative_num_draft_tokens``).
         source: what the trace records of the head (``head_store.describe``: its folder, config hash, draft
             vocabulary size, feature layers).
+        sizer: the online choice of how many of the ``tokens`` kept nodes a step verifies
+            (``policies/head_tree.py``), or None to verify them all.
     """
 
     name = "eagle"
     uses_draft_model = False
 
     def __init__(self, head, target_layers: tuple[int, ...], top_k: int = 4, frontier: int = 4, depth: int = 6,
-                 tokens: int = 16, source: dict | None = None):
+                 tokens: int = 16, source: dict | None = None, sizer: TreeSizer | None = None):
         self.head, self.target_layers, self.source = head, tuple(target_layers), dict(source or {})
+        self.sizer = sizer
+        self._sized: tuple | None = None  # (the step's Drafted, (depth, rank, q) per tree node, draft ms)
         self.top_k, self.frontier, self.depth, self.tokens = top_k, frontier, depth, tokens
         self.cache = HeadCache()
         self._states: torch.Tensor | None = None  # target states of positions start.. not yet read by the head
@@ -62,8 +70,10 @@ class HeadDrafter(Drafter):
 
     def start(self, view) -> None:
         """Keep the prefill's target states of the prompt rows (None with a joint prefill: they come with the
-        first verification)."""
+        first verification); the sizer starts afresh."""
         self.cache, self._root = HeadCache(), None
+        if self.sizer is not None:
+            self.sizer.reset()
         self._states, self._states_start = view.target_states, 0
         self._after_start = (self._states, 0)
 
@@ -75,6 +85,7 @@ class HeadDrafter(Drafter):
         """Keep the target states of the committed rows the verification read (the path's rows past what the step
         committed, cut at EOS or the budget, are left out)."""
         v = step.verified
+        self._learn_size(step)
         if v.target_states is None:
             return
         rows = v.target_states[: max(0, len(step.history) - v.states_start)]
@@ -83,6 +94,16 @@ class HeadDrafter(Drafter):
             self.cache, self._root = HeadCache(), None
         else:
             self._states = torch.cat([self._states, rows])
+
+    def _learn_size(self, step) -> None:
+        """The sizer learns the step's measured acceptance of each verified head node and the drafter's time."""
+        if self.sizer is None or self._sized is None or self._sized[0] is not step.drafted:
+            return
+        _, nodes, ms = self._sized
+        odds, tree = step.verified.odds or {}, step.drafted.tree
+        seen = [i for i in range(len(tree)) if i < len(nodes) and i in odds and tree.source[i] == "draft"]
+        self.sizer.record([nodes[i] for i in seen], [odds[i].accept_prob for i in seen], ms)
+        self._sized = None
 
     def _catch_up(self, committed, timed) -> bool:
         """Feed the head the committed positions t it has not read, up to the anchor's parent (the token at t + 1
@@ -107,6 +128,7 @@ class HeadDrafter(Drafter):
     # ------------------------------------------------------------------ drafting
 
     def draft(self, view) -> Drafted:
+        t0 = time.perf_counter()
         committed = view.committed
         calls_before = self.cache.length
         if not self._catch_up(committed, view.time_forward):
@@ -150,9 +172,19 @@ class HeadDrafter(Drafter):
             for c, i in enumerate(frontier):
                 g_of[i], row_of[i] = out[c], len(row_of)
         self.cache.rewind(base)  # the tree's rows: the accepted path comes back with the target's features
-        keep = _best_closed(parent, score, rank, self.tokens)
+        keep = _best_closed(parent, score, rank, self.tokens)  # best first: every prefix is closed
+        size = None
+        if self.sizer is not None and keep:
+            q = [math.exp(score[i] - (score[parent[i]] if parent[i] >= 0 else 0.0)) for i in range(len(token))]
+            keep = keep[: self.sizer.choose(keep, parent, depth, rank, q)]
+            size = dict(self.sizer.last)
         drafted = self._tree(keep, parent, token, depth, dists, sampling.greedy, calls)
         drafted.tree_start = len(committed)  # no draft-model cache: the tree's rows sit after the context
+        if size is not None:
+            drafted.info["head"]["size"] = size
+            order = sorted(keep, key=lambda i: (depth[i], i))  # ``_tree``'s node order
+            self._sized = (drafted, [(depth[i], rank[i], q[i]) for i in order],
+                           (time.perf_counter() - t0) * 1e3)
         return drafted
 
     def _level_mask(self, frontier: list[int], parent: list[int], row_of: dict[int, int], base: int):

@@ -126,6 +126,14 @@ def tree_costs(pair) -> dict:
     return pair.measured["tree_costs"]
 
 
+def head_tree_costs(pair) -> dict:
+    """What the EAGLE head's online tree size (``policies/head_tree.py``) prices a step's verification with:
+    ``{"target": {rows: ms}}``, the target's 1-, 2- and ``DEAR_ROWS``-row forwards (``verification_cost``; no draft
+    model is timed: a head drafts without one)."""
+    cost = verification_cost(pair)
+    return {"target": {1: cost["one_row_ms"], 2: cost["two_rows_ms"], cost["rows"]: cost["rows_ms"]}}
+
+
 def row_prices(pair) -> dict | None:
     """What a verification's rows cost on this machine, for pricing free rows (``drafters/row_pricing.py``):
     ``{"one_row_ms", "jump_ms", "row_ms"}``, a tree of n >= 1 nodes costing ``one_row_ms + jump_ms + n * row_ms``

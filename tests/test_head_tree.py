@@ -1,0 +1,126 @@
+"""The EAGLE head's tree sized online (``engine/policies/head_tree.py``): expected tokens of every kept prefix, the
+size that pays on a machine whose rows are dear or free, the warm-up and a replay's recorded sizes; and a head run
+with the sizer keeps ``ar``'s greedy tokens, samples the target's law and replays step for step."""
+
+import pytest
+
+from explorer.engine.policies.head_tree import PRIOR_N, Q_EDGES, TreeSizer
+
+
+def _chain_and_fork():
+    """anchor -> 0 (q 0.9) -> 1 (q 0.9) -> 2 (q 0.9); anchor -> 3 (rank 1, q 0.05): kept best first 0, 1, 2, 3."""
+    parent, depth, rank, q = [-1, 0, 1, -1], [1, 2, 3, 1], [0, 0, 0, 1], [0.9, 0.9, 0.9, 0.05]
+    return [0, 1, 2, 3], parent, depth, rank, q
+
+
+def test_expected_tokens_multiply_down_a_path_and_past_rejected_siblings():
+    sizer = TreeSizer({1: 100.0}, most=4)
+    order, parent, depth, rank, q = _chain_and_fork()
+    a = [sizer.acceptance(d, r, x) for d, r, x in zip(depth, rank, q)]
+    assert a[0] == pytest.approx((0.9 + 1.0) / 2)  # a fresh cell is its q bin's middle
+    tokens = sizer.expected_tokens(order, parent, depth, rank, q)
+    assert tokens[0] == 1.0  # the bonus token alone
+    assert tokens[3] == pytest.approx(1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2])
+    assert tokens[4] - tokens[3] == pytest.approx((1 - a[0]) * a[3])  # tested only where node 0 was rejected
+
+
+def test_the_size_that_pays_depends_on_what_rows_cost_and_what_was_accepted():
+    order, parent, depth, rank, q = _chain_and_fork()
+    free_rows = TreeSizer({1: 100.0, 16: 101.0}, most=4, warmup=0)
+    assert free_rows.choose(order, parent, depth, rank, q) == 4  # rows nearly free: keep all
+    dear = TreeSizer({1: 100.0, 2: 130.0, 16: 500.0}, most=4, warmup=0)
+    for _ in range(50):  # the head's sure tokens are rejected at depth 2 and below
+        dear.record([(1, 0, 0.9), (2, 0, 0.9), (3, 0, 0.9), (1, 1, 0.05)], [1.0, 0.0, 0.0, 0.0], draft_ms=10.0)
+    assert dear.acceptance(2, 0, 0.9) < 0.05 and dear.draft_ms == pytest.approx(10.0)
+    assert dear.choose(order, parent, depth, rank, q) == 1
+    assert dear.last["why"] == "fastest" and dear.last["cost_ms"] == pytest.approx(10.0 + 130.0)
+
+
+def test_the_warm_up_keeps_every_node_and_a_replay_takes_the_recorded_sizes():
+    order, parent, depth, rank, q = _chain_and_fork()
+    sizer = TreeSizer({1: 100.0, 16: 500.0}, most=3)
+    assert sizer.choose(order, parent, depth, rank, q) == 3 and sizer.last["why"] == "warm-up"
+    sizer.force([2, 4])
+    sizer.reset()
+    assert [sizer.choose(order, parent, depth, rank, q) for _ in range(3)] == [2, 4, 3]  # then the most
+    assert sizer.last["why"] == "recorded"
+
+
+def test_cells_and_bad_settings():
+    assert TreeSizer.cell(1, 0, 0.0) == 0 and TreeSizer.cell(1, 0, 1.0) == len(Q_EDGES)
+    assert TreeSizer.cell(9, 9, 0.5) == TreeSizer.cell(3, 2, 0.5)  # depth 3+ and rank 2+ share cells
+    assert PRIOR_N > 0
+    with pytest.raises(ValueError, match="at least one node"):
+        TreeSizer({1: 1.0}, most=0)
+    with pytest.raises(ValueError, match="at least one node"):
+        TreeSizer({}, most=4)
+
+
+# ------------------------------------------------------------------------------------------------ with a head
+
+def _saved_head(tiny, tmp_path):
+    from explorer.models.eagle3 import HeadConfig, random_head, save_head
+
+    t = tiny.target.config
+    config = HeadConfig(hidden_size=t.hidden_size, intermediate_size=96, num_attention_heads=t.num_attention_heads,
+                        num_key_value_heads=t.num_key_value_heads, head_dim=t.hidden_size // t.num_attention_heads,
+                        vocab_size=t.vocab_size, draft_vocab_size=64, rope_theta=10000.0, aux_layer_ids=(0, 1, 2))
+    return save_head(random_head(config, seed=4, draft_ids=list(range(32, 96))), tmp_path / "head")
+
+
+def _online(folder):
+    from explorer.engine.config import DEFAULTS
+
+    return DEFAULTS["eagle"].with_(head=str(folder), head_topk=3, head_depth=4, head_tokens=10, tree_choice="online",
+                                   fallback="off")
+
+
+def test_a_sized_head_run_keeps_the_greedy_tokens_and_replays_its_sizes(tiny, tmp_path):
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.instruments.replay import engine_for_trace
+    from explorer.lessons.teach import explain_step
+
+    greedy = SamplingConfig(temperature=0.0)
+    ids = tiny.tokenizer.encode("def add(a, b):\n    return a + b\n")
+    plain = build_engine(tiny, DEFAULTS["ar"], greedy)
+    plain.start(ids, 40)
+    want = plain.run().generated_ids
+    eng = build_engine(tiny, _online(_saved_head(tiny, tmp_path)), greedy)
+    eng.parts.drafter.sizer.warmup = 1
+    eng.start(ids, 40)
+    trace = eng.run()
+    assert trace.generated_ids == want
+    sized = [s for s in trace.steps if s.drafted]
+    assert sized and all(s.drafter["head"]["size"]["tokens"] == s.drafted <= 10 for s in sized)
+    assert {s.drafter["head"]["size"]["why"] for s in sized} == {"warm-up", "fastest"}
+    chosen = next(s for s in sized if s.drafter["head"]["size"]["why"] == "fastest")
+    words = " ".join(explain_step(chosen, trace.settings["method"]))
+    assert f"the {chosen.drafted} best of up to 10 node(s), expected" in words
+    assert trace.model["tree_costs"]["target"]  # what the sizes were priced with
+    again = engine_for_trace(tiny, trace)  # a replay takes the recorded sizes, whatever this machine times
+    assert again.parts.drafter.sizer._forced == [s.drafted for s in sized]
+    replayed = again.run()
+    assert [s.drafted for s in replayed.steps] == [s.drafted for s in trace.steps]
+    assert replayed.generated_ids == want
+
+
+def test_a_sized_head_run_samples_the_targets_law(tiny, tmp_path):
+    from explorer.analysis.audit import audit_engine
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+
+    config = _online(_saved_head(tiny, tmp_path)).with_(head_topk=2, head_depth=3, head_tokens=6)
+    eng = build_engine(tiny, config, SamplingConfig(temperature=1.0, seed=7))
+    eng.parts.drafter.sizer.warmup = 1
+    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=1200)
+    assert result.passed, result.summary()
+
+
+def test_the_online_size_belongs_to_eagle_and_mcsd_improved():
+    from explorer.engine.config import DEFAULTS
+
+    assert DEFAULTS["eagle"].with_(tree_choice="online").online_branching(3) == []
+    with pytest.raises(ValueError, match="eagle's tree size"):
+        DEFAULTS["sd"].with_(tree_choice="online")
