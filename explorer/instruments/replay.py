@@ -101,7 +101,7 @@ def replay_steps(pair, trace: RunTrace, last: int, decision_model=None):
     """Yield ``(index, engine)`` after each replayed step ``0..last``; the engine's ``last_step`` is that step's.
 
     Raises ReplayError when ``last`` is not a recorded step or a replayed step commits other tokens than the
-    recorded one (another device, dtype or decision model than the recording's).
+    recorded one (another device, CPU model, dtype or decision model than the recording's).
     """
     check_step(trace, last)
     engine = engine_for_trace(pair, trace, decision_model)
@@ -109,5 +109,6 @@ def replay_steps(pair, trace: RunTrace, last: int, decision_model=None):
         step = engine.step()
         if step.committed_ids != trace.steps[i].committed_ids:
             raise ReplayError(f"the replay left the recorded run at step {i + 1} (it committed other tokens): the "
-                              "trace was recorded on another device, dtype or decision model")
+                              "trace was recorded on another device, CPU model (other kernels round otherwise), "
+                              "dtype or decision model")
         yield i, engine
