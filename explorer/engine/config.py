@@ -88,7 +88,7 @@ class MethodConfig:
             root width; ``head_tokens`` nodes) or ``online`` (each step's root width chosen from ``ONLINE_ROOTS`` by
             the acceptance and forward costs the run measures, ``engine/policies/tree_choice.py``, the chains and the
             stop policy as before; for ``eagle`` how many of the ``head_tokens`` best nodes the step verifies,
-            ``engine/policies/head_tree.py``). The
+            ``engine/policies/head_tree.py``; ``DEFAULTS["eagle"]`` chooses online too). The
             dataclass default is ``fixed`` (so a config saved before the choice existed replays as it ran);
             ``DEFAULTS["mcsd-improved"]`` chooses online (docs/bench.md, "The root width chosen online on the H100").
         head: ``eagle``: the EAGLE-3 head's checkpoint folder (``models/eagle3.py``); empty = the head shipped for
@@ -320,6 +320,9 @@ DEFAULTS = {
     "prompt-lookup": MethodConfig(method="prompt-lookup"),
     "token-recycling": MethodConfig(method="token-recycling"),
     "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
-    "eagle": MethodConfig(method="eagle"),
+    # EAGLE-2's tree of 16 nodes, 4 children per expanded node, 6 levels (SGLang's defaults for small targets); how
+    # many of the 16 a step verifies is chosen online (docs/heads.md: 1.25x ar against 1.21x for all 16 on an Intel
+    # Xeon with AMX, where a 17-row target forward costs 1.2 one-row ones; fewer pay where rows cost more)
+    "eagle": MethodConfig(method="eagle", tree_choice="online"),
     "layer-skip": MethodConfig(method="layer-skip", gamma=4),
 }
