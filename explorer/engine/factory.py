@@ -193,8 +193,7 @@ def _follow(parts: EngineParts, trace: RunTrace) -> None:
     """Make ``parts`` take ``trace``'s timing-driven decisions whatever this machine measures: speculate or take a
     plain step as recorded (a fallback that only replays where the run has none), the measured cost ratio after
     each step, the free rows' prices (none where the recording priced none), the head's tree sizes. Raises
-    EngineError for malformed
-    recorded prices."""
+    EngineError for malformed recorded prices."""
     if parts.fallback is None:
         parts.fallback = GoodputFallback(replay_only=True)
     parts.fallback.force([s.fallback.get("speculate", True) for s in trace.steps])

@@ -97,7 +97,7 @@ def _race_data(lesson: Lesson, run: int) -> dict:
         point = measured_point(trace, baseline)
         at = slider_stop(point["c"])
         out[name] = {"figure": page_figure(race_figure(trace, baseline, lesson.runs[run].label, font=FONT,
-                                                        machine=name)),
+                                                       machine=name)),
                      "point": point,
                      "speedup": {"figure": page_figure(speedup_figure(point, SPEEDUP_COSTS[at], font=FONT)),
                                  "costs": list(SPEEDUP_COSTS), "at": at,
