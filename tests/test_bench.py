@@ -199,6 +199,10 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     # CPU C's T 0.7 report predates the online width: its tab says so, CPU B's (made since) does not
     notes = [c.value for c in at.caption if "made before the default chose its root width online" in c.value]
     assert len(notes) == 1
+    at.selectbox(key="bench_reference").set_value("kinds-eagle").run()  # the head on two CPUs, side by side
+    assert not at.exception and not at.error and [t.label for t in at.tabs] == ["CPU", "CPUA"]
+    assert "CPUA x ar" in at.dataframe[0].value.columns
+    assert len([c for c in at.caption if "16 best nodes" in c.value]) == 2  # both made before the sizing
     at.selectbox(key="bench_reference").set_value("kinds-greedy").run()  # both made since: no such note
     assert not at.exception and not at.error and len(at.dataframe) == 5
     assert not any("made before the default" in c.value for c in at.caption)
@@ -227,6 +231,8 @@ def test_label_notes_say_what_mcsd_improved_meant_when_a_report_was_made():
     assert not any("published tree" in n for n in label_notes(report("2026-11-27T00:16:00+00:00")))  # online since
     assert not any("published tree" in n for n in label_notes(report("2026-11-25T14:38:31+00:00", ("ar", "hybrid"))))
     assert not label_notes({"meta": {}, "summary": [{"method": "mcsd-improved"}]})  # undated: nothing to say
+    assert any("16 best nodes" in n for n in label_notes(report("2026-11-28T03:08:31+00:00", ("ar", "eagle"))))
+    assert not label_notes(report("2026-11-28T06:00:00+00:00", ("ar", "eagle")))  # sized online since
     # the prefill apart from the first verification, before the bench joined them (not where forwards were graphed)
     assert any("prefilled the target apart" in n for n in label_notes(report("2026-11-27T00:16:00+00:00")))
     assert not label_notes(report("2026-11-27T04:35:00+00:00"))

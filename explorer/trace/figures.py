@@ -521,8 +521,9 @@ def bench_figures(report: dict) -> list[go.Figure]:
     speed.update_layout(title="Tokens per second (label: speed-up over ar in the same run)", barmode="group",
                         height=380, yaxis=dict(title="tokens/s"), margin=dict(l=10, r=10, t=50, b=10))
     split = go.Figure()
-    labels = [f"{m} · T={t:g}" for t in temps for m in methods]
     by_key = {(r["method"], r["temperature"]): r for r in rows}
+    keys = [(m, t) for t in temps for m in methods if (m, t) in by_key]  # not every method runs at every T
+    labels = [f"{m} · T={t:g}" for m, t in keys]
     def part_seconds(r, part):
         if r.get("draft_s") is None:  # hf-assisted: no split, the whole wall time counts as "other"
             return (r.get("seconds") or 0) if part == "other_s" else 0
@@ -530,7 +531,7 @@ def bench_figures(report: dict) -> list[go.Figure]:
 
     for part, color in (("draft_s", "#9ecae1"), ("verify_s", "#3182bd"), ("other_s", "#fdae6b")):
         split.add_trace(go.Bar(name=part.removesuffix("_s"), x=labels, marker_color=color,
-                               y=[part_seconds(by_key[(m, t)], part) for t in temps for m in methods]))
+                               y=[part_seconds(by_key[k], part) for k in keys]))
     split.update_layout(title="Where the time went (seconds; hf-assisted: wall time only, as 'other')",
                         barmode="stack", height=380, margin=dict(l=10, r=10, t=50, b=10))
     return [speed, split]

@@ -39,6 +39,9 @@ ONLINE_DEFAULT_SINCE = "2026-11-26T20:52:09+00:00"
 # From this commit's date on (92a2b13), the bench joins the target's prefill to the first verification of our drafting
 # methods (``Engine`` ``joint_prefill``) where forwards are eager; reports made before it prefilled apart.
 JOINT_PREFILL_SINCE = "2026-11-27T03:23:38+00:00"
+# From this commit's date on (b346e02), ``eagle`` sizes its tree online; reports made before it verified every one of
+# ``head_tokens`` nodes (``eagle+tree_choice=fixed`` now).
+HEAD_SIZED_SINCE = "2026-11-28T05:14:12+00:00"
 # The methods whose eager runs join it: every drafting method but the self-drafting one, whose draft reads the
 # target's cache (``machine.joins_prefill``).
 DRAFTING = tuple(name for name, spec in METHOD_SPECS.items()
@@ -48,7 +51,8 @@ DRAFTING = tuple(name for name, spec in METHOD_SPECS.items()
 def label_notes(report: dict) -> list[str]:
     """What a report's method labels meant when it was made, where that differs from today's (by ``meta.date``, an
     ISO time): before ``ONLINE_DEFAULT_SINCE`` ``mcsd-improved`` was the published root width; before
-    ``JOINT_PREFILL_SINCE`` an eager run of our drafting methods prefilled the target apart."""
+    ``JOINT_PREFILL_SINCE`` an eager run of our drafting methods prefilled the target apart; before
+    ``HEAD_SIZED_SINCE`` ``eagle`` verified all its kept nodes."""
     meta = report.get("meta", {})
     date = str(meta.get("date") or "")
     methods = {r.get("method") for r in report.get("summary", [])}
@@ -57,6 +61,9 @@ def label_notes(report: dict) -> list[str]:
         notes.append("In this report `mcsd-improved` is the published tree (two root candidates where the draft is "
                      "unsure): it was made before the default chose its root width online (2026-11-26). The "
                      "published shape is `mcsd-improved+tree_choice=fixed` now.")
+    if "eagle" in methods and date and date < HEAD_SIZED_SINCE:
+        notes.append("In this report `eagle` verifies every one of its 16 best nodes: it was made before the default "
+                     "sized the head's tree online (2026-11-28). That shape is `eagle+tree_choice=fixed` now.")
     drafting = any(str(m).split("+")[0] in DRAFTING for m in methods)
     if drafting and date and date < JOINT_PREFILL_SINCE and not meta.get("graphs"):
         notes.append("In this report our engine prefilled the target apart from the first verification: one target "
