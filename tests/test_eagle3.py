@@ -270,7 +270,7 @@ def test_a_head_step_is_explained_and_drawn_from_its_trace_alone(tiny, tmp_path)
     words = " ".join(explain_step(step, trace.settings["method"]))
     assert "no draft model" in words and "layers 0, 1, 2" in words
     fig = tree_figure(step, draft_vocab=vocab)
-    assert "head read target layers 0, 1, 2" in fig.layout.title.text
+    assert fig.layout.title.subtitle.text == "head read target layers 0, 1, 2"
     outside = [s for s in trace.steps if s.bonus_token is not None and s.bonus_token not in vocab]
     assert outside, "the tiny target commits tokens outside bytes 10-73"
     stars = [t for t in tree_figure(outside[0], draft_vocab=vocab).data if t.name and t.name.startswith("bonus")]

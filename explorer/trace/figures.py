@@ -225,11 +225,14 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     fig.update_layout(
+        # the head's layers on a line of their own: beside the step's title they ran past a phone's width
         title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
-                   + (" · LOSSY rule" if step.lossy else "") + _head_title(step), y=0.98),
-        height=height or max(340, min(900, 34 * leaves + 140)), margin=dict(l=10, r=10, t=80, b=10),
+                   + (" · LOSSY rule" if step.lossy else ""), subtitle=dict(text=_head_title(step)), y=0.98),
+        height=height or max(380, min(940, 34 * leaves + 180)),  # the legend's rows come out of it
+        margin=dict(l=10, r=10, t=80 if _head_title(step) else 50, b=10),
         xaxis=dict(title="depth (position id - anchor position)", dtick=1, range=[-0.5, depth + 1.2], zeroline=False),
-        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
+        # the legend under the axis: above the plot it wrapped into the title on a phone
+        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
         hoverlabel=dict(align="left"),
         clickmode="event+select")
     if font:
@@ -240,11 +243,11 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
 
 
 def _head_title(step: StepTrace) -> str:
-    """The title's note for a step an EAGLE-3 head drafted: the target layers whose states it read."""
+    """The subtitle of a step an EAGLE-3 head drafted: the target layers whose states it read ("" otherwise)."""
     head = step.drafter.get("head") if isinstance(step.drafter, dict) else None
     if not head or not head.get("target_layers"):
         return ""
-    return " · head read target layers " + ", ".join(str(i) for i in head["target_layers"])
+    return "head read target layers " + ", ".join(str(i) for i in head["target_layers"])
 
 
 def mask_figure(step: StepTrace, highlight: int | None = None, rows: list[int] | None = None,
