@@ -118,15 +118,15 @@ def source_commit() -> str:
         return "unknown"
 
 
-def cpu_label() -> str:
-    """This machine's CPU as a measurement's ``machine`` line names it: its model name and the vector capability
-    torch reads (``"AMD EPYC (AVX512)"``; two CPUs of one model name can differ in their vector units, AVX2 against
-    AVX-512 with bf16: docs/bench.md); "" where /proc/cpuinfo cannot be read."""
+def cpu_label(vector_units: bool = True) -> str:
+    """This machine's CPU as a measurement's ``machine`` line names it: its model name and, with ``vector_units``,
+    the vector capability torch reads (``"AMD EPYC (AVX512)"``; two CPUs of one model name can differ in their vector
+    units, AVX2 against AVX-512 with bf16: docs/bench.md); "" where /proc/cpuinfo cannot be read."""
     with contextlib.suppress(OSError):
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("model name")]
         if names:
-            return f"{names[0]} ({torch.backends.cpu.get_cpu_capability()})"
+            return names[0] + (f" ({torch.backends.cpu.get_cpu_capability()})" if vector_units else "")
     return ""
 
 
@@ -137,8 +137,8 @@ def run_facts(pair) -> dict:
     import transformers
 
     gpu = f", {torch.cuda.get_device_name(pair.device)}" if pair.device.type == "cuda" else ""
-    cpu = cpu_label()
-    cpu = (f", {cpu}" if pair.device.type == "cpu" else f", {cpu.rsplit(' (', 1)[0]}") if cpu else ""
+    cpu = cpu_label(vector_units=pair.device.type == "cpu")
+    cpu = f", {cpu}" if cpu else ""
     return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
             "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
             "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights, "fused_kernels": pair.fused_kernels,

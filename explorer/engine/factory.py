@@ -138,11 +138,12 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     exits = carried.layer_skip["state"] if carried.layer_skip and carried.layer_skip.get("key") == key else None
     tree = carried.tree["state"] if carried.tree and carried.tree.get("key") == key else None
     chooser, sizer, costs = None, None, None
+    recorded = follow.model.get("tree_costs") if follow is not None else None  # a replay's: timed, not computed
     if config.tree_choice == "online" and config.spec.uses_head:  # the head's tree size; a replay forces it
-        costs = (follow.model.get("tree_costs") if follow is not None else None) or head_tree_costs(pair)
+        costs = recorded or head_tree_costs(pair)
         sizer = TreeSizer(costs["target"], config.head_tokens)
-    elif config.tree_choice == "online":  # priced with the recorded run's costs in a replay: timed, not computed
-        costs = (follow.model.get("tree_costs") if follow is not None else None) or tree_costs(pair)
+    elif config.tree_choice == "online":
+        costs = recorded or tree_costs(pair)
         chooser = TreeChooser(ONLINE_ROOTS, published=config.draft_branching()[0], max_depth=config.max_depth,
                               branch_threshold=config.branch_threshold)
         chooser.costs = costs

@@ -178,11 +178,11 @@ class HeadDrafter(Drafter):
             q = [math.exp(score[i] - (score[parent[i]] if parent[i] >= 0 else 0.0)) for i in range(len(token))]
             keep = keep[: self.sizer.choose(keep, parent, depth, rank, q)]
             size = dict(self.sizer.last)
-        drafted = self._tree(keep, parent, token, depth, dists, sampling.greedy, calls)
+        order = sorted(keep, key=lambda i: (depth[i], i))  # breadth first: the tree's node order
+        drafted = self._tree(order, parent, token, depth, dists, sampling.greedy, calls)
         drafted.tree_start = len(committed)  # no draft-model cache: the tree's rows sit after the context
         if size is not None:
             drafted.info["head"]["size"] = size
-            order = sorted(keep, key=lambda i: (depth[i], i))  # ``_tree``'s node order
             self._sized = (drafted, [(depth[i], rank[i], q[i]) for i in order],
                            (time.perf_counter() - t0) * 1e3)
         return drafted
@@ -201,9 +201,9 @@ class HeadDrafter(Drafter):
             mask[c, base + fed + c] = True
         return mask.to(self._root[1].device)
 
-    def _tree(self, keep: list[int], parent, token, depth, dists, greedy: bool, calls: int) -> Drafted:
-        """The kept nodes as a breadth-first ``DraftTree`` with their q rows and shown q."""
-        order = sorted(keep, key=lambda i: (depth[i], i))
+    def _tree(self, order: list[int], parent, token, depth, dists, greedy: bool, calls: int) -> Drafted:
+        """The kept nodes, breadth first (``order``: by depth, then draw), as a ``DraftTree`` with their q rows and
+        shown q."""
         index = {i: n for n, i in enumerate(order)}
         tree = DraftTree()
         for level in sorted({depth[i] for i in order}):
