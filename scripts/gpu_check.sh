@@ -8,14 +8,16 @@
 #               bench --chain-levels / +chain=N) on the same sets, ar in the same run
 #   fused-*     ar and the chained model-drafting methods with the models' norms, MLPs and rotary embedding compiled
 #               into fused kernels (--fused-kernels on) and without, one bench run each (ratios within a run)
+#   syncs       host synchronisations per step and the step's phases, ar and eagle (scripts/gpu_syncs.py)
+#   cuda-real   the CUDA tests on the embedded pair (the tiny-pair CUDA tests: pytest -m "cuda and not real")
 #   lessons     every lesson's runs and ar timed on this machine (OUT_DIR/lessons/*.json: assets/lessons/)
 #   app         the app headless on the GPU, steps against the CLI's, peak GPU memory (scripts/app_device_check.py)
-#   cuda-real   the CUDA tests on the embedded pair (the tiny-pair CUDA tests: pytest -m "cuda and not real")
 # Usage: scripts/gpu_check.sh OUT_DIR. A part that fails or runs out of time does not stop the next; each part's
 # output is OUT_DIR/<part>.log and OUT_DIR/progress says where the run is. Environment: DEADLINE (epoch seconds: no
 # part runs past it), WAIT_FOR (a file whose existence means the GPU is free; waited for before the timed parts),
 # MODELS (default; tiny for a dry run), DEVICE (cuda), SETS, RANGE, TOKENS, BENCH_METHODS, CHAIN_METHODS,
-# FUSED_METHODS, FUSED_TEMPS, PARTS (the parts to run, default all: prepare bench chain fused lessons app cuda-real).
+# FUSED_METHODS, FUSED_TEMPS, SYNC_METHODS, PARTS (the parts to run, default all: prepare bench chain fused syncs cuda-real
+# lessons app).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${1:?usage: scripts/gpu_check.sh OUT_DIR}
@@ -25,10 +27,10 @@ PY=${PYTHON:-python3}
 MODELS=${MODELS:-default}
 DEVICE=${DEVICE:-cuda}
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 3600 ))}
-M=${BENCH_METHODS:-ar,hf-assisted,hf-prompt-lookup,sd,mcsd,mcsd-improved,prompt-lookup,token-recycling,hybrid}
+M=${BENCH_METHODS:-ar,hf-assisted,hf-prompt-lookup,sd,mcsd,mcsd-improved,prompt-lookup,token-recycling,hybrid,eagle}
 C=${CHAIN_METHODS:-ar,sd,sd+chain=4,mcsd-improved,mcsd-improved+chain=16,hybrid,hybrid+chain=16}
 F=${FUSED_METHODS:-ar,sd+chain=4,mcsd-improved+chain=16,hybrid+chain=16}
-PARTS=${PARTS:-prepare bench chain fused lessons app cuda-real}
+PARTS=${PARTS:-prepare bench chain fused syncs cuda-real lessons app}
 
 part() {
   local name=$1 left=$(( DEADLINE - $(date +%s) ))
@@ -62,8 +64,10 @@ for set in ${SETS:-humaneval mt-bench}; do
       --methods "$F" --fused-kernels "$fused" --out "$R/fused-$set-$fused"
   done
 done
+part syncs "$PY" scripts/gpu_syncs.py --models "$MODELS" --methods "${SYNC_METHODS:-ar,eagle}" --graphs \
+  --max-new-tokens "${TOKENS:-128}"
+part cuda-real "$PY" -m pytest -q -p no:cacheprovider -m "cuda and real" tests
 rm -rf "$R/lessons" && cp -r assets/lessons "$R/lessons"
 part lessons "$PY" -m explorer lessons time --models "$MODELS" --device "$DEVICE" --graphs --out "$R/lessons"
 part app env SPEC_EXPLORER_PAIR="$MODELS" "$PY" scripts/app_device_check.py --out "$R/app"
-part cuda-real "$PY" -m pytest -q -p no:cacheprovider -m "cuda and real" tests
 echo "done $(date -u +%T)" >> "$R/progress"

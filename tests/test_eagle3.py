@@ -275,3 +275,54 @@ def test_a_head_step_is_explained_and_drawn_from_its_trace_alone(tiny, tmp_path)
     assert outside, "the tiny target commits tokens outside bytes 10-73"
     stars = [t for t in tree_figure(outside[0], draft_vocab=vocab).data if t.name and t.name.startswith("bonus")]
     assert stars[0].marker.symbol == "star-open" and "outside the head's" in stars[0].name
+
+
+# ------------------------------------------------------------------------------------------------ on a GPU
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+HEAD_PROMPT = "def add(a, b):\n    return a + b\n"
+
+
+def _eagle_on(pair, tmp_path, **changes):
+    """``eagle`` with a random head saved for ``pair``'s target (loaded through ``head_for`` on its device)."""
+    from explorer.engine.config import DEFAULTS
+
+    _, folder = _saved(pair, tmp_path)
+    return DEFAULTS["eagle"].with_(head=str(folder), head_tokens=8, fallback="off", **changes)
+
+
+def _greedy_run(pair, config, kv_cache: str):
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+
+    eng = build_engine(pair, config, SamplingConfig(temperature=0.0), kv_cache=kv_cache.removesuffix("+graphs"),
+                       graphs=kv_cache.endswith("+graphs"))
+    eng.start(pair.tokenizer.encode(HEAD_PROMPT), 40)
+    return eng.run()
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static", "static+graphs"])
+@pytest.mark.parametrize("tree_choice", ["fixed", "online"])
+def test_the_head_keeps_ars_greedy_tokens_on_cuda(tiny_cuda, tmp_path, kv_cache, tree_choice):
+    """The head's forwards, its tree and the target's verification with the layers it reads (captured in the
+    target's bucket graphs under ``static+graphs``) on the GPU: ``ar``'s greedy tokens, drafts made and verified."""
+    from explorer.engine.config import DEFAULTS
+
+    want = _greedy_run(tiny_cuda, DEFAULTS["ar"], kv_cache).generated_ids
+    trace = _greedy_run(tiny_cuda, _eagle_on(tiny_cuda, tmp_path, tree_choice=tree_choice), kv_cache)
+    assert trace.model["device"].startswith("cuda")
+    assert trace.generated_ids == want
+    assert sum(s.drafted for s in trace.steps) > 0 and all(s.drafted <= 8 for s in trace.steps)
+
+
+@pytest.mark.cuda
+@cuda
+def test_the_head_passes_the_audit_on_cuda(tiny_cuda, tmp_path):
+    from explorer.analysis.audit import audit
+    from explorer.engine.sampling import SamplingConfig
+
+    r = audit(tiny_cuda, _eagle_on(tiny_cuda, tmp_path, tree_choice="fixed"),
+              SamplingConfig(temperature=1.0, seed=7_000), tiny_cuda.tokenizer.encode("a b c a b c a b"), 600)
+    assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)

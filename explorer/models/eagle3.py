@@ -236,7 +236,8 @@ class HeadLayer(nn.Module):
         if mask is None:  # causal rows after the cached ones
             mask = torch.ones(rows, past + rows, dtype=torch.bool, device=g.device).tril(past)
         group = c.num_attention_heads // c.num_key_value_heads
-        keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
+        # each key/value head serves ``group`` query heads (repeat_interleave with an int would sync on a GPU)
+        keys, values = (t[:, None].expand(-1, group, -1, -1).reshape(-1, *t.shape[1:]) for t in (keys, values))
         out = torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
                                                                scale=1.0 / math.sqrt(c.head_dim))[0]
         h = g + attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
@@ -303,11 +304,11 @@ class Eagle3Head(nn.Module):
         """Draft-vocabulary logits ``(rows, draft_vocab)`` -> target-vocabulary logits ``(rows, vocab)`` float32,
         -inf where the target id is outside the draft vocabulary (q = 0 there)."""
         vocab = vocab or self.config.vocab_size
-        out = torch.full((logits.shape[0], vocab), float("-inf"), dtype=torch.float32, device=logits.device)
+        # draft ids past ``vocab`` land in a spare last column, cut off: no boolean indexing, which syncs on a GPU
+        out = torch.full((logits.shape[0], vocab + 1), float("-inf"), dtype=torch.float32, device=logits.device)
         ids = self.target_ids()
-        keep = ids < vocab
-        out[:, ids[keep]] = logits[:, keep].float()
-        return out
+        out.index_copy_(1, torch.where(ids < vocab, ids, vocab), logits.float())
+        return out[:, :vocab]
 
 
 def _rope(positions: torch.Tensor, dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
