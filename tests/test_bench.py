@@ -172,7 +172,7 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     # never empty: with no report of the user's, the reference reports shipped in assets/bench are shown
     assert not at.exception and any("No report of yours" in i.value for i in at.info)
     assert set(at.selectbox(key="bench_reference").options) == {"humaneval", "mt-bench", "kinds", "kinds-greedy",
-                                                                  "kinds-eagle"}
+                                                                  "kinds-eagle", "humaneval-eagle"}
     # both prompt sets were measured on the CPU and on a GPU: side by side, then each report in its tab
     assert len(at.dataframe) == 3 and [t.label for t in at.tabs] == ["CPU", "GPU"]
     assert {"CPU x ar", "GPU x ar"} <= set(at.dataframe[0].value.columns)
@@ -203,6 +203,11 @@ def test_benchmarks_page(result, tmp_path, monkeypatch):
     assert not at.exception and not at.error and [t.label for t in at.tabs] == ["CPU", "CPUA"]
     assert "CPUA x ar" in at.dataframe[0].value.columns
     assert len([c for c in at.caption if "16 best nodes" in c.value]) == 2  # both made before the sizing
+    at.selectbox(key="bench_reference").set_value("humaneval-eagle").run()  # the head on a GPU, one report
+    assert not at.exception and not at.error and [t.label for t in at.tabs] == []
+    head_gpu = load_report(folder / "gpu-humaneval-eagle.json")
+    assert head_gpu["meta"]["device"].startswith("cuda") and head_gpu["meta"]["graphs"]
+    assert {"ar", "eagle", "sd+chain=4", "hf-assisted"} <= {r["method"] for r in head_gpu["summary"]}
     at.selectbox(key="bench_reference").set_value("kinds-greedy").run()  # both made since: no such note
     assert not at.exception and not at.error and len(at.dataframe) == 5
     assert not any("made before the default" in c.value for c in at.caption)

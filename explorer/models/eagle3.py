@@ -24,6 +24,7 @@ whose input is read; transformers' ``hidden_states[id]``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 CONFIG_FILE = "config.json"
@@ -238,8 +240,9 @@ class HeadLayer(nn.Module):
         group = c.num_attention_heads // c.num_key_value_heads
         # each key/value head serves ``group`` query heads (repeat_interleave with an int would sync on a GPU)
         keys, values = (t[:, None].expand(-1, group, -1, -1).reshape(-1, *t.shape[1:]) for t in (keys, values))
-        out = torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
-                                                               scale=1.0 / math.sqrt(c.head_dim))[0]
+        with _attention_kernels(q.device):
+            out = torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                                                   scale=1.0 / math.sqrt(c.head_dim))[0]
         h = g + attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
         m = self.mlp
         y = self.post_attention_layernorm(h)
@@ -309,6 +312,18 @@ class Eagle3Head(nn.Module):
         ids = self.target_ids()
         out.index_copy_(1, torch.where(ids < vocab, ids, vocab), logits.float())
         return out[:, :vocab]
+
+
+# On a GPU, SDPA may pick cuDNN's kernel, which builds an execution plan for each new shape (pytorch/pytorch#155958).
+# The head's shapes change every step (its cache grows, its levels' row counts vary): on an H200 the first eagle run
+# spent 170-290 ms drafting a step, a second run over the same prompts (the same shapes) 15-18 ms. So the head keeps
+# to the kernels that need no plan.
+_NO_PLAN_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _attention_kernels(device: torch.device):
+    """The SDPA kernels the head may use on ``device``: on CUDA, those without per-shape plans; elsewhere any."""
+    return sdpa_kernel(_NO_PLAN_KERNELS) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _rope(positions: torch.Tensor, dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
