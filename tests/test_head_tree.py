@@ -46,6 +46,28 @@ def test_the_warm_up_keeps_every_node_and_a_replay_takes_the_recorded_sizes():
     assert sizer.last["why"] == "recorded"
 
 
+def test_a_level_is_drafted_where_its_expected_tokens_pay_for_its_milliseconds():
+    # anchor -> 0 (q 0.9), 1 (rank 1, q 0.05); level 2 would expand node 0
+    parent, depth, rank, q = [-1, -1], [1, 1], [0, 1], [0.9, 0.05]
+    sizer = TreeSizer({1: 100.0}, most=4, warmup=0)
+    assert sizer.deepen(2, [0], parent, depth, rank, q, children=2)  # nothing measured yet: every level
+    sizer.rate = 0.01  # tokens per ms: 100 ms a token
+    for _ in range(20):  # depth 2 accepts its first child half the time, its second never
+        sizer.record([(2, 0, 0.5), (2, 1, 0.2)], [0.5, 0.0], draft_ms=None)
+    reach = sizer.acceptance(1, 0, 0.9)
+    first = sizer.hits[1][0] / sizer.seen[1][0]
+    second = sizer.hits[1][1] / sizer.seen[1][1]
+    gain = reach * (1 - (1 - first) * (1 - second))
+    sizer.record_level(gain / sizer.rate * 0.9)  # a level cheaper than what it adds
+    assert sizer.deepen(2, [0], parent, depth, rank, q, children=2)
+    sizer.level_ms = gain / sizer.rate * 1.1  # dearer
+    assert not sizer.deepen(2, [0], parent, depth, rank, q, children=2)
+    sizer.force([3, 3], [1, None])  # a replay: the recorded levels (None: a step recorded before, every level)
+    assert not sizer.deepen(2, [0], parent, depth, rank, q, children=2)
+    sizer.choose([0, 1], parent, depth, rank, q)
+    assert sizer.deepen(9, [0], parent, depth, rank, q, children=2)
+
+
 def test_cells_and_bad_settings():
     assert TreeSizer.cell(1, 0, 0.0) == 0 and TreeSizer.cell(1, 0, 1.0) == len(Q_EDGES)
     assert TreeSizer.cell(9, 9, 0.5) == TreeSizer.cell(3, 2, 0.5)  # depth 3+ and rank 2+ share cells
@@ -88,21 +110,31 @@ def test_a_sized_head_run_keeps_the_greedy_tokens_and_replays_its_sizes(tiny, tm
     plain.start(ids, 40)
     want = plain.run().generated_ids
     eng = build_engine(tiny, _online(_saved_head(tiny, tmp_path)), greedy)
-    eng.parts.drafter.sizer.warmup = 1
+    sizer = eng.parts.drafter.sizer
+    sizer.warmup = 1
+    measured = sizer.record_level
+    # levels as dear as the machine is slow: from the third step on, the head stops after its first level
+    sizer.record_level = lambda ms: measured(ms if len(eng.trace.steps) < 2 else 1e9)
     eng.start(ids, 40)
     trace = eng.run()
     assert trace.generated_ids == want
     sized = [s for s in trace.steps if s.drafted]
     assert sized and all(s.drafter["head"]["size"]["tokens"] == s.drafted <= 10 for s in sized)
     assert {s.drafter["head"]["size"]["why"] for s in sized} == {"warm-up", "fastest"}
+    levels = [s.drafter["head"]["size"]["levels"] for s in sized]
+    assert levels[0] == 4 and levels[-1] == 1 and all(max(n.depth for n in s.nodes) <= k
+                                                      for s, k in zip(sized, levels))
     chosen = next(s for s in sized if s.drafter["head"]["size"]["why"] == "fastest")
     words = " ".join(explain_step(chosen, trace.settings["method"]))
     assert f"the {chosen.drafted} best of up to 10 node(s), expected" in words
+    assert "It drafted 1 of up to 4 levels" in " ".join(explain_step(sized[-1], trace.settings["method"]))
     assert trace.model["tree_costs"]["target"]  # what the sizes were priced with
     again = engine_for_trace(tiny, trace)  # a replay takes the recorded sizes, whatever this machine times
     assert again.parts.drafter.sizer._forced == [s.drafted for s in sized]
+    assert again.parts.drafter.sizer._forced_levels == levels
     replayed = again.run()
     assert [s.drafted for s in replayed.steps] == [s.drafted for s in trace.steps]
+    assert [s.drafter["head"]["size"].get("levels") for s in replayed.steps if s.drafted] == levels
     assert replayed.generated_ids == want
 
 

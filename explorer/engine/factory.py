@@ -193,7 +193,7 @@ def _head(pair: ModelPair, config: MethodConfig):
 def _follow(parts: EngineParts, trace: RunTrace) -> None:
     """Make ``parts`` take ``trace``'s timing-driven decisions whatever this machine measures: speculate or take a
     plain step as recorded (a fallback that only replays where the run has none), the measured cost ratio after
-    each step, the free rows' prices (none where the recording priced none), the head's tree sizes. Raises
+    each step, the free rows' prices (none where the recording priced none), the head's tree sizes and depths. Raises
     EngineError for malformed recorded prices."""
     if parts.fallback is None:
         parts.fallback = GoodputFallback(replay_only=True)
@@ -202,8 +202,9 @@ def _follow(parts: EngineParts, trace: RunTrace) -> None:
         parts.cost_meter.force([s.cost.get("next") for s in trace.steps])
     sizer = getattr(parts.drafter, "sizer", None)
     if sizer is not None:  # the head's tree sizes, chosen from wall times
-        sizes = [s.drafter.get("head", {}).get("size") for s in trace.steps]
-        sizer.force([size["tokens"] for size in sizes if isinstance(size, dict) and "tokens" in size])
+        sizes = [size for s in trace.steps if isinstance(size := s.drafter.get("head", {}).get("size"), dict)
+                 and "tokens" in size]
+        sizer.force([size["tokens"] for size in sizes], [size.get("levels") for size in sizes])
     try:
         parts.row_pricing = RowPricing.from_prices(trace.model.get("row_pricing"))
     except (KeyError, TypeError, ValueError) as exc:

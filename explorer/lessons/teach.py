@@ -209,20 +209,24 @@ def head_words(step: StepTrace, anchor: str, drafted: int, levels: int) -> str:
             f"paths it found likeliest (EAGLE-2's dynamic tree). The head proposes only the "
             f"{head.get('draft_vocab', 'most frequent')} tokens of its draft vocabulary; any other token comes from "
             f"the target itself."
-            + (" " + head_size_words(head["size"], head.get("tokens")) if head.get("size") else ""))
+            + (" " + head_size_words(head["size"], head.get("tokens"), head.get("depth"))
+               if head.get("size") else ""))
 
 
-def head_size_words(size: dict, most: int | None) -> str:
-    """One sentence on how many of the head's best nodes a step verified, chosen online
-    (``StepTrace.drafter["head"]["size"]``, ``engine/policies/head_tree.py``)."""
+def head_size_words(size: dict, most: int | None, depth: int | None = None) -> str:
+    """One or two sentences on how many of the head's best nodes a step verified and how deep it drafted, both
+    chosen online (``StepTrace.drafter["head"]["size"]``, ``engine/policies/head_tree.py``)."""
     n = size.get("tokens")
+    levels = size.get("levels")
+    shallow = (f" It drafted {levels} of up to {depth} levels: a deeper level was not expected to add tokens worth "
+               f"its milliseconds." if levels and depth and levels < depth and size.get("why") == "fastest" else "")
     if size.get("why") == "warm-up":
         return f"Tree sized online: all {n} best nodes, while the first steps are measured."
     if size.get("why") == "recorded":
         return f"Tree sized online: {n} node(s), as the recorded run chose."
     return (f"Tree sized online: the {n} best of up to {most} node(s), expected {size.get('expected_tokens', 0):.2f} "
             f"tokens in {size.get('cost_ms', 0):.0f} ms (all {most}: {size.get('expected_all', 0):.2f} tokens), the "
-            f"most tokens per second from the acceptance measured so far and what a target row costs here.")
+            f"most tokens per second from the acceptance measured so far and what a target row costs here." + shallow)
 
 
 def layer_skip_words(skip: dict) -> str:

@@ -58,6 +58,7 @@ class HeadDrafter(Drafter):
         self._sized: tuple | None = None  # (the step's Drafted, (depth, rank, q) per tree node, draft ms)
         self.top_k, self.frontier, self.depth, self.tokens = top_k, frontier, depth, tokens
         self.cache = HeadCache()
+        self._vocab: tuple | None = None  # (target vocab, target id of each draft id on the host and on the device)
         self._states: torch.Tensor | None = None  # target states of positions start.. not yet read by the head
         self._states_start = 0
         self._root: tuple[torch.Tensor, torch.Tensor] | None = None  # the last read row's logits and output g
@@ -135,10 +136,10 @@ class HeadDrafter(Drafter):
             return empty_draft(len(committed))
         calls = 1 if self.cache.length > calls_before else 0
         sampling, head = view.sampling, self.head
-        vocab = view.vocab_size
+        target_of, target_ids, usable = self._draft_vocab(view.vocab_size)
         base = self.cache.length  # committed rows in the head's cache (positions 0 .. base - 1)
-        # drawn nodes: parent (-1 anchor), token, depth, cumulative log q, draw rank among siblings
-        parent, token, depth, score, rank = [], [], [], [], []
+        # drawn nodes: parent (-1 anchor), token (target id), its draft id, depth, q, cumulative log q, draw rank
+        parent, token, draft_id, depth, q, score, rank = [], [], [], [], [], [], []
         dists: dict[int, tuple[RowDists, int]] = {}  # node (-1 anchor) -> its children's distribution, row
         g_of: dict[int, torch.Tensor] = {}  # node -> the head's output at its row (its children's feature)
         row_of: dict[int, int] = {}  # fed node -> its row in the cache after ``base``
@@ -146,22 +147,33 @@ class HeadDrafter(Drafter):
         frontier = [-1]
         g_of[-1] = g[0]
         level_logits = logits
-        for level in range(1, min(self.depth, view.reach.max_depth) + 1):
-            qd = RowDists(head.to_target_logits(level_logits, vocab), sampling)
+        levels, deepened_at = min(self.depth, view.reach.max_depth), None
+        for level in range(1, levels + 1):
+            # q over the draft vocabulary (draft ids): a twelfth of the target's columns to sort and normalise
+            level_logits = level_logits.float()
+            qd = RowDists(level_logits if usable is None else level_logits.masked_fill(~usable, float("-inf")),
+                          sampling)
             new = []
             for r, node in enumerate(frontier):
                 if node >= 0 and token[node] in view.reach.ends:
                     continue
                 dists[node] = (qd, r)
                 kids = drafting.candidates(qd, r, self.top_k, verifier=view.verifier_name, generator=view.generator)
-                for j, t in enumerate(kids):
-                    q = qd.plain(r, t)
-                    parent.append(node), token.append(int(t)), depth.append(level), rank.append(j)
-                    score.append((score[node] if node >= 0 else 0.0) + math.log(max(q, 1e-30)))
+                for j, d in enumerate(kids):
+                    q.append(qd.plain(r, d))
+                    parent.append(node), token.append(target_of[d]), draft_id.append(int(d))
+                    depth.append(level), rank.append(j)
+                    score.append((score[node] if node >= 0 else 0.0) + math.log(max(q[-1], 1e-30)))
                     new.append(len(token) - 1)
-            if not new or level == min(self.depth, view.reach.max_depth):
+            if deepened_at is not None:  # what this level cost: the frontier's forward and these draws
+                self.sizer.record_level((time.perf_counter() - deepened_at) * 1e3)
+            if not new or level == levels:
                 break
             frontier = sorted(new, key=lambda i: -score[i])[: self.frontier]
+            if self.sizer is not None and not self.sizer.deepen(level + 1, frontier, parent, depth, rank, q,
+                                                                self.top_k):
+                break
+            deepened_at = time.perf_counter() if self.sizer is not None else None
             mask = self._level_mask(frontier, parent, row_of, base)
             ids = torch.tensor([token[i] for i in frontier], dtype=torch.long, device=g.device)
             feats = torch.stack([g_of[parent[i]] for i in frontier])
@@ -175,17 +187,27 @@ class HeadDrafter(Drafter):
         keep = _best_closed(parent, score, rank, self.tokens)  # best first: every prefix is closed
         size = None
         if self.sizer is not None and keep:
-            q = [math.exp(score[i] - (score[parent[i]] if parent[i] >= 0 else 0.0)) for i in range(len(token))]
             keep = keep[: self.sizer.choose(keep, parent, depth, rank, q)]
-            size = dict(self.sizer.last)
+            size = dict(self.sizer.last, levels=max(depth))
         order = sorted(keep, key=lambda i: (depth[i], i))  # breadth first: the tree's node order
-        drafted = self._tree(order, parent, token, depth, dists, sampling.greedy, calls)
+        drafted = self._tree(order, parent, token, draft_id, depth, dists, sampling.greedy, calls,
+                             (target_of, target_ids, view.vocab_size))
         drafted.tree_start = len(committed)  # no draft-model cache: the tree's rows sit after the context
         if size is not None:
             drafted.info["head"]["size"] = size
             self._sized = (drafted, [(depth[i], rank[i], q[i]) for i in order],
                            (time.perf_counter() - t0) * 1e3)
         return drafted
+
+    def _draft_vocab(self, vocab: int) -> tuple:
+        """The target id of each draft id (a host list and an int64 device tensor) and, where some draft ids map
+        past the target's ``vocab`` logits, a bool ``(draft_vocab,)`` mask of those that do not (else None);
+        computed once per vocabulary size."""
+        if self._vocab is None or self._vocab[0] != vocab:
+            ids = self.head.target_ids()
+            usable = ids < vocab
+            self._vocab = (vocab, ids.tolist(), ids, None if bool(usable.all()) else usable)
+        return self._vocab[1:]
 
     def _level_mask(self, frontier: list[int], parent: list[int], row_of: dict[int, int], base: int):
         """Bool ``(rows, base + fed + rows)``: each frontier row sees the committed rows, its fed ancestors' rows
@@ -201,9 +223,12 @@ class HeadDrafter(Drafter):
             mask[c, base + fed + c] = True
         return mask.to(self._root[1].device)
 
-    def _tree(self, order: list[int], parent, token, depth, dists, greedy: bool, calls: int) -> Drafted:
-        """The kept nodes, breadth first (``order``: by depth, then draw), as a ``DraftTree`` with their q rows and
-        shown q."""
+    def _tree(self, order: list[int], parent, token, draft_id, depth, dists, greedy: bool, calls: int,
+              target: tuple) -> Drafted:
+        """The kept nodes, breadth first (``order``: by depth, then draw), as a ``DraftTree`` with their q rows
+        (over the target's vocabulary) and shown q. ``dists`` are over the draft vocabulary; ``target``: the draft
+        ids' target ids (host list, device tensor) and the target's vocabulary size."""
+        target_of, target_ids, vocab = target
         index = {i: n for n, i in enumerate(order)}
         tree = DraftTree()
         for level in sorted({depth[i] for i in order}):
@@ -216,15 +241,29 @@ class HeadDrafter(Drafter):
             qd, r = dists[p]
             row = 0 if p < 0 else index[p] + 1
             if not greedy:
-                q_rows.add(row, qd, r)
-            q_top[row] = qd.top([r], TOP_K_SHOWN)[r]
+                q_rows.add(row, TargetRows(qd, target_ids, vocab), r)
+            q_top[row] = [(target_of[d], q) for d, q in qd.top([r], TOP_K_SHOWN)[r]]
         for i in order:
             qd, r = dists[parent[i]]
-            q_show[index[i]] = qd.shown(r, token[i])
+            q_show[index[i]] = qd.shown(r, draft_id[i])
         return Drafted(tree, q_rows=q_rows, q_show=q_show, calls=calls, q_top=q_top,
                        info={"head": {"top_k": self.top_k, "frontier": self.frontier, "depth": self.depth,
                                       "tokens": self.tokens, "target_layers": list(self.target_layers),
                                       "drawn": len(token), "draft_vocab": self.head.config.draft_vocab_size}})
+
+
+class TargetRows:
+    """Rows of a ``RowDists`` over the draft vocabulary read as processed distributions over the target's:
+    ``rows[r]`` is float32 ``(vocab,)``, zero outside the draft vocabulary (what a verifier's q row must be)."""
+
+    def __init__(self, dists: RowDists, target_ids: torch.Tensor, vocab: int):
+        self.dists, self.target_ids, self.vocab = dists, target_ids, vocab
+
+    def __getitem__(self, r: int) -> torch.Tensor:
+        q = self.dists[r]
+        out = torch.zeros(self.vocab + 1, dtype=q.dtype, device=q.device)  # draft ids past vocab: a spare column
+        out.index_copy_(0, torch.where(self.target_ids < self.vocab, self.target_ids, self.vocab), q)
+        return out[: self.vocab]
 
 
 def _best_closed(parent: list[int], score: list[float], rank: list[int], budget: int) -> list[int]:

@@ -20,6 +20,14 @@ maximises expected tokens per unit of time):
   plus a running mean of the drafter's own milliseconds per step (the head's forwards and the host work around
   them, which do not depend on how many nodes are kept).
 
+How deep the head drafts is chosen the same way (``deepen``): before each level past the first, the level's
+expected tokens (the frontier nodes' chances that their paths are accepted, times the chance one of a node's
+children is, from the acceptance measured at that depth by draw rank) are weighed against what a level cost so far
+(a running mean of its milliseconds: the head's forward and the draws after it) at the last step's tokens per
+millisecond; a level that adds less than it costs, and every level below it, is not drafted. On a 2-core CPU a level
+costs about 5 ms of a 250 ms step; on a GPU, where the target's verification takes 5 ms, an eager level costs a good
+part of it.
+
 The kept nodes come best first, every prefix closed under parents and earlier-drawn siblings (``eagle._best_closed``),
 so the size ``n`` keeps the first ``n``. Its expected tokens are 1 (the bonus token) plus, per kept node, the
 chance its whole path is accepted (its parent's, times each earlier kept sibling's rejection, times its own
@@ -71,6 +79,7 @@ class TreeSizer:
         self.target_ms = {int(r): float(ms) for r, ms in target_ms.items()}
         self.most, self.warmup = int(most), int(warmup)
         self._forced: list[int] | None = None
+        self._forced_levels: list[int | None] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -80,12 +89,18 @@ class TreeSizer:
         self.accepted = [PRIOR_N * middles[c % len(middles)] for c in range(cells)]
         self.steps = 0
         self.draft_ms: float | None = None
+        self.level_ms: float | None = None
+        self.rate: float | None = None  # expected tokens per modelled ms of the last step sized on measurements
+        self.seen = [[1.0] * RANKS for _ in range(DEPTHS)]  # tested nodes by (depth, rank) cell, one prior at 0.5
+        self.hits = [[0.5] * RANKS for _ in range(DEPTHS)]
         self.last: dict | None = None
         self._chosen = 0
 
-    def force(self, sizes: list[int]) -> None:
-        """Take these sizes, one per sized step in order (a replay's recorded ones), instead of choosing."""
+    def force(self, sizes: list[int], levels: list[int | None] | None = None) -> None:
+        """Take these sizes, one per sized step in order (a replay's recorded ones), instead of choosing; and these
+        numbers of levels drafted (None for a step that recorded none: every level, as before the depth was chosen)."""
         self._forced = [int(s) for s in sizes]
+        self._forced_levels = None if levels is None else [None if n is None else int(n) for n in levels]
 
     @staticmethod
     def cell(depth: int, rank: int, q: float) -> int:
@@ -108,10 +123,48 @@ class TreeSizer:
             c = self.cell(depth, rank, q)
             self.n[c] += 1.0
             self.accepted[c] += float(a)
+            d, r = min(max(int(depth), 1), DEPTHS) - 1, min(max(int(rank), 0), RANKS - 1)
+            self.seen[d][r] += 1.0
+            self.hits[d][r] += float(a)
         self.steps += 1
         if draft_ms is not None:
             ms = float(draft_ms)
             self.draft_ms = ms if self.draft_ms is None else DECAY * self.draft_ms + (1 - DECAY) * ms
+
+    def record_level(self, ms: float) -> None:
+        """One drafted level's wall milliseconds (the head's forward of the frontier and the draws after it)."""
+        self.level_ms = float(ms) if self.level_ms is None else DECAY * self.level_ms + (1 - DECAY) * float(ms)
+
+    def deepen(self, level: int, frontier: list[int], parent: list[int], depth: list[int], rank: list[int],
+               q: list[float], children: int) -> bool:
+        """Whether to draft ``level`` (>= 2) under ``frontier``, the nodes it would expand, each with ``children``
+        draws (module docstring). ``parent``, ``depth``, ``rank`` and ``q`` describe every node drawn so far, in draw
+        order. A replay drafts the recorded number of levels; before the sizer has measured a level's cost and a
+        step's rate, every level is drafted."""
+        if self._forced_levels is not None:
+            k = self._forced_levels[self._chosen] if self._chosen < len(self._forced_levels) else None
+            return k is None or level <= k
+        if self._forced is not None or self.steps < self.warmup or self.level_ms is None or self.rate is None:
+            return True
+        reach = self._reach(parent, depth, rank, q)
+        d = min(max(int(level), 1), DEPTHS) - 1
+        missed = 1.0
+        for r in range(max(int(children), 1)):
+            cell = min(r, RANKS - 1)
+            missed *= 1.0 - self.hits[d][cell] / self.seen[d][cell]
+        gain = sum(reach[i] for i in frontier) * (1.0 - missed)
+        return gain >= self.level_ms * self.rate
+
+    def _reach(self, parent: list[int], depth: list[int], rank: list[int], q: list[float]) -> list[float]:
+        """Each drawn node's chance that its whole path is accepted, nodes in draw order (parents first, siblings
+        by rank): its parent's, times each earlier sibling's rejection, times its own acceptance."""
+        reach: list[float] = []
+        untaken: dict[int, float] = {}
+        for i, p in enumerate(parent):
+            a = self.acceptance(depth[i], rank[i], q[i])
+            reach.append((1.0 if p < 0 else reach[p]) * untaken.get(p, 1.0) * a)
+            untaken[p] = untaken.get(p, 1.0) * (1.0 - a)
+        return reach
 
     def expected_tokens(self, order: list[int], parent: list[int], depth: list[int], rank: list[int],
                         q: list[float]) -> list[float]:
@@ -152,6 +205,8 @@ class TreeSizer:
             rate = tokens[n] / ms if ms > 0 else tokens[n]
             if rate > best_rate + 1e-12:
                 best, best_rate = n, rate
+        best_ms = overhead + interpolate_ms(self.target_ms, best + 1)
+        self.rate = tokens[best] / best_ms if best_ms > 0 else None
         self.last = {"tokens": best, "why": "fastest", "expected_tokens": round(tokens[best], 4),
                      "expected_all": round(tokens[most], 4), "draft_ms": round(overhead, 3),
                      "cost_ms": round(overhead + interpolate_ms(self.target_ms, best + 1), 3)}
