@@ -10,10 +10,12 @@ The tree is EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2406.16858): each leve
 the best cumulative draft log-probability, ``top_k`` children each, for ``depth`` levels; then the ``tokens`` best
 nodes are kept, every kept node's ancestors and earlier-drawn siblings with it (so each node's kept children are a
 prefix of its draws and the verifier's rule holds: lossless). With ``tree_choice=online`` a
-``policies.head_tree.TreeSizer`` keeps fewer of them where this machine's row costs and the run's measured
-acceptance say fewer pay. Children are drawn as every verifier expects (``drafting.candidates``: the best ones when
-greedy). The head's tree rows are dropped from its cache after each step; the accepted path comes back with the
-target's own features at the next catch-up.
+``policies.head_tree.TreeSizer`` keeps fewer of them, and drafts fewer levels, where this machine's costs and the
+run's measured acceptance say fewer pay. Children are drawn as every verifier expects (``drafting.candidates``: the
+best ones when greedy), over the head's draft vocabulary (its ids, mapped to the target's as they are drawn; the q
+rows a sampling verifier reads are spread over the target's vocabulary, ``TargetRows``). The head's tree rows are
+dropped from its cache after each step; the accepted path comes back with the target's own features at the next
+catch-up.
 """
 
 from __future__ import annotations
@@ -148,17 +150,22 @@ class HeadDrafter(Drafter):
         g_of[-1] = g[0]
         level_logits = logits
         levels, deepened_at = min(self.depth, view.reach.max_depth), None
+        without = not sampling.greedy and drafting.DRAFT_RULES[view.verifier_name] == "without"
+        draws = self.top_k if without else 0  # uniform draws per row for sampling without replacement
         for level in range(1, levels + 1):
             # q over the draft vocabulary (draft ids): a twelfth of the target's columns to sort and normalise
             level_logits = level_logits.float()
             qd = RowDists(level_logits if usable is None else level_logits.masked_fill(~usable, float("-inf")),
                           sampling)
+            if draws:  # each row's uniform draws ride with the level's best tokens: one transfer (GPU sync)
+                qd.attach("draws", drafting.uniforms(view.generator, len(frontier) * draws).reshape(-1, draws))
             new = []
             for r, node in enumerate(frontier):
                 if node >= 0 and token[node] in view.reach.ends:
                     continue
                 dists[node] = (qd, r)
-                kids = drafting.candidates(qd, r, self.top_k, verifier=view.verifier_name, generator=view.generator)
+                kids = drafting.candidates(qd, r, self.top_k, verifier=view.verifier_name, generator=view.generator,
+                                           draws=qd.attached("draws")[r] if draws else None)
                 for j, d in enumerate(kids):
                     q.append(qd.plain(r, d))
                     parent.append(node), token.append(target_of[d]), draft_id.append(int(d))
@@ -258,12 +265,15 @@ class TargetRows:
 
     def __init__(self, dists: RowDists, target_ids: torch.Tensor, vocab: int):
         self.dists, self.target_ids, self.vocab = dists, target_ids, vocab
+        self._rows: dict[int, torch.Tensor] = {}
 
     def __getitem__(self, r: int) -> torch.Tensor:
-        q = self.dists[r]
-        out = torch.zeros(self.vocab + 1, dtype=q.dtype, device=q.device)  # draft ids past vocab: a spare column
-        out.index_copy_(0, torch.where(self.target_ids < self.vocab, self.target_ids, self.vocab), q)
-        return out[: self.vocab]
+        if r not in self._rows:
+            q = self.dists[r]
+            out = torch.zeros(self.vocab + 1, dtype=q.dtype, device=q.device)  # ids past vocab: a spare column
+            out.index_copy_(0, torch.where(self.target_ids < self.vocab, self.target_ids, self.vocab), q)
+            self._rows[r] = out[: self.vocab]
+        return self._rows[r]
 
 
 def _best_closed(parent: list[int], score: list[float], rank: list[int], budget: int) -> list[int]:
