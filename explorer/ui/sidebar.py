@@ -121,17 +121,18 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                           key=Sidebar.HEAD_TOPK.widget_key(prefix),
                                           help="EAGLE-2's dynamic tree: each level expands this many best nodes, "
                                                "drawing this many children each")
-        changes["head_depth"] = box.slider("Head: draft levels", 1, 12, d.head_depth,
-                                           key=Sidebar.HEAD_DEPTH.widget_key(prefix))
+        changes["head_depth"] = box.slider("Head: most draft levels", 1, 12, d.head_depth,
+                                           key=Sidebar.HEAD_DEPTH.widget_key(prefix),
+                                           help="the tree's deepest level (sized online: a step may stop sooner)")
         changes["head_tokens"] = box.slider("Head: most draft tokens verified", 1, 64, d.head_tokens,
                                             key=Sidebar.HEAD_TOKENS.widget_key(prefix),
                                             help="the best nodes by cumulative draft probability (with their "
                                                  "ancestors) are verified in one target pass")
         online = box.checkbox("Head: size the tree online", value=d.tree_choice == "online",
                               key=Sidebar.HEAD_ONLINE.widget_key(prefix),
-                              help="each step verifies as many of those nodes as the acceptance measured so far "
-                                   "and this machine's cost per target row say pay (fewer on a CPU, where rows "
-                                   "are dear); off: all of them. Never changes the output law")
+                              help="each step drafts as many levels and verifies as many of those nodes as the "
+                                   "acceptance measured so far and this machine's costs (a head level, a target "
+                                   "row) say pay; off: every level and node. Never changes the output law")
         changes["tree_choice"] = "online" if online else "fixed"
     if "recycling" in spec.free:
         changes["recycling_widths"] = box.text_input(

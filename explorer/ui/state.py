@@ -173,9 +173,9 @@ class Sidebar:
     HEAD_PATH: Key[str] = Key("head_path", "eagle: the head's folder, empty for the shipped one", widget=True,
                               kept=True)
     HEAD_TOPK: Key[int] = Key("head_topk", "eagle: children per expanded node", widget=True)
-    HEAD_DEPTH: Key[int] = Key("head_depth", "eagle: levels drafted", widget=True)
+    HEAD_DEPTH: Key[int] = Key("head_depth", "eagle: most levels drafted", widget=True)
     HEAD_TOKENS: Key[int] = Key("head_tokens", "eagle: most draft tokens verified", widget=True)
-    HEAD_ONLINE: Key[bool] = Key("head_online", "eagle: how many of those a step verifies, chosen online",
+    HEAD_ONLINE: Key[bool] = Key("head_online", "eagle: levels drafted and nodes verified, chosen online",
                                  widget=True)
     FREE_ROWS: Key[int] = Key("free_rows", "free branches' most target rows (0 = auto)", widget=True)
     FALLBACK: Key[str] = Key("fallback", "the goodput fallback to plain decoding", widget=True)
