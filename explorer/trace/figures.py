@@ -225,15 +225,19 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     subtitle = _head_title(step)
+    height = height or max(380, min(940, 34 * leaves + 180))  # the legend's rows come out of it
+    top = 80 if subtitle else 50
+    # the legend under the axis's ticks and title (about 62 px), in plot-area units: on a phone its five rows take
+    # about 110 px of the height, and a fixed fraction put its first row over the axis title
+    legend_y = -min(0.45, 62 / max(120, height - top - 120))
     fig.update_layout(
         # the head's layers on a line of their own: beside the step's title they ran past a phone's width
         title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
                    + (" · LOSSY rule" if step.lossy else ""), subtitle=dict(text=subtitle), y=0.98),
-        height=height or max(380, min(940, 34 * leaves + 180)),  # the legend's rows come out of it
-        margin=dict(l=10, r=10, t=80 if subtitle else 50, b=10),
+        height=height, margin=dict(l=10, r=10, t=top, b=10),
         xaxis=dict(title="depth (position id - anchor position)", dtick=1, range=[-0.5, depth + 1.2], zeroline=False),
         # the legend under the axis: above the plot it wrapped into the title on a phone
-        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="top", y=legend_y, x=0),
         hoverlabel=dict(align="left"),
         clickmode="event+select")
     if font:
