@@ -209,7 +209,7 @@ class TreeSizer:
         self.rate = tokens[best] / best_ms if best_ms > 0 else None
         self.last = {"tokens": best, "why": "fastest", "expected_tokens": round(tokens[best], 4),
                      "expected_all": round(tokens[most], 4), "draft_ms": round(overhead, 3),
-                     "cost_ms": round(overhead + interpolate_ms(self.target_ms, best + 1), 3)}
+                     "cost_ms": round(best_ms, 3)}
         return best
 
 
