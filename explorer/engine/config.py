@@ -87,14 +87,15 @@ class MethodConfig:
         tree_choice: ``mcsd-improved`` (lossless) and ``eagle`` only: ``fixed`` (the published shape: ``k_config``'s
             root width; ``head_tokens`` nodes) or ``online`` (each step's root width chosen from ``ONLINE_ROOTS`` by
             the acceptance and forward costs the run measures, ``engine/policies/tree_choice.py``, the chains and the
-            stop policy as before; for ``eagle`` how many of the ``head_tokens`` best nodes the step verifies,
-            ``engine/policies/head_tree.py``; ``DEFAULTS["eagle"]`` chooses online too). The
+            stop policy as before; for ``eagle`` how many of the ``head_tokens`` best nodes the step verifies and
+            how many of the ``head_depth`` levels it drafts, ``engine/policies/head_tree.py``; ``DEFAULTS["eagle"]``
+            chooses online too). The
             dataclass default is ``fixed`` (so a config saved before the choice existed replays as it ran);
             ``DEFAULTS["mcsd-improved"]`` chooses online (docs/bench.md, "The root width chosen online on the H100").
         head: ``eagle``: the EAGLE-3 head's checkpoint folder (``models/eagle3.py``); empty = the head shipped for
             the pair's target (``models/head_store.py``).
         head_topk, head_depth, head_tokens: ``eagle``: EAGLE-2's dynamic tree (``drafters/eagle.py``): children
-            drawn per expanded node (and nodes expanded per level), levels drafted, most nodes verified (SGLang's
+            drawn per expanded node (and nodes expanded per level), most levels drafted, most nodes verified (SGLang's
             ``speculative_eagle_topk``, ``speculative_num_steps``, ``speculative_num_draft_tokens``).
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
