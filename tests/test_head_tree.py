@@ -156,3 +156,46 @@ def test_the_online_size_belongs_to_eagle_and_mcsd_improved():
     assert DEFAULTS["eagle"].with_(tree_choice="online").online_branching(3) == []
     with pytest.raises(ValueError, match="eagle's tree size"):
         DEFAULTS["sd"].with_(tree_choice="online")
+
+
+# ------------------------------------------------------------------------------------------------ eagle-hybrid
+
+def test_the_head_with_prompt_lookup_keeps_the_greedy_tokens_and_replays(tiny, tmp_path):
+    """``eagle-hybrid``: lookup's copies where the context has a match, else the head's tree; ``ar``'s greedy tokens,
+    the head named in the trace, its sizes forced in a replay, which commits the same tokens step for step."""
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.instruments.replay import engine_for_trace
+
+    greedy = SamplingConfig(temperature=0.0)
+    ids = tiny.tokenizer.encode("a b c a b c a b c a b c d e f g a b c")
+    plain = build_engine(tiny, DEFAULTS["ar"], greedy)
+    plain.start(ids, 40)
+    want = plain.run().generated_ids
+    config = _online(_saved_head(tiny, tmp_path)).with_(method="eagle-hybrid")
+    eng = build_engine(tiny, config, greedy)
+    eng.parts.drafter.sizer.warmup = 1
+    eng.start(ids, 40)
+    trace = eng.run()
+    assert trace.generated_ids == want
+    assert trace.settings["head"]["draft_vocab_size"] == 64 and eng.parts.drafter.target_layers == (0, 1, 2)
+    copied = [s for s in trace.steps if s.drafter.get("lookup_trusted")]
+    headed = [s for s in trace.steps if s.drafted and not s.drafter.get("lookup_trusted")]
+    assert copied and headed and all(s.drafter["head"]["size"]["tokens"] == s.drafted for s in headed)
+    again = engine_for_trace(tiny, trace)
+    assert again.parts.drafter.sizer._forced == [s.drafted for s in headed]
+    replayed = again.run()
+    assert [s.committed_ids for s in replayed.steps] == [s.committed_ids for s in trace.steps]
+
+
+def test_the_head_with_prompt_lookup_samples_the_targets_law(tiny, tmp_path):
+    from explorer.analysis.audit import audit_engine
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+
+    config = _online(_saved_head(tiny, tmp_path)).with_(method="eagle-hybrid", head_topk=2, head_depth=3,
+                                                         head_tokens=6)
+    eng = build_engine(tiny, config, SamplingConfig(temperature=1.0, seed=7))
+    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=1200)
+    assert result.passed, result.summary()

@@ -164,7 +164,8 @@ class MethodConfig:
             raise ValueError("a measured cost ratio is the goodput stop policy's r; choose stop goodput")
         if self.tree_choice not in TREE_CHOICES:
             raise ValueError(f"unknown tree choice {self.tree_choice!r}; use one of {', '.join(TREE_CHOICES)}")
-        if self.tree_choice == "online" and (self.method not in ("mcsd-improved", "eagle") or self.lossy):
+        if self.tree_choice == "online" and (self.method not in ("mcsd-improved", "eagle", "eagle-hybrid")
+                                             or self.lossy):
             raise ValueError("the tree chosen online is the lossless mcsd-improved's root width or eagle's tree "
                              f"size; {'the lossy mode' if self.lossy else self.method} keeps its fixed shape")
         if self.fallback not in FALLBACK_MODES:
@@ -325,5 +326,6 @@ DEFAULTS = {
     # many of the 16 a step verifies is chosen online (docs/heads.md: 1.25x ar against 1.21x for all 16 on an Intel
     # Xeon with AMX, where a 17-row target forward costs 1.2 one-row ones; fewer pay where rows cost more)
     "eagle": MethodConfig(method="eagle", tree_choice="online"),
+    "eagle-hybrid": MethodConfig(method="eagle-hybrid", tree_choice="online"),
     "layer-skip": MethodConfig(method="layer-skip", gamma=4),
 }

@@ -1,6 +1,6 @@
 """Drafters: who proposes a step's draft tree. ``make_drafter`` builds the one a method names
 (``methods.METHOD_SPECS``): none (``ar``), the draft model, prompt lookup, Token Recycling, the hybrid, an EAGLE-3
-head (``eagle``) or the target's own first layers (``layer-skip``).
+head (``eagle``; with prompt lookup, ``eagle-hybrid``) or the target's own first layers (``layer-skip``).
 
 Modules: ``base`` (the interface: ``Drafter``, ``DraftView``, ``Reach``, the step's ``Drafted`` record, ``FreeNode`` and
 ``merge_free``, which joins free branches to a tree as a trie), ``model`` (the draft model's tree, level by level,
@@ -36,10 +36,6 @@ def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: 
     head, the target layers it reads and what the trace records of it (``(head, layers, source)``), and ``sizer``
     the online choice of its tree's size (``policies/head_tree.py``; None: ``head_tokens`` nodes every step)."""
     spec = config.spec
-    if spec.uses_head:
-        model, layers, source = head
-        return HeadDrafter(model, layers, top_k=config.head_topk, frontier=config.head_topk,
-                           depth=config.head_depth, tokens=config.head_tokens, source=source, sizer=sizer)
     free: list[Drafter] = []
     for name in spec.free:
         if name == "lookup":
@@ -49,6 +45,10 @@ def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: 
     if spec.self_draft:
         return LayerSkipDrafter(config.gamma, layer_skip_state)
     model = ModelDrafter(tree_chooser, tree_state) if spec.uses_draft_model else None
+    if spec.uses_head:
+        weights, layers, source = head
+        model = HeadDrafter(weights, layers, top_k=config.head_topk, frontier=config.head_topk,
+                            depth=config.head_depth, tokens=config.head_tokens, source=source, sizer=sizer)
     if model is not None and free:
         return HybridDrafter(model, free)
     if model is not None:

@@ -1,6 +1,7 @@
-"""The hybrid drafter: the draft model's tree plus free branches (prompt lookup, then Token Recycling), verified
-in one target pass. Lookup's branches win where the output copies the prompt, the model's where it does not, and
-recycled ones where the target repeats its own habits; a free branch costs target rows, never a forward.
+"""The hybrid drafter: the draft model's tree (or an EAGLE-3 head's, ``eagle-hybrid``) plus free branches (prompt
+lookup, then Token Recycling), verified in one target pass. Lookup's branches win where the output copies the prompt,
+the model's where it does not, and recycled ones where the target repeats its own habits; a free branch costs
+target rows, never a forward.
 
 When lookup finds a match, the step proposes lookup's branches alone; the draft model drafts (with the recycled branches
 beside its tree) where lookup has nothing to copy. Measured on the embedded pair, CPU, greedy, 3 prompts x 128 tokens
@@ -29,6 +30,12 @@ class HybridDrafter(Drafter):
     def __init__(self, model: Drafter, free: list):
         self.model, self.free = model, list(free)
         self.uses_draft_model = model.uses_draft_model
+        self.target_layers = model.target_layers  # an EAGLE head reads the target's states (``eagle-hybrid``)
+
+    @property
+    def sizer(self):
+        """The head's online tree sizer (``eagle-hybrid``; a replay forces its recorded sizes), else None."""
+        return getattr(self.model, "sizer", None)
 
     def prompt_rows(self, view) -> int:
         return max(f.prompt_rows(view) for f in [self.model] + self.free)
@@ -71,7 +78,7 @@ class HybridDrafter(Drafter):
         return out
 
     def state_for_trace(self) -> dict:
-        out: dict = {}
+        out: dict = dict(self.model.state_for_trace())  # the head it drafts with, the tree chooser's start
         for f in self.free:
             out.update(f.state_for_trace())
         return out
