@@ -135,8 +135,9 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
     lookup = [n for n in step.nodes if n.source == "lookup"]
     recycled = [n for n in step.nodes if n.source == "recycled"]
     if step.drafter.get("lookup_trusted"):
-        out.append("The draft model sat this step out: prompt lookup found something to copy, and where it does, "
-                   "the draft model's forwards cost more than the tokens they add.")
+        who = "EAGLE-3 head" if step.method == "eagle-hybrid" else "draft model"
+        out.append(f"The {who} sat this step out: prompt lookup found something to copy, and where it does, "
+                   f"the {who}'s forwards cost more than the tokens they add.")
     if lookup:
         prov = lookup[0].provenance or {}
         out.append(f"Prompt lookup copied {len(lookup)} token(s) for free: the last {prov.get('ngram', '?')} "
