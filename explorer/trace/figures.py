@@ -227,9 +227,10 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     subtitle = _head_title(step)
     height = height or max(380, min(940, 34 * leaves + 180))  # the legend's rows come out of it
     top = 80 if subtitle else 50
-    # the legend under the axis's ticks and title (about 62 px), in plot-area units: on a phone its five rows take
-    # about 110 px of the height, and a fixed fraction put its first row over the axis title
-    legend_y = -min(0.45, 62 / max(120, height - top - 120))
+    # the legend under the axis's ticks and title (about 60 px), in plot-area units: the plot area is what the title,
+    # the axis and (on a phone, five rows) the legend leave, about 190 px less than the figure; a fixed fraction put
+    # the legend's first row over the axis title of a short tree on a phone
+    legend_y = -min(0.9, 70 / max(60, height - top - 190))
     fig.update_layout(
         # the head's layers on a line of their own: beside the step's title they ran past a phone's width
         title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
