@@ -322,10 +322,11 @@ DEFAULTS = {
     "prompt-lookup": MethodConfig(method="prompt-lookup"),
     "token-recycling": MethodConfig(method="token-recycling"),
     "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
-    # EAGLE-2's tree of 16 nodes, 4 children per expanded node, 6 levels (SGLang's defaults for small targets); how
-    # many of the 16 a step verifies is chosen online (docs/heads.md: 1.25x ar against 1.21x for all 16 on an Intel
-    # Xeon with AMX, where a 17-row target forward costs 1.2 one-row ones; fewer pay where rows cost more)
+    # EAGLE-2's tree of up to 16 nodes, 4 children per expanded node, 6 levels (SGLang's defaults for small targets);
+    # how many of the 16 a step verifies and how many levels it drafts are chosen online (docs/heads.md: 1.37x ar
+    # against 1.27x for every node and level on the kinds set on an Intel Xeon with AMX)
     "eagle": MethodConfig(method="eagle", tree_choice="online"),
+    # the same head where prompt lookup finds nothing to copy (the hybrid's rule)
     "eagle-hybrid": MethodConfig(method="eagle-hybrid", tree_choice="online"),
     "layer-skip": MethodConfig(method="layer-skip", gamma=4),
 }
