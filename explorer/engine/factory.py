@@ -200,7 +200,7 @@ def _follow(parts: EngineParts, trace: RunTrace) -> None:
     parts.fallback.force([s.fallback.get("speculate", True) for s in trace.steps])
     if parts.cost_meter is not None:
         parts.cost_meter.force([s.cost.get("next") for s in trace.steps])
-    sizer = getattr(parts.drafter, "sizer", None)
+    sizer = parts.drafter.sizer
     if sizer is not None:  # the head's tree sizes, chosen from wall times
         sizes = [size for s in trace.steps if isinstance(size := s.drafter.get("head", {}).get("size"), dict)
                  and "tokens" in size]

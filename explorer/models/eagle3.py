@@ -307,11 +307,17 @@ class Eagle3Head(nn.Module):
         """Draft-vocabulary logits ``(rows, draft_vocab)`` -> target-vocabulary logits ``(rows, vocab)`` float32,
         -inf where the target id is outside the draft vocabulary (q = 0 there)."""
         vocab = vocab or self.config.vocab_size
-        # draft ids past ``vocab`` land in a spare last column, cut off: no boolean indexing, which syncs on a GPU
         out = torch.full((logits.shape[0], vocab + 1), float("-inf"), dtype=torch.float32, device=logits.device)
-        ids = self.target_ids()
-        out.index_copy_(1, torch.where(ids < vocab, ids, vocab), logits.float())
+        out.index_copy_(1, target_columns(self.target_ids(), vocab), logits.float())
         return out[:, :vocab]
+
+
+def target_columns(target_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int64 ``(draft_vocab,)``: the column of each draft id in a ``(..., vocab + 1)`` tensor, its target id, or the
+    spare last column ``vocab`` for an id past the target's logits (cut off afterwards). ``index_copy_`` into those
+    columns spreads draft-vocabulary values over the target's vocabulary without boolean indexing, which on a GPU
+    is a host synchronisation."""
+    return torch.where(target_ids < vocab, target_ids, vocab)
 
 
 # On a GPU, SDPA may pick cuDNN's kernel, which builds an execution plan for each new shape (pytorch/pytorch#155958).

@@ -224,6 +224,7 @@ class Drafter:
     name = "none"
     uses_draft_model = False
     target_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads (``forwarding.Forwards``)
+    sizer = None  # an EAGLE head's online tree sizer (``policies/head_tree.py``), which a replay forces
     phase, after_clock = "drafter learn", False  # as a step observer
 
     def draft(self, view) -> Drafted:

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from ...models.eagle3 import HeadCache
+from ...models.eagle3 import HeadCache, target_columns
 from ...trace.records import TOP_K_SHOWN
 from .. import drafting
 from ..policies.head_tree import TreeSizer
@@ -60,7 +60,7 @@ class HeadDrafter(Drafter):
         self._sized: tuple | None = None  # (the step's Drafted, (depth, rank, q) per tree node, draft ms)
         self.top_k, self.frontier, self.depth, self.tokens = top_k, frontier, depth, tokens
         self.cache = HeadCache()
-        self._vocab: tuple | None = None  # (target vocab, target id of each draft id on the host and on the device)
+        self._vocab: tuple | None = None  # (target vocab, ``_draft_vocab``'s answer for it)
         self._states: torch.Tensor | None = None  # target states of positions start.. not yet read by the head
         self._states_start = 0
         self._root: tuple[torch.Tensor, torch.Tensor] | None = None  # the last read row's logits and output g
@@ -138,7 +138,7 @@ class HeadDrafter(Drafter):
             return empty_draft(len(committed))
         calls = 1 if self.cache.length > calls_before else 0
         sampling, head = view.sampling, self.head
-        target_of, target_ids, usable = self._draft_vocab(view.vocab_size)
+        target_of, columns, outside = self._draft_vocab(view.vocab_size)
         base = self.cache.length  # committed rows in the head's cache (positions 0 .. base - 1)
         # drawn nodes: parent (-1 anchor), token (target id), its draft id, depth, q, cumulative log q, draw rank
         parent, token, draft_id, depth, q, score, rank = [], [], [], [], [], [], []
@@ -155,7 +155,7 @@ class HeadDrafter(Drafter):
         for level in range(1, levels + 1):
             # q over the draft vocabulary (draft ids): a twelfth of the target's columns to sort and normalise
             level_logits = level_logits.float()
-            qd = RowDists(level_logits if usable is None else level_logits.masked_fill(~usable, float("-inf")),
+            qd = RowDists(level_logits if outside is None else level_logits.masked_fill(outside, float("-inf")),
                           sampling)
             if draws:  # each row's uniform draws ride with the level's best tokens: one transfer (GPU sync)
                 qd.attach("draws", drafting.uniforms(view.generator, len(frontier) * draws).reshape(-1, draws))
@@ -198,7 +198,7 @@ class HeadDrafter(Drafter):
             size = dict(self.sizer.last, levels=max(depth))
         order = sorted(keep, key=lambda i: (depth[i], i))  # breadth first: the tree's node order
         drafted = self._tree(order, parent, token, draft_id, depth, dists, sampling.greedy, calls,
-                             (target_of, target_ids, view.vocab_size))
+                             (target_of, columns, view.vocab_size))
         drafted.tree_start = len(committed)  # no draft-model cache: the tree's rows sit after the context
         if size is not None:
             drafted.info["head"]["size"] = size
@@ -207,14 +207,14 @@ class HeadDrafter(Drafter):
         return drafted
 
     def _draft_vocab(self, vocab: int) -> tuple:
-        """The target id of each draft id (a host list and an int64 device tensor) and, where some draft ids map
-        past the target's ``vocab`` logits, a bool ``(draft_vocab,)`` mask of those that do not (else None);
-        computed once per vocabulary size."""
+        """The target id of each draft id (a host list), its column over the target's ``vocab`` logits
+        (``eagle3.target_columns``, int64 on the device) and, where some draft ids map past those logits, a bool
+        ``(draft_vocab,)`` mask of them (else None); computed once per vocabulary size."""
         if self._vocab is None or self._vocab[0] != vocab:
             ids = self.head.target_ids()
-            usable = ids < vocab
-            self._vocab = (vocab, ids.tolist(), ids, None if bool(usable.all()) else usable)
-        return self._vocab[1:]
+            outside = ids >= vocab
+            self._vocab = (vocab, (ids.tolist(), target_columns(ids, vocab), outside if bool(outside.any()) else None))
+        return self._vocab[1]
 
     def _level_mask(self, frontier: list[int], parent: list[int], row_of: dict[int, int], base: int):
         """Bool ``(rows, base + fed + rows)``: each frontier row sees the committed rows, its fed ancestors' rows
@@ -234,8 +234,8 @@ class HeadDrafter(Drafter):
               target: tuple) -> Drafted:
         """The kept nodes, breadth first (``order``: by depth, then draw), as a ``DraftTree`` with their q rows
         (over the target's vocabulary) and shown q. ``dists`` are over the draft vocabulary; ``target``: the draft
-        ids' target ids (host list, device tensor) and the target's vocabulary size."""
-        target_of, target_ids, vocab = target
+        ids' target ids (host list), their columns (``eagle3.target_columns``) and the target's vocabulary size."""
+        target_of, columns, vocab = target
         index = {i: n for n, i in enumerate(order)}
         tree = DraftTree()
         for level in sorted({depth[i] for i in order}):
@@ -248,7 +248,7 @@ class HeadDrafter(Drafter):
             qd, r = dists[p]
             row = 0 if p < 0 else index[p] + 1
             if not greedy:
-                q_rows.add(row, TargetRows(qd, target_ids, vocab), r)
+                q_rows.add(row, TargetRows(qd, columns, vocab), r)
             q_top[row] = [(target_of[d], q) for d, q in qd.top([r], TOP_K_SHOWN)[r]]
         for i in order:
             qd, r = dists[parent[i]]
@@ -263,15 +263,15 @@ class TargetRows:
     """Rows of a ``RowDists`` over the draft vocabulary read as processed distributions over the target's:
     ``rows[r]`` is float32 ``(vocab,)``, zero outside the draft vocabulary (what a verifier's q row must be)."""
 
-    def __init__(self, dists: RowDists, target_ids: torch.Tensor, vocab: int):
-        self.dists, self.target_ids, self.vocab = dists, target_ids, vocab
+    def __init__(self, dists: RowDists, columns: torch.Tensor, vocab: int):
+        self.dists, self.columns, self.vocab = dists, columns, vocab  # columns: ``eagle3.target_columns``
         self._rows: dict[int, torch.Tensor] = {}
 
     def __getitem__(self, r: int) -> torch.Tensor:
         if r not in self._rows:
             q = self.dists[r]
-            out = torch.zeros(self.vocab + 1, dtype=q.dtype, device=q.device)  # ids past vocab: a spare column
-            out.index_copy_(0, torch.where(self.target_ids < self.vocab, self.target_ids, self.vocab), q)
+            out = torch.zeros(self.vocab + 1, dtype=q.dtype, device=q.device)
+            out.index_copy_(0, self.columns, q)
             self._rows[r] = out[: self.vocab]
         return self._rows[r]
 

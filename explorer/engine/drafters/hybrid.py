@@ -35,7 +35,7 @@ class HybridDrafter(Drafter):
     @property
     def sizer(self):
         """The head's online tree sizer (``eagle-hybrid``; a replay forces its recorded sizes), else None."""
-        return getattr(self.model, "sizer", None)
+        return self.model.sizer
 
     def prompt_rows(self, view) -> int:
         return max(f.prompt_rows(view) for f in [self.model] + self.free)

@@ -54,6 +54,11 @@ DECAY = 0.8
 """Weight of the past in the running mean of the drafter's milliseconds per step."""
 
 
+def _depth_rank(depth: int, rank: int) -> tuple[int, int]:
+    """The (depth, rank) cell indices of a node at ``depth`` (>= 1; 3+ share one) drawn ``rank``-th (2+ share one)."""
+    return min(max(int(depth), 1), DEPTHS) - 1, min(max(int(rank), 0), RANKS - 1)
+
+
 def _bin_middles() -> list[float]:
     edges = (0.0, *Q_EDGES, 1.0)
     return [(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])]
@@ -106,8 +111,7 @@ class TreeSizer:
     def cell(depth: int, rank: int, q: float) -> int:
         """The calibration cell of a node at ``depth`` (>= 1), drawn ``rank``-th among its siblings, with
         probability ``q`` under the head."""
-        d = min(max(int(depth), 1), DEPTHS) - 1
-        r = min(max(int(rank), 0), RANKS - 1)
+        d, r = _depth_rank(depth, rank)
         return (d * RANKS + r) * (len(Q_EDGES) + 1) + bisect_right(Q_EDGES, float(q))
 
     def acceptance(self, depth: int, rank: int, q: float) -> float:
@@ -123,7 +127,7 @@ class TreeSizer:
             c = self.cell(depth, rank, q)
             self.n[c] += 1.0
             self.accepted[c] += float(a)
-            d, r = min(max(int(depth), 1), DEPTHS) - 1, min(max(int(rank), 0), RANKS - 1)
+            d, r = _depth_rank(depth, rank)
             self.seen[d][r] += 1.0
             self.hits[d][r] += float(a)
         self.steps += 1
@@ -146,23 +150,24 @@ class TreeSizer:
             return k is None or level <= k
         if self._forced is not None or self.steps < self.warmup or self.level_ms is None or self.rate is None:
             return True
-        reach = self._reach(parent, depth, rank, q)
-        d = min(max(int(level), 1), DEPTHS) - 1
+        reach = self._reach(range(len(parent)), parent, depth, rank, q)
         missed = 1.0
-        for r in range(max(int(children), 1)):
-            cell = min(r, RANKS - 1)
-            missed *= 1.0 - self.hits[d][cell] / self.seen[d][cell]
+        for rank_drawn in range(max(int(children), 1)):
+            d, r = _depth_rank(level, rank_drawn)
+            missed *= 1.0 - self.hits[d][r] / self.seen[d][r]
         gain = sum(reach[i] for i in frontier) * (1.0 - missed)
         return gain >= self.level_ms * self.rate
 
-    def _reach(self, parent: list[int], depth: list[int], rank: list[int], q: list[float]) -> list[float]:
-        """Each drawn node's chance that its whole path is accepted, nodes in draw order (parents first, siblings
-        by rank): its parent's, times each earlier sibling's rejection, times its own acceptance."""
-        reach: list[float] = []
-        untaken: dict[int, float] = {}
-        for i, p in enumerate(parent):
+    def _reach(self, nodes, parent: list[int], depth: list[int], rank: list[int], q: list[float]) -> dict:
+        """``{node: chance its whole path is accepted}`` for ``nodes`` (each after its parent and its earlier-drawn
+        siblings; -1, the anchor, is 1): its parent's chance, times each earlier sibling's rejection, times its own
+        acceptance. A node whose parent is not among them has none."""
+        reach = {-1: 1.0}
+        untaken: dict[int, float] = {}  # node -> P(every child tested so far rejected)
+        for i in nodes:
+            p = parent[i]
             a = self.acceptance(depth[i], rank[i], q[i])
-            reach.append((1.0 if p < 0 else reach[p]) * untaken.get(p, 1.0) * a)
+            reach[i] = reach.get(p, 0.0) * untaken.get(p, 1.0) * a
             untaken[p] = untaken.get(p, 1.0) * (1.0 - a)
         return reach
 
@@ -171,14 +176,9 @@ class TreeSizer:
         """Expected tokens a step commits when it keeps the first ``n`` of ``order`` (index ``n``, from 0 to
         ``len(order)``): 1 (the bonus token) plus each kept node's chance that its whole path is accepted.
         ``parent``, ``depth``, ``rank`` and ``q`` describe every drawn node (parent -1 = the anchor)."""
-        reach = {-1: 1.0}  # node -> P(its path accepted)
-        untaken = {}  # node -> P(every kept child tested so far rejected)
+        reach = self._reach(order, parent, depth, rank, q)
         out = [1.0]
         for i in order:
-            p = parent[i]
-            a = self.acceptance(depth[i], rank[i], q[i])
-            reach[i] = reach.get(p, 0.0) * untaken.get(p, 1.0) * a
-            untaken[p] = untaken.get(p, 1.0) * (1.0 - a)
             out.append(out[-1] + reach[i])
         return out
 
