@@ -220,3 +220,29 @@ def test_the_draft_vocabulary_takes_the_datas_share_then_the_lowest_ids(tiny, tm
     assert draft_vocabulary(data, 5, vocab, data_share=0.0) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="between 0 and 1"):
         draft_vocabulary(data, 5, vocab, data_share=1.5)
+
+
+def test_a_trained_head_is_fine_tuned_on_new_data_from_its_own_weights(tiny, tmp_path):
+    """``--init``: the run starts at the given head's weights (its loss on its own data is already low), keeps its
+    draft vocabulary and shape, and a head of other feature layers than the data's is refused."""
+    from explorer.models.eagle3 import HeadError
+
+    first = build(tiny, chunk([tiny.tokenizer.encode(TEXT)], 96), (0, 1, 2), tmp_path / "a", progress=False)
+    other = build(tiny, chunk([tiny.tokenizer.encode(TEXT.replace("cat", "bird"))], 96), (0, 1, 2), tmp_path / "b",
+                  progress=False)
+    base = train_head(tiny, first, tmp_path / "base", draft_vocab=48, intermediate=32, steps=60, lr=3e-3, ttt=2,
+                      save_every=60, progress=False)
+    fresh = train_head(tiny, first, tmp_path / "fresh", draft_vocab=48, intermediate=32, steps=1, lr=1e-9, ttt=2,
+                       save_every=1, progress=False)
+    tuned = train_head(tiny, other, tmp_path / "tuned", steps=1, lr=1e-9, ttt=2, save_every=1, progress=False,
+                       init=tmp_path / "base", draft_vocab=999, intermediate=999)
+    assert tuned["draft_vocab"] == 48 and tuned["init"] == str(tmp_path / "base")
+    assert tuned["loss"] < fresh["loss"] and base["loss"] < fresh["loss"]  # a trained start, not the rows
+    a = load_head(tmp_path / "base", target=tiny.target, dtype=torch.float32)
+    b = load_head(tmp_path / "tuned", target=tiny.target, dtype=torch.float32)
+    assert b.config.intermediate_size == a.config.intermediate_size == 32
+    assert torch.equal(a.target_ids(), b.target_ids())
+    assert torch.allclose(a.fc.weight, b.fc.weight, atol=1e-2)  # a learning rate of 1e-9: still the base's
+    moved = build(tiny, chunk([tiny.tokenizer.encode(TEXT)], 96), (0, 1, 1), tmp_path / "c", progress=False)
+    with pytest.raises(HeadError, match="reads target layers"):
+        train_head(tiny, moved, tmp_path / "x", steps=1, ttt=2, progress=False, init=tmp_path / "base")

@@ -34,8 +34,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..models.eagle3 import (Eagle3Head, HeadCache, HeadConfig, load_head, random_head, rope_theta_of,
-                              save_head)
+from ..models.eagle3 import (Eagle3Head, HeadCache, HeadConfig, HeadError, load_head, random_head,
+                              rope_theta_of, save_head)
 from .data import Sequence, draft_vocabulary, load_all
 
 STATE = "train_state"
@@ -159,7 +159,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                decay: float = 0.8, clip: float = 0.5, seed: int = 0, device: str | None = None,
                save_every: int = 100, save_dtype: torch.dtype | None = None, progress: bool = True,
                command: str = "", vocab_data_share: float = 1.0, autocast: str | None = None,
-               eval_folders: list[str | Path] = (), freeze_lm_head: bool = False) -> dict:
+               eval_folders: list[str | Path] = (), freeze_lm_head: bool = False,
+               init: str | Path | None = None) -> dict:
     """Train (or go on training) a head for ``pair``'s target on the cached data of ``data_folder``, saving it in
     ``out`` in the checkpoint format (``models/eagle3.save_head``) with its facts (``card.json``: data, command,
     steps, time, loss and agreement by level) and the training state (float32 weights and the optimizer's moments,
@@ -177,9 +178,13 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             eval_folders: held-out cached features (``held_out_agreement`` at each save); freeze_lm_head: keep
             ``lm_head`` the target's output rows (as EAGLE-1 kept the target's LM head), half the parameters fewer
             to fit on little data.
+        init: a head checkpoint folder to start from instead of the target's rows (fine-tuning a trained head on new
+            data: its shape, layers and draft vocabulary are kept, the optimizer and learning-rate schedule are
+            new; ``draft_vocab``, ``vocab_data_share`` and ``intermediate`` are then not used). Ignored when ``out``
+            holds a state to go on from.
     Raises:
         HeadDataError: no data in a folder, or folders of different targets or layers; HeadError: a saved state that
-        does not fit this run.
+        does not fit this run, or an ``init`` head that does not load, fit the target or read the data's layers.
     """
     started = time.perf_counter()
     folders = [data_folder] if isinstance(data_folder, (str, Path)) else list(data_folder)
@@ -196,6 +201,14 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
         info = json.loads(info_file.read_text())
         head = load_head(out, target=pair.target, device=device, dtype=torch.float32)
         done, draft_ids = int(info["step"]), head.target_ids().tolist()
+    elif init is not None:
+        head = load_head(init, target=pair.target, device=device, dtype=torch.float32)
+        layers = head.config.aux_layers(pair.target.config.num_hidden_layers)
+        if tuple(layers) != tuple(manifest["layers"]):
+            raise HeadError(f"the head in {init} reads target layers {tuple(layers)}, the data's features are of "
+                            f"layers {tuple(manifest['layers'])}")
+        draft_ids = head.target_ids().tolist()
+        info, done = {"step": 0, "seconds": 0.0, "history": [], "init": str(init)}, 0
     else:
         draft_ids = draft_vocabulary(data, draft_vocab, pair.target.config.vocab_size, vocab_data_share)
         config = head_config(pair.target, tuple(manifest["layers"]), len(draft_ids), intermediate)
@@ -249,7 +262,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             "agreement_by_level": info["history"][-1]["agreement"] if info["history"] else [],
             "held_out_agreement_by_level": (info["history"][-1].get("held_out") or []) if info["history"] else [],
             "autocast": autocast, "vocab_data_share": vocab_data_share, "freeze_lm_head": freeze_lm_head,
-            "data": manifest, "command": command, "parameters": sum(p.numel() for p in params)}
+            "data": manifest, "command": command, "parameters": sum(p.numel() for p in params),
+            "init": info.get("init")}
     (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
 
