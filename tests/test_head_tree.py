@@ -136,6 +136,15 @@ def test_a_sized_head_run_keeps_the_greedy_tokens_and_replays_its_sizes(tiny, tm
     assert [s.drafted for s in replayed.steps] == [s.drafted for s in trace.steps]
     assert [s.drafter["head"]["size"].get("levels") for s in replayed.steps if s.drafted] == levels
     assert replayed.generated_ids == want
+    # another version of the head in the same folder: the replay says so rather than leaving the run at some step
+    from explorer.instruments.replay import ReplayError
+    from explorer.models.eagle3 import load_head, random_head, save_head
+
+    folder = _saved_head(tiny, tmp_path)
+    save_head(random_head(load_head(folder).config, seed=9, draft_ids=list(range(32, 96))), folder)
+    tiny.heads.clear()
+    with pytest.raises(ReplayError, match="another version of the EAGLE-3 head"):
+        engine_for_trace(tiny, trace)
 
 
 def test_a_sized_head_run_samples_the_targets_law(tiny, tmp_path):

@@ -13,6 +13,8 @@ from ..engine.factory import build_engine
 from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..models.early_exit import LayerSkipError, self_draft_pair
+from ..models.eagle3 import HeadError
+from ..models.head_store import head_for, weights_sha256
 from ..trace.records import RunTrace
 
 
@@ -25,8 +27,8 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     (``factory.build_engine(..., follow=trace)``: the starting Token Recycling matrix, the carried adaptation and
     choosers, and the recorded timing-driven decisions: the fallback's, the cost ratio, row prices, tree costs).
 
-    Raises ReplayError when the trace was recorded on another model pair, dtype or draft quantization, or its
-    settings do not parse.
+    Raises ReplayError when the trace was recorded on another model pair, dtype, draft quantization or version of
+    its EAGLE-3 head, or its settings do not parse.
     """
     config, sampling, max_new = _settings(trace)
     if config.spec.self_draft:  # recorded with the target drafting for itself: compare with the same pair
@@ -40,6 +42,7 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     differ = [f"{k} {recorded[k]} (loaded: {loaded[k]})" for k in recorded if recorded[k] != loaded[k]]
     if differ:  # the replay would round or draft otherwise and leave the recorded run
         raise ReplayError(f"the trace was recorded with {', '.join(differ)}: load the pair that way to replay it")
+    _check_head(pair, trace, config)
     try:  # the recorded run's starting state and timing-driven decisions come through the factory
         engine = build_engine(pair, config, sampling, decision_model=decision_model, follow=trace,
                               joint_prefill=bool(trace.settings.get("joint_prefill")))  # its first tree as drafted
@@ -56,6 +59,22 @@ def _check_models(pair, trace: RunTrace, roles: tuple[str, ...]) -> None:
     if differ:
         raise ReplayError("the trace was recorded with " + ", ".join(
             f"the {r} {trace.model.get(f'{r}_id')} (loaded: {getattr(pair, f'{r}_id')})" for r in differ))
+
+
+def _check_head(pair, trace: RunTrace, config: MethodConfig) -> None:
+    """Raises ReplayError where the trace's head (its weights' sha256; older traces record none) is not the one this
+    run would load: its drafts would differ from the first step on."""
+    recorded = (trace.settings.get("head") or {}).get("weights_sha256")
+    if not recorded or not config.spec.uses_head:
+        return
+    try:
+        _, folder = head_for(pair, config.head)
+    except HeadError:
+        return  # building the engine says what is wrong with the head
+    loaded = weights_sha256(folder)
+    if loaded != recorded:
+        raise ReplayError(f"the trace was drafted by another version of the EAGLE-3 head (weights sha256 {recorded}; "
+                          f"{folder} holds {loaded}): replay it with that head (--head DIR, the app's head folder)")
 
 
 def _settings(trace: RunTrace) -> tuple[MethodConfig, SamplingConfig, int]:

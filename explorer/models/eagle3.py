@@ -374,7 +374,7 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
         config = HeadConfig.from_dict(json.loads(config_path.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HeadError(f"{config_path} is not valid JSON: {exc}") from None
-    files = _weight_files(folder)
+    files = weight_files(folder)
     if not files:
         pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
         raise HeadError(f"{folder} has no .safetensors weights" + (
@@ -420,7 +420,7 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
     return head.eval()
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
     """The head's safetensors files: ``model.safetensors``, else the shards a ``model.safetensors.index.json``
     names, else every ``.safetensors`` file of the folder."""
     if (folder / WEIGHTS_FILE).is_file():

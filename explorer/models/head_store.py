@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .eagle3 import Eagle3Head, HeadError, load_head
+from .eagle3 import Eagle3Head, HeadError, load_head, weight_files
 
 HEADS_DIR = Path(__file__).resolve().parents[2] / "assets" / "heads"
 CARD = "card.json"
@@ -64,13 +64,33 @@ def head_for(pair, path: str = "") -> tuple[Eagle3Head, Path]:
     return pair.heads[key], folder
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
+def weights_sha256(folder: Path) -> str:
+    """The first 16 hex digits of the sha256 of a head folder's safetensors files (in ``eagle3.weight_files``'
+    order), computed once per file version (path, size, modification time): a replay tells a trace drafted by
+    another version of the head from one that left its run for another reason. "" where the folder has none."""
+    files = weight_files(Path(folder))
+    key = tuple((str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        for f in files:
+            with f.open("rb") as handle:
+                while chunk := handle.read(1 << 22):
+                    digest.update(chunk)
+        _DIGESTS[key] = digest.hexdigest()[:16] if files else ""
+    return _DIGESTS[key]
+
+
 def describe(head: Eagle3Head, folder: Path, n_target_layers: int) -> dict:
     """What a trace records of a head: its folder (``assets/heads/<name>`` for a shipped one), the sha256 of its
-    config (sorted JSON), its draft vocabulary (size and target ids, so a replay can tell which committed tokens the
-    head could not have proposed) and the target layers it reads."""
+    config (sorted JSON) and of its weights (``weights_sha256``), its draft vocabulary (size and target ids, so a
+    replay can tell which committed tokens the head could not have proposed) and the target layers it reads."""
     config = json.dumps(head.config.to_dict(), sort_keys=True)
     shipped = folder.parent == HEADS_DIR.resolve()  # named as in the repository, not this machine's path
     return {"path": f"assets/heads/{folder.name}" if shipped else str(folder),
             "config_sha256": hashlib.sha256(config.encode()).hexdigest()[:16],
+            "weights_sha256": weights_sha256(folder),
             "draft_vocab_size": head.config.draft_vocab_size, "draft_ids": head.target_ids().tolist(),
             "target_layers": list(head.config.aux_layers(n_target_layers))}
