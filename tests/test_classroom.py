@@ -155,25 +155,38 @@ def test_shipped_lessons_cover_the_topics_and_draw_every_phase():
     assert "06-lossy-roots" in audits  # the lossy lesson says what the audit found
 
 
+# Lessons 01-06 (recorded 2026-11-25) have machine lines that name no CPU model; they were recorded on AMD EPYC CPUs
+# (they replay there; on a 2-core Intel Xeon with AMX 4 of their 7 runs leave their recordings at steps 2-13).
+UNNAMED_CPU = "AMD EPYC (AVX512)"
+
+
+def replayable_lessons() -> list:
+    """The shipped lessons this machine can replay step for step: recorded in the dtype it runs the pair in and on
+    its CPU model (``UNNAMED_CPU`` for lines that name none). Another CPU model rounds otherwise: their int8 draft's
+    trees are drawn otherwise, while target-only runs replay."""
+    from explorer.analysis.bench import cpu_label
+    from explorer.models.loading import default_dtype
+
+    dtype, cpu = str(default_dtype()).removeprefix("torch."), cpu_label()
+    kept = []
+    for lesson in (load_lesson(p) for p in shipped_lessons()):
+        named = str(lesson.recorded.get("machine", "")).split(",")[-1].strip()
+        named = UNNAMED_CPU if re.fullmatch(r"\d+ CPUs", named) else named
+        if lesson.recorded.get("dtype") == dtype and named == cpu:
+            kept.append(lesson)
+    return kept
+
+
 @pytest.fixture(scope="module")
 def lesson_pair():
-    """The embedded pair as the app and the recorder load it (the draft in int8 on a CPU), when this machine runs it
-    in the lessons' dtype on the CPU model that recorded them; else the lessons cannot be replayed here (another
-    rounding: on a 2-core Intel Xeon with AMX, 5 of the 9 runs recorded on AMD EPYC CPUs left their recordings at
-    steps 1-13, their int8 draft's trees drawn otherwise, while the target-only runs replayed)."""
+    """The embedded pair as the app and the recorder load it (the draft in int8 on a CPU), where this machine can
+    replay a shipped lesson (``replayable_lessons``)."""
     from explorer.analysis.bench import cpu_label
-    from explorer.models.loading import default_dtype, load_named_pair
+    from explorer.models.loading import load_named_pair
 
-    lessons = [load_lesson(p) for p in shipped_lessons()]
-    recorded = lessons[0].recorded
-    if recorded.get("dtype") != str(default_dtype()).removeprefix("torch."):
-        pytest.skip(f"the lessons were recorded in {recorded.get('dtype')}; this machine runs the pair in "
-                    f"{default_dtype()} (another rounding)")
-    named = {str(le.recorded.get("machine", "")).split(",")[-1].strip() for le in lessons}
-    cpus = {name for name in named if not re.fullmatch(r"\d+ CPUs", name)}  # older lines name no CPU model
-    if cpus and cpu_label() not in cpus:
-        pytest.skip(f"the lessons were recorded on {', '.join(sorted(cpus))}; this machine is {cpu_label()!r} "
-                    "(other kernels, another rounding)")
+    if not replayable_lessons():
+        pytest.skip(f"no shipped lesson was recorded on this machine's CPU model ({cpu_label()!r}) in the dtype it "
+                    "runs the pair in (other kernels, another rounding)")
     return load_named_pair("default")
 
 
@@ -183,8 +196,7 @@ def test_shipped_lessons_replay_token_for_token_on_the_embedded_pair(lesson_pair
     on the models and must commit the recorded tokens."""
     from explorer.instruments.replay import replay_steps
 
-    for path in shipped_lessons():
-        lesson = load_lesson(path)
+    for lesson in replayable_lessons():
         assert lesson.recorded["draft_quant"] == lesson_pair.draft_quant
         for run in lesson.runs:
             steps = [s for _, s in replay_steps(lesson_pair, run.trace, len(run.trace.steps) - 1)]
@@ -319,12 +331,14 @@ def test_continue_live_replays_the_lesson_to_its_step_and_steps_on(lesson_pair, 
     from streamlit.testing.v1 import AppTest
 
     from explorer.ui import common
+    from explorer.ui.state import Classroom
 
-    lesson = load_lesson(shipped_lessons()[0])
+    lesson = replayable_lessons()[0]
     monkeypatch.setattr(common, "get_pair", lambda *args, **kwargs: lesson_pair)  # the pair the fixture loaded
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)
     at.query_params["page"] = "classroom"
     at.run()
+    at.selectbox(key=Classroom.LESSON.name).set_value(lesson.id).run()
     press_continue_live(at, 0, 1)  # the player showed the second step of the first run
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert at.session_state["page"] == "Explorer"
