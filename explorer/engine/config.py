@@ -323,8 +323,8 @@ DEFAULTS = {
     "token-recycling": MethodConfig(method="token-recycling"),
     "hybrid": MethodConfig(method="hybrid", k_config=(2,), max_depth=16, stop="decision", branch_threshold=0.8),
     # EAGLE-2's tree of up to 16 nodes, 4 children per expanded node, 6 levels (SGLang's defaults for small targets);
-    # how many of the 16 a step verifies and how many levels it drafts are chosen online (docs/heads.md: 1.37x ar
-    # against 1.27x for every node and level on the kinds set on an Intel Xeon with AMX)
+    # how many of the 16 a step verifies and how many levels it drafts are chosen online (docs/heads.md: with the
+    # second head 1.37x ar against 1.27x for every node and level on the kinds set on an Intel Xeon with AMX)
     "eagle": MethodConfig(method="eagle", tree_choice="online"),
     # the same head where prompt lookup finds nothing to copy (the hybrid's rule)
     "eagle-hybrid": MethodConfig(method="eagle-hybrid", tree_choice="online"),
