@@ -153,6 +153,13 @@ def test_shipped_lessons_cover_the_topics_and_draw_every_phase():
     audits = {lesson.id: lesson.audit for lesson in lessons if lesson.audit}
     assert audits["03-temperature-one"]["passed"]  # lossless at temperature 1
     assert "06-lossy-roots" in audits  # the lossy lesson says what the audit found
+    # a head's levels are told as the head's, a draft model's as the draft model's
+    head = next(le for le in lessons if le.id == "07-head-features")
+    words = {r: " ".join(line for rr, phase in head.phases() if rr == r and phase.kind == "draft"
+                         for line in phases.account(head.runs[r].trace.steps[phase.step], phase, greedy=True))
+             for r in (0, 1)}
+    assert "from the EAGLE-3 head" in words[0] and "the draft model" not in words[0]
+    assert "from the draft model" in words[1] and "head" not in words[1]
 
 
 # Lessons 01-06 (recorded 2026-11-25) have machine lines that name no CPU model; they were recorded on AMD EPYC CPUs

@@ -142,14 +142,16 @@ def _draft_account(step: StepTrace, phase: Phase, by_id: dict, anchor) -> list[s
     lines = []
     if phase.level == 1:
         lines.append(f"The last committed token is {quote_token(anchor.text)}. Drafting starts there.")
-    words = ", ".join(SOURCE_WORDS.get(s, s) for s in sources)
+    by_head = bool(step.drafter.get("head"))  # an EAGLE-3 head's q, not a draft model's
+    words = ", ".join("the EAGLE-3 head" if by_head and s == "draft" else SOURCE_WORDS.get(s, s) for s in sources)
     lines.append(f"Level {phase.level}: {len(new)} new token{'s' if len(new) != 1 else ''} from {words}: "
                  + ", ".join(quote_token(n.text) for n in new[:6]) + (" …" if len(new) > 6 else "") + ".")
     parents = sorted({n.parent for n in new if n.source == "draft"})
     for pid in parents[:2]:
         q_top = next((n.q_top for n in new if n.parent == pid and n.q_top), [])
         if q_top:
-            lines.append(f"After {quote_token(by_id[pid].text)} the draft's top candidates: {_top(q_top)}.")
+            lines.append(f"After {quote_token(by_id[pid].text)} the {'head' if by_head else 'draft'}'s top "
+                         f"candidates: {_top(q_top)}.")
     signal = next((s for s in step.stop_signals if s.level == phase.level), None)
     if signal is not None and signal.policy != "none":
         verdict = "keep drafting" if signal.keep_drafting else "**stop drafting**"
