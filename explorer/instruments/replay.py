@@ -13,8 +13,6 @@ from ..engine.factory import build_engine
 from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..models.early_exit import LayerSkipError, self_draft_pair
-from ..models.eagle3 import HeadError
-from ..models.head_store import head_for, weights_sha256
 from ..trace.records import RunTrace
 
 
@@ -42,12 +40,12 @@ def engine_for_trace(pair, trace: RunTrace, decision_model=None):
     differ = [f"{k} {recorded[k]} (loaded: {loaded[k]})" for k in recorded if recorded[k] != loaded[k]]
     if differ:  # the replay would round or draft otherwise and leave the recorded run
         raise ReplayError(f"the trace was recorded with {', '.join(differ)}: load the pair that way to replay it")
-    _check_head(pair, trace, config)
     try:  # the recorded run's starting state and timing-driven decisions come through the factory
         engine = build_engine(pair, config, sampling, decision_model=decision_model, follow=trace,
                               joint_prefill=bool(trace.settings.get("joint_prefill")))  # its first tree as drafted
     except EngineError as exc:
         raise ReplayError(f"the trace cannot be replayed: {exc}") from None
+    _check_head(trace, engine.parts.drafter.state_for_trace().get("head") or {})
     engine.start(list(trace.prompt_ids), max_new, prompt_text=trace.prompt)
     return engine
 
@@ -61,20 +59,14 @@ def _check_models(pair, trace: RunTrace, roles: tuple[str, ...]) -> None:
             f"the {r} {trace.model.get(f'{r}_id')} (loaded: {getattr(pair, f'{r}_id')})" for r in differ))
 
 
-def _check_head(pair, trace: RunTrace, config: MethodConfig) -> None:
-    """Raises ReplayError where the trace's head (its weights' sha256; older traces record none) is not the one this
-    run would load: its drafts would differ from the first step on."""
+def _check_head(trace: RunTrace, loaded: dict) -> None:
+    """Raises ReplayError where the trace's head (its weights' sha256; older traces record none) is not ``loaded``,
+    what the engine built for the replay records of its head: the drafts would differ from the first step on."""
     recorded = (trace.settings.get("head") or {}).get("weights_sha256")
-    if not recorded or not config.spec.uses_head:
-        return
-    try:
-        _, folder = head_for(pair, config.head)
-    except HeadError:
-        return  # building the engine says what is wrong with the head
-    loaded = weights_sha256(folder)
-    if loaded != recorded:
+    if recorded and loaded.get("weights_sha256") != recorded:
         raise ReplayError(f"the trace was drafted by another version of the EAGLE-3 head (weights sha256 {recorded}; "
-                          f"{folder} holds {loaded}): replay it with that head (--head DIR, the app's head folder)")
+                          f"{loaded.get('path')} holds {loaded.get('weights_sha256')}): replay it with that head "
+                          "(--head DIR, the app's head folder)")
 
 
 def _settings(trace: RunTrace) -> tuple[MethodConfig, SamplingConfig, int]:
