@@ -136,6 +136,36 @@ def test_the_assembled_prompts_cover_every_kind_hold_no_bench_prompt_and_repeat(
     assert len({p for _, p in prompts}) == len(prompts)
 
 
+def test_prompts_the_target_writes_are_wrapped_as_requests_and_hold_no_bench_prompt():
+    """Self-instruct (``heads/selfinstruct.py``): distinct writing instructions per kind, deterministic; what the
+    target wrote becomes the user's request (a code block to complete, an article to summarise, sentences to
+    translate); unusable writings, repeats and texts holding a bench prompt are left out."""
+    import random
+
+    from explorer.analysis.prompts import PROMPT_SETS
+    from explorer.heads.selfinstruct import WRITERS, wrap, writing_prompts, written_prompts
+
+    asks = writing_prompts(per_kind=30, seed=1)
+    assert asks == writing_prompts(per_kind=30, seed=1) and len({a for _, a in asks}) == len(asks) == 30 * 7
+    assert {k for k, _ in asks} == set(WRITERS)
+    rng = random.Random(0)
+    code = ('```python\ndef area(w: float, h: float) -> float:\n    """The area.\n\n    >>> area(2, 3)\n    6\n'
+            '    """\n```')
+    assert "def area(w: float, h: float)" in wrap("code", "Here it is:\n" + code, rng)
+    assert wrap("code", "def area(w, h): return w * h", rng) is None  # no code block, no docstring
+    assert wrap("summarisation", "Too short to summarise.", rng) is None
+    asked = wrap("translation", 'Sentences: "The parcel arrived on Monday, thank you so much."', rng)
+    assert "The parcel arrived on Monday, thank you so much." in asked and "Sentences" not in asked
+    humaneval = PROMPT_SETS["humaneval"]()[0].text
+    written = [{"kind": "qa", "response": "Why do tides rise twice a day?"},
+               {"kind": "qa", "response": "Why do tides rise twice a day?"},  # a repeat
+               {"kind": "math", "response": "Problem: A baker sells 12 loaves a day at $3. What does she earn?"},
+               {"kind": "code", "response": humaneval}]  # a bench prompt written back: dropped
+    prompts = written_prompts(written, seed=0)
+    assert prompts == [("qa", "Why do tides rise twice a day?"),
+                       ("math", "A baker sells 12 loaves a day at $3. What does she earn?")]
+
+
 def test_the_targets_responses_are_written_once_each_and_train_on(tiny, tmp_path, capsys):
     """``heads respond``: one record per prompt (the prompt as the target reads it, chat template applied, then its
     greedy continuation, as ``generate`` gives it alone); a second run skips what is answered; a file of something
@@ -160,12 +190,29 @@ def test_the_targets_responses_are_written_once_each_and_train_on(tiny, tmp_path
                                      max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
         ends = [j for j, t in enumerate(alone) if t in stops]
         assert r["text"] == formatted + tok.decode(alone[:ends[0] + 1] if ends else alone)
+        assert r["complete"] == bool(ends)
+        assert r["response"] == tok.decode(alone[:ends[0] + 1] if ends else alone, skip_special_tokens=True)
     out.write_text("not json\n")
     with pytest.raises(HeadDataError, match="not a response record"):
         respond(tiny, prompts, out, progress=False)
     assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / "cli.jsonl"), "--per-kind", "1",
                  "--max-new-tokens", "4", "--quiet"]) == 0
     assert len((tmp_path / "cli.jsonl").read_text().splitlines()) == 7
+    from explorer.heads.selfinstruct import WRITERS, writing_prompts, written_prompts
+
+    assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / "w.jsonl"), "--per-kind", "1",
+                 "--max-new-tokens", "4", "--written", "--quiet"]) == 0
+    writings = [json.loads(line) for line in (tmp_path / "w.jsonl.writings.jsonl").read_text().splitlines()]
+    assert sorted(r["kind"] for r in writings) == sorted(WRITERS)  # one writing per kind, then the usable ones:
+    answered = {json.loads(line)["prompt"] for line in (tmp_path / "w.jsonl").read_text().splitlines()}
+    assert answered == {p for _, p in written_prompts(writings)}  # wrapped and answered
+    # writings of nothing usable (already in the file, so not written again): said, nothing trained on
+    (tmp_path / "x.jsonl.writings.jsonl").write_text("".join(
+        json.dumps({"kind": k, "prompt": a, "text": a, "response": "", "complete": False}) + "\n"
+        for k, a in writing_prompts(1)))
+    assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / "x.jsonl"), "--per-kind", "1",
+                 "--written", "--quiet"]) == 2
+    assert "wrote nothing usable as a prompt" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
 
 
 def test_features_are_cached_apart_and_trained_on_together_with_a_held_out_measure(tiny, tmp_path, capsys):

@@ -14,7 +14,8 @@ import torch
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk
 from ..heads.prompts import training_prompts
-from ..heads.respond import respond
+from ..heads.respond import records, respond
+from ..heads.selfinstruct import WRITE_TOKENS, writing_prompts, written_prompts
 from ..heads.train import train_head
 from ..models.eagle3 import HeadError, default_aux_layers
 from .args import add_model_args, load_pair_from_args
@@ -109,8 +110,19 @@ def cmd_train(args) -> int:
 
 def cmd_respond(args) -> int:
     pair = load_pair_from_args(args)
-    prompts = training_prompts(args.per_kind, seed=args.seed)
     try:
+        if args.written:  # self-instruct: the target writes the prompts first (heads/selfinstruct.py)
+            writings = Path(str(args.out) + ".writings.jsonl")
+            asks = writing_prompts(args.per_kind, seed=args.seed)
+            for kind, limit in WRITE_TOKENS.items():
+                respond(pair, [a for a in asks if a[0] == kind], writings, max_new_tokens=limit, batch=args.batch,
+                        progress=not args.quiet)
+            prompts = written_prompts(records(writings), seed=args.seed)
+            if not prompts:
+                raise HeadDataError(f"the target wrote nothing usable as a prompt ({writings}): a chat model "
+                                    "writes requests, a random or base model rarely does")
+        else:
+            prompts = training_prompts(args.per_kind, seed=args.seed)
         out = respond(pair, prompts, args.out, max_new_tokens=args.max_new_tokens, batch=args.batch,
                       progress=not args.quiet)
     except HeadDataError as exc:
@@ -169,6 +181,8 @@ def add_heads_parser(sub) -> None:
                          "(heads/prompts.py; no bench prompt), as JSONL texts for train --texts (resumable)")
     rs.add_argument("--out", required=True, help="JSONL file to append to (prompts already in it are skipped)")
     rs.add_argument("--per-kind", type=int, default=40, help="prompts of each of the seven kinds")
+    rs.add_argument("--written", action="store_true", help="prompts the target writes itself (self-instruct, "
+                    "heads/selfinstruct.py; what it wrote is kept in OUT.writings.jsonl) instead of templates")
     rs.add_argument("--max-new-tokens", type=int, default=256)
     rs.add_argument("--batch", type=int, default=16, help="prompts decoded together")
     rs.add_argument("--seed", type=int, default=0)

@@ -12,25 +12,35 @@ import torch
 from .data import HeadDataError
 
 
-def answered(path: Path) -> set[str]:
-    """The prompts already answered in the JSONL file ``path`` (none when it does not exist)."""
+def records(path: Path) -> list[dict]:
+    """The response records of the JSONL file ``path`` (none when it does not exist). Raises HeadDataError for a
+    line that is not one."""
     if not path.is_file():
-        return set()
-    done = set()
+        return []
+    out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            done.add(json.loads(line)["prompt"])
+            record = json.loads(line)
+            record["prompt"], record["kind"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise HeadDataError(f"{path} holds a line that is not a response record") from None
-    return done
+        out.append(record)
+    return out
+
+
+def answered(path: Path) -> set[str]:
+    """The prompts already answered in the JSONL file ``path`` (none when it does not exist)."""
+    return {r["prompt"] for r in records(path)}
 
 
 def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_tokens: int = 256, batch: int = 16,
             progress: bool = True) -> Path:
-    """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text"}``, where ``text``
-    is the chat-formatted prompt (the prompt itself for a tokenizer without a chat template) followed by the
-    target's greedy response (at most ``max_new_tokens`` tokens, cut after the pair's first end-of-sequence token),
-    as the target reads it when decoding. Prompts of similar length are batched (left padding). Returns ``out``.
+    """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text", "response"}``,
+    where ``text`` is the chat-formatted prompt (the prompt itself for a tokenizer without a chat template) followed
+    by the target's greedy response (at most ``max_new_tokens`` tokens, cut after the pair's first end-of-sequence
+    token), as the target reads it when decoding, ``response`` the response alone as text (no special tokens)
+    and ``complete`` whether it ended (an end-of-sequence token before the limit). Prompts of similar length are
+    batched (left padding). Returns ``out``.
 
     Raises:
         HeadDataError: ``out`` holds something else than response records.
@@ -62,9 +72,12 @@ def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_to
             for row, i in enumerate(picks):
                 reply = gen[row, width:].tolist()
                 ends = [j for j, t in enumerate(reply) if t in stops]
-                reply = tok.decode(reply[:ends[0] + 1] if ends else reply, skip_special_tokens=False)
+                reply = reply[:ends[0] + 1] if ends else reply
                 kind, prompt = todo[i]
-                f.write(json.dumps({"kind": kind, "prompt": prompt, "text": formatted[i] + reply}) + "\n")
+                f.write(json.dumps({"kind": kind, "prompt": prompt,
+                                    "text": formatted[i] + tok.decode(reply, skip_special_tokens=False),
+                                    "response": tok.decode(reply, skip_special_tokens=True),
+                                    "complete": bool(ends)}) + "\n")
         bar.update(len(picks))
     bar.close()
     return out
