@@ -177,6 +177,9 @@ def test_the_head_with_prompt_lookup_keeps_the_greedy_tokens_and_replays(tiny, t
     from explorer.engine.sampling import SamplingConfig
     from explorer.instruments.replay import engine_for_trace
     from explorer.lessons.teach import explain_step
+    import dataclasses
+
+    from explorer.ui.panels import shapes_legend
 
     greedy = SamplingConfig(temperature=0.0)
     ids = tiny.tokenizer.encode("a b c a b c a b c a b c d e f g a b c")
@@ -195,6 +198,8 @@ def test_the_head_with_prompt_lookup_keeps_the_greedy_tokens_and_replays(tiny, t
     assert copied and headed and all(s.drafter["head"]["size"]["tokens"] == s.drafted for s in headed)
     assert "The EAGLE-3 head sat this step out" in " ".join(explain_step(copied[0], trace.settings["method"]))
     assert "one-layer head read" in " ".join(explain_step(headed[-1], trace.settings["method"]))
+    assert "● EAGLE-3 head" in shapes_legend(trace)  # the tree's circles are the head's, not a draft model's
+    assert "● draft model" in shapes_legend(dataclasses.replace(trace, settings={**trace.settings, "head": None}))
     again = engine_for_trace(tiny, trace)
     assert again.parts.drafter.sizer._forced == [s.drafted for s in headed]
     replayed = again.run()

@@ -140,6 +140,13 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
             trace, current=step.index)), width="stretch", key=f"{prefix}cost_ratio_chart")
 
 
+def shapes_legend(trace: RunTrace) -> str:
+    """The tree's node shapes where free drafts join it: circles are the EAGLE-3 head's in a run that drafts with
+    one (``eagle-hybrid``), else the draft model's."""
+    circles = "EAGLE-3 head" if trace.settings.get("head") else "draft model"
+    return f"Shapes: ● {circles}, ■ prompt lookup, ▲ token recycling."
+
+
 @st.fragment
 def tree_and_inspector(trace: RunTrace, step: StepTrace, prefix: str = "", probe: dict | None = None) -> None:
     """The step's tree beside its mask, and the inspector of the node clicked, a fragment: a click on a node (or
@@ -162,8 +169,7 @@ def tree_and_inspector(trace: RunTrace, step: StepTrace, prefix: str = "", probe
         tree = of_the_step(trace, step, f"tree {chosen} {color_by} {sorted(flagged.items())}", lambda: (
             figures.tree_figure(step, selected=chosen, color_by=color_by, flagged=flagged, draft_vocab=vocab)))
         st.plotly_chart(tree, width="stretch", key=chart_key, on_select="rerun", selection_mode="points")
-        st.caption("Click a node to inspect it." + (" Shapes: ● draft model, ■ prompt lookup, ▲ token recycling."
-                                                     if free else ""))
+        st.caption("Click a node to inspect it." + (f" {shapes_legend(trace)}" if free else ""))
     with right:
         st.plotly_chart(of_the_step(trace, step, f"mask {chosen}", lambda: figures.mask_figure(step, highlight=chosen)),
                         width="stretch", key=f"{prefix}mask_chart")
@@ -229,7 +235,7 @@ def inspector(step: StepTrace, node_id: int) -> None:
     elif node.source in FREE_SOURCES and node.u is not None and node.ratio is not None:
         verdict = "accepted: u < p" if node.u < node.ratio else "rejected: u ≥ p"
         st.caption(f"Point-mass test: u = {node.u:.3f} against p = {node.ratio:.3f} (the target's probability of "
-                   f"this token after the draft model's siblings were rejected) → {verdict}.")
+                   f"this token after its earlier siblings were rejected) → {verdict}.")
     elif node.u is not None and node.ratio is not None:
         verdict = "accepted: u ≤ ratio" if node.u <= node.ratio else "rejected: u > ratio"
         st.caption(f"Test: u = {node.u:.3f} against the acceptance ratio {node.ratio:.3f} → {verdict} (the ratio is "
