@@ -35,12 +35,12 @@ def answered(path: Path) -> set[str]:
 
 def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_tokens: int = 256, batch: int = 16,
             progress: bool = True) -> Path:
-    """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text", "response"}``,
-    where ``text`` is the chat-formatted prompt (the prompt itself for a tokenizer without a chat template) followed
-    by the target's greedy response (at most ``max_new_tokens`` tokens, cut after the pair's first end-of-sequence
-    token), as the target reads it when decoding, ``response`` the response alone as text (no special tokens)
-    and ``complete`` whether it ended (an end-of-sequence token before the limit). Prompts of similar length are
-    batched (left padding). Returns ``out``.
+    """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text", "response",
+    "complete"}``, where ``text`` is the chat-formatted prompt (the prompt itself for a tokenizer without a chat
+    template) followed by the target's greedy response (at most ``max_new_tokens`` tokens, cut after the pair's
+    first end-of-sequence token), as the target reads it when decoding, ``response`` the response alone as text (no
+    special tokens) and ``complete`` whether it ended (an end-of-sequence token before the limit). Prompts of
+    similar length are batched (left padding). Returns ``out``.
 
     Raises:
         HeadDataError: ``out`` holds something else than response records.

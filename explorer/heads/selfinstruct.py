@@ -114,6 +114,7 @@ WRITERS = {
                                   f"{rng.choice(PLACES)} (made up), with names, numbers and a quote. Write only the "
                                   "article, without a headline."),
 }
+# the most tokens a writing of each kind may take: a cut article ends at its last full sentence, other cut texts go
 WRITE_TOKENS = {"code": 192, "chat": 96, "qa": 64, "math": 128, "reasoning": 128, "translation": 96,
                 "summarisation": 256}
 
@@ -135,7 +136,7 @@ def writing_prompts(per_kind: int, seed: int = 0) -> list[tuple[str, str]]:
 
 
 def _strip(text: str) -> str:
-    """The written text without a chat model's wrapping: quotes, a leading label ("Request:"), trailing notes."""
+    """The written text without a chat model's wrapping: surrounding quotes and a leading label ("Request:")."""
     text = text.strip().strip('"').strip()
     text = re.sub(r"^(\*\*)?(request|question|problem|puzzle|instruction|article|sentences?)(\*\*)?\s*:\s*(\*\*)?",
                   "", text, flags=re.I).strip()
