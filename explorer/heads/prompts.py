@@ -154,10 +154,16 @@ KINDS = {"code": code_prompts, "math": math_prompts, "chat": chat_prompts, "qa":
 def training_prompts(per_kind: int = 40, seed: int = 0) -> list[tuple[str, str]]:
     """``(kind, prompt)`` pairs: ``per_kind`` of each kind (``KINDS``), none holding a bench prompt, interleaved by
     kind so that any prefix of the list covers every kind."""
+    rng = random.Random(seed)
+    return interleaved({kind: make(rng, per_kind) for kind, make in KINDS.items()})
+
+
+def interleaved(by_kind: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """``(kind, prompt)`` pairs taking one prompt of each kind in turn (so any prefix covers every kind), without
+    those that hold a bench prompt (``corpus.clean``)."""
     from .corpus import clean
 
-    rng = random.Random(seed)
-    by_kind = {kind: make(rng, per_kind) for kind, make in KINDS.items()}
-    mixed = [(kind, p) for i in range(per_kind) for kind, ps in by_kind.items() if i < len(ps) for p in [ps[i]]]
+    longest = max((len(ps) for ps in by_kind.values()), default=0)
+    mixed = [(kind, ps[i]) for i in range(longest) for kind, ps in by_kind.items() if i < len(ps)]
     kept, _ = clean([(f"{kind}:{i}", p) for i, (kind, p) in enumerate(mixed)])
     return [(name.split(":")[0], p) for name, p in kept]

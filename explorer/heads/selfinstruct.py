@@ -179,7 +179,7 @@ def written_prompts(records: list[dict], seed: int = 0) -> list[tuple[str, str]]
     """``(kind, prompt)`` pairs from the target's written texts (``respond`` records of ``writing_prompts``:
     ``kind``, ``response`` and ``complete``), each wrapped as a user would send it (``wrap``); unusable texts,
     repeats and any text holding a bench prompt (``corpus.clean``) are left out. Interleaved by kind."""
-    from .corpus import clean
+    from .prompts import interleaved
 
     rng, by_kind, seen = random.Random(seed), {}, set()
     for r in records:
@@ -187,7 +187,4 @@ def written_prompts(records: list[dict], seed: int = 0) -> list[tuple[str, str]]
         if prompt is not None and prompt not in seen:
             seen.add(prompt)
             by_kind.setdefault(r["kind"], []).append(prompt)
-    longest = max((len(v) for v in by_kind.values()), default=0)
-    mixed = [(k, ps[i]) for i in range(longest) for k, ps in by_kind.items() if i < len(ps)]
-    kept, _ = clean([(f"{k}:{i}", p) for i, (k, p) in enumerate(mixed)])
-    return [(name.split(":")[0], p) for name, p in kept]
+    return interleaved(by_kind)
