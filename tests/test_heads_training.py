@@ -11,7 +11,7 @@ from explorer.engine.drafters.eagle import HeadDrafter
 from explorer.engine.factory import build_parts
 from explorer.engine.machine import Engine
 from explorer.engine.sampling import SamplingConfig
-from explorer.heads.data import build, chunk, load
+from explorer.heads.data import Sequence, build, chunk, load, swapped_vocabulary, token_counts
 from explorer.heads.train import head_config, train_head, ttt_levels, ttt_loss
 from explorer.models.eagle3 import HeadCache, load_head, random_head
 
@@ -293,3 +293,47 @@ def test_a_trained_head_is_fine_tuned_on_new_data_from_its_own_weights(tiny, tmp
     moved = build(tiny, chunk([tiny.tokenizer.encode(TEXT)], 96), (0, 1, 1), tmp_path / "c", progress=False)
     with pytest.raises(HeadError, match="reads target layers"):
         train_head(tiny, moved, tmp_path / "x", steps=1, ttt=2, progress=False, init=tmp_path / "base")
+
+
+def _seq(tokens: list[int], best: list[int]) -> Sequence:
+    n = len(tokens)
+    return Sequence(torch.tensor(tokens), torch.zeros(n, 3, 4), torch.tensor(best).view(n, 1), torch.ones(n, 1))
+
+
+def test_a_vocabulary_swap_takes_the_datas_frequent_missing_tokens_for_the_least_used():
+    """``swapped_vocabulary``: the most frequent tokens outside come in (at least ``min_count`` times), the least
+    used go out (ties: the highest id), never a token for a rarer one, and the size stays."""
+    # counts: 7 -> 6 (3 tokens + 3 best), 8 -> 4, 9 -> 2, 10 -> 1; inside: 1 -> 2, 2 -> 4, 3..6 -> 0
+    data = [_seq([7, 7, 7, 8, 8, 9, 1, 2, 2, 10], [7, 7, 7, 8, 8, 9, 1, 2, 2, 11])]
+    inside = [1, 2, 3, 4, 5, 6]
+    assert swapped_vocabulary(data, inside, 16, 2) == [1, 2, 3, 4, 7, 8]  # 6 and 5 out (unused, highest first)
+    assert swapped_vocabulary(data, inside, 16, 9) == [1, 2, 3, 7, 8, 9]  # 10 and 11 seen once: below min_count
+    assert swapped_vocabulary(data, inside, 16, 9, min_count=1) == [1, 2, 7, 8, 9, 10]  # 11 (1) not for 1 (2)
+    assert swapped_vocabulary(data, inside, 16, 0) == inside
+    full = [1, 2, 7, 8]  # nothing the data lacks is more frequent than what it would replace
+    assert swapped_vocabulary(data, full, 16, 3, min_count=1) == full
+    with pytest.raises(ValueError, match="negative"):
+        swapped_vocabulary(data, inside, 16, -1)
+
+
+def test_fine_tuning_with_a_vocabulary_swap_keeps_the_kept_rows_and_starts_new_ones_from_the_target(tiny, tmp_path):
+    """``--init --swap-vocab``: the data's missing tokens become draftable, a kept token keeps its trained
+    ``lm_head`` row, an incoming one starts at the target's output row, and the saved head maps its ids by them."""
+    data = build(tiny, chunk([tiny.tokenizer.encode(TEXT)], 96), (0, 1, 2), tmp_path / "a", progress=False)
+    train_head(tiny, data, tmp_path / "base", draft_vocab=48, vocab_data_share=0.0, intermediate=32, steps=20,
+               lr=3e-3, ttt=2, save_every=20, progress=False)
+    base = load_head(tmp_path / "base", target=tiny.target, dtype=torch.float32)
+    assert base.target_ids().tolist() == list(range(48))  # the lowest ids: the text's tokens mostly outside
+    counts = token_counts(load(data), tiny.target.config.vocab_size)  # the text's tokens and the target's best
+    card = train_head(tiny, data, tmp_path / "tuned", steps=1, lr=1e-9, ttt=2, save_every=1, progress=False,
+                      init=tmp_path / "base", swap_vocab=1000)
+    tuned = load_head(tmp_path / "tuned", target=tiny.target, dtype=torch.float32)
+    ids = tuned.target_ids().tolist()
+    assert len(ids) == 48 and ids == sorted(ids) and card["draft_vocab"] == 48
+    came = set(ids) - set(range(48))
+    assert came and all(counts[t] >= 2 for t in came) and card["vocab_swapped"] == len(came)
+    assert int(tuned.t2d.sum()) == 48 and tuned.t2d[ids].all()
+    out = tiny.target.get_output_embeddings().weight.float()
+    for i, t in enumerate(ids):
+        want = base.lm_head.weight[t] if t < 48 else out[t]
+        assert torch.allclose(tuned.lm_head.weight[i], want, atol=1e-3), t

@@ -98,7 +98,8 @@ def cmd_train(args) -> int:
                           save_every=args.save_every, save_dtype=DTYPES[args.save_dtype] if args.save_dtype else None,
                           progress=not args.quiet, command="python -m explorer " + shlex.join(sys.argv[1:]),
                           vocab_data_share=args.vocab_data_share, autocast=args.autocast,
-                          eval_folders=args.eval_data or [], freeze_lm_head=args.freeze_lm_head, init=args.init)
+                          eval_folders=args.eval_data or [], freeze_lm_head=args.freeze_lm_head, init=args.init,
+                          swap_vocab=args.swap_vocab)
     except (HeadDataError, HeadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -161,6 +162,8 @@ def add_heads_parser(sub) -> None:
                     "rows (fewer parameters to fit on little data)")
     tr.add_argument("--init", help="head folder to start from (fine-tune it on new data: its shape, layers and draft "
                     "vocabulary are kept; a new optimizer and learning-rate schedule)")
+    tr.add_argument("--swap-vocab", type=int, default=0, help="with --init: exchange up to this many of the head's "
+                    "draft tokens (the data's least used) for the data's most frequent tokens it lacks")
     tr.add_argument("--save-every", type=int, default=100)
     tr.add_argument("--save-dtype", choices=sorted(DTYPES), help="the saved head's dtype (default: the target's)")
     tr.add_argument("--train-device", help="where to train (default: the pair's device), e.g. cuda")

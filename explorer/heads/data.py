@@ -124,13 +124,45 @@ def draft_vocabulary(data: list[Sequence], size: int, vocab: int, data_share: fl
     quarter by id, 17.7 %). With ``data_share`` 1, fewer than ``size`` when the data has fewer distinct tokens."""
     if not 0.0 <= data_share <= 1.0:
         raise ValueError(f"data_share {data_share} is not between 0 and 1")
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for s in data:
-        counts += torch.bincount(s.label_ids[:, 0].clamp(max=vocab - 1), minlength=vocab)
-        counts += torch.bincount(s.tokens.clamp(max=vocab - 1), minlength=vocab)
+    counts = token_counts(data, vocab)
     seen = int((counts > 0).sum())
     chosen = {int(t) for t in counts.topk(min(round(size * data_share), max(seen, 1), size)).indices}
     if data_share < 1.0:
         rest = (i for i in range(vocab) if i not in chosen)
         chosen.update(next(rest) for _ in range(min(size, vocab) - len(chosen)))
+    return sorted(chosen)
+
+
+def token_counts(data: list[Sequence], vocab: int) -> torch.Tensor:
+    """int64 ``(vocab,)``: how often each target id is the target's best next token or a token of ``data``."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in data:
+        counts += torch.bincount(s.label_ids[:, 0].clamp(max=vocab - 1), minlength=vocab)
+        counts += torch.bincount(s.tokens.clamp(max=vocab - 1), minlength=vocab)
+    return counts
+
+
+def swapped_vocabulary(data: list[Sequence], draft_ids: list[int], vocab: int, swaps: int,
+                       min_count: int = 2) -> list[int]:
+    """``draft_ids`` (a trained head's draft vocabulary) with up to ``swaps`` of its tokens exchanged for tokens of
+    ``data`` it lacks, ascending, the same size. In: the data's most frequent missing tokens seen at least
+    ``min_count`` times; out: the draft tokens the data uses least (ties: the highest ids, a byte-pair tokenizer's
+    rarest merges); a pair is swapped only when the incoming token is the more frequent. Fine-tuning on text of
+    other kinds than the head first learned (languages, prose) otherwise keeps its tokens undraftable: on the
+    fourth shipped head's self-instruct responses 14 % of the target's tokens were outside its 12,288.
+
+    Raises:
+        ValueError: ``swaps`` negative."""
+    if swaps < 0:
+        raise ValueError(f"swaps {swaps} is negative")
+    counts = token_counts(data, vocab)
+    inside = torch.zeros(vocab, dtype=torch.bool)
+    inside[torch.tensor(draft_ids, dtype=torch.long)] = True
+    missing = torch.where(~inside & (counts >= min_count))[0]
+    incoming = missing[counts[missing].argsort(descending=True, stable=True)][:swaps].tolist()
+    # least used first; among equals the highest id first (flip, then a stable ascending sort by count)
+    present = torch.tensor(sorted(draft_ids, reverse=True), dtype=torch.long)
+    outgoing = present[counts[present].argsort(stable=True)][:len(incoming)].tolist()
+    pairs = [(i, o) for i, o in zip(incoming, outgoing) if counts[i] > counts[o]]
+    chosen = set(draft_ids) - {o for _, o in pairs} | {i for i, _ in pairs}
     return sorted(chosen)

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from ..models.eagle3 import (Eagle3Head, HeadCache, HeadConfig, HeadError, load_head, random_head,
                               rope_theta_of, save_head)
-from .data import Sequence, draft_vocabulary, load_all
+from .data import Sequence, draft_vocabulary, load_all, swapped_vocabulary
 
 STATE = "train_state"
 
@@ -71,6 +71,26 @@ def init_from_target(head: Eagle3Head, target, draft_ids: list[int]) -> None:
         head.fc.weight[:, 2 * h:].copy_(torch.eye(h))
         head.midlayer.self_attn.o_proj.weight.zero_()
         head.midlayer.mlp.down_proj.weight.zero_()
+
+
+def set_draft_vocabulary(head: Eagle3Head, target, draft_ids: list[int]) -> None:
+    """Give ``head`` the draft vocabulary ``draft_ids`` (ascending target ids, as many as it has): a token it keeps
+    keeps its ``lm_head`` row, a new one gets the target's output row (as ``init_from_target`` starts a head);
+    ``d2t`` and ``t2d`` follow. Raises ValueError for another number of ids."""
+    if len(draft_ids) != head.config.draft_vocab_size:
+        raise ValueError(f"{len(draft_ids)} draft ids for a draft vocabulary of {head.config.draft_vocab_size}")
+    old = head.target_ids().tolist()
+    row = {t: i for i, t in enumerate(old)}
+    ids = torch.tensor(draft_ids, dtype=torch.long, device=head.d2t.device)
+    out = target.get_output_embeddings().weight
+    with torch.no_grad():
+        weight = out[ids.to(out.device)].to(head.lm_head.weight)
+        kept = [i for i, t in enumerate(draft_ids) if t in row]
+        weight[kept] = head.lm_head.weight[[row[draft_ids[i]] for i in kept]]
+        head.lm_head.weight.copy_(weight)
+        head.d2t.copy_(ids - torch.arange(len(draft_ids), device=ids.device))
+        head.t2d.zero_()
+        head.t2d[ids] = True
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int = 20) -> float:
@@ -160,7 +180,7 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                save_every: int = 100, save_dtype: torch.dtype | None = None, progress: bool = True,
                command: str = "", vocab_data_share: float = 1.0, autocast: str | None = None,
                eval_folders: list[str | Path] = (), freeze_lm_head: bool = False,
-               init: str | Path | None = None) -> dict:
+               init: str | Path | None = None, swap_vocab: int = 0) -> dict:
     """Train (or go on training) a head for ``pair``'s target on the cached data of ``data_folder``, saving it in
     ``out`` in the checkpoint format (``models/eagle3.save_head``) with its facts (``card.json``: data, command,
     steps, time, loss and agreement by level) and the training state (float32 weights and the optimizer's moments,
@@ -182,6 +202,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             data: its shape, layers and draft vocabulary are kept, the optimizer and learning-rate schedule are
             new; ``draft_vocab``, ``vocab_data_share`` and ``intermediate`` are then not used). Ignored when ``out``
             holds a state to go on from.
+        swap_vocab: with ``init``, exchange up to this many of its draft tokens for the data's frequent tokens it
+            lacks (``data.swapped_vocabulary``; an incoming token's ``lm_head`` row starts as the target's).
     Raises:
         HeadDataError: no data in a folder, or folders of different targets or layers; HeadError: a saved state that
         does not fit this run, or an ``init`` head that does not load, fit the target or read the data's layers.
@@ -209,6 +231,11 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                             f"layers {tuple(manifest['layers'])}")
         draft_ids = head.target_ids().tolist()
         info, done = {"step": 0, "seconds": 0.0, "history": [], "init": str(init)}, 0
+        if swap_vocab:
+            new_ids = swapped_vocabulary(data, draft_ids, pair.target.config.vocab_size, swap_vocab)
+            info["vocab_swapped"] = len(set(new_ids) - set(draft_ids))
+            set_draft_vocabulary(head, pair.target, new_ids)
+            draft_ids = new_ids
     else:
         draft_ids = draft_vocabulary(data, draft_vocab, pair.target.config.vocab_size, vocab_data_share)
         config = head_config(pair.target, tuple(manifest["layers"]), len(draft_ids), intermediate)
@@ -263,7 +290,7 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             "held_out_agreement_by_level": (info["history"][-1].get("held_out") or []) if info["history"] else [],
             "autocast": autocast, "vocab_data_share": vocab_data_share, "freeze_lm_head": freeze_lm_head,
             "data": manifest, "command": command, "parameters": sum(p.numel() for p in params),
-            "init": info.get("init")}
+            "init": info.get("init"), "vocab_swapped": info.get("vocab_swapped", 0)}
     (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
 
