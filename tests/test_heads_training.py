@@ -215,6 +215,23 @@ def test_the_targets_responses_are_written_once_each_and_train_on(tiny, tmp_path
     assert "wrote nothing usable as a prompt" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
 
 
+def test_sampled_writings_repeat_for_one_seed_and_differ_for_another(tiny, tmp_path):
+    """``respond(temperature=...)`` (``--write-temperature``): sampled, so one instruction can give new texts; one
+    seed gives the same texts again."""
+    from explorer.heads.respond import respond
+
+    prompts = [("chat", "the cat sat on the"), ("qa", "what did the dog")]
+
+    def texts(name: str, **kw) -> list[str]:
+        respond(tiny, prompts, tmp_path / name, max_new_tokens=12, batch=2, progress=False, **kw)
+        return [json.loads(line)["text"] for line in (tmp_path / name).read_text().splitlines()]
+
+    greedy = texts("g.jsonl")
+    first, again = texts("a.jsonl", temperature=1.0, seed=3), texts("b.jsonl", temperature=1.0, seed=3)
+    other = texts("c.jsonl", temperature=1.0, seed=4)
+    assert first == again and first != other and first != greedy
+
+
 def test_features_are_cached_apart_and_trained_on_together_with_a_held_out_measure(tiny, tmp_path, capsys):
     """``heads features`` caches a folder; ``heads train`` reads several (``--data`` repeated), measures each level
     on held-out features at every save, and may run in bfloat16 autocast; folders of other layers are refused."""

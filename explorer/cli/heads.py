@@ -117,7 +117,7 @@ def cmd_respond(args) -> int:
             asks = writing_prompts(args.per_kind, seed=args.seed)
             for kind, limit in WRITE_TOKENS.items():
                 respond(pair, [a for a in asks if a[0] == kind], writings, max_new_tokens=limit, batch=args.batch,
-                        progress=not args.quiet)
+                        progress=not args.quiet, temperature=args.write_temperature, seed=args.seed)
             prompts = written_prompts(records(writings), seed=args.seed)
             if not prompts:
                 raise HeadDataError(f"the target wrote nothing usable as a prompt ({writings}): a chat model "
@@ -188,6 +188,9 @@ def add_heads_parser(sub) -> None:
                     "heads/selfinstruct.py; what it wrote is kept in OUT.writings.jsonl) instead of templates")
     rs.add_argument("--max-new-tokens", type=int, default=256)
     rs.add_argument("--batch", type=int, default=16, help="prompts decoded together")
+    rs.add_argument("--write-temperature", type=float, default=0.0, help="with --written: sample the target's "
+                    "writings at this temperature (seeded by --seed) instead of greedy, for prompts a greedy run "
+                    "of the same instructions would repeat; the responses stay greedy")
     rs.add_argument("--seed", type=int, default=0)
     rs.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(rs)

@@ -34,13 +34,16 @@ def answered(path: Path) -> set[str]:
 
 
 def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_tokens: int = 256, batch: int = 16,
-            progress: bool = True) -> Path:
+            progress: bool = True, temperature: float = 0.0, seed: int = 0) -> Path:
     """Append to ``out`` (JSONL) one record per ``(kind, prompt)``: ``{"kind", "prompt", "text", "response",
     "complete"}``, where ``text`` is the chat-formatted prompt (the prompt itself for a tokenizer without a chat
     template) followed by the target's greedy response (at most ``max_new_tokens`` tokens, cut after the pair's
     first end-of-sequence token), as the target reads it when decoding, ``response`` the response alone as text (no
     special tokens) and ``complete`` whether it ended (an end-of-sequence token before the limit). Prompts of
-    similar length are batched (left padding). Returns ``out``.
+    similar length are batched (left padding). With ``temperature`` above 0 the responses are sampled instead (top-p
+    0.95; ``seed`` and the batch's place in the run seed each batch, so one run is repeatable): for writing prompts
+    (``heads respond --written --write-temperature``), where greedy writing of the same instruction writes the same
+    text. Returns ``out``.
 
     Raises:
         HeadDataError: ``out`` holds something else than response records.
@@ -65,9 +68,13 @@ def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_to
         ids = torch.tensor([[pad] * (width - len(encoded[i])) + encoded[i] for i in picks], device=pair.device)
         mask = torch.tensor([[0] * (width - len(encoded[i])) + [1] * len(encoded[i]) for i in picks],
                             device=pair.device)
+        sampling = {"do_sample": False}
+        if temperature > 0:
+            torch.manual_seed(seed * 1_000_003 + start)
+            sampling = {"do_sample": True, "temperature": temperature, "top_p": 0.95, "top_k": 0}
         with torch.inference_mode(), pair.lock:
             gen = pair.target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                       do_sample=False, pad_token_id=pad)
+                                       pad_token_id=pad, **sampling)
         with out.open("a", encoding="utf-8") as f:
             for row, i in enumerate(picks):
                 reply = gen[row, width:].tolist()
