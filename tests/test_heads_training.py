@@ -354,3 +354,5 @@ def test_fine_tuning_with_a_vocabulary_swap_keeps_the_kept_rows_and_starts_new_o
     for i, t in enumerate(ids):
         want = base.lm_head.weight[t] if t < 48 else out[t]
         assert torch.allclose(tuned.lm_head.weight[i], want, atol=1e-3), t
+    with pytest.raises(ValueError, match="needs a trained head"):
+        train_head(tiny, data, tmp_path / "new", draft_vocab=48, steps=1, ttt=2, progress=False, swap_vocab=8)

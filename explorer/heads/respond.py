@@ -41,9 +41,9 @@ def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_to
     first end-of-sequence token), as the target reads it when decoding, ``response`` the response alone as text (no
     special tokens) and ``complete`` whether it ended (an end-of-sequence token before the limit). Prompts of
     similar length are batched (left padding). With ``temperature`` above 0 the responses are sampled instead (top-p
-    0.95; ``seed`` and the batch's place in the run seed each batch, so one run is repeatable): for writing prompts
-    (``heads respond --written --write-temperature``), where greedy writing of the same instruction writes the same
-    text. Returns ``out``.
+    0.95; torch's global seed set from ``seed`` and the batch's place in the run, so one run is repeatable): for
+    writing prompts (``heads respond --written --write-temperature``), where greedy writing of the same instruction
+    writes the same text. Returns ``out``.
 
     Raises:
         HeadDataError: ``out`` holds something else than response records.

@@ -206,7 +206,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             lacks (``data.swapped_vocabulary``; an incoming token's ``lm_head`` row starts as the target's).
     Raises:
         HeadDataError: no data in a folder, or folders of different targets or layers; HeadError: a saved state that
-        does not fit this run, or an ``init`` head that does not load, fit the target or read the data's layers.
+        does not fit this run, or an ``init`` head that does not load, fit the target or read the data's layers;
+        ValueError: ``swap_vocab`` without ``init`` for a new run.
     """
     started = time.perf_counter()
     folders = [data_folder] if isinstance(data_folder, (str, Path)) else list(data_folder)
@@ -237,6 +238,9 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             set_draft_vocabulary(head, pair.target, new_ids)
             draft_ids = new_ids
     else:
+        if swap_vocab:
+            raise ValueError("a vocabulary swap (swap_vocab, --swap-vocab) needs a trained head to start from "
+                             "(init, --init): a new head's draft vocabulary is chosen from its data")
         draft_ids = draft_vocabulary(data, draft_vocab, pair.target.config.vocab_size, vocab_data_share)
         config = head_config(pair.target, tuple(manifest["layers"]), len(draft_ids), intermediate)
         head = random_head(config, seed=seed, draft_ids=draft_ids)
