@@ -76,21 +76,17 @@ def init_from_target(head: Eagle3Head, target, draft_ids: list[int]) -> None:
 def set_draft_vocabulary(head: Eagle3Head, target, draft_ids: list[int]) -> None:
     """Give ``head`` the draft vocabulary ``draft_ids`` (ascending target ids, as many as it has): a token it keeps
     keeps its ``lm_head`` row, a new one gets the target's output row (as ``init_from_target`` starts a head);
-    ``d2t`` and ``t2d`` follow. Raises ValueError for another number of ids."""
-    if len(draft_ids) != head.config.draft_vocab_size:
-        raise ValueError(f"{len(draft_ids)} draft ids for a draft vocabulary of {head.config.draft_vocab_size}")
-    old = head.target_ids().tolist()
-    row = {t: i for i, t in enumerate(old)}
-    ids = torch.tensor(draft_ids, dtype=torch.long, device=head.d2t.device)
+    ``d2t`` and ``t2d`` follow (``Eagle3Head.set_target_ids``). Raises HeadError (a ValueError) for another number
+    of ids."""
+    row = {t: i for i, t in enumerate(head.target_ids().tolist())}
+    ids = torch.tensor(draft_ids, dtype=torch.long)
+    head.set_target_ids(ids)
     out = target.get_output_embeddings().weight
     with torch.no_grad():
         weight = out[ids.to(out.device)].to(head.lm_head.weight)
         kept = [i for i, t in enumerate(draft_ids) if t in row]
         weight[kept] = head.lm_head.weight[[row[draft_ids[i]] for i in kept]]
         head.lm_head.weight.copy_(weight)
-        head.d2t.copy_(ids - torch.arange(len(draft_ids), device=ids.device))
-        head.t2d.zero_()
-        head.t2d[ids] = True
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int = 20) -> float:

@@ -299,6 +299,17 @@ class Eagle3Head(nn.Module):
         out = self.midlayer(self.embed(tokens), g, positions, cache, mask)
         return self.lm_head(self.norm(out)).float(), out
 
+    def set_target_ids(self, ids: torch.Tensor) -> None:
+        """Map draft id i to target id ``ids[i]`` (int64 ``(draft_vocab,)``): ``d2t`` and ``t2d`` follow. Raises
+        HeadError for another number of ids."""
+        if ids.numel() != self.config.draft_vocab_size:
+            raise HeadError(f"{ids.numel()} draft ids for a draft vocabulary of {self.config.draft_vocab_size}")
+        ids = ids.to(self.d2t.device)
+        with torch.no_grad():
+            self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+            self.t2d.zero_()
+            self.t2d[ids] = True
+
     def target_ids(self) -> torch.Tensor:
         """int64 ``(draft_vocab,)``: the target id of each draft id."""
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
@@ -473,10 +484,6 @@ def random_head(config: HeadConfig, seed: int = 0, draft_ids: list[int] | None =
         for p in head.parameters():
             if p.dim() > 1:
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / math.sqrt(p.shape[1])))
-    ids = torch.tensor(draft_ids if draft_ids is not None else range(config.draft_vocab_size), dtype=torch.long)
-    if ids.numel() != config.draft_vocab_size:
-        raise HeadError(f"{ids.numel()} draft ids for a draft vocabulary of {config.draft_vocab_size}")
-    head.d2t.copy_(ids - torch.arange(config.draft_vocab_size))
-    head.t2d.zero_()
-    head.t2d[ids] = True
+    head.set_target_ids(torch.tensor(draft_ids if draft_ids is not None else range(config.draft_vocab_size),
+                                     dtype=torch.long))
     return head.eval()
