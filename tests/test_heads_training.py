@@ -232,6 +232,47 @@ def test_sampled_writings_repeat_for_one_seed_and_differ_for_another(tiny, tmp_p
     assert first == again and first != other and first != greedy
 
 
+def test_earlier_prompts_are_answered_again_sampled_each_once(tiny, tmp_path, capsys):
+    """``heads respond --prompts FILE --temperature T``: the prompts of earlier response files (gzipped or not), each
+    once, in their order, answered sampled (one seed repeats, greedy differs); a missing, empty or foreign file and
+    ``--written`` with it are refused with a message."""
+    import gzip
+
+    from explorer.cli.main import main
+    from explorer.heads.data import HeadDataError
+    from explorer.heads.respond import prompts_of, records
+
+    rows = [{"kind": "chat", "prompt": "the cat sat on the", "text": "t"}, {"kind": "qa", "prompt": "what did the dog"}]
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    (tmp_path / "b.jsonl").write_text(json.dumps(rows[1]) + "\n" + json.dumps({"kind": "code", "prompt": "def f("})
+                                      + "\n")
+    files = [str(tmp_path / "a.jsonl.gz"), str(tmp_path / "b.jsonl")]
+    assert prompts_of(files) == [("chat", "the cat sat on the"), ("qa", "what did the dog"), ("code", "def f(")]
+
+    def run(name: str, *extra: str) -> list[dict]:
+        assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / name), "--prompts", files[0],
+                     "--prompts", files[1], "--max-new-tokens", "12", "--quiet", *extra]) == 0
+        return records(tmp_path / name)
+
+    greedy, first = run("g.jsonl"), run("s.jsonl", "--temperature", "1", "--seed", "3")
+    again = run("s2.jsonl", "--temperature", "1", "--seed", "3")
+    assert sorted(r["prompt"] for r in first) == sorted(p for _, p in prompts_of(files))  # batched by length
+    assert [r["text"] for r in first] == [r["text"] for r in again] != [r["text"] for r in greedy]
+    capsys.readouterr()
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
+    for bad, says in [("missing.jsonl", "no such file"), ("empty.jsonl", "holds no response record"),
+                      ("bad.jsonl.gz", "not a readable JSONL file")]:
+        with pytest.raises(HeadDataError, match=says):
+            prompts_of([str(tmp_path / bad)])
+        assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / "x.jsonl"), "--prompts",
+                     str(tmp_path / bad), "--quiet"]) == 2
+        assert says in capsys.readouterr().err
+    assert main(["heads", "respond", "--models", "tiny", "--out", str(tmp_path / "x.jsonl"), "--prompts", files[0],
+                 "--written", "--quiet"]) == 2
+    assert "give one of them" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
+
+
 def test_features_are_cached_apart_and_trained_on_together_with_a_held_out_measure(tiny, tmp_path, capsys):
     """``heads features`` caches a folder; ``heads train`` reads several (``--data`` repeated), measures each level
     on held-out features at every save, and may run in bfloat16 autocast; folders of other layers are refused."""

@@ -14,7 +14,7 @@ import torch
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk
 from ..heads.prompts import training_prompts
-from ..heads.respond import records, respond
+from ..heads.respond import prompts_of, records, respond
 from ..heads.selfinstruct import WRITE_TOKENS, writing_prompts, written_prompts
 from ..heads.train import train_head
 from ..models.eagle3 import HeadError, default_aux_layers
@@ -112,7 +112,12 @@ def cmd_train(args) -> int:
 def cmd_respond(args) -> int:
     pair = load_pair_from_args(args)
     try:
-        if args.written:  # self-instruct: the target writes the prompts first (heads/selfinstruct.py)
+        if args.prompts and args.written:
+            raise HeadDataError("--prompts answers an earlier file's prompts and --written has the target write new "
+                                "ones: give one of them")
+        if args.prompts:  # the same prompts again, e.g. sampled (--temperature) for other paths through them
+            prompts = prompts_of(args.prompts)
+        elif args.written:  # self-instruct: the target writes the prompts first (heads/selfinstruct.py)
             writings = Path(str(args.out) + ".writings.jsonl")
             asks = writing_prompts(args.per_kind, seed=args.seed)
             for kind, limit in WRITE_TOKENS.items():
@@ -125,7 +130,7 @@ def cmd_respond(args) -> int:
         else:
             prompts = training_prompts(args.per_kind, seed=args.seed)
         out = respond(pair, prompts, args.out, max_new_tokens=args.max_new_tokens, batch=args.batch,
-                      progress=not args.quiet)
+                      progress=not args.quiet, temperature=args.temperature, seed=args.seed)
     except HeadDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,8 +185,9 @@ def add_heads_parser(sub) -> None:
         add_model_args(p)
     ft.set_defaults(func=cmd_features)
     tr.set_defaults(func=cmd_train)
-    rs = hsub.add_parser("respond", help="the target's own greedy responses to prompts assembled for training "
-                         "(heads/prompts.py; no bench prompt), as JSONL texts for train --texts (resumable)")
+    rs = hsub.add_parser("respond", help="the target's own responses (greedy unless --temperature) to prompts "
+                         "assembled for training (heads/prompts.py; no bench prompt), as JSONL texts for train "
+                         "--texts (resumable)")
     rs.add_argument("--out", required=True, help="JSONL file to append to (prompts already in it are skipped)")
     rs.add_argument("--per-kind", type=int, default=40, help="prompts of each of the seven kinds")
     rs.add_argument("--written", action="store_true", help="prompts the target writes itself (self-instruct, "
@@ -190,7 +196,11 @@ def add_heads_parser(sub) -> None:
     rs.add_argument("--batch", type=int, default=16, help="prompts decoded together")
     rs.add_argument("--write-temperature", type=float, default=0.0, help="with --written: sample the target's "
                     "writings at this temperature (seeded by --seed) instead of greedy, for prompts a greedy run "
-                    "of the same instructions would repeat; the responses stay greedy")
+                    "of the same instructions would repeat; the responses follow --temperature")
+    rs.add_argument("--prompts", action="append", help="answer the prompts of an earlier responses file (JSONL, "
+                    "gzipped or not; repeatable) instead of templates or writings")
+    rs.add_argument("--temperature", type=float, default=0.0, help="sample the responses at this temperature "
+                    "(top-p 0.95, seeded by --seed) instead of greedy: other paths through the same prompts")
     rs.add_argument("--seed", type=int, default=0)
     rs.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(rs)

@@ -4,6 +4,7 @@ already answered in the output file is skipped)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -13,15 +14,21 @@ from .data import HeadDataError
 
 
 def records(path: Path) -> list[dict]:
-    """The response records of the JSONL file ``path`` (none when it does not exist). Raises HeadDataError for a
-    line that is not one."""
+    """The response records of the JSONL file ``path`` (gzipped when its name ends in ``.gz``; none when it does not
+    exist). Raises HeadDataError for a line that is not one, or a file that is not text."""
+    path = Path(path)
     if not path.is_file():
         return []
+    try:
+        text = (gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise HeadDataError(f"{path} is not a readable JSONL file ({exc})") from None
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
-            record["prompt"], record["kind"]
+            if not isinstance(record["prompt"], str) or not isinstance(record["kind"], str):
+                raise TypeError
         except (json.JSONDecodeError, KeyError, TypeError):
             raise HeadDataError(f"{path} holds a line that is not a response record") from None
         out.append(record)
@@ -31,6 +38,24 @@ def records(path: Path) -> list[dict]:
 def answered(path: Path) -> set[str]:
     """The prompts already answered in the JSONL file ``path`` (none when it does not exist)."""
     return {r["prompt"] for r in records(path)}
+
+
+def prompts_of(paths: list[str | Path]) -> list[tuple[str, str]]:
+    """The ``(kind, prompt)`` pairs of earlier response files (``records``), in their order, each prompt once: for
+    answering the same prompts again (sampled, ``heads respond --prompts --temperature``). Raises HeadDataError for
+    a file that is missing, unreadable or holds no record."""
+    seen, out = set(), []
+    for path in paths:
+        if not Path(path).is_file():
+            raise HeadDataError(f"{path}: no such file")
+        found = records(Path(path))
+        if not found:
+            raise HeadDataError(f"{path} holds no response record")
+        for r in found:
+            if r["prompt"] not in seen:
+                seen.add(r["prompt"])
+                out.append((r["kind"], r["prompt"]))
+    return out
 
 
 def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_tokens: int = 256, batch: int = 16,
