@@ -68,7 +68,8 @@ def respond(pair, prompts: list[tuple[str, str]], out: str | Path, *, max_new_to
     similar length are batched (left padding). With ``temperature`` above 0 the responses are sampled instead (top-p
     0.95; torch's global seed set from ``seed`` and the batch's place in the run, so one run is repeatable): for
     writing prompts (``heads respond --written --write-temperature``), where greedy writing of the same instruction
-    writes the same text. Returns ``out``.
+    writes the same text, or other paths through prompts answered before (``--prompts --temperature``). Returns
+    ``out``.
 
     Raises:
         HeadDataError: ``out`` holds something else than response records.
