@@ -110,14 +110,14 @@ def cmd_train(args) -> int:
 
 
 def cmd_respond(args) -> int:
-    pair = load_pair_from_args(args)
     try:
         if args.prompts and args.written:
             raise HeadDataError("--prompts answers an earlier file's prompts and --written has the target write new "
                                 "ones: give one of them")
-        if args.prompts:  # the same prompts again, e.g. sampled (--temperature) for other paths through them
-            prompts = prompts_of(args.prompts)
-        elif args.written:  # self-instruct: the target writes the prompts first (heads/selfinstruct.py)
+        # the same prompts again, e.g. sampled (--temperature); read first: a bad file is said before the pair loads
+        prompts = prompts_of(args.prompts) if args.prompts else None
+        pair = load_pair_from_args(args)
+        if prompts is None and args.written:  # self-instruct: the target writes prompts first (heads/selfinstruct.py)
             writings = Path(str(args.out) + ".writings.jsonl")
             asks = writing_prompts(args.per_kind, seed=args.seed)
             for kind, limit in WRITE_TOKENS.items():
@@ -127,7 +127,7 @@ def cmd_respond(args) -> int:
             if not prompts:
                 raise HeadDataError(f"the target wrote nothing usable as a prompt ({writings}): a chat model "
                                     "writes requests, a random or base model rarely does")
-        else:
+        elif prompts is None:
             prompts = training_prompts(args.per_kind, seed=args.seed)
         out = respond(pair, prompts, args.out, max_new_tokens=args.max_new_tokens, batch=args.batch,
                       progress=not args.quiet, temperature=args.temperature, seed=args.seed)
