@@ -206,6 +206,42 @@ def test_the_head_with_prompt_lookup_keeps_the_greedy_tokens_and_replays(tiny, t
     assert [s.committed_ids for s in replayed.steps] == [s.committed_ids for s in trace.steps]
 
 
+def test_a_match_shorter_than_lookup_alone_is_dropped_for_the_heads_tree(tiny, tmp_path):
+    """``lookup_alone``: lookup's copies go alone only on a match of that many tokens; on a shorter one the head
+    drafts (no lookup node; the dropped match's length recorded and explained), and lookup's copy length is left as
+    it was. The greedy tokens stay ``ar``'s."""
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+    from explorer.lessons.teach import explain_step
+
+    greedy = SamplingConfig(temperature=0.0)
+    ids = tiny.tokenizer.encode("a b c a b c a b c a b c d e f g a b c")
+    plain = build_engine(tiny, DEFAULTS["ar"], greedy)
+    plain.start(ids, 40)
+    want = plain.run().generated_ids
+    config = _online(_saved_head(tiny, tmp_path)).with_(method="eagle-hybrid", lookup_alone=2)
+    eng = build_engine(tiny, config, greedy)
+    lookup = next(f for f in eng.parts.drafter.free if f.name == "lookup")
+    lengths = []
+    observe = lookup.observe
+    lookup.observe = lambda step: (observe(step), lengths.append((step.drafted.info.get("lookup_dropped_ngram"),
+                                                                 lookup.length)))
+    eng.start(ids, 40)
+    trace = eng.run()
+    assert trace.generated_ids == want
+    dropped = [s for s in trace.steps if s.drafter.get("lookup_dropped_ngram")]
+    copied = [s for s in trace.steps if s.drafter.get("lookup_trusted")]
+    assert dropped and copied
+    assert all(s.drafter["lookup_dropped_ngram"] == 1 and not any(n.source == "lookup" for n in s.nodes)
+               for s in dropped)
+    assert all(min(n.provenance["ngram"] for n in s.nodes if n.source == "lookup") >= 2 for s in copied)
+    assert "too short a match to trust" in " ".join(explain_step(dropped[0], trace.settings["method"]))
+    for (_, before), (now, after) in zip(lengths, lengths[1:]):
+        if now:
+            assert after == before  # a withdrawn proposal does not move the copy length
+
+
 def test_the_head_with_prompt_lookup_samples_the_targets_law(tiny, tmp_path):
     from explorer.analysis.audit import audit_engine
     from explorer.engine.factory import build_engine

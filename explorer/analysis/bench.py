@@ -53,8 +53,9 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
-                "free_rows", "lookup_tokens", "cost_ratio", "tree_choice", "head", "head_topk", "head_depth",
-                "head_tokens")
+                "free_rows", "lookup_tokens", "lookup_alone", "cost_ratio", "tree_choice", "head", "head_topk",
+                "head_depth", "head_tokens")
+INT_KEYS = ("max_depth", "free_rows", "lookup_tokens", "lookup_alone", "head_topk", "head_depth", "head_tokens")
 CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing carried)
 CHAIN_KEY = "chain="  # a bench label's +chain=N: draft levels of chains per replay (Engine's chain_levels)
 PREFILL_APART = "prefill=apart"  # a bench label's +prefill=apart: the target prefills apart from the first step
@@ -101,8 +102,7 @@ def method_for_label(label: str) -> MethodConfig:
         if not eq or key not in VARIANT_KEYS:
             raise ValueError(f"bench label {label!r}: write +key=value with key one of {', '.join(VARIANT_KEYS)}")
         changes[key] = (float(value) if key in ("threshold", "branch_threshold")
-                        else int(value) if key in ("max_depth", "free_rows", "lookup_tokens", "head_topk", "head_depth",
-                                                   "head_tokens") else value)
+                        else int(value) if key in INT_KEYS else value)
     return DEFAULTS[name].with_(**changes)
 
 

@@ -81,6 +81,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lookup-tokens", type=int, help="prompt-lookup / hybrid: longest copy (the adaptive length's cap)")
     g.add_argument("--lookup-branches", type=int, help="prompt-lookup / hybrid: matches proposed as branches")
     g.add_argument("--lookup-ngram", type=int, help="prompt-lookup / hybrid: longest n-gram matched")
+    g.add_argument("--lookup-alone", type=int,
+                   help="hybrid / eagle-hybrid: shortest n-gram match on which lookup's copies go alone (shorter: "
+                        "the model or head drafts)")
     g.add_argument("--recycling-widths", help="token-recycling / hybrid: tree template widths per level, e.g. "
                                                "8,3,2,1,1,1,1,1 (a node of sibling rank r gets floor(w / (r + 1)))")
     g.add_argument("--recycling-k", type=int, help="token-recycling / hybrid: candidates stored per token")
@@ -136,8 +139,9 @@ def method_config_from_args(args) -> MethodConfig:
     base = DEFAULTS[args.method]
     changes = {}
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
-                 "lookup_tokens", "lookup_branches", "lookup_ngram", "recycling_k", "adapt", "fallback",
-                 "free_rows", "cost_ratio", "tree_choice", "head", "head_topk", "head_depth", "head_tokens"):
+                 "lookup_tokens", "lookup_branches", "lookup_ngram", "lookup_alone", "recycling_k", "adapt",
+                 "fallback", "free_rows", "cost_ratio", "tree_choice", "head", "head_topk", "head_depth",
+                 "head_tokens"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

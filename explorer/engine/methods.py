@@ -68,7 +68,7 @@ METHOD_SPECS = {s.name: s for s in (
     MethodSpec("eagle", "EAGLE-3 head (drafts from the target's features)", "head",
                summary="a dynamic tree drafted by a one-layer head that reads three of the target's hidden states"),
     MethodSpec("eagle-hybrid", "EAGLE-3 head + prompt lookup", "head", ("lookup",),
-               summary="prompt lookup's copies where the context has a match, else the EAGLE-3 head's dynamic tree"),
+               summary="prompt lookup's copies where the last two tokens occurred before, else the head's tree"),
     MethodSpec("layer-skip", "Layer skip (the target drafts for itself)", "chain", self_draft=True,
                summary="a chain drafted by the target's own first layers, the exit chosen from measured acceptance"),
 )}

@@ -134,10 +134,14 @@ def _free_drafts(step: StepTrace, anchor, model: bool) -> list[str]:
     out = []
     lookup = [n for n in step.nodes if n.source == "lookup"]
     recycled = [n for n in step.nodes if n.source == "recycled"]
+    who = "EAGLE-3 head" if step.method == "eagle-hybrid" else "draft model"
     if step.drafter.get("lookup_trusted"):
-        who = "EAGLE-3 head" if step.method == "eagle-hybrid" else "draft model"
         out.append(f"The {who} sat this step out: prompt lookup found something to copy, and where it does, "
                    f"the {who}'s forwards cost more than the tokens they add.")
+    dropped = step.drafter.get("lookup_dropped_ngram")
+    if dropped:
+        out.append(f"Prompt lookup matched only the last {dropped} token(s), too short a match to trust: such copies "
+                   f"are rarely accepted and cost target rows, so the {who} drafted instead.")
     if lookup:
         prov = lookup[0].provenance or {}
         out.append(f"Prompt lookup copied {len(lookup)} token(s) for free: the last {prov.get('ngram', '?')} "

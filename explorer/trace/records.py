@@ -196,7 +196,9 @@ class StepTrace:
             ``tokens_left`` before ``max_new_tokens`` on speculating steps (no node is drafted deeper than one
             less: ``drafters.base.Reach``); Token Recycling's ``recycling_row`` (the anchor's matrix row: ``token``,
             ``candidates``, ``step`` / ``node`` that wrote it, ``token_text``, ``candidate_texts``); prompt lookup's
-            ``lookup_length``, ``lookup_branches``, ``long_copy``; the hybrid's ``lookup_trusted``; ``row_pricing``
+            ``lookup_length``, ``lookup_branches``, ``long_copy``; the hybrid's ``lookup_trusted`` and
+            ``lookup_dropped_ngram`` (a match shorter than ``lookup_alone``, dropped for the model's tree);
+            ``row_pricing``
             (``{"offered", "kept", "expected_tokens", "row_ms", "jump_ms", "one_row_ms"}``); ``layer_skip``
             (``{"exit_layer", "layers", "candidates"}``); ``chain_replays`` (``[{"levels", "read"}]``).
         expected_tokens: the tokens this step commits in expectation over the verifier's own draws, given the

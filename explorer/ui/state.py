@@ -167,6 +167,7 @@ class Sidebar:
     LOOKUP_TOKENS: Key[int] = Key("lk_tokens", "prompt lookup's longest copy", widget=True)
     LOOKUP_BRANCHES: Key[int] = Key("lk_branches", "prompt lookup's matches as branches", widget=True)
     LOOKUP_NGRAM: Key[int] = Key("lk_ngram", "prompt lookup's longest n-gram", widget=True)
+    LOOKUP_ALONE: Key[int] = Key("lk_alone", "a hybrid's shortest match copied alone", widget=True)
     RECYCLING_WIDTHS: Key[str] = Key("rc_widths", "Token Recycling's template as typed", widget=True)
     RECYCLING_K: Key[int] = Key("rc_k", "Token Recycling's candidates per token", widget=True)
     RECYCLING_CARRY: Key[bool] = Key("rc_carry", "carry the recycling matrix to the next run", widget=True)

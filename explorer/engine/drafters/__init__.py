@@ -50,7 +50,7 @@ def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: 
         model = HeadDrafter(weights, layers, top_k=config.head_topk, frontier=config.head_topk,
                             depth=config.head_depth, tokens=config.head_tokens, source=source, sizer=sizer)
     if model is not None and free:
-        return HybridDrafter(model, free)
+        return HybridDrafter(model, free, config.lookup_alone)
     if model is not None:
         return model
     if len(free) == 1:

@@ -9,6 +9,11 @@ beside its tree) where lookup has nothing to copy. Measured on the embedded pair
 tokens they add, even for one-token matches. Against an earlier rule that trusted lookup only on a run (the last step
 committed at least 4 tokens of its best branch, or a match of the longest n-gram): HumanEval 0-2 31.6 against 25.2
 tok/s, MT-bench 0-2 7.5 against 7.6. The draft model catches up on the skipped tokens in its next forward.
+
+With an EAGLE-3 head (``eagle-hybrid``) a match must be of two tokens or more (``MethodConfig.lookup_alone``): a
+one-token match's copies were rarely accepted (72 % of such steps committed at most one token; kinds set, greedy)
+and cost target rows the head's small tree does not, so there the head drafts (docs/heads.md, "The head with prompt
+lookup"). The head's steps cost little beside a draft model's, which is why its hybrid draws the line elsewhere.
 The choice is a function of the context, so the output law is unchanged: lossless.
 
 Where a verification row costs time (a CPU without fast bf16 rows: ``forward_costs.row_prices``), the recycled
@@ -23,12 +28,14 @@ from .base import Drafted, Drafter, empty_draft, merge_free
 
 class HybridDrafter(Drafter):
     """Compose a model drafter with free drafters (each with ``free_nodes``); free nodes join the model's tree as
-    a trie, the model's children first at every node (``base.merge_free``)."""
+    a trie, the model's children first at every node (``base.merge_free``). ``lookup_alone``
+    (``MethodConfig.lookup_alone``): the shortest n-gram match on which lookup's copies go alone; a shorter best
+    match is dropped and the model drafts."""
 
     name = "hybrid"
 
-    def __init__(self, model: Drafter, free: list):
-        self.model, self.free = model, list(free)
+    def __init__(self, model: Drafter, free: list, lookup_alone: int = 1):
+        self.model, self.free, self.lookup_alone = model, list(free), lookup_alone
         self.uses_draft_model = model.uses_draft_model
         self.target_layers = model.target_layers  # an EAGLE head reads the target's states (``eagle-hybrid``)
 
@@ -50,12 +57,21 @@ class HybridDrafter(Drafter):
 
     def draft(self, view) -> Drafted:
         lookup = next((f for f in self.free if f.name == "lookup"), None)
-        free = [(f, f.free_nodes(view), None) for f in self.free if f is lookup]  # lookup's copies: never priced
+        free, dropped = [], 0
+        if lookup is not None:
+            nodes = lookup.free_nodes(view)
+            if lookup.proposed and lookup.best_ngram < self.lookup_alone:  # too short a match to trust: the model's
+                dropped = lookup.best_ngram
+                lookup.withdraw()
+            else:
+                free.append((lookup, nodes, None))  # lookup's copies: never priced
         trusted = lookup is not None and bool(lookup.proposed)  # a match: lookup alone
         if not trusted:
             free += [(f, *f.priced_free_nodes(view)) for f in self.free if f is not lookup]
         d = empty_draft(len(view.committed)) if trusted else self.model.draft(view)
         d.info["lookup_trusted"] = trusted
+        if dropped:
+            d.info["lookup_dropped_ngram"] = dropped
         for f, nodes, priced in free:
             d = merge_free(d, nodes, f.row_budget(view), **view.reach._asdict())
             d.info.update(f.info(view))

@@ -77,6 +77,7 @@ class LookupDrafter(Drafter):
         self.last_hit = 0  # tokens of the best continuation the last step committed
         self.copy_run = False  # the last step committed the whole best branch
         self.long_copy = False  # this step's best branch may pass the row edge (``row_budget``)
+        self.best_ngram = 0  # n-gram length of this step's best match (0: none)
 
     def free_nodes(self, view) -> list[FreeNode]:
         """The step's lookup chains as FreeNodes (each chain's nodes in order, hanging from the anchor)."""
@@ -91,6 +92,7 @@ class LookupDrafter(Drafter):
         if self.long_copy:
             found = found[:1]
         self.proposed = [tokens for tokens, _, _ in found]
+        self.best_ngram = found[0][2] if found else 0
         for tokens, start, n in found:
             parent = -1
             for j, t in enumerate(tokens):
@@ -99,6 +101,11 @@ class LookupDrafter(Drafter):
                                                             "in_prompt": start + j < view.n_prompt}))
                 parent = len(nodes) - 1
         return nodes
+
+    def withdraw(self) -> None:
+        """Propose nothing this step after all (a hybrid drops a match too short to trust): ``observe`` then leaves
+        the copy length as it was."""
+        self.proposed, self.long_copy, self.best_ngram = [], False, 0
 
     def row_budget(self, view) -> int | None:
         """``view.free_rows_run`` when this step's ``free_nodes`` made a long copy (a copy run, the last step
