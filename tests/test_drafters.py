@@ -72,6 +72,11 @@ def test_rank_decay_template_sizes_and_validation():
         MethodConfig(method="token-recycling", recycling_widths=(9,), recycling_k=8)
     with pytest.raises(ValueError, match="lossy"):
         MethodConfig(method="hybrid", lossy=True)
+    with pytest.raises(ValueError, match="lookup_alone 4 is longer than the longest n-gram"):
+        MethodConfig(method="eagle-hybrid", lookup_alone=4, lookup_ngram=3)
+    with pytest.raises(TreeShapeError, match="lookup_alone must be an integer in"):
+        MethodConfig(method="hybrid", lookup_alone=0)
+    assert MethodConfig(method="prompt-lookup", lookup_alone=4, lookup_ngram=3).lookup_alone == 4  # not a hybrid
 
 
 def test_free_branches_merge_into_the_tree_as_a_trie_keeping_model_rows():

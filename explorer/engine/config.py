@@ -155,6 +155,9 @@ class MethodConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if "lookup" in self.spec.free and self.spec.model_tree != "none" and self.lookup_alone > self.lookup_ngram:
+            raise ValueError(f"lookup_alone {self.lookup_alone} is longer than the longest n-gram lookup matches "
+                             f"(lookup_ngram {self.lookup_ngram}): lookup would never propose")
         if self.stop not in STOP_POLICY_NAMES:
             raise ValueError(f"unknown stop policy {self.stop!r}; use one of {', '.join(STOP_POLICY_NAMES)}")
         if self.adapt != "off":

@@ -116,7 +116,7 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                 "Lookup: shortest match copied alone", 1, 6, d.lookup_alone,
                 key=Sidebar.LOOKUP_ALONE.widget_key(prefix),
                 help="on a match of at least this many tokens lookup's copies are the whole step; on a shorter one "
-                     "the draft model or head drafts instead")
+                     "the draft model or head drafts instead (at most the longest n-gram matched)")
     if spec.uses_head:
         changes["head"] = box.text_input(
             "EAGLE-3 head folder", key=Sidebar.HEAD_PATH.widget_key(prefix),
