@@ -13,9 +13,9 @@ tok/s, MT-bench 0-2 7.5 against 7.6. The draft model catches up on the skipped t
 With an EAGLE-3 head (``eagle-hybrid``) a match must be of two tokens or more (``MethodConfig.lookup_alone``): a
 one-token match's copies were rarely accepted (72 % of such steps committed at most one token; kinds set, greedy)
 and cost target rows the head's small tree does not, so there the head drafts (docs/heads.md, "The head with prompt
-lookup"). The draft model's ``hybrid`` keeps every match (its rule above, measured on HumanEval and MT-bench); on
-the kinds set a two-token line gave it 1.93x ``ar`` against 1.76x (one greedy run, 2026-11-29; code 3.88x against
-4.85x), a default still to weigh against HumanEval.
+lookup"). The draft model's ``hybrid`` keeps every match: a two-token line gave it 1.93x ``ar`` against 1.76x on
+the kinds set and 1.67x against 1.49x on MT-bench 0-2, but 5.07x against 5.86x on HumanEval 0-2 (one greedy run
+each, 64 and 128 tokens, AMD EPYC, 2026-11-29).
 The choice is a function of the context, so the output law is unchanged: lossless.
 
 Where a verification row costs time (a CPU without fast bf16 rows: ``forward_costs.row_prices``), the recycled
