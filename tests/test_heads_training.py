@@ -273,6 +273,29 @@ def test_earlier_prompts_are_answered_again_sampled_each_once(tiny, tmp_path, ca
     assert "give one of them" in capsys.readouterr().err and not (tmp_path / "x.jsonl").exists()
 
 
+def test_training_texts_are_read_gzipped_or_not_and_bad_files_are_refused(tmp_path):
+    """``heads features --texts``: .txt and .jsonl files, gzipped or not (the response files shipped beside a card),
+    read alike; a missing, broken or fieldless file is refused with a message naming it."""
+    import gzip
+
+    from explorer.cli.heads import read_texts
+    from explorer.heads.data import HeadDataError
+
+    lines = "".join(json.dumps({"kind": "qa", "prompt": "p", "text": t}) + "\n" for t in ("alpha beta", "gamma"))
+    (tmp_path / "r.jsonl").write_text(lines)
+    (tmp_path / "r.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(b"one text\nof two lines"))
+    assert read_texts([str(tmp_path / "r.jsonl")]) == read_texts([str(tmp_path / "r.jsonl.gz")]) == ["alpha beta",
+                                                                                                  "gamma"]
+    assert read_texts([str(tmp_path / "t.txt.gz")]) == ["one text\nof two lines"]
+    (tmp_path / "broken.jsonl.gz").write_bytes(b"not gzip")
+    (tmp_path / "fieldless.jsonl.gz").write_bytes(gzip.compress(b'{"prompt": "p"}\n'))
+    for name, says in [("missing.jsonl.gz", "cannot read"), ("broken.jsonl.gz", "cannot read"),
+                       ("fieldless.jsonl.gz", 'fieldless.jsonl.gz:1 is not a JSON object with a "text" field')]:
+        with pytest.raises(HeadDataError, match=says):
+            read_texts([str(tmp_path / name)])
+
+
 def test_features_are_cached_apart_and_trained_on_together_with_a_held_out_measure(tiny, tmp_path, capsys):
     """``heads features`` caches a folder; ``heads train`` reads several (``--data`` repeated), measures each level
     on held-out features at every save, and may run in bfloat16 autocast; folders of other layers are refused."""

@@ -3,6 +3,7 @@ target's features computed once and cached; ``explorer/heads/``)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shlex
@@ -24,7 +25,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def read_texts(paths: list[str]) -> list[str]:
-    """Texts from ``.txt`` files (one text each), ``.jsonl`` files (a ``text`` field per line), ``stdlib`` (the
+    """Texts from ``.txt`` files (one text each), ``.jsonl`` files (a ``text`` field per line), either gzipped
+    (``.txt.gz``, ``.jsonl.gz``: the response files shipped beside a head's card), ``stdlib`` (the
     Python standard library's modules, ``heads/corpus.py``; ``stdlib:N`` its first N characters, ``stdlib:A-B`` the
     modules ``stdlib:B`` adds to ``stdlib:A``) or ``pydoc`` (its reference topics); any text holding a bench prompt
     is dropped. Raises HeadDataError for a missing or malformed file."""
@@ -43,11 +45,12 @@ def read_texts(paths: list[str]) -> list[str]:
             texts.extend(text for _, text in chosen)
             continue
         path = Path(name)
+        zipped = path.suffix == ".gz"
         try:
-            raw = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            raw = (gzip.decompress(path.read_bytes()) if zipped else path.read_bytes()).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise HeadDataError(f"cannot read {path}: {exc}") from None
-        if path.suffix == ".jsonl":
+        if (path.with_suffix("") if zipped else path).suffix == ".jsonl":
             for i, line in enumerate(raw.splitlines(), 1):
                 if not line.strip():
                     continue
@@ -141,9 +144,9 @@ def cmd_respond(args) -> int:
 def add_heads_parser(sub) -> None:
     heads = sub.add_parser("heads", help="train EAGLE-3 draft heads for the pair's target")
     hsub = heads.add_subparsers(dest="heads_command", required=True)
-    texts_help = (".txt or .jsonl (a \"text\" field per line) file of training text, stdlib (the Python standard "
-                  "library's modules; stdlib:N its first N characters, stdlib:A-B the modules stdlib:B adds to "
-                  "stdlib:A) or pydoc (its reference topics); repeatable")
+    texts_help = (".txt or .jsonl (a \"text\" field per line) file of training text, gzipped or not, stdlib (the "
+                  "Python standard library's modules; stdlib:N its first N characters, stdlib:A-B the modules "
+                  "stdlib:B adds to stdlib:A) or pydoc (its reference topics); repeatable")
     ft = hsub.add_parser("features", help="cache the target's features on texts for train --data (reused when it "
                          "matches)")
     ft.add_argument("--texts", action="append", required=True, help=texts_help)
