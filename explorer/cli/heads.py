@@ -3,7 +3,6 @@ target's features computed once and cached; ``explorer/heads/``)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import shlex
@@ -13,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
-from ..heads.data import HeadDataError, build, chunk
+from ..heads.data import HeadDataError, build, chunk, read_text
 from ..heads.prompts import training_prompts
 from ..heads.respond import prompts_of, records, respond
 from ..heads.selfinstruct import WRITE_TOKENS, writing_prompts, written_prompts
@@ -45,12 +44,11 @@ def read_texts(paths: list[str]) -> list[str]:
             texts.extend(text for _, text in chosen)
             continue
         path = Path(name)
-        zipped = path.suffix == ".gz"
         try:
-            raw = (gzip.decompress(path.read_bytes()) if zipped else path.read_bytes()).decode("utf-8")
+            raw = read_text(path)
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise HeadDataError(f"cannot read {path}: {exc}") from None
-        if (path.with_suffix("") if zipped else path).suffix == ".jsonl":
+        if (path.with_suffix("") if path.suffix == ".gz" else path).suffix == ".jsonl":
             for i, line in enumerate(raw.splitlines(), 1):
                 if not line.strip():
                     continue

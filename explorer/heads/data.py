@@ -9,6 +9,7 @@ beside them (the target, the layers, the sequences, the tokens); a folder whose 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass
@@ -22,6 +23,13 @@ MANIFEST = "manifest.json"
 
 class HeadDataError(ValueError):
     """Training data that cannot be built or read: the message says why."""
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of the file ``path``, gunzipped when its name ends in ``.gz`` (the response files shipped beside
+    a head's card). Raises OSError (missing, or not gzip), EOFError (a cut gzip) or UnicodeDecodeError."""
+    raw = path.read_bytes()
+    return (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
 
 
 @dataclass

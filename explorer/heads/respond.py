@@ -4,13 +4,12 @@ already answered in the output file is skipped)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import torch
 
-from .data import HeadDataError
+from .data import HeadDataError, read_text
 
 
 def records(path: Path) -> list[dict]:
@@ -20,7 +19,7 @@ def records(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     try:
-        text = (gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()).decode("utf-8")
+        text = read_text(path)
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise HeadDataError(f"{path} is not a readable JSONL file ({exc})") from None
     out = []
