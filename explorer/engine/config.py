@@ -155,7 +155,7 @@ class MethodConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise TreeShapeError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-        if "lookup" in self.spec.free and self.spec.model_tree != "none" and self.lookup_alone > self.lookup_ngram:
+        if self.spec.lookup_hybrid and self.lookup_alone > self.lookup_ngram:
             raise ValueError(f"lookup_alone {self.lookup_alone} is longer than the longest n-gram lookup matches "
                              f"(lookup_ngram {self.lookup_ngram}): lookup would never propose")
         if self.stop not in STOP_POLICY_NAMES:

@@ -48,6 +48,12 @@ class MethodSpec:
         return self.model_tree == "head"
 
     @property
+    def lookup_hybrid(self) -> bool:
+        """Prompt lookup's copies take a step alone or leave it to a draft model's or head's tree (``hybrid``,
+        ``eagle-hybrid``; ``MethodConfig.lookup_alone`` draws the line)."""
+        return "lookup" in self.free and self.model_tree != "none"
+
+    @property
     def has_stop_policy(self) -> bool:
         return self.model_tree == "stoppable"
 

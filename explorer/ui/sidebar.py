@@ -111,7 +111,7 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                                 key=Sidebar.LOOKUP_BRANCHES.widget_key(prefix))
         changes["lookup_ngram"] = box.slider("Lookup: longest n-gram matched", 1, 6, d.lookup_ngram,
                                              key=Sidebar.LOOKUP_NGRAM.widget_key(prefix))
-        if spec.model_tree != "none":  # a hybrid: lookup's copies go alone on a match this long, else the model's
+        if spec.lookup_hybrid:
             changes["lookup_alone"] = box.slider(
                 "Lookup: shortest match copied alone", 1, 6, d.lookup_alone,
                 key=Sidebar.LOOKUP_ALONE.widget_key(prefix),
