@@ -244,6 +244,13 @@ def test_a_course_opens_the_index_and_plays_a_lesson_offline_in_a_real_browser(e
         assert plotted[0] == lane["curves"][35] and plotted[1:] == lane["figure"]["data"][1:]
         assert page.locator("#cost-value").inner_text() == f"{SPEEDUP_COSTS[35]:.2f}"
         page.screenshot(path=str(tmp_path / f"player-{viewport[0]}x{viewport[1]}.png"))
+        # a head's tree keeps the top margin its subtitle (the target layers read) needs
+        head = next(lesson for lesson in LESSONS if lesson.id == "07-head-features")
+        tree = _page_data(exported, head)["runs"][0]["phases"][0][1]["tree"]
+        assert tree["layout"]["title"]["subtitle"]["text"].startswith("head read target layers")
+        page.goto(folder + f"{head.id}.html")
+        page.wait_for_function("window.shownPhase === 0", timeout=60_000)
+        assert page.evaluate("document.getElementById('tree')._fullLayout.margin.t") >= tree["layout"]["margin"]["t"]
         browser.close()
     assert outside == [] and errors == []
 

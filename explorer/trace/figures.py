@@ -226,7 +226,8 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     subtitle = _head_title(step)
     height = height or max(380, min(940, 34 * leaves + 180))  # the legend's rows come out of it
-    top = 80 if subtitle else 50
+    # a subtitle's line sits just above the plot, where the top node's label reaches: a label's height more room
+    top = 80 + (font or 12) if subtitle else 50
     # the legend under the axis's ticks and title (about 60 px), in plot-area units: the plot area is what the title,
     # the axis and (on a phone, five rows) the legend leave, about 190 px less than the figure; a fixed fraction put
     # the legend's first row over the axis title of a short tree on a phone
