@@ -48,7 +48,7 @@ def read_texts(paths: list[str]) -> list[str]:
             raw = read_text(path)
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise HeadDataError(f"cannot read {path}: {exc}") from None
-        if (path.with_suffix("") if path.suffix == ".gz" else path).suffix == ".jsonl":
+        if path.name.removesuffix(".gz").endswith(".jsonl"):
             for i, line in enumerate(raw.splitlines(), 1):
                 if not line.strip():
                     continue
