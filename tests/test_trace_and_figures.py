@@ -186,6 +186,8 @@ def test_figures_build_from_a_replayed_trace_without_a_model(run_trace):
         tree = figures.tree_figure(step)
         node_ids = [c for tr in tree.data if tr.customdata is not None for c in tr.customdata]
         assert sorted(node_ids) == [n.id for n in step.nodes]
+        # a label sits above its node: clipped at the plot area, the top node's was cut in half at a lesson's font
+        assert all(tr.cliponaxis is False for tr in tree.data if tr.customdata is not None)
         mask = figures.mask_figure(step)
         assert len(mask.data[0].y) == len(set(mask.data[0].y)) == len(step.mask)  # unique labels
         assert len(figures.branch_figure(step).data[0].x) == len(step.branches)

@@ -186,7 +186,7 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         fig.add_trace(go.Scatter(
             x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
             name=name, text=[token_label(n.text, 10) for n in nodes], textposition="top center",
-            textfont=dict(size=font or 11),
+            textfont=dict(size=font or 11), cliponaxis=False,  # the top node's label reaches into the margin
             customdata=[n.id for n in nodes], hovertext=[_hover(n) for n in nodes], hoverinfo="text",
             marker=dict(size=16 * scale, color=color, symbol=[SOURCE_SYMBOLS.get(n.source, "circle") for n in nodes],
                         opacity=[0.35 if faded and n.status in (REJECTED, UNVERIFIED) else 1.0 for n in nodes],
