@@ -163,15 +163,19 @@ def test_shipped_lessons_cover_the_topics_and_draw_every_phase():
 
 
 # Lessons 01-06 (recorded 2026-11-25) have machine lines that name no CPU model; they were recorded on AMD EPYC CPUs
-# (they replay there; on a 2-core Intel Xeon with AMX 4 of their 7 runs leave their recordings at steps 2-13).
+# (they replay there; on a 2-core Intel Xeon with AMX, and on one without, 4 of their 7 runs leave their recordings at
+# steps 2-13, and lesson 07's draft-model run at step 1).
 UNNAMED_CPU = "AMD EPYC (AVX512)"
 
 
-def replayable_lessons() -> list:
-    """The shipped lessons this machine can replay step for step: recorded in the dtype it runs the pair in and on
-    its CPU model (``UNNAMED_CPU`` for lines that name none). Another CPU model rounds otherwise: their int8 draft's
-    trees are drawn otherwise, while target-only runs replay."""
+def replayable_runs() -> list[tuple]:
+    """``(lesson, run index)`` of the shipped lessons' runs this machine can replay step for step, where the pair
+    runs in the lesson's dtype: every run on the CPU model it was recorded on (``UNNAMED_CPU`` for lines that name
+    none); on another CPU model only runs drafted without a model (prompt lookup, Token Recycling), which read the
+    target's choices alone. Another CPU's kernels round otherwise: its int8 draft model draws other trees, and a
+    head's bf16 top-k orders near-equal candidates otherwise, so their acceptance lengths differ."""
     from explorer.analysis.bench import cpu_label
+    from explorer.engine.methods import METHOD_SPECS
     from explorer.models.loading import default_dtype
 
     dtype, cpu = str(default_dtype()).removeprefix("torch."), cpu_label()
@@ -179,35 +183,37 @@ def replayable_lessons() -> list:
     for lesson in (load_lesson(p) for p in shipped_lessons()):
         named = str(lesson.recorded.get("machine", "")).split(",")[-1].strip()
         named = UNNAMED_CPU if re.fullmatch(r"\d+ CPUs", named) else named
-        if lesson.recorded.get("dtype") == dtype and named == cpu:
-            kept.append(lesson)
+        if lesson.recorded.get("dtype") != dtype:
+            continue
+        kept += [(lesson, r) for r, run in enumerate(lesson.runs)
+                 if named == cpu or METHOD_SPECS[run.trace.settings["method"]["method"]].model_tree == "none"]
     return kept
 
 
 @pytest.fixture(scope="module")
 def lesson_pair():
     """The embedded pair as the app and the recorder load it (the draft in int8 on a CPU), where this machine can
-    replay a shipped lesson (``replayable_lessons``)."""
+    replay a shipped lesson's run (``replayable_runs``)."""
     from explorer.analysis.bench import cpu_label
     from explorer.models.loading import load_named_pair
 
-    if not replayable_lessons():
-        pytest.skip(f"no shipped lesson was recorded on this machine's CPU model ({cpu_label()!r}) in the dtype it "
-                    "runs the pair in (other kernels, another rounding)")
+    if not replayable_runs():
+        pytest.skip(f"no shipped lesson's run can be replayed on this machine's CPU model ({cpu_label()!r}) in the "
+                    "dtype it runs the pair in (other kernels, another rounding)")
     return load_named_pair("default")
 
 
 @pytest.mark.real
 def test_shipped_lessons_replay_token_for_token_on_the_embedded_pair(lesson_pair):
-    """A lesson no longer matching its trace (the engine changed) fails here: every step of every run is replayed
-    on the models and must commit the recorded tokens."""
+    """A lesson no longer matching its trace (the engine changed) fails here: every step of every replayable run
+    is replayed on the models and must commit the recorded tokens."""
     from explorer.instruments.replay import replay_steps
 
-    for lesson in replayable_lessons():
+    for lesson, r in replayable_runs():
         assert lesson.recorded["draft_quant"] == lesson_pair.draft_quant
-        for run in lesson.runs:
-            steps = [s for _, s in replay_steps(lesson_pair, run.trace, len(run.trace.steps) - 1)]
-            assert len(steps) == len(run.trace.steps)  # replay_steps raises where a step commits other tokens
+        trace = lesson.runs[r].trace
+        steps = [s for _, s in replay_steps(lesson_pair, trace, len(trace.steps) - 1)]
+        assert len(steps) == len(trace.steps)  # replay_steps raises where a step commits other tokens
 
 
 def press_continue_live(at, run: int, step: int):
@@ -340,17 +346,17 @@ def test_continue_live_replays_the_lesson_to_its_step_and_steps_on(lesson_pair, 
     from explorer.ui import common
     from explorer.ui.state import Classroom
 
-    lesson = replayable_lessons()[0]
+    lesson, r = replayable_runs()[0]
     monkeypatch.setattr(common, "get_pair", lambda *args, **kwargs: lesson_pair)  # the pair the fixture loaded
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)
     at.query_params["page"] = "classroom"
     at.run()
     at.selectbox(key=Classroom.LESSON.name).set_value(lesson.id).run()
-    press_continue_live(at, 0, 1)  # the player showed the second step of the first run
+    press_continue_live(at, r, 1)  # the player showed the second step of that run
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert at.session_state["page"] == "Explorer"
     engine = at.session_state["engine"]
-    recorded = lesson.runs[0].trace
+    recorded = lesson.runs[r].trace
     assert [s.committed_ids for s in engine.trace.steps] == [s.committed_ids for s in recorded.steps[:2]]
     at.button(key="step_btn").click().run()  # and it goes on live
     assert len(at.session_state["engine"].trace.steps) == 3 and not at.error
