@@ -213,7 +213,7 @@ def page_json(data: dict) -> str:
 def player_html(lesson: Lesson) -> str:
     """The lesson as one HTML page: the player, Plotly.js and ``player_data`` inlined (no request at all).
 
-    Drawing every phase's figures costs seconds of CPU for a long lesson (about 7 s for lesson 07 on 2 cores,
+    Drawing every phase's figures costs seconds of CPU for a long lesson (about 4 s for lesson 07 on 2 cores,
     mostly Plotly building figures), so a page is kept in ``page_cache()`` under a digest of the lesson and of the
     code that draws it: the Classroom's first open of a lesson pays once per machine, not once per app start.
     """

@@ -164,13 +164,13 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         step_nodes, status_of, final = step.nodes, {n.id: n.status for n in step.nodes}, True
     drawn = {n.id for n in step_nodes}
     scale = (font or 11) / 11
-    fig = go.Figure()
+    traces = []  # the figure is made once at the end: Plotly's update_layout costs more than the figure
     ex, ey = [], []
     for a, b in g.edges:
         if a in drawn and b in drawn:
             ex += [pos[a][0], pos[b][0], None]
             ey += [pos[a][1], pos[b][1], None]
-    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=1), hoverinfo="skip",
+    traces.append(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=1), hoverinfo="skip",
                              showlegend=False))
     if color_by == "source":
         groups = [(SOURCE_LABELS[src], SOURCE_COLORS[src], [n for n in step_nodes if n.source == src])
@@ -183,7 +183,7 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
             continue
         faded = color_by == "source"
         outlined = [final and n.committed and n.status != CONTEXT for n in nodes]
-        fig.add_trace(go.Scatter(
+        traces.append(go.Scatter(
             x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
             name=name, text=[token_label(n.text, 10) for n in nodes], textposition="top center",
             textfont=dict(size=font or 11), cliponaxis=False,  # the top node's label reaches into the margin
@@ -193,12 +193,12 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
                         line=dict(color=["#000" if o else "#fff" for o in outlined],
                                   width=[3 if o else 1 for o in outlined]))))
     if selected is not None and selected in pos:
-        fig.add_trace(go.Scatter(x=[pos[selected][0]], y=[pos[selected][1]], mode="markers", hoverinfo="skip",
+        traces.append(go.Scatter(x=[pos[selected][0]], y=[pos[selected][1]], mode="markers", hoverinfo="skip",
                                  name="inspected", marker=dict(size=30, color="rgba(0,0,0,0)", symbol="circle",
                                                                line=dict(color="#ff7f0e", width=4))))
     flagged = {k: v for k, v in (flagged or {}).items() if k in pos}
     if flagged:
-        fig.add_trace(go.Scatter(x=[pos[k][0] for k in flagged], y=[pos[k][1] for k in flagged], mode="markers",
+        traces.append(go.Scatter(x=[pos[k][0] for k in flagged], y=[pos[k][1] for k in flagged], mode="markers",
                                  name="flips on plain decoding (probe)", hovertext=list(flagged.values()),
                                  hoverinfo="text", marker=dict(size=34, color="rgba(0,0,0,0)", symbol="square",
                                                                line=dict(color="#e377c2", width=4))))
@@ -206,11 +206,11 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         path = [n for n in step.nodes if n.committed]
         last = max(path, key=lambda n: n.depth)
         x, y = pos[last.id][0] + 1, pos[last.id][1]
-        fig.add_trace(go.Scatter(x=[pos[last.id][0], x], y=[y, y], mode="lines", hoverinfo="skip",
+        traces.append(go.Scatter(x=[pos[last.id][0], x], y=[y, y], mode="lines", hoverinfo="skip",
                                  line=dict(color=BONUS_COLOR, dash="dot"), showlegend=False))
         text = step.committed_text[-1]
         unreachable = draft_vocab is not None and step.bonus_token not in draft_vocab
-        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text",
+        traces.append(go.Scatter(x=[x], y=[y], mode="markers+text",
                                  name="bonus token (from target" + (", outside the head's vocabulary)"
                                                                     if unreachable else ")"),
                                  text=[token_label(text, 10)], textposition="middle right",
@@ -232,21 +232,19 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     # the axis and (on a phone, five rows) the legend leave, about 190 px less than the figure; a fixed fraction put
     # the legend's first row over the axis title of a short tree on a phone
     legend_y = -min(0.9, 70 / max(60, height - top - 190))
-    fig.update_layout(
+    size = font or None  # None: Plotly's own sizes
+    return go.Figure(data=traces, layout=dict(
         # the head's layers on a line of their own: beside the step's title they ran past a phone's width
         title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
-                   + (" · LOSSY rule" if step.lossy else ""), subtitle=dict(text=subtitle), y=0.98),
-        height=height, margin=dict(l=10, r=10, t=top, b=10),
-        xaxis=dict(title="depth (position id - anchor position)", dtick=1, range=[-0.5, depth + 1.2], zeroline=False),
+                   + (" · LOSSY rule" if step.lossy else ""), subtitle=dict(text=subtitle), y=0.98,
+                   font=dict(size=font and font + 2)),
+        height=height, margin=dict(l=10, r=10, t=top, b=10), font=dict(size=size),
+        xaxis=dict(title=dict(text="depth (position id - anchor position)", font=dict(size=size)), dtick=1,
+                   range=[-0.5, depth + 1.2], zeroline=False, tickfont=dict(size=size)),
         # the legend under the axis: above the plot it wrapped into the title on a phone
-        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="top", y=legend_y, x=0),
-        hoverlabel=dict(align="left"),
-        clickmode="event+select")
-    if font:
-        fig.update_layout(font=dict(size=font), title_font=dict(size=font + 2), legend_font=dict(size=font),
-                          xaxis=dict(title_font=dict(size=font), tickfont=dict(size=font)),
-                          hoverlabel=dict(font_size=font))
-    return fig
+        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="top", y=legend_y, x=0, font=dict(size=size)),
+        hoverlabel=dict(align="left", font=dict(size=size)),
+        clickmode="event+select"))
 
 
 def _head_title(step: StepTrace) -> str:
@@ -272,30 +270,32 @@ def mask_figure(step: StepTrace, highlight: int | None = None, rows: list[int] |
     cols = [node_label(by_id[i]) for i in ids]
     hover = [[f"row {labels[r]}<br>col {cols[c]}<br>{'attends' if v else 'masked'}"
               for c, v in enumerate(row)] for r, row in enumerate(z)]
-    fig = go.Figure(go.Heatmap(z=z, x=cols, y=labels, colorscale=[[0, "#f4f4f4"], [1, "#3b6fb6"]],
-                               zmin=0, zmax=1, showscale=False, xgap=1, ygap=1, hovertext=hover,
-                               hoverinfo="text"))
+    heatmap = go.Heatmap(z=z, x=cols, y=labels, colorscale=[[0, "#f4f4f4"], [1, "#3b6fb6"]], zmin=0, zmax=1,
+                         showscale=False, xgap=1, ygap=1, hovertext=hover, hoverinfo="text")
     n, full = len(z), len(step.mask)
-    size = f"{n}×{n}" + (f" of {full}×{full}" if n < full else "")
+    dims = f"{n}×{n}" + (f" of {full}×{full}" if n < full else "")
     tick = font or 10
     height = height or max(300, min(900, 22 * n + 160))
-    fig.update_layout(
-        title=f"Tree attention mask sent to the target: {size}<br><sup>+{step.mask_context_len} cached context "
-              "columns, all attended (not drawn)</sup>",
-        height=height, margin=dict(l=10, r=10, t=70, b=10),
-        yaxis=dict(autorange="reversed", title="query (node @ position id)", tickfont=dict(size=tick)),
-        xaxis=dict(title="key", tickangle=-60, tickfont=dict(size=tick)))
+    size = font or None  # None: Plotly's own sizes
+    xaxis = dict(title=dict(text="key", font=dict(size=size)), tickangle=-60, tickfont=dict(size=tick))
+    yaxis = dict(autorange="reversed", title=dict(text="query (node @ position id)", font=dict(size=size)),
+                 tickfont=dict(size=tick))
     if font:
-        fig.update_layout(font=dict(size=font), title_font=dict(size=font + 2), hoverlabel=dict(font_size=font),
-                          xaxis=dict(title_font=dict(size=font)), yaxis=dict(title_font=dict(size=font)))
         every = max(1, -(-n * (font + 4) // max(1, height - 200)))  # rows per label that still fit
         if every > 1:
-            fig.update_yaxes(tickmode="array", tickvals=labels[::every], ticktext=labels[::every])
-            fig.update_xaxes(tickmode="array", tickvals=cols[::every], ticktext=cols[::every])
+            yaxis.update(tickmode="array", tickvals=labels[::every], ticktext=labels[::every])
+            xaxis.update(tickmode="array", tickvals=cols[::every], ticktext=cols[::every])
+    shapes = []
     if highlight in ids:
         r = ids.index(highlight)
-        fig.add_shape(type="rect", x0=-0.5, x1=n - 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color="#ff7f0e", width=3))
-    return fig
+        shapes.append(dict(type="rect", x0=-0.5, x1=n - 0.5, y0=r - 0.5, y1=r + 0.5,
+                           line=dict(color="#ff7f0e", width=3)))
+    # made in one go: Plotly's update_layout costs more than the figure
+    return go.Figure(data=[heatmap], layout=dict(
+        title=dict(text=f"Tree attention mask sent to the target: {dims}<br><sup>+{step.mask_context_len} cached "
+                   "context columns, all attended (not drawn)</sup>", font=dict(size=font and font + 2)),
+        height=height, margin=dict(l=10, r=10, t=70, b=10), font=dict(size=size),
+        hoverlabel=dict(font=dict(size=size)), xaxis=xaxis, yaxis=yaxis, shapes=shapes))
 
 
 def inspector_figure(node) -> go.Figure:
