@@ -237,7 +237,7 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         # the head's layers on a line of their own: beside the step's title they ran past a phone's width
         title=dict(text=f"Step {step.index + 1}: draft tree ({len(step.nodes) - 1} nodes)"
                    + (" · LOSSY rule" if step.lossy else ""), subtitle=dict(text=subtitle), y=0.98,
-                   font=dict(size=font and font + 2)),
+                   font=dict(size=font + 2 if font else None)),
         height=height, margin=dict(l=10, r=10, t=top, b=10), font=dict(size=size),
         xaxis=dict(title=dict(text="depth (position id - anchor position)", font=dict(size=size)), dtick=1,
                    range=[-0.5, depth + 1.2], zeroline=False, tickfont=dict(size=size)),
@@ -293,7 +293,7 @@ def mask_figure(step: StepTrace, highlight: int | None = None, rows: list[int] |
     # made in one go: Plotly's update_layout costs more than the figure
     return go.Figure(data=[heatmap], layout=dict(
         title=dict(text=f"Tree attention mask sent to the target: {dims}<br><sup>+{step.mask_context_len} cached "
-                   "context columns, all attended (not drawn)</sup>", font=dict(size=font and font + 2)),
+                   "context columns, all attended (not drawn)</sup>", font=dict(size=font + 2 if font else None)),
         height=height, margin=dict(l=10, r=10, t=70, b=10), font=dict(size=size),
         hoverlabel=dict(font=dict(size=size)), xaxis=xaxis, yaxis=yaxis, shapes=shapes))
 
