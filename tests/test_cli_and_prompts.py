@@ -80,6 +80,81 @@ def test_bad_input_exits_2_with_one_line(capsys, args, message):
     assert message in err and "Traceback" not in err
 
 
+# One bad input for every subcommand (``{d}``: the test's folder, holding ``bad.json``, which is not JSON, and
+# ``bad.jsonl``, a prompt line without a prompt): each ends in one line that names the subcommand and what is wrong.
+BAD_INPUTS = {
+    "generate": (["generate", "--models", "tiny", "--prompt-file", "{d}/nowhere.jsonl"], "cannot read prompt file"),
+    "greedy-check": (["greedy-check", "--models", "tiny", "--prompt", " "], "prompt is empty"),
+    "audit": (["audit", "--models", "tiny", "--k-config", "2,0"], "k_config entries must be >= 1"),
+    "verifiers": (["verifiers", "--models", "tiny", "--prompt", "x", "--temperatures", "warm"], "'warm' is not a"),
+    "bench": (["bench", "--models", "tiny", "--prompt-file", "{d}/bad.jsonl"], "needs a 'turns' list"),
+    "lessons export": (["lessons", "export", "--out", "{d}/bad.json/inside"], "Not a directory"),
+    "decision collect": (["decision", "collect", "--models", "tiny", "--prompts", "{d}/none.jsonl", "--out",
+                          "{d}/o"], "cannot read prompt file"),
+    "decision train": (["decision", "train", "--data", "{d}/bad.json", "--out", "{d}/o"], "not a decision data"),
+    "decision eval": (["decision", "eval", "--data", "{d}/bad.json"], "name the decision-model folder"),
+    "decision generalise": (["decision", "generalise", "--data", "{d}/nowhere"], "not a decision data folder"),
+    "decision ablation": (["decision", "ablation", "--models", "tiny", "--prompt-file", "{d}/nowhere.jsonl"],
+                          "cannot read prompt file"),
+    "heads features": (["heads", "features", "--models", "tiny", "--texts", "{d}/nowhere.jsonl", "--data", "{d}/f"],
+                       "cannot read"),
+    "heads train": (["heads", "train", "--models", "tiny", "--data", "{d}/nowhere", "--out", "{d}/h"],
+                    "holds no head training data"),
+    "heads respond": (["heads", "respond", "--models", "tiny", "--out", "{d}/bad.json/x"], "File exists"),
+    "probe": (["probe", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
+    "acceptance": (["acceptance", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
+    "calibration": (["calibration", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
+    "timeline": (["timeline", "--models", "tiny", "--prompt", "x", "--k-config", "a,b"], "is not an integer"),
+    "counterfactual": (["counterfactual", "--models", "tiny", "--trace", "{d}/bad.json", "--step", "1"],
+                       "trace is not valid JSON"),
+    "forensics": (["forensics", "--models", "tiny", "--trace", "{d}/nowhere"], "no run to read"),
+}
+
+
+def test_every_subcommand_turns_bad_input_into_a_message(capsys, tmp_path):
+    """Every subcommand the parser has is fed a bad input here; each exits 2 with a message and no traceback."""
+    from explorer.cli.main import build_parser
+
+    (tmp_path / "bad.json").write_text("not json\n")
+    (tmp_path / "bad.jsonl").write_text('{"text": 1}\n')
+    parser = build_parser()
+    commands = []
+    for action in parser._subparsers._group_actions[0].choices.items():  # every subcommand, nested ones too
+        name, sub = action
+        nested = [a for a in sub._actions if isinstance(a, type(parser._subparsers._group_actions[0]))]
+        if nested:
+            commands += [f"{name} {n}" for n in nested[0].choices if n != "calibrate"]  # calibrate: as collect
+        elif name == "lessons":
+            commands.append("lessons export")
+        else:
+            commands.append(name)
+    assert sorted(commands) == sorted(BAD_INPUTS)  # a new subcommand needs its bad input here
+    for command, (args, message) in BAD_INPUTS.items():
+        status = main([a.replace("{d}", str(tmp_path)) for a in args])
+        err = capsys.readouterr().err
+        assert status == 2, (command, err)
+        assert message in err and "Traceback" not in err, (command, err)
+        assert err.strip().splitlines()[-1].startswith("error:"), (command, err)
+
+
+def test_an_unexpected_failure_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
+    import explorer.cli.main as cli
+
+    def broken(args):
+        raise RuntimeError("the draft tree fell over\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_generate", broken)
+    args = ["generate", "--models", "tiny", "--prompt", "x"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("error: generate failed (RuntimeError): the draft tree fell over. Run it again with "
+                           "--debug for the traceback, and report it with that if the cause is not in your input")
+    with pytest.raises(RuntimeError, match="fell over"):
+        main([*args, "--debug"])
+    with pytest.raises(RuntimeError, match="fell over"):
+        main(["--debug", *args])
+
+
 def test_module_entry_point_runs():
     res = subprocess.run([sys.executable, "-m", "explorer", "generate", "--models", "tiny", "--prompt", "x",
                           "--max-new-tokens", "3", "--json"], capture_output=True, text=True, timeout=300)

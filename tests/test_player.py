@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+import os
 import re
 from pathlib import Path
 
@@ -271,6 +272,16 @@ def test_a_built_page_is_kept_and_a_changed_lesson_is_built_again(tmp_path, monk
     retitled = dataclasses.replace(lesson, title=lesson.title + " (again)")
     assert "(again)" in player.player_html(retitled)
     assert len(list((tmp_path / "lesson_pages").glob("*.html"))) == 2
+    # a page built by other drawing code is never read again: the next page written evicts it (and a dead writer's
+    # leftover), not the current code's pages
+    old = tmp_path / "lesson_pages" / ("0" * 12 + "-" + "1" * 24 + ".html")
+    old.write_text("old drawing code", encoding="utf-8")
+    dead = tmp_path / "lesson_pages" / "x.123.tmp"
+    dead.write_text("half a page", encoding="utf-8")
+    os.utime(dead, (1, 1))
+    assert "(twice)" in player.player_html(dataclasses.replace(lesson, title=lesson.title + " (twice)"))
+    assert not old.exists() and not dead.exists()
+    assert len(list((tmp_path / "lesson_pages").glob("*.html"))) == 3
     monkeypatch.setenv("SPEC_EXPLORER_PAGE_CACHE", "off")
     assert player.page_cache() is None and "read back" not in player.player_html(lesson)
 

@@ -20,6 +20,22 @@ from ..engine.tree import parse_k_config, parse_tree_template
 from ..models.loading import load_named_pair
 
 
+def temperature_list(text: str) -> list[float]:
+    """``--temperatures`` as floats, e.g. ``"0,0.7"`` -> ``[0.0, 0.7]``. Raises ValueError naming the entry that is
+    not a temperature (a number >= 0)."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            value = -1.0
+        if not value >= 0:
+            raise ValueError(f"--temperatures: {part.strip()!r} is not a temperature; give numbers >= 0 separated by "
+                             "commas, e.g. 0,0.7")
+        out.append(value)
+    return out
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The model pair's options: --models, --draft, --target, --dtype, --device, --draft-quant, --packed-weights,
     --fused-kernels."""

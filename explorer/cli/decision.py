@@ -16,14 +16,14 @@ from ..decision.train import train_models
 from ..engine.config import DEFAULTS
 from ..engine.policies.stopping import DECISION_MODELS
 from ..engine.stop_models.model import KINDS, load_decision_model
-from .args import add_model_args, load_pair_from_args
+from .args import add_model_args, load_pair_from_args, temperature_list
 
 
 def cmd_collect(args) -> int:
     prompts = select_prompts(args.prompts)
     pair = load_pair_from_args(args)
     out = Path(args.out)
-    temps = tuple(float(t) for t in args.temperatures.split(","))
+    temps = tuple(temperature_list(args.temperatures))
     summary = collect(pair, prompts, out, max_new_tokens=args.max_new_tokens, temperatures=temps, seed=args.seed,
                       chat_template=not args.no_chat_template, progress=not args.quiet)
     print(json.dumps({"out": str(out), **summary}))
@@ -106,7 +106,7 @@ def cmd_ablation(args) -> int:
     if args.decision_dir:
         decision = {k: load_decision_model(args.decision_dir, k) for k in KINDS}
     ids = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
-    temps = [float(t) for t in args.temperatures.split(",")]
+    temps = temperature_list(args.temperatures)
     base = DEFAULTS["mcsd-improved"]
     if args.decision_model:
         base = base.with_(decision_model=args.decision_model)

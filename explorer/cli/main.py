@@ -15,7 +15,9 @@ baselines (docs/bench.md), ``lessons`` lists, records or times the classroom's l
 Methods (``--method``; ``engine/methods.py``): ``ar``, ``sd``, ``mcsd``, ``mcsd-improved`` (``generate``'s
 default), ``prompt-lookup``, ``token-recycling``, ``hybrid`` and ``layer-skip``.
 
-Errors in the input are printed as one line on stderr with exit status 2.
+Every failure is printed as one line on stderr naming the subcommand and what went wrong: exit status 2 for an
+error in the input (a prompt, a tree shape, a model pair, a file), 1 for anything else, 130 when interrupted;
+``--debug`` (anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
 from ..trace.records import save_run
 from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, load_pair_from_args,
-                   method_config_from_args, prompts_from_args, runs_from_args)
+                   method_config_from_args, prompts_from_args, runs_from_args, temperature_list)
 from .decision import add_decision_parser
 from .heads import add_heads_parser
 from .forensics import add_forensics_parser
@@ -150,7 +152,7 @@ def cmd_verifiers(args) -> int:
     pair = load_pair_from_args(args)
     encoded = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
     summary = []
-    for temperature in [float(t) for t in args.temperatures.split(",")]:
+    for temperature in temperature_list(args.temperatures):
         for verifier in args.verifiers.split(","):
             config = method_config_from_args(args).with_(verifier=verifier)
             tokens = calls = 0
@@ -199,7 +201,7 @@ def cmd_bench(args) -> int:
     spec = range_spec(args.prompt_file, default_range if args.range is None else args.range)
     prompts = select_prompts([spec])
     methods = [m for m in args.methods.split(",") if m]
-    temps = [float(t) for t in args.temperatures.split(",")]
+    temps = temperature_list(args.temperatures)
     pair = load_pair_from_args(args, keep_unquantized=HF_ASSISTED_BF16 in methods)
     if args.methods == BENCH_METHODS_ARG and not has_head(pair):  # the default list: eagle where a head is shipped
         methods = [m for m in methods if m != "eagle"]
@@ -269,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     # the console script and ``python -m explorer`` are one program; usage lines name the one that was typed
     prog = "spec-explorer" if Path(sys.argv[0]).name == "spec-explorer" else "python -m explorer"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    parser.add_argument(DEBUG_FLAG, action="store_true",
+                        help="on a failure, show the traceback instead of one line (also after the subcommand)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode prompts with one method and report metrics")
@@ -358,14 +362,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a user typed or pointed at was wrong: the message says what, exit status 2. HeadError and TraceError are
+# ValueErrors; OSError is a file that cannot be read or written.
+INPUT_ERRORS = (PromptError, TreeShapeError, ModelPairError, EngineError, ValueError, OSError)
+DEBUG_FLAG = "--debug"
+
+
+def error_line(command: str, exc: BaseException) -> str:
+    """The one line a failed subcommand prints: the input's own message, or for an unexpected failure its type and
+    message and where to look further."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:  # not "[Errno 20] Not a directory: '...'"
+        message = f"cannot use {exc.filename}: {exc.strerror}"
+    if isinstance(exc, INPUT_ERRORS):
+        return f"error: {command}: {message}"
+    return (f"error: {command} failed ({type(exc).__name__}): {message}. Run it again with {DEBUG_FLAG} for the "
+            "traceback, and report it with that if the cause is not in your input")
+
+
 def main(argv=None) -> int:
+    """Run one subcommand; returns its exit status (``error_line``'s statuses on failure)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv  # accepted before or after the subcommand, as users type it
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args([a for a in argv if a != DEBUG_FLAG])
+    command = " ".join(str(getattr(args, k)) for k in ("command", "action", "decision_command", "heads_command")
+                       if isinstance(getattr(args, k, None), str))
     try:
         return args.func(args)
-    except (PromptError, TreeShapeError, ModelPairError, EngineError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"error: {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback, unless --debug
+        if debug:
+            raise
+        print(error_line(command, exc), file=sys.stderr)
+        return 2 if isinstance(exc, INPUT_ERRORS) else 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import html
 import json
 import os
 import re
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -218,7 +219,7 @@ def player_html(lesson: Lesson) -> str:
     code that draws it: the Classroom's first open of a lesson pays once per machine, not once per app start.
     """
     cache = page_cache()
-    path = cache / f"{_page_key(lesson)}.html" if cache is not None else None
+    path = cache / page_file_name(lesson) if cache is not None else None
     if path is not None and path.is_file():
         try:
             return path.read_text(encoding="utf-8")
@@ -233,9 +234,37 @@ def player_html(lesson: Lesson) -> str:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(page, encoding="utf-8")
             tmp.replace(path)  # whole or not at all: another process may read it
+            evict_stale_pages(cache, path.name)
         except OSError:
             pass  # a cache that cannot be written only costs time
     return page
+
+
+def page_file_name(lesson: Lesson) -> str:
+    """``<drawing code digest>-<page key>.html``: the digest of the drawing code (``_code_key``) in the name lets
+    ``evict_stale_pages`` tell the pages no current code would serve without reading any."""
+    return f"{_code_key()[:12]}-{_page_key(lesson)}.html"
+
+
+def evict_stale_pages(cache: Path, kept: str) -> int:
+    """Delete the pages in ``cache`` built by other drawing code than ``kept``'s (another digest prefix: they
+    would never be read again), and temporary files of writers that died more than ten minutes ago. Returns how many
+    files went; a file another process removes first is skipped."""
+    code = kept.split("-", 1)[0]
+    gone = 0
+    for path in cache.iterdir():
+        name = path.name
+        try:
+            if name.endswith(".html"):
+                stale = name.split("-", 1)[0] != code
+            else:
+                stale = name.endswith(".tmp") and time.time() - path.stat().st_mtime > 600
+            if stale:
+                path.unlink()
+                gone += 1
+        except OSError:
+            continue
+    return gone
 
 
 # The modules whose code decides what a page holds: a change to any of them changes every page's key.
@@ -251,19 +280,19 @@ def page_cache() -> Path | None:
     return cache_dir() / "lesson_pages"
 
 
-_code_digest: str | None = None
+@functools.cache
+def _code_key() -> str:
+    """sha256 (hex) of the drawing code (``_PAGE_CODE``) and the Plotly.js bundled."""
+    root, h = Path(__file__).resolve().parents[1], hashlib.sha256()
+    for name in _PAGE_CODE:
+        h.update(name.encode() + (root / name).read_bytes())
+    h.update(f"{plotly.__version__} {PLOTLY_CARTESIAN.name}".encode())
+    return h.hexdigest()
 
 
 def _page_key(lesson: Lesson) -> str:
-    """sha256 (24 hex digits) of the lesson's JSON, the drawing code (``_PAGE_CODE``) and the Plotly.js bundled."""
-    global _code_digest
-    if _code_digest is None:
-        root, h = Path(__file__).resolve().parents[1], hashlib.sha256()
-        for name in _PAGE_CODE:
-            h.update(name.encode() + (root / name).read_bytes())
-        h.update(f"{plotly.__version__} {PLOTLY_CARTESIAN.name}".encode())
-        _code_digest = h.hexdigest()
-    return hashlib.sha256((_code_digest + lesson.to_json()).encode("utf-8")).hexdigest()[:24]
+    """sha256 (24 hex digits) of the lesson's JSON and ``_code_key``."""
+    return hashlib.sha256((_code_key() + lesson.to_json()).encode("utf-8")).hexdigest()[:24]
 
 
 def read_page(page: str) -> dict:

@@ -32,12 +32,19 @@ class PackedLinear(torch.nn.Module):
     """An ``nn.Linear`` whose weight lives in oneDNN's blocked layout (``torch.ops.mkldnn``).
 
     Input ``(..., in_features)`` float32, output ``(..., out_features)`` float32, as the linear it replaces; the
-    packed weight is an opaque oneDNN tensor (not a parameter: not saved, not moved by ``.to``)."""
+    packed weight is an opaque oneDNN tensor (not a parameter: not saved, not moved by ``.to``).
 
-    def __init__(self, linear: torch.nn.Linear):
+    ``keep_weight``: keep the stock ``(out_features, in_features)`` weight readable as ``.weight`` (not a
+    parameter, never used by ``forward``). ``pack_linear_weights`` keeps it for the model's output embedding only,
+    whose rows other code reads (an EAGLE head's fit check and its ``lm_head`` rows, the pair's vocabulary size):
+    tied to the input embedding or file-backed it costs no resident memory; other linears drop it."""
+
+    def __init__(self, linear: torch.nn.Linear, keep_weight: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), BATCH_HINT)
+        if keep_weight:
+            self.weight = linear.weight.detach()
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,10 +69,12 @@ def pack_linear_weights(model: torch.nn.Module) -> int:
         raise ValueError("packed weights need float32 weights on the CPU and a PyTorch built with oneDNN (mkldnn)")
     n = 0
     mapped = file_mappings()
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear:  # exactly nn.Linear: not quantized or other subclasses
-                setattr(module, name, PackedLinear(child))
+                setattr(module, name, PackedLinear(child, keep_weight=child is output))
                 drop_file_pages(child.weight, mapped)
                 n += 1
     return n
