@@ -649,6 +649,50 @@ CUT_TEXT = """() => [...document.querySelectorAll('button *, button, select, inp
   + '[data-testid="stMetricLabel"] *, [data-testid="stMetricValue"] *, [data-testid="stWidgetLabel"] *')]
   .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth)
   .map(e => (e.innerText || e.value || '').slice(0, 40))"""
+# Words broken inside across two lines (a word's characters on two line boxes): buttons, metrics, widget labels,
+# headings and captions, as a narrow column breaks "Reset" into "Res|et".
+BROKEN_WORDS = """() => { const out = [];
+  const sel = 'button, [data-testid="stMetricLabel"], [data-testid="stMetricValue"], [data-testid="stWidgetLabel"], '
+    + 'h1, h2, h3, [data-testid="stCaptionContainer"], [data-testid="stExpander"] summary';
+  for (const el of document.querySelectorAll(sel)) {
+    const b = el.getBoundingClientRect();
+    if (!el.offsetParent || b.right <= 0 || b.left >= innerWidth) continue;  // hidden, or in a closed sidebar
+    const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      for (const m of n.textContent.matchAll(/\\S+/g)) {
+        const r = document.createRange(); r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+        const tops = new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top)));
+        if (tops.size > 1) out.push(m[0]);
+      } } }
+  return [...new Set(out)]; }"""
+# What Plotly draws that a chart does not show whole or overprints, per chart (its title, or its index): a title,
+# annotation or legend text reaching outside its SVG (cut there), tick labels of one axis that overlap, and tree node
+# labels that overlap (more than 2 px each way).
+CHART_FAULTS = """() => { const out = [];
+  const hit = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 2
+                        && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 2;
+  const overlaps = (els) => { const bs = els.map(e => e.getBoundingClientRect()).filter(b => b.width > 0);
+    for (let i = 0; i < bs.length; i++) for (let j = i + 1; j < bs.length; j++) if (hit(bs[i], bs[j])) return true;
+    return false; };
+  document.querySelectorAll('.js-plotly-plot').forEach((plot, i) => {
+    if (!plot.offsetParent) return;
+    const svg = plot.querySelector('.main-svg'); if (!svg) return;
+    const box = svg.getBoundingClientRect();
+    const title = (plot.querySelector('.gtitle') || {}).textContent || `chart ${i}`;
+    plot.querySelectorAll('.gtitle, .g-gtitle text, .annotation-text, .legendtext, .g-xtitle text, .g-ytitle text')
+      .forEach(t => { const b = t.getBoundingClientRect();
+        if (b.width > 0 && (b.left < box.left - 1 || b.right > box.right + 1))
+          out.push(`${title.slice(0, 40)}: cut "${t.textContent.slice(0, 40)}"`); });
+    for (const axis of ['xtick', 'ytick', 'x2tick', 'y2tick'])
+      if (overlaps([...plot.querySelectorAll(`.${axis} text`)]))
+        out.push(`${title.slice(0, 40)}: ${axis} labels overprint`);
+    if (overlaps([...plot.querySelectorAll('.scatterlayer .textpoint text')].filter(t => t.textContent.trim())))
+      out.push(`${title.slice(0, 40)}: point labels overprint`);
+    const xt = plot.querySelector('.g-xtitle text'), lg = plot.querySelector('.legend');
+    if (xt && lg && hit(xt.getBoundingClientRect(), lg.getBoundingClientRect()))
+      out.push(`${title.slice(0, 40)}: axis title under the legend`);
+  });
+  return out; }"""
 # The smallest rendered text in the charts (px): Plotly sets each label's font size on its SVG text element.
 MIN_CHART_TEXT = """() => Math.min(...[...document.querySelectorAll('.js-plotly-plot text')]
   .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0)
@@ -659,6 +703,85 @@ BOXES = """f => { const o = f.getBoundingClientRect(), d = f.contentDocument;
     .map(([k, sel]) => { const e = d.querySelector(sel); if (!e) return [k, null];
       const r = e.getBoundingClientRect(); return [k, [o.left + r.left, o.top + r.top, o.left + r.right,
                                                         o.top + r.bottom]]; })); }"""
+
+
+def _sidebar(page, open_it: bool) -> None:
+    """Open or close the sidebar (a phone starts with it closed; the Explorer's settings live there)."""
+    shown = page.evaluate("() => { const s = document.querySelector('[data-testid=stSidebar]');"
+                          " return !!s && s.getAttribute('aria-expanded') !== 'false'"
+                          " && s.getBoundingClientRect().right > 0; }")
+    if shown == open_it:
+        return
+    button = ("[data-testid='stExpandSidebarButton'], [data-testid='stSidebarCollapsedControl'] button" if open_it
+              else "[data-testid='stSidebarCollapseButton'] button, [data-testid='stSidebarHeader'] button")
+    page.locator(button).first.click()
+    page.wait_for_timeout(600)  # the sidebar's slide
+
+
+def whole_page_shot(page, path: Path) -> None:
+    """A screenshot of the whole page: Streamlit scrolls its main section, not the document, so Playwright's
+    ``full_page`` sees one screen; the viewport is made as tall as the section's content for the shot, then put
+    back (only its height changes: the layout is the one measured)."""
+    size = page.viewport_size
+    tall = page.evaluate("() => { const m = document.querySelector('[data-testid=stMain]');"
+                         " return m ? m.scrollHeight : document.body.scrollHeight; }")
+    page.set_viewport_size({"width": size["width"], "height": max(size["height"], min(int(tall), 16000))})
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(path))
+    page.set_viewport_size(size)
+    page.wait_for_timeout(300)
+
+
+def layout_faults(page) -> dict:
+    """What the page shows badly now: text cut (``CUT_TEXT``), words broken inside (``BROKEN_WORDS``) and charts'
+    cut titles, overprinted ticks and labels (``CHART_FAULTS``)."""
+    page.wait_for_timeout(800)  # Plotly lays out after the rerun
+    return {"cut": page.evaluate(CUT_TEXT), "broken": page.evaluate(BROKEN_WORDS),
+            "charts": page.evaluate(CHART_FAULTS)}
+
+
+def explorer_layout_tour(url: str, out_dir: Path, sizes=((1280, 720), (1366, 768), (1920, 1080), (390, 844)),
+                         method: str | None = None, steps: int = 2, load_timeout_s: float = 600) -> dict:
+    """The Explorer at each screen size, in teach mode and out: a new session per size, ``method`` picked in the
+    sidebar (its label; None keeps the default), Step ``steps`` times with the sidebar open (closed on a phone), then
+    ``layout_faults`` and a full-page screenshot (``explorer_<w>x<h>[_teach].png``), teach mode off and on. Returns
+    ``{"<w>x<h>[ teach]": faults}`` with the page's exception count."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        for width, height in sizes:
+            phone = width < 700
+            page = browser.new_page(viewport={"width": width, "height": height}, is_mobile=phone, has_touch=phone)
+            try:
+                page.goto(url)
+                page.wait_for_selector("textarea", timeout=load_timeout_s * 1000)
+                wait_runs_after(page, None, load_timeout_s * 1000)
+                if method:
+                    _sidebar(page, True)
+                    choose(page, "Method", method)
+                _sidebar(page, not phone)
+                for _ in range(steps):
+                    _press(page, "Step")
+                page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+                for teach in (False, True):
+                    if teach:
+                        _sidebar(page, True)
+                        rerun(page, lambda: page.get_by_text("Teach mode", exact=True).click(), 120_000)
+                        _sidebar(page, not phone)
+                    name = f"{width}x{height}" + ("_teach" if teach else "")
+                    report[name.replace("_", " ")] = layout_faults(page)
+                    page.screenshot(path=str(out_dir / f"explorer_{name}.png"))
+                    whole_page_shot(page, out_dir / f"explorer_{name}_whole.png")
+                report[f"{width}x{height} exceptions"] = page.locator("[data-testid='stException']").count()
+            except Exception:
+                page.screenshot(path=str(out_dir / f"failure_{width}x{height}.png"), full_page=True)
+                raise
+            page.close()
+        browser.close()
+    return report
 
 
 def player_pos(page) -> str | None:
@@ -946,11 +1069,17 @@ def main() -> int:
     ap.add_argument("--adaptation", action="store_true", help="also: online adaptation switched on, its chart")
     ap.add_argument("--fallback", action="store_true", help="also: the goodput fallback's plain decoding step")
     ap.add_argument("--classroom", action="store_true", help="only the Classroom at 1280x720 and 1920x1080")
+    ap.add_argument("--layout", metavar="METHOD", nargs="?", const="",
+                    help="only the Explorer's layout at four sizes, teach mode off and on (a method label to pick)")
     ap.add_argument("--whole-class", type=int, metavar="N", help="only: N sessions at once (lessons and live steps)")
     args = ap.parse_args()
     if args.classroom:
         with running_app(args.pair) as url:
             print(classroom_tour(url, Path(args.out) / "classroom"))
+        return 0
+    if args.layout is not None:
+        with running_app(args.pair) as url:
+            print(explorer_layout_tour(url, Path(args.out) / "layout", method=args.layout or None))
         return 0
     if args.whole_class:
         procs: list = []

@@ -1,3 +1,4 @@
+import copy
 import inspect
 import os
 import sys
@@ -7,9 +8,25 @@ import pytest
 import torch
 
 os.environ.setdefault("SPEC_EXPLORER_PAIR", "tiny")
-# The app leaves a core to the browser (ui.common.app_threads); in the test process, where Streamlit's AppTest runs
-# the app, that setting would hold for every later test: keep torch's own default here.
-os.environ.setdefault("SPEC_EXPLORER_THREADS", str(torch.get_num_threads()))
+# One thread for the tiny models (hidden size 64): a forward is Python overhead, and with two threads every one of
+# the many small matmuls waits at an OpenMP barrier for the other core, which the app server and chromium of the
+# browser tests (or any other process) also want. Measured on the 2-core EPYC: an audit of 300 samples took 49 s
+# with two threads and 13 s with one beside a second busy process (8.3 and 7.9 s idle). The tests on the embedded
+# pair get torch's default back (``real_pair_threads``). SPEC_EXPLORER_THREADS: the app in AppTest and the app
+# servers the browser tests start (the app leaves a core to the browser: ui.common.app_threads) take one too.
+DEFAULT_THREADS = torch.get_num_threads()
+TEST_THREADS = 1
+torch.set_num_threads(TEST_THREADS)
+os.environ.setdefault("SPEC_EXPLORER_THREADS", str(TEST_THREADS))
+# The tiny pair's forward costs as measured on an idle 2-core EPYC with one thread (``forward_costs``; ms): the
+# session's tiny pair starts with them, so that what reads them (the goodput fallback's ``auto``, the online root
+# width, row pricing) decides the same on a busy machine as on an idle one. Tests about measuring empty
+# ``pair.measured`` themselves.
+IDLE_TINY_COSTS = {
+    "verification_cost": {"rows": 16, "one_row_ms": 3.146, "two_rows_ms": 3.565, "rows_ms": 3.806, "ratio": 1.21,
+                          "dear": False},
+    "tree_costs": {"draft": {1: 2.213, 2: 1.962, 4: 2.275}, "target": {1: 3.146, 2: 3.565, 16: 3.806}},
+}
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py helpers
 
 
@@ -72,11 +89,26 @@ def pytest_runtest_logreport(report):
             f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.2f}\t{kinds}\n")
 
 
+def idle_costs(pair):
+    """``pair`` with the tiny pair's idle forward costs (``IDLE_TINY_COSTS``) in ``pair.measured``."""
+    pair.measured.update(copy.deepcopy(IDLE_TINY_COSTS))
+    return pair
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from explorer.models.tiny import tiny_pair
 
-    return tiny_pair(seed=0)
+    return idle_costs(tiny_pair(seed=0))
+
+
+@pytest.fixture(autouse=True)
+def real_pair_threads(request):
+    """Torch's default threads for a test on the embedded pair (a 1.5B forward uses both cores), one otherwise."""
+    real = request.node.get_closest_marker("real") is not None or "real_pair" in request.fixturenames
+    torch.set_num_threads(DEFAULT_THREADS if real else TEST_THREADS)
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(scope="session")
