@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -40,9 +41,13 @@ def running_app(pair: str, port: int | None = None, timeout: float = 600, log: l
     port = port or free_port()
     env = dict(os.environ, SPEC_EXPLORER_PAIR=pair)
     app = Path(app).resolve()
+    # the server's output goes to a file, which ``server_log(proc)`` reads while it runs (a pipe would be read
+    # only at the end, and could fill up and stall a long-lived server)
+    out_file = tempfile.NamedTemporaryFile("w+", prefix="streamlit-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.port",
                              str(port), "--server.address", "127.0.0.1", "--server.headless", "true"],
-                            cwd=app.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=app.parent, env=env, stdout=out_file, stderr=subprocess.STDOUT, text=True)
+    proc.log_path = out_file.name
     url = f"http://127.0.0.1:{port}"
     if procs is not None:
         procs.append(proc)
@@ -52,18 +57,26 @@ def running_app(pair: str, port: int | None = None, timeout: float = 600, log: l
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
             if proc.poll() is not None:
-                raise RuntimeError(f"streamlit exited: {proc.stdout.read()}")
+                raise RuntimeError(f"streamlit exited: {server_log(proc)}")
             time.sleep(0.5)
         yield url
     finally:
         proc.terminate()
         try:
-            out, _ = proc.communicate(timeout=10)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, _ = proc.communicate()
+            proc.wait()
+        out_file.close()
         if log is not None:
-            log.append(out)
+            log.append(server_log(proc))
+        with contextlib.suppress(OSError):
+            os.unlink(proc.log_path)
+
+
+def server_log(proc) -> str:
+    """What the server ``running_app`` started has written so far (stdout and stderr)."""
+    return Path(proc.log_path).read_text(encoding="utf-8", errors="replace")
 
 
 # How a test knows that the script run its click started has finished, from what Streamlit itself sends: every
@@ -683,8 +696,9 @@ CHART_FAULTS = """() => { const out = [];
       .forEach(t => { const b = t.getBoundingClientRect();
         if (b.width > 0 && (b.left < box.left - 1 || b.right > box.right + 1))
           out.push(`${title.slice(0, 40)}: cut "${t.textContent.slice(0, 40)}"`); });
-    for (const axis of ['xtick', 'ytick', 'x2tick', 'y2tick'])
-      if (overlaps([...plot.querySelectorAll(`.${axis} text`)]))
+    for (const axis of ['xtick', 'ytick', 'x2tick', 'y2tick'])  // rotated labels: their boxes overlap, not they
+      if (overlaps([...plot.querySelectorAll(`.${axis} text`)].filter(t => !/rotate\\(-?[1-9]/.test(
+            t.getAttribute('transform') || ''))))
         out.push(`${title.slice(0, 40)}: ${axis} labels overprint`);
     if (overlaps([...plot.querySelectorAll('.scatterlayer .textpoint text')].filter(t => t.textContent.trim())))
       out.push(`${title.slice(0, 40)}: point labels overprint`);
@@ -769,7 +783,7 @@ def explorer_layout_tour(url: str, out_dir: Path, sizes=((1280, 720), (1366, 768
                 for teach in (False, True):
                     if teach:
                         _sidebar(page, True)
-                        rerun(page, lambda: page.get_by_text("Teach mode", exact=True).click(), 120_000)
+                        rerun(page, lambda p=page: p.get_by_text("Teach mode", exact=True).click(), 120_000)
                         _sidebar(page, not phone)
                     name = f"{width}x{height}" + ("_teach" if teach else "")
                     report[name.replace("_", " ")] = layout_faults(page)

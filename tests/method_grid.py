@@ -9,6 +9,10 @@ from explorer.engine.policies.stopping import LEARNED_POLICIES
 from explorer.engine.sampling import SamplingConfig
 
 PROMPT = "def f(x):\n    return"
+# Samples of each losslessness audit in the tests: the lossy longest-branch rule still fails at p 2.5e-14 (TV 0.16)
+# with 600 on the tiny pair (tests/test_audit.py), where 1,200 gave 3.6e-22 (TV 0.14); an audit costs about 25 s a
+# case per 1,200 samples on 2 cores, and the suite runs about forty.
+AUDIT_SAMPLES = 600
 
 # (config, temperature): every method, every verifier, every stop policy, lossy and lossless, greedy and sampled.
 GRID = [

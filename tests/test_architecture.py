@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 EXAMPLES = {"drafter": "Adding a drafter", "verifier": "Adding a verifier", "stop policy": "Adding a stop policy"}
+EXAMPLE_SAMPLES = 400
 
 
 def _import_graph() -> nx.DiGraph:
@@ -84,7 +85,12 @@ def restore_verifier_tables():
 @pytest.mark.slow
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_worked_example_runs_as_written(example, restore_verifier_tables):
+    """Each section's code runs as a reader would paste it, but for the audit's sample count: the examples ask for
+    1,200 samples, which cost about 30 s each here; ``EXAMPLE_SAMPLES`` still gives their audits several categories
+    to test (tests/test_audit.py measures the audit's power)."""
     code = _example_code(EXAMPLES[example])
+    assert "samples=1200" in code  # what the reader runs
+    code = code.replace("samples=1200", f"samples={EXAMPLE_SAMPLES}")
     exec(compile(code, f"docs/architecture.md ({EXAMPLES[example]})", "exec"), {"__name__": "example"})
 
 

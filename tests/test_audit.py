@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from method_grid import AUDIT_SAMPLES
 
 from explorer.analysis.audit import MIN_EXPECTED, audit, compare
 from explorer.cli.main import main
@@ -13,7 +14,7 @@ from explorer.engine.config import MethodConfig
 from explorer.engine.factory import build_engine
 from explorer.engine.sampling import SamplingConfig, logits_to_probs
 
-N = 1200
+N = AUDIT_SAMPLES  # the lossy rule's test below is the evidence that this many samples still catch a biased rule
 PROMPT = "def f(x):\n    return"
 # Contexts tried in order until one has the property a case needs (never an accident of the tiny pair's logits).
 CANDIDATES = [PROMPT, "The capital of France is", "def add(a, b):", "x = ", "import numpy as np\n", "Hello, ",

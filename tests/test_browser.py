@@ -2,20 +2,29 @@
 
 import os
 import shutil
+from types import SimpleNamespace
 
 import pytest
-from browser import CHROMIUM, running_app, step_twice
+from browser import CHROMIUM, running_app, server_log, step_twice
 
 pytestmark = pytest.mark.skipif(not (shutil.which(CHROMIUM) or os.path.exists(CHROMIUM)),
                                 reason="needs Debian's chromium (installed by .ci/run)")
 
 
-def test_step_twice_in_a_real_browser(tmp_path):
+@pytest.fixture(scope="module")
+def app():
+    """One app server on the tiny pair for the module's tests (each opens its own browser sessions, as a class
+    does): ``url``, ``pid`` and ``log()``, what the server has written so far. Starting one took about 15 s a test."""
+    procs: list = []
+    with running_app("tiny", procs=procs) as url:
+        yield SimpleNamespace(url=url, pid=procs[0].pid, log=lambda: server_log(procs[0]))
+
+
+def test_step_twice_in_a_real_browser(tmp_path, app):
     """A fresh page, nothing typed: the prompt box holds a real prompt and the first Step draws a tree."""
-    log = []
-    with running_app("tiny", log=log) as url:
-        report = step_twice(url, tmp_path, load_timeout_s=120)
-    assert report["url"].rstrip("/") == url.rstrip("/")  # /explorer lands on the app's root page, the Explorer
+    report = step_twice(app.url, tmp_path, load_timeout_s=120)
+    log = [app.log()]
+    assert report["url"].rstrip("/") == app.url.rstrip("/")  # /explorer lands on the app's root page, the Explorer
     assert report["prompt"].strip() and report["exceptions"] == 0 and report["errors"] == []
     assert report["cut"] == [], report["cut"]  # no "For..." buttons or "Generat..." metric labels
     # the server's log is clean too: no traceback, and no widget warning (every kept widget's value is written back
@@ -29,13 +38,13 @@ def test_step_twice_in_a_real_browser(tmp_path):
     assert report["what_if"] and "draft tokens over" in report["what_if"][0]
 
 
-def test_back_inspect_download_and_replay_in_a_real_browser(tmp_path):
+def test_back_inspect_download_and_replay_in_a_real_browser(tmp_path, app):
     from browser import tour
 
     from explorer.trace.records import load_run
 
-    with running_app("tiny") as url:
-        r = tour(url, tmp_path, load_timeout_s=120)
+    url = app.url
+    r = tour(url, tmp_path, load_timeout_s=120)
     assert r["exceptions"] == 0
     assert r["after_steps"].startswith("Step 3 of 3") and r["after_back"].startswith("Step 2 of 3")
     assert r["tree_points"] >= 3 and r["inspector"], r  # the click opened the node inspector
@@ -51,7 +60,7 @@ def test_back_inspect_download_and_replay_in_a_real_browser(tmp_path):
         assert (tmp_path / shot).stat().st_size > 20_000
 
 
-def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
+def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny, app):
     from browser import two_sessions
 
     from explorer.engine.config import MethodConfig
@@ -60,8 +69,8 @@ def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
     from explorer.trace.records import load_run
 
     prompts = ("def add(a, b):", "The capital of France is")
-    with running_app("tiny") as url:
-        paths = two_sessions(url, tmp_path, prompts=prompts, steps=3, load_timeout_s=120)
+    url = app.url
+    paths = two_sessions(url, tmp_path, prompts=prompts, steps=3, load_timeout_s=120)
     for prompt, path in zip(prompts, paths):
         trace = load_run(path)
         assert trace.prompt == prompt and len(trace.steps) == 3
@@ -75,17 +84,17 @@ def test_two_browser_sessions_step_at_once_without_mixing(tmp_path, tiny):
     assert a.prompt_ids != b.prompt_ids
 
 
-def test_stop_interrupts_run_to_end_and_the_run_goes_on(tmp_path):
+def test_stop_interrupts_run_to_end_and_the_run_goes_on(tmp_path, app):
     import re
 
     from browser import run_and_stop
 
-    with running_app("tiny") as url:
-        # the tiny pair holds 512 positions: End (512 tokens) would be refused, and so would about 400 beside the
-        # default's widest tree (4 root chains of 16: 64 positions); three PageDowns leave about 350
-        # Stop right after the first step: the tiny pair finishes its whole run in about a second
-        r = run_and_stop(url, tmp_path, wait_s=0.0, load_timeout_s=120,
-                         keys=("End", "PageDown", "PageDown", "PageDown"))
+    url = app.url
+    # the tiny pair holds 512 positions: End (512 tokens) would be refused, and so would about 400 beside the
+    # default's widest tree (4 root chains of 16: 64 positions); three PageDowns leave about 350
+    # Stop right after the first step: the tiny pair finishes its whole run in about a second
+    r = run_and_stop(url, tmp_path, wait_s=0.0, load_timeout_s=120,
+                     keys=("End", "PageDown", "PageDown", "PageDown"))
     assert r["exceptions"] == 0
     stopped = [t for t in r["info"] if t.startswith("Stopped after")]
     assert stopped and not r["success"], r  # interrupted before the 512-token run finished
@@ -97,11 +106,11 @@ def test_stop_interrupts_run_to_end_and_the_run_goes_on(tmp_path):
     assert after and after.group(1) == after.group(2) and shown + 1 <= int(after.group(2)) <= shown + 2, r
 
 
-def test_free_drafts_show_their_source_provenance_and_matrix_row(tmp_path):
+def test_free_drafts_show_their_source_provenance_and_matrix_row(tmp_path, app):
     from browser import free_drafts_tour
 
-    with running_app("tiny") as url:
-        r = free_drafts_tour(url, tmp_path, load_timeout_s=120)
+    url = app.url
+    r = free_drafts_tour(url, tmp_path, load_timeout_s=120)
     assert r["exceptions"] == 0 and r["errors"] == [], r
     assert "token recycling" in r["legend"], r["legend"]  # the tree coloured by draft source
     assert r["clicked"] and r["inspector"], r
@@ -110,13 +119,13 @@ def test_free_drafts_show_their_source_provenance_and_matrix_row(tmp_path):
     assert (tmp_path / "free_tree.png").stat().st_size > 10_000
 
 
-def test_instrument_panels_in_a_real_browser(tmp_path):
+def test_instrument_panels_in_a_real_browser(tmp_path, app):
     """The instruments: probe a step, expected against realised acceptance with measured forward costs, and the optimal
     tree run with one click (the sidebar switches to mcsd with that tree template)."""
     from browser import instruments_tour
 
-    with running_app("tiny") as url:
-        r = instruments_tour(url, tmp_path, load_timeout_s=120)
+    url = app.url
+    r = instruments_tour(url, tmp_path, load_timeout_s=120)
     assert r["exceptions"] == 0 and r["errors"] == [], r
     metrics = dict(m.split("\n\n") for m in r["probe_metrics"])
     assert metrics["Flipped decisions"] == "0" and metrics["Mask lint"] == "OK"
@@ -132,13 +141,13 @@ def test_instrument_panels_in_a_real_browser(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
-def test_online_adaptation_in_a_real_browser(tmp_path):
+def test_online_adaptation_in_a_real_browser(tmp_path, app):
     """Switch online adaptation on, step, and see the adapting policy drawn over the run with its caption; after
     Reset, the next run starts from what it learned."""
     from browser import adaptation_tour
 
-    with running_app("tiny") as url:
-        r = adaptation_tour(url, tmp_path, steps=5, load_timeout_s=120)
+    url = app.url
+    r = adaptation_tour(url, tmp_path, steps=5, load_timeout_s=120)
     assert r["exceptions"] == 0 and r["errors"] == [], r
     assert r["charts"] >= 1 and r["title"] == ["Stop-policy adaptation over the run (last-layer)"]
     assert "predicted, adapting model" in r["legend"] and "accepted (mean P(accept))" in r["legend"]
@@ -149,26 +158,26 @@ def test_online_adaptation_in_a_real_browser(tmp_path):
     assert (tmp_path / "adaptation_carried.png").stat().st_size > 10_000
 
 
-def test_the_goodput_fallback_in_a_real_browser(tmp_path):
+def test_the_goodput_fallback_in_a_real_browser(tmp_path, app):
     """With the fallback switched on, the rule's first plain decoding step says so under the step."""
     from browser import fallback_tour
 
-    with running_app("tiny") as url:
-        r = fallback_tour(url, tmp_path, load_timeout_s=120)
+    url = app.url
+    r = fallback_tour(url, tmp_path, load_timeout_s=120)
     assert r["exceptions"] == 0 and r["errors"] == [], r
     assert r["after_steps"].startswith("Step 4") and r["captions"], r
     assert "measuring plain decoding" in r["captions"][0] and "drafted nothing" in r["captions"][0]
     assert (tmp_path / "fallback_step.png").stat().st_size > 10_000
 
 
-def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
+def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path, app):
     """Counterfactuals: re-verify a step as recorded (identical), replace a drafted token and see both trees,
     continue from the edit as a new run and switch back, the step's waterfall, and the stop-signal calibration
     view."""
     from browser import what_if_tour
 
-    with running_app("tiny") as url:
-        r = what_if_tour(url, tmp_path, load_timeout_s=120)
+    url = app.url
+    r = what_if_tour(url, tmp_path, load_timeout_s=120)
     assert r["exceptions"] == 0 and r["errors"] == [], r
     assert r["identical"] and "Re-verified as recorded" in r["identical"][0]
     assert r["changes"] and "committed" in r["changes"][0]
@@ -181,7 +190,7 @@ def test_what_if_edit_new_run_and_timeline_in_a_real_browser(tmp_path):
     assert any(t.startswith("ROC") for t in r["calibration_titles"]) and r["calibration_metrics"]
 
 
-def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path):
+def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path, app):
     """The Classroom at 1280x720, 1920x1080 and on a phone, sidebar collapsed, no model loaded: 30 Right presses
     show 30 phases in order with no websocket message (the player runs in the browser); the tree, the mask, the
     account and the controls lie inside the viewport (a phone: the tree and the account), no text is cut, chart
@@ -192,9 +201,8 @@ def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path):
 
     bad = tmp_path / "bad_lesson.json"
     bad.write_text('{"lesson_schema": 99}')
-    procs: list = []
-    with running_app("tiny", procs=procs) as url:
-        report = classroom_tour(url, tmp_path, pid=procs[0].pid, bad_lesson=bad)
+    url = app.url
+    report = classroom_tour(url, tmp_path, pid=app.pid, bad_lesson=bad)
     for size, r in report.items():
         width, height = r["viewport"]
         assert r["sidebar_collapsed"] and r["page_errors"] == [], (size, r)
@@ -224,7 +232,7 @@ def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path):
     assert first["after_bad_lesson"].endswith(":1")  # the lesson on screen stayed
 
 
-def test_a_whole_class_on_one_app(tmp_path, tiny):
+def test_a_whole_class_on_one_app(tmp_path, tiny, app):
     """Ten browser sessions at once on one server: five replay a lesson and press Right together, five step live
     runs on the tiny pair together. No error; every classroom is where its own presses took it; every live trace is
     the one its own steps give when run alone; the server's memory stays flat from round to round."""
@@ -235,9 +243,8 @@ def test_a_whole_class_on_one_app(tmp_path, tiny):
     from explorer.engine.sampling import SamplingConfig
     from explorer.trace.records import load_run
 
-    procs: list = []
-    with running_app("tiny", procs=procs) as url:
-        r = whole_class(url, tmp_path, procs[0].pid, students=10, rounds=3)
+    url = app.url
+    r = whole_class(url, tmp_path, app.pid, students=10, rounds=3)
     assert r["errors"] == [], r["errors"]
     assert r["phase"]["n"] == 15 and r["step"]["n"] >= 10, (r["phase"], r["step"])  # latencies were measured
     assert all(pos.endswith(":3") for pos in r["positions"]), r["positions"]
@@ -271,7 +278,7 @@ def test_an_exported_lesson_plays_offline_in_a_real_browser(tmp_path):
     assert report["tap"] == 1
 
 
-def test_the_forensics_page_compares_two_settings_in_a_real_browser(tmp_path, tiny):
+def test_the_forensics_page_compares_two_settings_in_a_real_browser(tmp_path, tiny, app):
     """Run a built-in set (MT-bench's first five: HumanEval's prompts are too long for the tiny pair, which the page
     says prompt by prompt), keep it as A, read saved traces of the same prompts at T = 0.8 (and one broken file) as
     B: the diff is drawn, the broken file named; a file that is no forensics.json offered as A is refused, and the
@@ -295,8 +302,8 @@ def test_the_forensics_page_compares_two_settings_in_a_real_browser(tmp_path, ti
     broken, not_forensics = tmp_path / "broken.json", tmp_path / "a.json"
     broken.write_text('{"schema_version": 99, "steps": []}')
     not_forensics.write_text('{"forensics_schema": 1}')
-    with running_app("tiny") as url:
-        r = forensics_tour(url, tmp_path / "shots", traces, (broken, not_forensics))
+    url = app.url
+    r = forensics_tour(url, tmp_path / "shots", traces, (broken, not_forensics))
     assert r["exceptions"] == 0 and r["charts_a"] >= 4 and r["kept"] == 1, r
     assert "5 runs of mcsd-improved, T 0" in r["summary_a"], r["summary_a"]
     assert any("broken.json" in w and "schema version" in w for w in r["warnings"]), r["warnings"]
@@ -305,3 +312,21 @@ def test_the_forensics_page_compares_two_settings_in_a_real_browser(tmp_path, ti
     for size, seen in r["sizes"].items():
         assert not seen["overflow"] and seen["cut"] == [], (size, seen)
         assert (tmp_path / "shots" / f"forensics_{size}_whole.png").stat().st_size > 30_000
+
+
+@pytest.mark.real
+def test_the_explorer_reads_whole_at_every_screen_size_on_the_embedded_pair(tmp_path):
+    """The Explorer after a step on the embedded pair at a projector's 1280x720, a laptop's 1366x768, 1920x1080
+    and a phone's 390x844, teach mode off and on (its larger type), the sidebar open (closed on the phone): no
+    button, metric or label cut or broken inside a word, no chart title or note cut at the chart's edge, no
+    overprinted ticks or tree labels, no exception."""
+    from browser import explorer_layout_tour
+
+    with running_app("default") as url:
+        report = explorer_layout_tour(url, tmp_path, steps=1, load_timeout_s=900)
+    for view, faults in report.items():
+        if view.endswith("exceptions"):
+            assert faults == 0, view
+        else:
+            assert faults == {"cut": [], "broken": [], "charts": []}, (view, faults)
+    assert (tmp_path / "explorer_1280x720_teach_whole.png").stat().st_size > 50_000

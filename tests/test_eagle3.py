@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from method_grid import AUDIT_SAMPLES
 from explorer.models.eagle3 import (ARCHITECTURE, HeadCache, HeadConfig, HeadError, default_aux_layers, load_head,
                                     random_head, save_head)
 
@@ -193,7 +194,7 @@ def test_head_drafting_samples_the_targets_law(tiny):
     from explorer.engine.sampling import SamplingConfig
 
     eng = _head_engine(tiny, SamplingConfig(temperature=1.0, seed=7), top_k=2, frontier=2, depth=3, tokens=6)
-    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=1200)
+    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=AUDIT_SAMPLES)
     assert result.passed, result.summary()
 
 

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from method_grid import AUDIT_SAMPLES
 from explorer.analysis.audit import audit
 from explorer.cli.main import main
 from explorer.engine.config import DEFAULTS
@@ -105,7 +106,7 @@ def test_the_default_tree_method_passes_the_audit_on_a_windowed_family(family):
     pair = tiny_family_pair(family)
     ids = pair.tokenizer.encode(PROMPT[:40])  # past the window of 16
     config = DEFAULTS["mcsd-improved"].with_(fallback="off")  # every sample drafts a tree
-    r = audit(pair, config, SamplingConfig(temperature=1.0, seed=31_000), ids, 1200)
+    r = audit(pair, config, SamplingConfig(temperature=1.0, seed=31_000), ids, AUDIT_SAMPLES)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     assert len(r.first.exact) >= 4  # enough tested categories for the test to have power
 

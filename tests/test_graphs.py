@@ -4,7 +4,7 @@ calls); on a GPU, replayed CUDA graphs give the traces of eager forwards."""
 import numpy as np
 import pytest
 import torch
-from method_grid import GRID, IDS, PROMPT, _case_id, same_traces, session
+from method_grid import AUDIT_SAMPLES, GRID, IDS, PROMPT, _case_id, same_traces, session
 
 from explorer.engine.config import DEFAULTS, MethodConfig
 from explorer.engine.factory import build_engine
@@ -235,7 +235,7 @@ def test_chain_replays_sample_from_the_target(tiny, cfg):
 
     sampling = SamplingConfig(temperature=0.8, seed=777_000)
     engine = build_engine(tiny, cfg, sampling, kv_cache="static", graphs=True, chain_levels=4)
-    r = audit_engine(engine, tiny.tokenizer.encode("def f(x):\n    return"), 1200)
+    r = audit_engine(engine, tiny.tokenizer.encode("def f(x):\n    return"), AUDIT_SAMPLES)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     assert r.pairs.dof >= 3
 

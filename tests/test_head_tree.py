@@ -4,6 +4,7 @@ with the sizer keeps ``ar``'s greedy tokens, samples the target's law and replay
 
 import pytest
 
+from method_grid import AUDIT_SAMPLES
 from explorer.engine.policies.head_tree import PRIOR_N, Q_EDGES, TreeSizer
 
 
@@ -155,7 +156,7 @@ def test_a_sized_head_run_samples_the_targets_law(tiny, tmp_path):
     config = _online(_saved_head(tiny, tmp_path)).with_(head_topk=2, head_depth=3, head_tokens=6)
     eng = build_engine(tiny, config, SamplingConfig(temperature=1.0, seed=7))
     eng.parts.drafter.sizer.warmup = 1
-    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=1200)
+    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=AUDIT_SAMPLES)
     assert result.passed, result.summary()
 
 
@@ -250,5 +251,5 @@ def test_the_head_with_prompt_lookup_samples_the_targets_law(tiny, tmp_path):
     config = _online(_saved_head(tiny, tmp_path)).with_(method="eagle-hybrid", head_topk=2, head_depth=3,
                                                          head_tokens=6)
     eng = build_engine(tiny, config, SamplingConfig(temperature=1.0, seed=7))
-    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=1200)
+    result = audit_engine(eng, tiny.tokenizer.encode("a b c a b c a b"), samples=AUDIT_SAMPLES)
     assert result.passed, result.summary()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from method_grid import AUDIT_SAMPLES
 from explorer.analysis.audit import audit
 from explorer.cli.main import main
 from explorer.engine.config import DEFAULTS
@@ -78,7 +79,7 @@ def test_layer_skip_passes_the_audit(family):
     pair = tiny_family_pair(family, target_layers=6)
     ids = pair.tokenizer.encode(PROMPT[:40])
     r = audit(pair, DEFAULTS["layer-skip"].with_(fallback="off", gamma=3), SamplingConfig(temperature=1.0, seed=5),
-              ids, 1200)
+              ids, AUDIT_SAMPLES)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     assert len(r.first.exact) >= 4
 

@@ -90,7 +90,7 @@ def _phase_data(lesson: Lesson, run: int, step: StepTrace, greedy: bool) -> list
         shown = shown_status(step, phase)
         key = tuple(sorted(shown.items()))
         if key not in trees:
-            trees[key] = page_figure(tree_figure(step, shown=shown, font=FONT))
+            trees[key] = page_figure(tree_figure(step, shown=shown, font=FONT, fit_labels=False))  # fitTree fits them
         rows = tuple(mask_rows(step, phase))
         if len(step.nodes) > 1 and rows and rows not in masks:
             masks[rows] = page_figure(mask_figure(step, rows=list(rows), font=FONT, height=MASK_HEIGHT))

@@ -8,6 +8,7 @@ renders a subset of HTML in labels, so a token like ``<br>`` must not become mar
 from __future__ import annotations
 
 import html
+import math
 
 import networkx as nx
 import plotly.graph_objects as go
@@ -136,8 +137,8 @@ def _hover(n) -> str:
 
 def tree_figure(step: StepTrace, height: int | None = None, selected: int | None = None,
                 color_by: str = "status", flagged: dict[int, str] | None = None, shown: dict[int, str] | None = None,
-                font: int | None = None, final: bool | None = None, draft_vocab: set[int] | None = None
-                ) -> go.Figure:
+                font: int | None = None, final: bool | None = None, draft_vocab: set[int] | None = None,
+                fit_labels: bool = True) -> go.Figure:
     """The draft token tree of one step, coloured by verification status (``color_by="status"``) or by draft
     source (``"source"``: draft model, target root, prompt lookup, token recycling; rejected and unverified nodes
     faded). The marker's shape always tells the source (circle: draft model, diamond: target root, square: lookup,
@@ -151,7 +152,10 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     nodes keep their places from phase to phase. ``font``: the text size in px of labels, titles and legend
     (default: the desk sizes); markers grow with it. ``draft_vocab``: an EAGLE-3 head's draft vocabulary (target
     ids, ``RunTrace.settings["head"]["draft_ids"]``): a bonus token outside it is drawn as an open star, a token the
-    head could never have proposed; the title names the target layers the head read."""
+    head could never have proposed; the title names the target layers the head read. ``fit_labels``: where the
+    depths are too close for whole labels (``label_room``), labels alternate above and below their nodes and are
+    shortened; False leaves every label whole above its node, for a page that fits them to the width it knows
+    (the lesson player's ``fitTree``)."""
     g = tree_graph(step)
     pos = tree_layout(g)
     by_id = {n.id: n for n in step.nodes}
@@ -164,6 +168,8 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         step_nodes, status_of, final = step.nodes, {n.id: n.status for n in step.nodes}, True
     drawn = {n.id for n in step_nodes}
     scale = (font or 11) / 11
+    depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
+    chars, staggered = label_room(depth, font or 11) if fit_labels else (10, False)
     traces = []  # the figure is made once at the end: Plotly's update_layout costs more than the figure
     ex, ey = [], []
     for a, b in g.edges:
@@ -185,7 +191,9 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         outlined = [final and n.committed and n.status != CONTEXT for n in nodes]
         traces.append(go.Scatter(
             x=[pos[n.id][0] for n in nodes], y=[pos[n.id][1] for n in nodes], mode="markers+text",
-            name=name, text=[token_label(n.text, 10) for n in nodes], textposition="top center",
+            name=name, text=[token_label(n.text, chars) if chars else "" for n in nodes],
+            textposition=(["bottom center" if n.depth % 2 else "top center" for n in nodes] if staggered
+                          else "top center"),
             textfont=dict(size=font or 11), cliponaxis=False,  # the top node's label reaches into the margin
             customdata=[n.id for n in nodes], hovertext=[_hover(n) for n in nodes], hoverinfo="text",
             marker=dict(size=16 * scale, color=color, symbol=[SOURCE_SYMBOLS.get(n.source, "circle") for n in nodes],
@@ -222,7 +230,6 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
                                  marker=dict(size=18 * scale, color=BONUS_COLOR,
                                              symbol="star-open" if unreachable else "star",
                                              line=dict(color=BONUS_COLOR, width=3 if unreachable else 1))))
-    depth = max(n.depth for n in step.nodes) + (1 if step.bonus_token is not None else 0)
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     subtitle = _head_title(step)
     height = height or max(380, min(940, 34 * leaves + 180))  # the legend's rows come out of it
@@ -242,9 +249,29 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
         xaxis=dict(title=dict(text="depth (position id - anchor position)", font=dict(size=size)), dtick=1,
                    range=[-0.5, depth + 1.2], zeroline=False, tickfont=dict(size=size)),
         # the legend under the axis: above the plot it wrapped into the title on a phone
-        yaxis=dict(visible=False), legend=dict(orientation="h", yanchor="top", y=legend_y, x=0, font=dict(size=size)),
+        # half a row of room above the top row and below the bottom one, where alternating labels reach
+        yaxis=dict(visible=False, range=[-(leaves - 1) - 0.5, 0.5]),
+        legend=dict(orientation="h", yanchor="top", y=legend_y, x=0, font=dict(size=size)),
         hoverlabel=dict(align="left", font=dict(size=size)),
         clickmode="event+select"))
+
+
+TREE_WIDTH_PX = 560
+"""The width a tree's labels are fitted to: about the narrowest plot area the Explorer gives a tree (its column at
+1280 px with the sidebar open; a phone's is 360) and less than the lesson player's; wider screens get room to spare."""
+
+
+def label_room(depth: int, font: float) -> tuple[int, bool]:
+    """How many characters a tree node's label may have, and whether labels alternate above and below the nodes
+    (odd depths below), so that neighbours along a chain do not overprint: a label gets the space between its node
+    and the next depth's (``TREE_WIDTH_PX`` over the depths shown), twice that where they alternate. Returns
+    ``(chars, staggered)``; ``chars`` 0: no labels at all (the hover and the inspector still name every token)."""
+    per_depth = TREE_WIDTH_PX / (depth + 1.7)  # the x range runs from -0.5 to depth + 1.2
+    char_px = 0.62 * font  # an average glyph of Plotly's default sans-serif
+    if 10 * char_px <= 0.9 * per_depth:
+        return 10, False
+    chars = min(10, int(1.8 * per_depth / char_px))
+    return (chars if chars >= 2 else 0), True
 
 
 def _head_title(step: StepTrace) -> str:
@@ -292,7 +319,8 @@ def mask_figure(step: StepTrace, highlight: int | None = None, rows: list[int] |
                            line=dict(color="#ff7f0e", width=3)))
     # made in one go: Plotly's update_layout costs more than the figure
     return go.Figure(data=[heatmap], layout=dict(
-        title=dict(text=f"Tree attention mask sent to the target: {dims}<br><sup>+{step.mask_context_len} cached "
+        # the rows and columns on the second line: on one line the title ran past a phone's or a column's width
+        title=dict(text=f"Tree attention mask sent to the target<br><sup>{dims} · +{step.mask_context_len} cached "
                    "context columns, all attended (not drawn)</sup>", font=dict(size=font + 2 if font else None)),
         height=height, margin=dict(l=10, r=10, t=70, b=10), font=dict(size=size),
         hoverlabel=dict(font=dict(size=size)), xaxis=xaxis, yaxis=yaxis, shapes=shapes))
@@ -328,6 +356,18 @@ def inspector_figure(node) -> go.Figure:
     return fig
 
 
+def legend_below(**more) -> dict:
+    """A horizontal legend at the bottom of the figure (``yref="container"``), under the x axis's title: placed in
+    plot-area units below the axis it sat on the axis title wherever the plot area was short."""
+    return dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0, **more)
+
+
+def whole_ticks(top: float, most: int = 8) -> int:
+    """A ``dtick`` for a count axis from 0 to ``top``: 1, or the step that keeps at most ``most`` ticks (17 ticks of
+    one draft token each overprinted on a 300 px chart)."""
+    return max(1, math.ceil(top / most))
+
+
 def branch_figure(step: StepTrace) -> go.Figure:
     """Drafted vs accepted draft tokens per branch (the anchor's children); the committed branch is marked."""
     rows = step.branches
@@ -336,10 +376,11 @@ def branch_figure(step: StepTrace) -> go.Figure:
         go.Bar(name="drafted", x=x, y=[r["drafted"] for r in rows], marker_color="#c7c7c7"),
         go.Bar(name="accepted", x=x, y=[r["accepted"] for r in rows], marker_color=STATUS_COLORS[ACCEPTED]),
     ])
-    fig.update_layout(barmode="overlay", height=300, margin=dict(l=10, r=10, t=50, b=10),
-                      title="Per-branch acceptance" + (" (each branch verified on its own: LOSSY)" if step.lossy
-                                                       else ""),
-                      yaxis=dict(title="draft tokens", dtick=1), legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(barmode="overlay", height=320, margin=dict(l=10, r=10, t=50, b=10),
+                      title="Per-branch acceptance" + ("<br><sup>each branch verified on its own: LOSSY</sup>"
+                                                       if step.lossy else ""),
+                      yaxis=dict(title="draft tokens", dtick=whole_ticks(max([r["drafted"] for r in rows] or [1]))),
+                      legend=legend_below())
     if not rows:
         fig.add_annotation(text="no draft tree in this step (autoregressive)", showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper")
@@ -392,9 +433,9 @@ def stop_figure(step: StepTrace, what_if: dict | None = None) -> go.Figure:
     else:
         fig.add_annotation(text="no early-stop decisions in this step (static depth)", showarrow=False, x=0.5,
                            y=0.5, xref="paper", yref="paper")
-    fig.update_layout(title="Stop signal per draft level", height=320, margin=dict(l=10, r=10, t=50, b=10),
-                      xaxis=dict(title="draft level", dtick=1), yaxis=dict(title="score", range=[-0.15, 1.15]),
-                      legend=dict(orientation="h", y=-0.3))
+    fig.update_layout(title="Stop signal per draft level", height=360, margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="draft level", dtick=whole_ticks(max([s.level for s in sigs] or [1]), 12)),
+                      yaxis=dict(title="score", range=[-0.15, 1.15]), legend=legend_below())
     return fig
 
 
@@ -439,7 +480,7 @@ def adaptation_figure(run: RunTrace, current: int | None = None) -> go.Figure:
     fig.update_layout(title=f"Stop-policy adaptation over the run ({mode})", height=300,
                       margin=dict(l=10, r=10, t=50, b=10),
                       xaxis=dict(title="step", rangemode="tozero", dtick=max(1, round(max(xs) / 10))),  # whole steps
-                      yaxis=dict(title="probability / score", range=[0, 1.05]), legend=dict(orientation="h", y=-0.3))
+                      yaxis=dict(title="probability / score", range=[0, 1.05]), legend=legend_below())
     return fig
 
 
@@ -456,9 +497,10 @@ def cost_ratio_figure(run: RunTrace, current: int | None = None) -> go.Figure:
                                 marker=dict(color="#ff7f0e"))])
     if current is not None:
         fig.add_vline(x=current + 1, line=dict(color="#9467bd", width=1, dash="dot"))
-    fig.update_layout(title="Goodput cost ratio r, measured on this machine", height=280,
-                      margin=dict(l=10, r=10, t=50, b=10), xaxis=dict(title="step", rangemode="tozero", dtick=1),
-                      yaxis=dict(title="r", rangemode="tozero"), legend=dict(orientation="h", y=-0.35))
+    fig.update_layout(title="Goodput cost ratio r, measured on this machine", height=300,
+                      margin=dict(l=10, r=10, t=50, b=10),
+                      xaxis=dict(title="step", rangemode="tozero", dtick=whole_ticks(max(xs or [1]), 12)),
+                      yaxis=dict(title="r", rangemode="tozero"), legend=legend_below())
     return fig
 
 
@@ -471,9 +513,10 @@ def run_figure(run: RunTrace) -> go.Figure:
     fig = go.Figure([go.Bar(name="accepted draft tokens", x=xs, y=accepted, marker_color=STATUS_COLORS[ACCEPTED]),
                      go.Bar(name="target root", x=xs, y=roots, marker_color="#9467bd"),
                      go.Bar(name="bonus token", x=xs, y=bonus, marker_color=BONUS_COLOR)])
-    fig.update_layout(barmode="stack", height=260, margin=dict(l=10, r=10, t=40, b=10),
+    top = max([len(s.committed_ids) for s in run.steps] or [1])
+    fig.update_layout(barmode="stack", height=300, margin=dict(l=10, r=10, t=40, b=10),
                       title="Tokens committed per target call", xaxis=dict(title="step"),
-                      yaxis=dict(title="tokens", dtick=1), legend=dict(orientation="h", y=-0.35))
+                      yaxis=dict(title="tokens", dtick=whole_ticks(top, 6)), legend=legend_below())
     return fig
 
 

@@ -224,35 +224,36 @@ def controls(trace, replaying: bool) -> None:
     run (between two steps: Streamlit calls happen only in the progress callback); the next run sees the ``running``
     flag still set. These buttons rerun the whole page; Back, Forward and Go to step belong to the step view
     (``step_view``), which they rerun alone."""
-    b = st.columns([1, 1.3, 1, 1, 1.6, 1.6])  # labels wrap where a column is narrow: never cut to "Run t..."
-    b[0].button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
-                help="draft and verify one speculative round on the real models", wrap=True)
-    b[1].button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying, wrap=True)
-    b[2].button("Stop", key="stop_btn", help="interrupts Run to end after the current step", wrap=True)
-    b[3].button("Reset", key="reset_btn", on_click=_reset, wrap=True)
-    b[4].download_button("Download trace", data=(lambda t=trace: t.to_json()) if trace is not None else "",
-                         file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
-                         disabled=trace is None, on_click="ignore", wrap=True,
-                         help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
+    b = panels.button_row("controls")  # each button as wide as its label; the row wraps, never a label
+    b.button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
+             help="draft and verify one speculative round on the real models")
+    b.button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying)
+    b.button("Stop", key="stop_btn", help="interrupts Run to end after the current step")
+    b.button("Reset", key="reset_btn", on_click=_reset)
+    b.download_button("Download trace", data=(lambda t=trace: t.to_json()) if trace is not None else "",
+                      file_name="spec-explorer-trace.json", mime="application/json", key="download_btn",
+                      disabled=trace is None, on_click="ignore",
+                      help="the whole session as JSON: settings, model ids, every step; replay it with Load trace")
     # built on the click, on its own thread (about 1.6 MB: Plotly.js inlined), not on every rerun
-    b[5].download_button("Download as HTML", data=(lambda t=trace: trace_html(t)) if trace is not None else "",
-                         file_name="spec-explorer-trace.html", mime="text/html", key="download_html_btn",
-                         disabled=trace is None or not trace.steps, on_click="ignore", wrap=True,
-                         help="the session as one page that plays its steps in any browser, offline: for a bug "
-                              "report or a hand-in")
+    b.download_button("Download as HTML", data=(lambda t=trace: trace_html(t)) if trace is not None else "",
+                      file_name="spec-explorer-trace.html", mime="text/html", key="download_html_btn",
+                      disabled=trace is None or not trace.steps, on_click="ignore",
+                      help="the session as one page that plays its steps in any browser, offline: for a bug "
+                           "report or a hand-in")
 
 
 def step_navigation(trace) -> None:
     """Back, Forward and the Go to step slider (the step view's first row)."""
     c = _cursor()
     n = len(trace.steps)
-    b = st.columns([1, 1.3, 7.7], vertical_alignment="bottom")
-    b[0].button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0, wrap=True)
-    b[1].button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1, wrap=True)
+    b = panels.button_row("navigation")
+    b.button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0)
+    b.button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1)
     if n >= 2:
         if Explorer.STEP_SLIDER.get() != c + 1:
             Explorer.STEP_SLIDER.set(c + 1)
-        b[2].slider("Go to step", 1, n, key=Explorer.STEP_SLIDER.name, on_change=_slider_moved)
+        with b.container(width="stretch", key="step_slider_box"):  # at least 240 px wide: panels.METRIC_CSS
+            st.slider("Go to step", 1, n, key=Explorer.STEP_SLIDER.name, on_change=_slider_moved)
 
 
 @st.fragment

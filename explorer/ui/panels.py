@@ -15,20 +15,46 @@ from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
 from .instruments_panel import flagged_nodes, of_the_run, of_the_step, probe_section, teach_caption
 from .state import Explorer
 
-# Teach mode's large type, for a projector (drawn with st.html: style only, it takes no room on the page). Streamlit
+# Teach mode's large type, for a projector (drawn with st.html: style only, it takes no room on the page), in the main
+# area only: the sidebar's settings are the presenter's, and at 1.3rem its selectboxes cut their values. Streamlit
 # has no per-page text size (theme.baseFontSize is the whole app's, fixed at start): this stays CSS.
 TEACH_CSS = """<style>
-html, body, [class*="st-"], .stMarkdown p, .stMarkdown li { font-size: 1.3rem !important; }
-h1 { font-size: 2.6rem !important; } h2, h3 { font-size: 2rem !important; }
+[data-testid="stMain"] [class*="st-"], [data-testid="stMain"] .stMarkdown p, [data-testid="stMain"] .stMarkdown li
+  { font-size: 1.3rem !important; }
+[data-testid="stMain"] h1 { font-size: 2.6rem !important; }
+[data-testid="stMain"] h2, [data-testid="stMain"] h3 { font-size: 2rem !important; }
 </style>"""
 
 
-# Metric labels wrap onto a second line where seven columns are narrow, instead of being cut to "Generat...":
-# st.metric has no option for it (its label is one line, cut with an ellipsis), so this stays CSS.
+# What keeps the Explorer whole from a phone to a projector (drawn once per page with st.html):
+# - metric labels wrap between words onto a second line, never inside one ("Generat|ed") and never cut to
+#   "Generat..." (st.metric's label is one line, cut with an ellipsis, and has no option for it);
+# - button labels never break inside a word: a row of buttons is a wrapping horizontal container (``button_row``),
+#   so a button too wide for what is left of its row starts the next one;
+# - the rows of charts (``chart_columns``) wrap: a column narrower than a chart can show its title in goes under the
+#   one before it, instead of Plotly cutting the title at the chart's edge.
 METRIC_CSS = """<style>
 [data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
-  overflow: visible !important; text-overflow: clip !important;}
+  overflow: visible !important; text-overflow: clip !important; word-break: normal !important;
+  overflow-wrap: normal !important;}
+button p, [data-testid="stMetricValue"] * {word-break: keep-all !important; overflow-wrap: normal !important;}
+[class*="st-key-wrap_"] [data-testid="stHorizontalBlock"] {flex-wrap: wrap !important;}
+[class*="st-key-wrap_"] [data-testid="stColumn"] {min-width: min(100%, 400px) !important;}
+.st-key-step_slider_box {min-width: min(100%, 240px);}
 </style>"""
+
+
+def chart_columns(spec, key: str) -> list:
+    """``st.columns(spec)`` whose columns wrap onto the next line where the page is too narrow for each to be 400 px
+    wide (``METRIC_CSS``): for rows of charts, whose titles and ticks need the room. ``key``: unique on the page."""
+    with st.container(key=f"wrap_{key}"):
+        return st.columns(spec)
+
+
+def button_row(key: str):
+    """A horizontal container whose buttons take their labels' width and wrap onto a second line where the row is
+    too narrow (a button's label never breaks inside a word). ``key``: unique on the page."""
+    return st.container(horizontal=True, key=f"buttons_{key}", gap="small", vertical_alignment="bottom")
 
 
 def code(text: str) -> str:
@@ -43,7 +69,10 @@ def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
                                                 prompt_ids=trace.prompt_ids, steps=trace.steps[: upto + 1],
                                                 prefill_ms=trace.prefill_ms)
     m = run_metrics(shown)
-    cols = st.columns(7)
+    # a wrapping row of metrics 150 px wide or more: seven columns at a projector's 1280 px with the sidebar open
+    # were about 110 px, less than "Acceptance" at teach mode's size
+    row = st.container(horizontal=True, key="metrics_row", gap="medium")
+    cols = [row.container(width=150) for _ in range(7)]
     acc, mcsd_acc = m["acceptance_rate"], m["mcsd_acceptance_rate"]
     cols[0].metric("Generated tokens", m["generated_tokens"])
     cols[1].metric("Target calls", m["target_calls"])
@@ -126,7 +155,7 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
                    "from the residual distribution.")
         st.dataframe(figures.node_rows(step), hide_index=True, width="stretch")
     probe_section(step, probe, can_probe, teach, prefix)
-    c1, c2, c3 = st.columns(3)
+    c1, c2, c3 = chart_columns(3, f"{prefix}step_charts")
     c1.plotly_chart(of_the_step(trace, step, "branches", lambda: figures.branch_figure(step)), width="stretch",
                     key=f"{prefix}branch_chart")
     with c2:
@@ -156,7 +185,7 @@ def tree_and_inspector(trace: RunTrace, step: StepTrace, prefix: str = "", probe
     chosen = selected_node(event, step.index, prefix)
     chosen = chosen if chosen in {n.id for n in step.nodes} else None
     free = any(n.source in FREE_SOURCES for n in step.nodes)
-    left, right = st.columns([3, 2])
+    left, right = chart_columns([3, 2], f"{prefix}tree_mask_{step.index}")
     with left:
         color_by = "status"
         if free:  # free drafters mix sources in one tree: let the colours tell them apart
