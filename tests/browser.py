@@ -672,7 +672,7 @@ BROKEN_WORDS = """() => { const out = [];
     if (!el.offsetParent || b.right <= 0 || b.left >= innerWidth) continue;  // hidden, or in a closed sidebar
     const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
     for (let n = walk.nextNode(); n; n = walk.nextNode()) {
-      for (const m of n.textContent.matchAll(/\\S+/g)) {
+      for (const m of n.textContent.matchAll(/[^\\s-]+-?/g)) {  // a break after a hyphen is a line's end
         const r = document.createRange(); r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
         const tops = new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top)));
         if (tops.size > 1) out.push(m[0]);
@@ -707,6 +707,9 @@ CHART_FAULTS = """() => { const out = [];
       out.push(`${title.slice(0, 40)}: axis title under the legend`);
   });
   return out; }"""
+# CUT_TEXT of what is on screen sideways (a closed sidebar is laid out off screen, its values cut or not)
+CUT_SHOWN = CUT_TEXT.replace(".filter(e => e.offsetParent", ".filter(e => e.offsetParent"
+                             " && e.getBoundingClientRect().right > 0 && e.getBoundingClientRect().left < innerWidth")
 # The smallest rendered text in the charts (px): Plotly sets each label's font size on its SVG text element.
 MIN_CHART_TEXT = """() => Math.min(...[...document.querySelectorAll('.js-plotly-plot text')]
   .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0)
@@ -750,7 +753,7 @@ def layout_faults(page) -> dict:
     """What the page shows badly now: text cut (``CUT_TEXT``), words broken inside (``BROKEN_WORDS``) and charts'
     cut titles, overprinted ticks and labels (``CHART_FAULTS``)."""
     page.wait_for_timeout(800)  # Plotly lays out after the rerun
-    return {"cut": page.evaluate(CUT_TEXT), "broken": page.evaluate(BROKEN_WORDS),
+    return {"cut": page.evaluate(CUT_SHOWN), "broken": page.evaluate(BROKEN_WORDS),
             "charts": page.evaluate(CHART_FAULTS)}
 
 

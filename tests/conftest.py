@@ -121,6 +121,10 @@ def tiny_cuda():
 
 @pytest.fixture(scope="session")
 def real_pair():
-    from explorer.models.loading import load_default_pair
+    """The embedded pair as the app and the command line load it (``load_named_pair("default")``, every setting
+    ``auto``): on a CPU the draft in int8, and float32 weights packed where the CPU has no native bf16, the paths
+    users run (and the one an EAGLE head once crashed on). Loaded once: the tests on the real pair share it (the
+    stock float32 pair took 425 s for one greedy test on a 2-core AVX2 EPYC)."""
+    from explorer.models.loading import load_named_pair
 
-    return load_default_pair()
+    return load_named_pair("default")

@@ -191,16 +191,15 @@ def replayable_runs() -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def lesson_pair():
-    """The embedded pair as the app and the recorder load it (the draft in int8 on a CPU), where this machine can
-    replay a shipped lesson's run (``replayable_runs``)."""
+def lesson_pair(request):
+    """The embedded pair as the app and the recorder load it (``real_pair``: the draft in int8 on a CPU), where this
+    machine can replay a shipped lesson's run (``replayable_runs``)."""
     from explorer.analysis.bench import cpu_label
-    from explorer.models.loading import load_named_pair
 
     if not replayable_runs():
         pytest.skip(f"no shipped lesson's run can be replayed on this machine's CPU model ({cpu_label()!r}) in the "
                     "dtype it runs the pair in (other kernels, another rounding)")
-    return load_named_pair("default")
+    return request.getfixturevalue("real_pair")
 
 
 @pytest.mark.real
@@ -476,7 +475,7 @@ def test_the_players_data_holds_every_phase_of_the_lesson(tiny_lesson, tmp_path)
         assert run["steps"] == len(trace.steps)
         for (s, drawn), phase in zip(run["phases"], phases.run_phases(trace)):
             step = trace.steps[s]
-            tree = figures.tree_figure(step, shown=phases.shown_status(step, phase), font=FONT)
+            tree = figures.tree_figure(step, shown=phases.shown_status(step, phase), font=FONT, fit_labels=False)
             assert drawn["tree"] == json.loads(pio.to_json(tree.update_layout(template=PAGE_TEMPLATE)))
             if len(step.nodes) > 1:
                 mask = figures.mask_figure(step, rows=phases.mask_rows(step, phase), font=FONT, height=MASK_HEIGHT)

@@ -3,7 +3,7 @@ the meter's arithmetic, the setting's validation, an engine run that moves its p
 traces that keep it, and replays that follow the record."""
 
 import pytest
-from method_grid import PROMPT
+from method_grid import AUDIT_SAMPLES, PROMPT
 
 from explorer.analysis.bench import method_for_label
 from explorer.engine.config import DEFAULTS, MethodConfig
@@ -147,5 +147,5 @@ def test_an_r_that_moves_between_samples_keeps_the_output_law(tiny, monkeypatch)
     monkeypatch.setattr(CostRatioMeter, "observe", observe)
     cfg = MethodConfig(method="mcsd-improved", k_config=(2, 2), max_depth=4, stop="goodput", threshold=0.1,
                        cost_ratio="measured", adapt="last-layer")
-    r = audit(tiny, cfg, SamplingConfig(temperature=0.7, seed=31), tiny.tokenizer.encode(PROMPT), 1500)
+    r = audit(tiny, cfg, SamplingConfig(temperature=0.7, seed=31), tiny.tokenizer.encode(PROMPT), AUDIT_SAMPLES)
     assert r.passed, r.summary()

@@ -4,7 +4,7 @@ record."""
 
 import pytest
 import torch
-from method_grid import PROMPT
+from method_grid import AUDIT_SAMPLES, PROMPT
 
 from explorer.analysis.audit import audit
 from explorer.engine.config import DEFAULTS, MethodConfig
@@ -170,7 +170,7 @@ def test_fallback_steps_keep_the_output_law(tiny, monkeypatch):
     tokens still follow the target's law."""
     monkeypatch.setattr(GoodputFallback, "decide", lambda self, i: i % 2 == 1)
     cfg = MethodConfig(method="sd", gamma=3, fallback="goodput")
-    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=11), tiny.tokenizer.encode(PROMPT), 1500)
+    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=11), tiny.tokenizer.encode(PROMPT), AUDIT_SAMPLES)
     assert r.passed, r.summary()
 
 

@@ -3,7 +3,7 @@ verification row, every offered slot observed, and the engine's use of it where 
 output law, replay and rewind unchanged)."""
 
 import pytest
-from method_grid import PROMPT
+from method_grid import AUDIT_SAMPLES, PROMPT
 
 from explorer.analysis.audit import audit
 from explorer.engine.config import DEFAULTS
@@ -188,7 +188,7 @@ def test_a_rewound_priced_run_retraces_its_steps(dear):
 def test_priced_trees_keep_the_output_law(dear):
     """The second token's tree depends on what the first step measured: the two-token law still holds."""
     cfg = DEFAULTS["token-recycling"].with_(fallback="off")
-    r = audit(dear, cfg, SamplingConfig(temperature=1.0, seed=5), dear.tokenizer.encode(PROMPT * 3), 1500)
+    r = audit(dear, cfg, SamplingConfig(temperature=1.0, seed=5), dear.tokenizer.encode(PROMPT * 3), AUDIT_SAMPLES)
     assert r.passed, r.summary()
 
 
@@ -213,5 +213,5 @@ def test_the_hybrid_prices_its_recycled_branches_only_and_keeps_the_greedy_token
 
 def test_the_priced_hybrid_keeps_the_output_law(dear):
     cfg = DEFAULTS["hybrid"].with_(fallback="off", stop="none", max_depth=2)
-    r = audit(dear, cfg, SamplingConfig(temperature=1.0, seed=6), dear.tokenizer.encode(PROMPT * 3), 1500)
+    r = audit(dear, cfg, SamplingConfig(temperature=1.0, seed=6), dear.tokenizer.encode(PROMPT * 3), AUDIT_SAMPLES)
     assert r.passed, r.summary()

@@ -57,8 +57,9 @@ def slot_heatmap(slots: list[dict], which: str = "realised") -> go.Figure:
     fig = go.Figure(go.Heatmap(z=z, x=[f"rank {r}" for r in ranks], y=[f"depth {d}" for d in depths], zmin=0,
                                zmax=1, colorscale="Viridis", text=text, texttemplate="%{text}",
                                hovertemplate="%{y}, %{x}: %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"{which.capitalize()} acceptance by depth and sibling rank", height=120 + 45 * len(depths),
-                      yaxis=dict(autorange="reversed"), margin=dict(l=10, r=10, t=50, b=10))
+    fig.update_layout(title=dict(text=f"{which.capitalize()} acceptance",
+                                 subtitle=dict(text="by depth and sibling rank")), height=120 + 45 * len(depths),
+                      yaxis=dict(autorange="reversed"), margin=dict(l=10, r=10, t=95, b=10))
     return fig
 
 
@@ -70,9 +71,10 @@ def expected_realised_figure(per_step: list[dict]) -> go.Figure:
                          opacity=0.6))
     fig.add_trace(go.Scatter(x=x, y=[r["expected"] for r in per_step], mode="lines+markers", name="expected",
                              line=dict(color="#1f77b4")))
-    fig.update_layout(title="Tokens per step: expected given the tree, and committed", height=300,
+    fig.update_layout(title=dict(text="Tokens per step", subtitle=dict(text="expected given the tree, and committed")),
+                      height=300,
                       xaxis=dict(title="step", dtick=max(1, len(x) // 20)), yaxis=dict(title="tokens"),
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
+                      margin=dict(l=10, r=10, t=95, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
     return fig
 
 
@@ -184,9 +186,10 @@ def reliability_figure(report: dict) -> go.Figure:
                                  hovertext=[f"{r['count']} nodes" for r in rows], hoverinfo="text+x+y"))
         fig.add_trace(go.Scatter(x=[r["predicted"] for r in rows], y=[r["realised_soft"] for r in rows],
                                  mode="lines+markers", name="P(accept | token)", marker=dict(color="#2ca02c")))
-    fig.update_layout(title=f"Reliability: {report['policy']} score against acceptance", height=360,
+    fig.update_layout(title=dict(text="Reliability",
+                                 subtitle=dict(text=f"{report['policy']} score against acceptance")), height=360,
                       xaxis=dict(title="predicted (score)", range=[0, 1]), yaxis=dict(title="realised", range=[0, 1]),
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
+                      margin=dict(l=10, r=10, t=95, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
     return fig
 
 
@@ -202,10 +205,10 @@ def roc_figure(report: dict) -> go.Figure:
     if op and op["tpr"] is not None and op["fpr"] is not None:
         fig.add_trace(go.Scatter(x=[op["fpr"]], y=[op["tpr"]], mode="markers", name=f"threshold {op['threshold']:.2f}",
                                  marker=dict(size=14, color="#ff7f0e", symbol="x")))
-    fig.update_layout(title="ROC: the score as a predictor of acceptance", height=360,
+    fig.update_layout(title=dict(text="ROC", subtitle=dict(text="the score as a predictor of acceptance")), height=360,
                       xaxis=dict(title="false positive rate (rejected, kept drafting)", range=[0, 1]),
                       yaxis=dict(title="true positive rate (accepted, kept)", range=[0, 1]),
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
+                      margin=dict(l=10, r=10, t=95, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
     return fig
 
 
@@ -220,7 +223,8 @@ def threshold_cost_figure(report: dict) -> go.Figure:
                              line=dict(color="#2ca02c")))
     if report.get("threshold") is not None:
         fig.add_vline(x=report["threshold"], line=dict(color="#ff7f0e", dash="dash"))
-    fig.update_layout(title="What each threshold would have cost (recorded steps)", height=360,
+    fig.update_layout(title=dict(text="What each threshold would have cost",
+                                 subtitle=dict(text="over the recorded steps")), height=360,
                       xaxis=dict(title="threshold"), yaxis=dict(title="count", rangemode="tozero"),
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
+                      margin=dict(l=10, r=10, t=95, b=10), legend=dict(orientation="h", yanchor="bottom", y=1.0))
     return fig

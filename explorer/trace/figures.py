@@ -232,7 +232,8 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
                                              line=dict(color=BONUS_COLOR, width=3 if unreachable else 1))))
     leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     subtitle = _head_title(step)
-    height = height or max(380, min(940, 34 * leaves + 180))  # the legend's rows come out of it
+    # the legend's rows come out of it: a phone's five legend rows left 22 px a leaf at 34 px, too few for a label
+    height = height or max(420, min(1000, 40 * leaves + 240))
     # a subtitle's line sits just above the plot, where the top node's label reaches: a label's height more room
     top = 80 + (font or 12) if subtitle else 50
     # the legend under the axis's ticks and title (about 60 px), in plot-area units: the plot area is what the title,

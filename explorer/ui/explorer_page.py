@@ -24,7 +24,7 @@ from ..instruments.replay import ReplayError, engine_after_text, replay_steps
 from ..lessons.player import trace_html
 from ..trace import figures
 from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
-from . import panels
+from . import layout, panels
 from .common import build_config, example_prompts, guarded, make_engine, pair_or_message, parse_upload, set_error
 from .counterfactual_panel import counterfactual_section
 from .instruments_panel import (acceptance_report, acceptance_section, calibration_section, optimal_tree_section,
@@ -224,7 +224,7 @@ def controls(trace, replaying: bool) -> None:
     run (between two steps: Streamlit calls happen only in the progress callback); the next run sees the ``running``
     flag still set. These buttons rerun the whole page; Back, Forward and Go to step belong to the step view
     (``step_view``), which they rerun alone."""
-    b = panels.button_row("controls")  # each button as wide as its label; the row wraps, never a label
+    b = layout.button_row("controls")  # each button as wide as its label; the row wraps, never a label
     b.button("Step", type="primary", key="step_btn", on_click=_request, args=("step",), disabled=replaying,
              help="draft and verify one speculative round on the real models")
     b.button("Run to end", key="run_btn", on_click=_request, args=("run",), disabled=replaying)
@@ -246,13 +246,13 @@ def step_navigation(trace) -> None:
     """Back, Forward and the Go to step slider (the step view's first row)."""
     c = _cursor()
     n = len(trace.steps)
-    b = panels.button_row("navigation")
+    b = layout.button_row("navigation")
     b.button("Back", key="back_btn", on_click=_go, args=(-1,), disabled=c is None or c == 0)
     b.button("Forward", key="forward_btn", on_click=_go, args=(1,), disabled=c is None or c >= n - 1)
     if n >= 2:
         if Explorer.STEP_SLIDER.get() != c + 1:
             Explorer.STEP_SLIDER.set(c + 1)
-        with b.container(width="stretch", key="step_slider_box"):  # at least 240 px wide: panels.METRIC_CSS
+        with b.container(width="stretch", key="step_slider_box"):  # at least 240 px wide: layout.LAYOUT_CSS
             st.slider("Go to step", 1, n, key=Explorer.STEP_SLIDER.name, on_change=_slider_moved)
 
 
@@ -284,9 +284,9 @@ def explorer_page(settings) -> None:
                "every decision. Methods: AR, SD, MCSD, the improved MCSD of Lu et al. 2024, prompt lookup, Token "
                "Recycling, a hybrid of both with the draft model, an EAGLE-3 head reading the target's own hidden "
                "states, and layer skip (the target drafting for itself).")
-    st.html(panels.METRIC_CSS)
+    st.html(layout.LAYOUT_CSS)
     if settings["teach"]:
-        st.html(panels.TEACH_CSS)
+        st.html(layout.TEACH_CSS)
 
     examples = example_prompts()
 
@@ -296,7 +296,7 @@ def explorer_page(settings) -> None:
             Explorer.PROMPT_TEXT.set(examples[choice])
 
     st.selectbox("Example prompt", [""] + list(examples), key=Explorer.EXAMPLE.name, on_change=use_example,
-                 format_func=lambda s: s or "— pick an example, or type below —")
+                 format_func=lambda s: s or "— pick one —")  # a phone's box at teach mode's size cut a longer one
     Explorer.PROMPT_TEXT.ensure()  # a real prompt: the first Step draws a tree
     prompt_text = st.text_area("Prompt", key=Explorer.PROMPT_TEXT.name, height=110)
     chat = st.checkbox("Apply the chat template", value=Explorer.CHAT.default, key=Explorer.CHAT.name)

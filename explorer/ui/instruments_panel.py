@@ -17,6 +17,7 @@ from ..instruments import figures as ifig
 from ..instruments import optimal_tree as ot
 from ..instruments.calibration import calibration_report
 from ..trace.records import RunTrace, StepTrace
+from .layout import chart_columns
 from .state import Explorer, ask_for_tree_run
 
 TEACH_PROBE = ("The target checks the whole tree in one pass, with a mask that lets each token see only its own "
@@ -211,7 +212,7 @@ def calibration_section(trace: RunTrace, teach: bool) -> None:
                     help="probability that an accepted token scored above a rejected one")
         c[2].metric("Brier score", f"{report['brier']:.3f}", help="mean squared error of the score against the "
                                                                    "accept decision (0 = perfect)")
-        left, right = st.columns(2)
+        left, right = chart_columns(2, "instrument_charts_1")
         left.plotly_chart(ifig.reliability_figure(report), width="stretch", key="cal_reliability")
         right.plotly_chart(ifig.roc_figure(report), width="stretch", key="cal_roc")
         st.plotly_chart(ifig.threshold_cost_figure(report), width="stretch", key="cal_costs")
@@ -248,13 +249,13 @@ def acceptance_section(trace: RunTrace, costs: dict | None, can_measure: bool, t
         if not report["slots"]:
             st.info("No tested draft tokens yet (or a trace recorded before the odds were kept).")
             return report
-        left, right = st.columns(2)
+        left, right = chart_columns(2, "instrument_charts_2")
         left.plotly_chart(ifig.slot_heatmap(report["slots"], "realised"), width="stretch", key="acc_heat_real")
         right.plotly_chart(ifig.slot_heatmap(report["slots"], "expected"), width="stretch", key="acc_heat_exp")
         st.caption("Rank = order of the test among siblings (0 = tested first). Realised: accepted / tested. "
                    "Expected: the mean over the same tests of the slot's acceptance probability (Σ min(p, q) after "
                    "the earlier siblings), which estimates the same rate with less noise.")
-        left, right = st.columns(2)
+        left, right = chart_columns(2, "instrument_charts_3")
         left.plotly_chart(ifig.expected_realised_figure(report["per_step"]), width="stretch", key="acc_steps")
         right.plotly_chart(ifig.position_figure(report["position_acceptance"]), width="stretch", key="acc_pos")
         if costs:
@@ -303,7 +304,7 @@ def optimal_tree_section(trace: RunTrace, step: StepTrace | None, report: dict, 
             if fast.parents:
                 shown.append(("Fastest tree", fast))
         st.markdown("  \n".join(html.escape(x) for x in lines))
-        cols = st.columns(len(shown) + (1 if step is not None else 0))
+        cols = chart_columns(len(shown) + (1 if step is not None else 0), "optimal_trees")
         for col, (name, tree) in zip(cols, shown):
             figure = of_the_run(trace, f"{name} {budget} {depth} {costs is not None}", lambda t=tree, n=name: (
                 ifig.template_figure(list(t.parents), list(t.node_probabilities),

@@ -12,50 +12,9 @@ from ..lessons.teach import explain_step, fallback_rates, layer_skip_words, tree
 from ..trace import figures
 from ..trace.metrics import run_metrics
 from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
+from .layout import chart_columns
 from .instruments_panel import flagged_nodes, of_the_run, of_the_step, probe_section, teach_caption
 from .state import Explorer
-
-# Teach mode's large type, for a projector (drawn with st.html: style only, it takes no room on the page), in the main
-# area only: the sidebar's settings are the presenter's, and at 1.3rem its selectboxes cut their values. Streamlit
-# has no per-page text size (theme.baseFontSize is the whole app's, fixed at start): this stays CSS.
-TEACH_CSS = """<style>
-[data-testid="stMain"] [class*="st-"], [data-testid="stMain"] .stMarkdown p, [data-testid="stMain"] .stMarkdown li
-  { font-size: 1.3rem !important; }
-[data-testid="stMain"] h1 { font-size: 2.6rem !important; }
-[data-testid="stMain"] h2, [data-testid="stMain"] h3 { font-size: 2rem !important; }
-</style>"""
-
-
-# What keeps the Explorer whole from a phone to a projector (drawn once per page with st.html):
-# - metric labels wrap between words onto a second line, never inside one ("Generat|ed") and never cut to
-#   "Generat..." (st.metric's label is one line, cut with an ellipsis, and has no option for it);
-# - button labels never break inside a word: a row of buttons is a wrapping horizontal container (``button_row``),
-#   so a button too wide for what is left of its row starts the next one;
-# - the rows of charts (``chart_columns``) wrap: a column narrower than a chart can show its title in goes under the
-#   one before it, instead of Plotly cutting the title at the chart's edge.
-METRIC_CSS = """<style>
-[data-testid="stMetricLabel"], [data-testid="stMetricLabel"] * {white-space: normal !important;
-  overflow: visible !important; text-overflow: clip !important; word-break: normal !important;
-  overflow-wrap: normal !important;}
-button p, [data-testid="stMetricValue"] * {word-break: keep-all !important; overflow-wrap: normal !important;}
-[class*="st-key-wrap_"] [data-testid="stHorizontalBlock"] {flex-wrap: wrap !important;}
-[class*="st-key-wrap_"] [data-testid="stColumn"] {min-width: min(100%, 400px) !important;}
-.st-key-step_slider_box {min-width: min(100%, 240px);}
-</style>"""
-
-
-def chart_columns(spec, key: str) -> list:
-    """``st.columns(spec)`` whose columns wrap onto the next line where the page is too narrow for each to be 400 px
-    wide (``METRIC_CSS``): for rows of charts, whose titles and ticks need the room. ``key``: unique on the page."""
-    with st.container(key=f"wrap_{key}"):
-        return st.columns(spec)
-
-
-def button_row(key: str):
-    """A horizontal container whose buttons take their labels' width and wrap onto a second line where the row is
-    too narrow (a button's label never breaks inside a word). ``key``: unique on the page."""
-    return st.container(horizontal=True, key=f"buttons_{key}", gap="small", vertical_alignment="bottom")
-
 
 def code(text: str) -> str:
     """A token or text as a Markdown code span for ``st.markdown`` without HTML (Streamlit shows any markup in it
@@ -64,7 +23,8 @@ def code(text: str) -> str:
 
 
 def metrics_row(trace: RunTrace, upto: int | None = None) -> None:
-    """Run metrics over steps ``[0, upto]`` (all when None); their labels wrap where the page draws ``METRIC_CSS``."""
+    """Run metrics over steps ``[0, upto]`` (all when None); their labels wrap where the page draws
+    ``layout.LAYOUT_CSS``."""
     shown = trace if upto is None else RunTrace(settings=trace.settings, model=trace.model, prompt=trace.prompt,
                                                 prompt_ids=trace.prompt_ids, steps=trace.steps[: upto + 1],
                                                 prefill_ms=trace.prefill_ms)

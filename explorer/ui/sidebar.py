@@ -16,6 +16,17 @@ from ..models.loading import default_dtype
 from .common import PAIRS
 from .state import Sidebar
 
+SIDEBAR_LABEL_CHARS = 34
+"""Characters a sidebar selectbox shows whole at the sidebar's default width (longer values are cut with "...")."""
+
+
+def short_method_label(method: str) -> str:
+    """The method's label as the sidebar's box shows it: whole, or without its parenthesis where longer than
+    ``SIDEBAR_LABEL_CHARS`` ("EAGLE-3 head (drafts from the target's features)" -> "EAGLE-3 head")."""
+    label = METHOD_LABELS[method]
+    return label if len(label) <= SIDEBAR_LABEL_CHARS else label.split(" (", 1)[0]
+
+
 FALLBACK_LABELS = {"auto": "auto", "goodput": "when slower", "off": "never"}
 ADAPT_LABELS = {"off": "off (frozen)", "threshold": "threshold (ROC refit)",
                 "last-layer": "decision model's last layer"}
@@ -193,8 +204,10 @@ def sidebar() -> dict:
                               "other CPUs, where bf16 has no matrix kernels and a tree costs twice as much")
 
     sb.header("Method")
-    method = sb.selectbox("Method", METHODS, index=METHODS.index("mcsd-improved"), format_func=METHOD_LABELS.get,
+    method = sb.selectbox("Method", METHODS, index=METHODS.index("mcsd-improved"), format_func=short_method_label,
                           key=Sidebar.METHOD.name)
+    if short_method_label(method) != METHOD_LABELS[method]:
+        sb.caption(METHOD_LABELS[method])  # what the box had no room for
     changes = method_widgets(sb, method)
 
     sb.header("Sampling")
