@@ -81,9 +81,11 @@ def test_lossless_rules_pass_the_audit(tiny, case):
     assert ids is not None, f"no candidate context has {MIN_CATEGORIES} testable first tokens for this case"
     r = audit(tiny, cfg, sampling, ids, N)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
-    # TV distance as an effect size: a flat law over many tokens has a larger TV under the null hypothesis itself
-    null_tv = _null_tv(r.first.exact, N)
-    assert r.first.tv_distance < max(0.06, 1.5 * null_tv), (r.first.tv_distance, null_tv)
+    # TV distance as an effect size: a flat law over many tokens has a larger TV under the null hypothesis itself;
+    # four standard deviations of the null's TV above its mean (at 600 samples few categories are tested, and the
+    # TV's spread about its mean is wide: 1.5 times the mean failed a lossless case whose chi-square passed)
+    null_tv, null_sd = _null_tv(r.first.exact, N), _null_tv_sd(r.first.exact, N)
+    assert r.first.tv_distance < max(0.06, null_tv + 4 * null_sd), (r.first.tv_distance, null_tv, null_sd)
     real = [c for c, p in zip(r.first.categories, r.first.exact) if p * N >= MIN_EXPECTED]
     assert len(real) >= MIN_CATEGORIES and r.pairs.dof >= 3  # the test really spans several categories
     if cfg.adapt != "off":  # the policy really changed during the audit
@@ -95,6 +97,12 @@ def _null_tv(exact, n) -> float:
     """Expected TV distance between the exact law and an empirical one of ``n`` samples drawn from it (normal
     approximation: E|X - np| = sqrt(2 np(1-p) / pi) per category)."""
     return 0.5 * sum(math.sqrt(2 * p * (1 - p) / (math.pi * n)) for p in exact)
+
+
+def _null_tv_sd(exact, n) -> float:
+    """Standard deviation of that TV distance (normal approximation, categories taken as independent: |X - np| is
+    half-normal, variance np(1-p)(1 - 2/pi) per category)."""
+    return 0.5 * math.sqrt(sum(p * (1 - p) * (1 - 2 / math.pi) / n for p in exact))
 
 
 def _tested_categories(tiny, ids, sampling) -> int:

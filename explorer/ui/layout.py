@@ -8,15 +8,13 @@ import streamlit as st
 # Teach mode's large type, for a projector (drawn with st.html: style only, it takes no room on the page), in the main
 # area only: the sidebar's settings are the presenter's, and at 1.3rem its selectboxes cut their values. Streamlit
 # has no per-page text size (theme.baseFontSize is the whole app's, fixed at start): this stays CSS. Icons keep
-# their own size (a material icon is a ligature: larger type cut it to "expand_mo"); headings are named
-# more precisely than the rule for every element, which would otherwise win.
+# their own size (a material icon is a ligature: larger type cut it to "expand_mo"); the heading rules name their
+# elements more precisely than the rule for every element (its :not() counts), which would otherwise win.
 TEACH_CSS = """<style>
 [data-testid="stMain"] [class*="st-"]:not([data-testid="stIconMaterial"]), [data-testid="stMain"] .stMarkdown p,
 [data-testid="stMain"] .stMarkdown li { font-size: 1.3rem !important; }
-[data-testid="stMain"] [data-testid="stHeading"] h1, [data-testid="stMain"] [data-testid="stHeading"] h1 * {
-  font-size: 2.6rem !important; }
-[data-testid="stMain"] [data-testid="stHeading"] :is(h2, h3), [data-testid="stMain"] [data-testid="stHeading"]
-  :is(h2, h3) * { font-size: 2rem !important; }
+[data-testid="stMain"] [data-testid="stHeading"][data-testid] :is(h1, h1 *) { font-size: 2.6rem !important; }
+[data-testid="stMain"] [data-testid="stHeading"][data-testid] :is(h2, h2 *, h3, h3 *) { font-size: 2rem !important; }
 </style>"""
 
 

@@ -12,8 +12,8 @@ from ..lessons.teach import explain_step, fallback_rates, layer_skip_words, tree
 from ..trace import figures
 from ..trace.metrics import run_metrics
 from ..trace.records import FREE_SOURCES, SOURCE_LABELS, RunTrace, StepTrace
-from .layout import chart_columns
 from .instruments_panel import flagged_nodes, of_the_run, of_the_step, probe_section, teach_caption
+from .layout import chart_columns
 from .state import Explorer
 
 def code(text: str) -> str:
