@@ -758,10 +758,12 @@ def layout_faults(page) -> dict:
 
 
 def explorer_layout_tour(url: str, out_dir: Path, sizes=((1280, 720), (1366, 768), (1920, 1080), (390, 844)),
-                         method: str | None = None, steps: int = 2, load_timeout_s: float = 600) -> dict:
+                         method: str | None = None, steps: int = 2, load_timeout_s: float = 600,
+                         whole: bool = True) -> dict:
     """The Explorer at each screen size, in teach mode and out: a new session per size, ``method`` picked in the
     sidebar (its label; None keeps the default), Step ``steps`` times with the sidebar open (closed on a phone), then
-    ``layout_faults`` and a full-page screenshot (``explorer_<w>x<h>[_teach].png``), teach mode off and on. Returns
+    ``layout_faults`` and a screenshot (``explorer_<w>x<h>[_teach].png``, and with ``whole`` the whole page,
+    ``..._whole.png``: tall pages make Plotly lay out again, seconds each), teach mode off and on. Returns
     ``{"<w>x<h>[ teach]": faults}`` with the page's exception count."""
     from playwright.sync_api import sync_playwright
 
@@ -791,7 +793,8 @@ def explorer_layout_tour(url: str, out_dir: Path, sizes=((1280, 720), (1366, 768
                     name = f"{width}x{height}" + ("_teach" if teach else "")
                     report[name.replace("_", " ")] = layout_faults(page)
                     page.screenshot(path=str(out_dir / f"explorer_{name}.png"))
-                    whole_page_shot(page, out_dir / f"explorer_{name}_whole.png")
+                    if whole:
+                        whole_page_shot(page, out_dir / f"explorer_{name}_whole.png")
                 report[f"{width}x{height} exceptions"] = page.locator("[data-testid='stException']").count()
             except Exception:
                 page.screenshot(path=str(out_dir / f"failure_{width}x{height}.png"), full_page=True)
