@@ -18,8 +18,9 @@ keeps those where they are drawn, and no other code reads them.
 Groups and who writes them: ``App`` (app.py), ``Sidebar`` (sidebar.py), ``Explorer`` (explorer_page.py and its
 panels: panels.py, instruments_panel.py, counterfactual_panel.py, lesson_panel.py), ``Classroom``
 (classroom_page.py), ``Compare`` (compare_page.py), ``Forensics`` (forensics_page.py), ``Shared`` (common.py
-and this module: the session's engine lock and what its runs learned). The Benchmarks page and the lesson player's
-component (lesson_player.py, mounted under ``Classroom.PLAYER``) keep no session state of their own.
+and this module: the session's engine lock and what its runs learned). The Benchmarks page, the lesson player's
+component (lesson_player.py, mounted under ``Classroom.PLAYER``) and the page layout (layout.py: CSS, wrapping rows)
+keep no session state of their own.
 """
 
 from __future__ import annotations
