@@ -357,10 +357,10 @@ def inspector_figure(node) -> go.Figure:
     return fig
 
 
-def legend_below(**more) -> dict:
+def legend_below() -> dict:
     """A horizontal legend at the bottom of the figure (``yref="container"``), under the x axis's title: placed in
     plot-area units below the axis it sat on the axis title wherever the plot area was short."""
-    return dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0, **more)
+    return dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0)
 
 
 def whole_ticks(top: float, most: int = 8) -> int:
