@@ -760,19 +760,22 @@ def layout_faults(page) -> dict:
 def explorer_layout_tour(url: str, out_dir: Path, sizes=((1280, 720), (1366, 768), (1920, 1080), (390, 844)),
                          method: str | None = None, steps: int = 2, load_timeout_s: float = 600,
                          whole: bool = True) -> dict:
-    """The Explorer at each screen size, in teach mode and out: a new session per size, ``method`` picked in the
-    sidebar (its label; None keeps the default), Step ``steps`` times with the sidebar open (closed on a phone), then
-    ``layout_faults`` and a screenshot (``explorer_<w>x<h>[_teach].png``, and with ``whole`` the whole page,
-    ``..._whole.png``: tall pages make Plotly lay out again, seconds each), teach mode off and on. Returns
-    ``{"<w>x<h>[ teach]": faults}`` with the page's exception count."""
+    """The Explorer at each screen size, in teach mode and out: ``method`` picked in the sidebar (its label; None
+    keeps the default), Step ``steps`` times with the sidebar open (closed on a phone), then ``layout_faults`` and a
+    screenshot (``explorer_<w>x<h>[_teach].png``, and with ``whole`` the whole page, ``..._whole.png``: tall pages
+    make Plotly lay out again, seconds each), teach mode off and on. The desktop sizes share one session, its window
+    resized as a user's would be (a step on the embedded pair costs seconds); a phone gets a session of its own (a
+    touch screen). Returns ``{"<w>x<h>[ teach]": faults}`` with each session's exception count."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict = {}
+    desktops = [size for size in sizes if size[0] >= 700]
+    sessions = ([desktops] if desktops else []) + [[size] for size in sizes if size[0] < 700]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        for width, height in sizes:
-            phone = width < 700
+        for shown in sessions:
+            (width, height), phone = shown[0], shown[0][0] < 700
             page = browser.new_page(viewport={"width": width, "height": height}, is_mobile=phone, has_touch=phone)
             try:
                 page.goto(url)
@@ -790,12 +793,16 @@ def explorer_layout_tour(url: str, out_dir: Path, sizes=((1280, 720), (1366, 768
                         _sidebar(page, True)
                         rerun(page, lambda p=page: p.get_by_text("Teach mode", exact=True).click(), 120_000)
                         _sidebar(page, not phone)
-                    name = f"{width}x{height}" + ("_teach" if teach else "")
-                    report[name.replace("_", " ")] = layout_faults(page)
-                    page.screenshot(path=str(out_dir / f"explorer_{name}.png"))
-                    if whole:
-                        whole_page_shot(page, out_dir / f"explorer_{name}_whole.png")
-                report[f"{width}x{height} exceptions"] = page.locator("[data-testid='stException']").count()
+                    for width, height in shown:
+                        if page.viewport_size != {"width": width, "height": height}:
+                            page.set_viewport_size({"width": width, "height": height})
+                            page.wait_for_timeout(700)  # the charts follow the new width
+                        name = f"{width}x{height}" + ("_teach" if teach else "")
+                        report[name.replace("_", " ")] = layout_faults(page)
+                        page.screenshot(path=str(out_dir / f"explorer_{name}.png"))
+                        if whole:
+                            whole_page_shot(page, out_dir / f"explorer_{name}_whole.png")
+                report[f"{shown[0][0]}x{shown[0][1]} exceptions"] = page.locator("[data-testid='stException']").count()
             except Exception:
                 page.screenshot(path=str(out_dir / f"failure_{width}x{height}.png"), full_page=True)
                 raise

@@ -16,6 +16,10 @@ os.environ.setdefault("SPEC_EXPLORER_PAIR", "tiny")
 # servers the browser tests start (the app leaves a core to the browser: ui.common.app_threads) take one too.
 DEFAULT_THREADS = torch.get_num_threads()
 TEST_THREADS = 1
+# pytest-xdist's workers (``scripts/test.sh`` starts one a core, at most four) share the cores: a test on the embedded
+# pair takes its share of them, not all (two threads beside a busy worker ran a 1.5B forward no faster than one).
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+REAL_THREADS = max(1, DEFAULT_THREADS // WORKERS)
 torch.set_num_threads(TEST_THREADS)
 os.environ.setdefault("SPEC_EXPLORER_THREADS", str(TEST_THREADS))
 # The tiny pair's forward costs as measured on an idle 2-core EPYC with one thread (``forward_costs``; ms): the
@@ -27,6 +31,7 @@ IDLE_TINY_COSTS = {
                           "dear": False},
     "tree_costs": {"draft": {1: 2.213, 2: 1.962, 4: 2.275}, "target": {1: 3.146, 2: 3.565, 16: 3.806}},
 }
+REAL_GREEDY_TOKENS = 24  # what ``real_greedy`` decodes a prompt for at least
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py helpers
 
 
@@ -63,9 +68,27 @@ SLOW_TESTS = {
 SLOW_FIXTURES = {"exported"}
 
 
+# Tests that share something costly run on one xdist worker (``--dist loadgroup``), each group once: the embedded
+# pair (a test that asks for it, 47 s to load and several GB), a browser module's app server, the exported lessons.
+# The rest go one test at a time to whichever worker is free. xdist sends the largest groups out first.
+MODULE_GROUPS = {"test_browser": "app-server", "test_player": "exported-lessons"}
+
+
+def _group(item, module: str) -> str | None:
+    if module in MODULE_GROUPS:  # test_browser's test on the embedded pair starts a server of its own
+        return MODULE_GROUPS[module]
+    if item.get_closest_marker("real") is not None or "real_pair" in getattr(item, "fixturenames", ()):
+        return "real-pair"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        group = _group(item, module)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
         if module in MODULE_KINDS:
             item.add_marker(MODULE_KINDS[module])
         if item.nodeid.partition("[")[0] in SLOW_TESTS or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -81,12 +104,14 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_runtest_logreport(report):
     """``SPEC_EXPLORER_TEST_TIMES=FILE``: each test phase's seconds appended as it ends (node id, phase, seconds,
-    markers), so a run that is cut off still says where its time went (choosing what the fast tier leaves out)."""
+    markers, xdist worker), so a run that is cut off still says where its time went (choosing what the fast tier
+    leaves out)."""
     path = os.environ.get("SPEC_EXPLORER_TEST_TIMES")
-    if path:
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist the controller writes each report once
         kinds = ",".join(sorted(k for k in ("real", "cuda", "browser", "app", "slow") if k in report.keywords))
+        worker = getattr(getattr(report, "node", None), "gateway", None)
         with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.2f}\t{kinds}\n")
+            f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.2f}\t{kinds}\t{getattr(worker, 'id', '')}\n")
 
 
 def idle_costs(pair):
@@ -104,9 +129,10 @@ def tiny():
 
 @pytest.fixture(autouse=True)
 def real_pair_threads(request):
-    """Torch's default threads for a test on the embedded pair (a 1.5B forward uses both cores), one otherwise."""
+    """Torch's default threads (``REAL_THREADS``: its share of them under xdist) for a test on the embedded pair (a
+    1.5B forward uses every core it is given), one otherwise."""
     real = request.node.get_closest_marker("real") is not None or "real_pair" in request.fixturenames
-    torch.set_num_threads(DEFAULT_THREADS if real else TEST_THREADS)
+    torch.set_num_threads(REAL_THREADS if real else TEST_THREADS)
     yield
     torch.set_num_threads(TEST_THREADS)
 
@@ -117,6 +143,39 @@ def tiny_cuda():
     from explorer.models.tiny import tiny_pair
 
     return tiny_pair(seed=0, device="cuda")
+
+
+@pytest.fixture(scope="session")
+def real_prompt(real_pair):
+    """A HumanEval prompt (number 2) in the embedded pair's chat template: ``list[int]``, the prompt most tests on the
+    real pair share, so that ``real_greedy`` decodes it once."""
+    from explorer.analysis.prompts import encode_prompt, humaneval
+
+    return encode_prompt(real_pair.tokenizer, humaneval()[2].text)
+
+
+@pytest.fixture(scope="session")
+def real_greedy(real_pair):
+    """``tokens(ids, n)``: the first ``n`` tokens ``ar`` decodes greedily from ``ids`` on the embedded pair
+    (``list[int]``), decoded once per prompt for ``REAL_GREEDY_TOKENS`` (or ``n`` where more) and sliced: greedy
+    decoding's first n tokens are a prefix of a longer run's. A target forward costs about 0.75 s on 2 cores here."""
+    from explorer.engine.config import DEFAULTS
+    from explorer.engine.factory import build_engine
+    from explorer.engine.sampling import SamplingConfig
+
+    runs: dict[tuple, tuple[int, list[int]]] = {}
+
+    def tokens(ids, n: int) -> list[int]:
+        asked, have = runs.get(tuple(ids), (0, []))
+        if n > asked:
+            engine = build_engine(real_pair, DEFAULTS["ar"], SamplingConfig(temperature=0.0))
+            asked = max(n, REAL_GREEDY_TOKENS)
+            engine.start(list(ids), asked)
+            have = engine.run().generated_ids
+            runs[tuple(ids)] = (asked, have)
+        return have[:n]
+
+    return tokens
 
 
 @pytest.fixture(scope="session")

@@ -82,8 +82,8 @@ def test_lossless_rules_pass_the_audit(tiny, case):
     r = audit(tiny, cfg, sampling, ids, N)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     # TV distance as an effect size: a flat law over many tokens has a larger TV under the null hypothesis itself;
-    # four standard deviations of the null's TV above its mean (at 600 samples few categories are tested, and the
-    # TV's spread about its mean is wide: 1.5 times the mean failed a lossless case whose chi-square passed)
+    # four standard deviations of the null's TV above its mean (at a few hundred samples few categories are tested, and
+    # the TV's spread about its mean is wide: 1.5 times the mean failed a lossless case whose chi-square passed)
     null_tv, null_sd = _null_tv(r.first.exact, N), _null_tv_sd(r.first.exact, N)
     assert r.first.tv_distance < max(0.06, null_tv + 4 * null_sd), (r.first.tv_distance, null_tv, null_sd)
     real = [c for c, p in zip(r.first.categories, r.first.exact) if p * N >= MIN_EXPECTED]

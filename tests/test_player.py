@@ -5,12 +5,14 @@ charts it plots compared with the page's data."""
 
 from __future__ import annotations
 
+import functools
 import html.parser
 import json
 import os
 import re
 from pathlib import Path
 
+import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
@@ -24,10 +26,21 @@ from explorer.trace import figures
 LESSONS = [load_lesson(p) for p in shipped_lessons()]
 
 
+@functools.cache
+def _page_template() -> str:
+    """The template every page carries, as Plotly itself sets and writes it (``update_layout(template=...)`` on an
+    empty figure, then ``plotly.io.to_json``): made once, as setting it validates it property by property (a second
+    a figure, most of this file's time when every figure set it)."""
+    return json.dumps(json.loads(pio.to_json(go.Figure().update_layout(template=player.PAGE_TEMPLATE)))["layout"]
+                      ["template"])
+
+
 def _plotly(fig) -> dict:
     """A figure as ``plotly.io.to_json`` writes it, read back, in the template every page carries (whichever the
     process's default is: importing Streamlit, as earlier tests do, makes it Streamlit's)."""
-    return json.loads(pio.to_json(fig.update_layout(template=player.PAGE_TEMPLATE)))
+    data = json.loads(pio.to_json(fig))
+    data.setdefault("layout", {})["template"] = json.loads(_page_template())
+    return data
 
 
 @pytest.fixture(scope="module")

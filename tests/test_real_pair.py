@@ -11,12 +11,7 @@ from explorer.engine.sampling import SamplingConfig
 from explorer.trace.metrics import run_metrics
 
 pytestmark = pytest.mark.real
-N = 32
-
-
-@pytest.fixture(scope="module")
-def prompts(real_pair):
-    return [encode_prompt(real_pair.tokenizer, p.text) for p in (mt_bench()[1], humaneval()[2])]
+N = 16  # tokens a run on the real pair decodes (a target forward costs about 0.75 s on 2 cores here)
 
 
 def _run(pair, cfg, ids, sampling=None, n=N):
@@ -32,52 +27,61 @@ def test_embedded_pair_loads_in_the_default_dtype_with_one_vocabulary(real_pair)
     assert real_pair.draft_id.endswith("0.5B-Instruct") and real_pair.target_id.endswith("1.5B-Instruct")
 
 
-def test_greedy_outputs_match_ar_and_transformers_generate(real_pair, prompts):
-    for ids in prompts:
-        ref = hf_greedy(real_pair, ids, N)
-        ar = _run(real_pair, DEFAULTS["ar"], ids).generated_ids
-        assert ar == ref  # same kernels, same cache: exact
-        for name in ("sd", "mcsd", "mcsd-improved"):
-            trace = _run(real_pair, DEFAULTS[name], ids)
-            div = divergence(real_pair, ids, ar, trace.generated_ids)
-            # bf16 batched verification may only part from ar where the target's logits are (nearly) tied
-            assert div is None or div["near_tie"], (name, div)
-            m = run_metrics(trace)
-            assert m["tokens_per_target_call"] > 1.2, (name, m)
-            # the steps' incrementally decoded pieces join to Qwen's own decode of the whole output
-            assert trace.generated_text == real_pair.tokenizer.decode(trace.generated_ids), name
+def _greedy_like_ar(pair, ids, ar, trace, name):
+    """The checks every greedy run on the real pair passes: ``ar``'s tokens (near ties aside), more than one token a
+    target call, and a text that is Qwen's own decode of its tokens."""
+    div = divergence(pair, ids, ar, trace.generated_ids)
+    # batched verification may only part from ar where the target's logits are (nearly) tied
+    assert div is None or div["near_tie"], (name, div)
+    m = run_metrics(trace)
+    assert m["tokens_per_target_call"] > 1.2, (name, m)
+    # the steps' incrementally decoded pieces join to Qwen's own decode of the whole output
+    assert trace.generated_text == pair.tokenizer.decode(trace.generated_ids), name
 
 
-@pytest.mark.parametrize("method", ["sd", "mcsd", "mcsd-improved"])
-def test_sampling_runs_are_reproducible(real_pair, prompts, method):
+def test_greedy_outputs_match_ar_and_transformers_generate(real_pair, real_prompt, real_greedy):
+    """``ar`` is transformers' ``generate`` token for token; the chain and the tree keep its tokens (mcsd-improved,
+    under each stop policy, in ``test_learned_stop_policies_use_the_shipped_model``)."""
+    ar = real_greedy(real_prompt, N)
+    assert ar == hf_greedy(real_pair, real_prompt, N)  # same kernels, same cache: exact
+    for name in ("sd", "mcsd"):
+        _greedy_like_ar(real_pair, real_prompt, ar, _run(real_pair, DEFAULTS[name], real_prompt), name)
+
+
+# the chain and the full method (its tree chosen online, the learned stop policy); on the tiny pair every method of
+# the grid (tests/method_grid.py) runs sampled twice and must give the same trace (tests/test_graphs.py)
+@pytest.mark.parametrize("method", ["sd", "mcsd-improved"])
+def test_sampling_runs_are_reproducible(real_pair, real_prompt, method):
     s = SamplingConfig(temperature=0.7, top_p=0.95, seed=11)
     # the paper's promise (Lu et al. 2024); the goodput fallback's timing-driven plain steps (on by default where rows
     # are dear, engine/runtime/forward_costs.py) draw differently, so they are held off here, as on machines where rows
     # are cheap
     cfg = DEFAULTS[method].with_(fallback="off")
-    a = _run(real_pair, cfg, prompts[1], s, n=16)
-    b = _run(real_pair, cfg, prompts[1], s, n=16)
-    assert a.generated_ids == b.generated_ids and len(a.generated_ids) == 16
+    a = _run(real_pair, cfg, real_prompt, s, n=12)
+    b = _run(real_pair, cfg, real_prompt, s, n=12)
+    assert a.generated_ids == b.generated_ids and len(a.generated_ids) == 12
     assert all(st.nodes[0].status == "context" for st in a.steps)
 
 
-def test_lossy_mode_of_lu_et_al_runs_and_is_labelled(real_pair, prompts):
+def test_lossy_mode_of_lu_et_al_runs_and_is_labelled(real_pair):
     cfg = MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=4)
-    trace = _run(real_pair, cfg, prompts[0])
+    trace = _run(real_pair, cfg, encode_prompt(real_pair.tokenizer, mt_bench()[1].text))
     assert len(trace.generated_ids) == N and all(s.lossy for s in trace.steps)
     assert trace.settings["verifier"] == "longest-branch"
 
 
 @pytest.mark.parametrize("stop", ["decision", "prune", "specdec++", "goodput"])
-def test_learned_stop_policies_use_the_shipped_model(real_pair, prompts, stop):
+def test_learned_stop_policies_use_the_shipped_model(real_pair, real_prompt, real_greedy, stop):
+    """mcsd-improved (its default stop policy is ``decision``) under each learned stop policy reads the model shipped
+    for the pair and keeps ar's greedy tokens."""
     cfg = DEFAULTS["mcsd-improved"].with_(stop=stop)
     eng = build_engine(real_pair, cfg, SamplingConfig())
     assert eng.parts.decision_model.pair["draft_id"] == real_pair.draft_id
-    eng.start(prompts[0], 24)
+    eng.start(real_prompt, N)
     trace = eng.run()
     sigs = [s for st in trace.steps for s in st.stop_signals]
     assert sigs and all(s.policy == stop and 0.0 <= s.score <= 1.0 for s in sigs)
-    assert run_metrics(trace)["tokens_per_target_call"] > 1.2
+    _greedy_like_ar(real_pair, real_prompt, real_greedy(real_prompt, N), trace, stop)
 
 
 def test_shipped_decision_model_ranks_unseen_tokens(real_pair, tmp_path):
@@ -99,15 +103,16 @@ def test_probe_explains_every_rounding_divergence_as_a_near_tie(real_pair):
     tokens are within two such steps (in bf16 on an AVX-512-BF16 CPU MT-bench 89 flips at step 12 on an exact tie,
     ' Sustainable' / ' New'; in fp32 on an AVX2 CPU the same bounds hold). The flip may also be the bonus token's,
     drawn from the row after the last accepted draft when every test agrees (bf16, torch 2.13, another AVX-512-BF16
-    CPU: step 8, ' Plants' / ' Nature' one rounding step apart)."""
+    CPU: step 8, ' Plants' / ' Nature' one rounding step apart). Six steps: each costs about six target forwards
+    (the probe decodes every drafted node alone)."""
     from explorer.instruments.probe import ReferenceDecoder, probe_last_step
 
     ids = encode_prompt(real_pair.tokenizer, mt_bench()[8].text)
     eng = build_engine(real_pair, DEFAULTS["sd"], SamplingConfig())
-    eng.start(ids, 40)
+    eng.start(ids, 24)
     ref = ReferenceDecoder(real_pair.target, ids, real_pair.vocab_size, real_pair.lock)
     deltas = []
-    while not eng.finished and len(eng.trace.steps) < 14:
+    while not eng.finished and len(eng.trace.steps) < 6:
         eng.step()
         pr = probe_last_step(eng, ref)
         assert pr.lint == []
@@ -124,7 +129,8 @@ def test_probe_explains_every_rounding_divergence_as_a_near_tie(real_pair):
     assert 0 < max(deltas) < 2.0  # rounding, not a wrong mask (which moves logits by whole units)
 
 
-def test_a_head_shaped_for_the_embedded_target_loads_fits_and_drafts_losslessly(real_pair, prompts, tmp_path):
+def test_a_head_shaped_for_the_embedded_target_loads_fits_and_drafts_losslessly(real_pair, real_prompt, real_greedy,
+                                                                                 tmp_path):
     """A (random) EAGLE-3 head of the embedded 1.5B target's shape, saved in the checkpoint format, loads against the
     real target (bf16 features of layers 2, 14, 25) and its drafts keep ar's greedy tokens."""
     from explorer.engine.drafters.eagle import HeadDrafter
@@ -140,14 +146,14 @@ def test_a_head_shaped_for_the_embedded_target_loads_fits_and_drafts_losslessly(
     head = load_head(folder, target=target)
     assert next(head.parameters()).dtype == real_pair.dtype
     greedy = SamplingConfig(temperature=0.0)
-    ar = _run(real_pair, DEFAULTS["ar"], prompts[1], greedy, n=12).generated_ids
+    ar = real_greedy(real_prompt, 12)
     cfg = DEFAULTS["prompt-lookup"].with_(fallback="off")
     parts = build_parts(real_pair, cfg, greedy)
     parts.drafter = HeadDrafter(head, config.aux_layer_ids, top_k=2, frontier=2, depth=3, tokens=6)
     eng = Engine(real_pair, cfg, greedy, parts)
-    eng.start(prompts[1], 12)
+    eng.start(real_prompt, 12)
     trace = eng.run()
-    div = divergence(real_pair, prompts[1], ar, trace.generated_ids)
+    div = divergence(real_pair, real_prompt, ar, trace.generated_ids)
     assert div is None or div["near_tie"], div  # bf16 batched verification parts from ar only at near ties
     assert any(s.drafted for s in trace.steps) and all(s.target_calls == 1 for s in trace.steps)
 
@@ -156,13 +162,13 @@ def test_a_head_shaped_for_the_embedded_target_loads_fits_and_drafts_losslessly(
 HEAD_TOKENS_PER_CALL = 1.25
 
 
-def test_the_shipped_head_drafts_for_the_embedded_target_without_a_draft_model(real_pair, prompts):
+def test_the_shipped_head_drafts_for_the_embedded_target_without_a_draft_model(real_pair, real_prompt, real_greedy):
     """``--method eagle`` on the embedded pair finds the head shipped for its target (assets/heads), keeps ar's
     greedy tokens (near ties aside) and commits several tokens per target call on a HumanEval prompt."""
     greedy = SamplingConfig(temperature=0.0)
-    ar = _run(real_pair, DEFAULTS["ar"], prompts[1], greedy, n=32).generated_ids
-    trace = _run(real_pair, DEFAULTS["eagle"].with_(fallback="off"), prompts[1], greedy, n=32)
-    div = divergence(real_pair, prompts[1], ar, trace.generated_ids)
+    ar = real_greedy(real_prompt, 24)
+    trace = _run(real_pair, DEFAULTS["eagle"].with_(fallback="off"), real_prompt, greedy, n=24)
+    div = divergence(real_pair, real_prompt, ar, trace.generated_ids)
     assert div is None or div["near_tie"], div
     assert trace.settings["head"]["path"].endswith("qwen2.5-coder-1.5b-instruct")
     assert trace.settings["head"]["target_layers"] == [2, 14, 27]
