@@ -209,8 +209,8 @@ def test_classroom_fits_a_projector_and_plays_with_a_clicker(tmp_path, app):
 
 
 def test_a_whole_class_on_one_app(tmp_path, tiny, app):
-    """Six browser sessions at once on one server: three replay a lesson and press Right together, three step live
-    runs on the tiny pair together (ten took 115 s on 2 cores, most of it opening the pages; six prove the same).
+    """Four browser sessions at once on one server: two replay a lesson and press Right together, two step live
+    runs on the tiny pair together (ten took 115 s on 2 cores, most of it opening the pages; four prove the same).
     No error; every classroom is where its own presses took it; every live trace is the one its own steps give when
     run alone (sessions stepping at once do not mix); the server's memory stays flat from round to round."""
     from browser import whole_class
@@ -221,9 +221,9 @@ def test_a_whole_class_on_one_app(tmp_path, tiny, app):
     from explorer.trace.records import load_run
 
     url = app.url
-    r = whole_class(url, tmp_path, app.pid, students=6, rounds=3)
+    r = whole_class(url, tmp_path, app.pid, students=4, rounds=3)
     assert r["errors"] == [], r["errors"]
-    assert r["phase"]["n"] == 9 and r["step"]["n"] >= 6, (r["phase"], r["step"])  # latencies were measured
+    assert r["phase"]["n"] == 6 and r["step"]["n"] >= 4, (r["phase"], r["step"])  # latencies were measured
     assert all(pos.endswith(":3") for pos in r["positions"]), r["positions"]
     for path in r["traces"]:
         trace = load_run(path)
@@ -233,7 +233,7 @@ def test_a_whole_class_on_one_app(tmp_path, tiny, app):
         solo.start(trace.prompt_ids, trace.settings["max_new_tokens"])
         solo.run(max_steps=3)
         assert solo.trace.generated_ids == trace.generated_ids
-    assert len({load_run(p).prompt for p in r["traces"]}) == 3  # each session its own run
+    assert len({load_run(p).prompt for p in r["traces"]}) == 2  # each session its own run
     first, last = r["memory"][1]["rss"], r["memory"][-1]["rss"]
     assert last <= first * 1.15 + 50, r["memory"]  # flat: rounds do not pile up memory
 
@@ -305,7 +305,5 @@ def test_the_explorer_reads_whole_at_every_screen_size_on_the_embedded_pair(tmp_
         if view.endswith("exceptions"):
             assert faults == 0, view
             continue
-        if view.startswith("390x"):  # a phone's tree: the bonus star can sit on a rejected sibling and its label
-            faults["charts"] = [f for f in faults["charts"] if not f.endswith("point labels overprint")]
         assert faults == {"cut": [], "broken": [], "charts": []}, (view, faults)
     assert (tmp_path / "explorer_1280x720_teach.png").stat().st_size > 30_000

@@ -228,9 +228,9 @@ def test_the_app_steps_a_target_with_the_draft_left_empty(tmp_path):
 @pytest.mark.real
 def test_layer_skip_on_the_embedded_target_equals_ar(real_pair, real_prompt, real_greedy):
     engine = build_engine(real_pair, DEFAULTS["layer-skip"].with_(fallback="off"), GREEDY)
-    engine.start(real_prompt, 16)
+    engine.start(real_prompt, 12)
     engine.run()
-    assert engine.trace.generated_ids == real_greedy(real_prompt, 16)
+    assert engine.trace.generated_ids == real_greedy(real_prompt, 12)
     assert {s.drafter["layer_skip"]["layers"] for s in engine.trace.steps} == {28}
 
 

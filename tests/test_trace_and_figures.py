@@ -229,6 +229,33 @@ def test_tree_layout_keeps_chains_level_and_parents_centred():
     assert all(pos[i][0] == nodes[i].depth for i in range(len(nodes)))
 
 
+@pytest.mark.parametrize("children", [1, 2, 3])
+def test_the_bonus_star_never_sits_on_a_rejected_child(children):
+    """The deepest accepted node's rejected children take the depth where the bonus token hangs: the star gets a row
+    of its own below them (a middle or only child shares its parent's row), and the node keeps its row where it has no
+    children."""
+    from explorer.trace.records import NodeTrace, StepTrace
+
+    parents = [None, 0, 0] + [1] * children  # node 1 accepted, its children rejected, node 2 a rejected sibling
+    nodes = [NodeTrace(id=i, parent=p, token_id=i, text=f"t{i}", depth=0 if p is None else 1 + (p == 1),
+                       position_id=0, source="draft", status="rejected") for i, p in enumerate(parents)]
+    nodes[0].status, nodes[1].status = "context", "accepted"
+    nodes[0].committed = nodes[1].committed = True
+    step = StepTrace(index=0, method="mcsd", lossy=False, nodes=nodes, mask=[], mask_node_ids=[], mask_context_len=0,
+                     position_ids=[], branches=[], stop_signals=[], committed_ids=[1, 99], committed_text=["t1", "b"],
+                     bonus_token=99, accepted_draft_len=1, max_draft_len=2, drafted=len(nodes) - 1, draft_calls=0,
+                     target_calls=1, draft_ms=0, verify_ms=0, step_ms=0)
+    fig = figures.tree_figure(step)
+    star = next(t for t in fig.data if t.name == "bonus token (from target)")
+    points = {(x, y) for t in fig.data if t.mode == "markers+text" and t is not star for x, y in zip(t.x, t.y)}
+    assert star.x[0] == 2 and (star.x[0], star.y[0]) not in points
+    assert star.y[0] < min(y for x, y in points if x == 2)  # below the rejected children, on a row of its own
+    assert fig.layout.yaxis.range[0] <= star.y[0] - 0.5  # and inside the plot
+    childless = StepTrace(**{**step.__dict__, "nodes": nodes[:3]})
+    star = next(t for t in figures.tree_figure(childless).data if t.name == "bonus token (from target)")
+    assert (star.x[0], star.y[0]) == (2, figures.tree_layout(figures.tree_graph(childless))[1][1])
+
+
 @pytest.mark.parametrize("depth", [4, 14])
 def test_stop_chart_names_every_decision_only_while_the_labels_fit(tiny, depth):
     cfg = MethodConfig(method="mcsd-improved", k_config=(1,), max_depth=depth, stop="confidence", threshold=0.0)

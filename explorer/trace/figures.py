@@ -114,6 +114,32 @@ def tree_layout(g: nx.DiGraph, root: int = 0) -> dict[int, tuple[float, float]]:
     return {node: (float(g.nodes[node]["depth"]), -y) for node, y in row.items()}
 
 
+def _last_committed(step: StepTrace):
+    """The deepest committed node of ``step``: the bonus token hangs off it."""
+    return max((n for n in step.nodes if n.committed), key=lambda n: n.depth)
+
+
+def _layout_with_bonus(g: nx.DiGraph, step: StepTrace):
+    """``tree_layout`` of the step's tree, where its bonus token is drawn (None without one) and how many rows the
+    layout has (its leaves). The bonus token goes one depth beyond the deepest committed node, on its row; where
+    that node has drafted children (rejected ones), it is laid out as one more child, on a row of its own, so it
+    never sits on a child and its label (a middle or only child shares the parent's row). Every phase of a step gets
+    the same layout: nodes keep their places."""
+    leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
+    if step.bonus_token is None or not any(n.committed for n in step.nodes):
+        return tree_layout(g), None, leaves
+    last = _last_committed(step)
+    if g.out_degree(last.id) == 0:
+        pos = tree_layout(g)
+        return pos, (pos[last.id][0] + 1, pos[last.id][1]), leaves
+    slot = max(g.nodes) + 1
+    spaced = g.copy()
+    spaced.add_node(slot, depth=g.nodes[last.id]["depth"] + 1)
+    spaced.add_edge(last.id, slot)
+    pos = tree_layout(spaced)
+    return pos, pos.pop(slot), leaves + 1
+
+
 def _hover(n) -> str:
     lines = [f"<b>{token_label(n.text, 40)}</b> (id {n.token_id})", f"status: {STATUS_LABELS.get(n.status, n.status)}"
              + (" · committed" if n.committed and n.status != CONTEXT else ""),
@@ -157,7 +183,7 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     shortened; False leaves every label whole above its node, for a page that fits them to the width it knows
     (the lesson player's ``fitTree``)."""
     g = tree_graph(step)
-    pos = tree_layout(g)
+    pos, bonus_at, leaves = _layout_with_bonus(g, step)
     by_id = {n.id: n for n in step.nodes}
     if shown is not None:
         step_nodes = [by_id[i] for i in sorted(shown)]
@@ -211,9 +237,8 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
                                  hoverinfo="text", marker=dict(size=34, color="rgba(0,0,0,0)", symbol="square",
                                                                line=dict(color="#e377c2", width=4))))
     if step.bonus_token is not None and final:
-        path = [n for n in step.nodes if n.committed]
-        last = max(path, key=lambda n: n.depth)
-        x, y = pos[last.id][0] + 1, pos[last.id][1]
+        last = _last_committed(step)
+        x, y = bonus_at
         traces.append(go.Scatter(x=[pos[last.id][0], x], y=[y, y], mode="lines", hoverinfo="skip",
                                  line=dict(color=BONUS_COLOR, dash="dot"), showlegend=False))
         text = step.committed_text[-1]
@@ -230,7 +255,6 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
                                  marker=dict(size=18 * scale, color=BONUS_COLOR,
                                              symbol="star-open" if unreachable else "star",
                                              line=dict(color=BONUS_COLOR, width=3 if unreachable else 1))))
-    leaves = sum(1 for n in g.nodes if g.out_degree(n) == 0)
     subtitle = _head_title(step)
     # the legend's rows come out of it: a phone's five legend rows left 22 px a leaf at 34 px, too few for a label
     height = height or max(420, min(1000, 40 * leaves + 240))
