@@ -69,7 +69,7 @@ SLOW_FIXTURES = {"exported"}
 
 
 # Tests that share something costly run on one xdist worker (``--dist loadgroup``), each group once: the embedded
-# pair (a test that asks for it, 47 s to load and several GB), a browser module's app server, the exported lessons.
+# pair (a test that asks for it: about a minute to load, 9 GB), a browser module's app server, the exported lessons.
 # The rest go one test at a time to whichever worker is free. xdist sends the largest groups out first.
 MODULE_GROUPS = {"test_browser": "app-server", "test_player": "exported-lessons"}
 
