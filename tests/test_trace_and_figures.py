@@ -210,18 +210,26 @@ def test_token_text_is_escaped_everywhere(run_trace):
     assert not any("<script>" in (t or "") for tr in fig.data if tr.text is not None for t in tr.text)
 
 
+def _drawn_step(nodes, **fields):
+    """A step of ``nodes`` with nothing else recorded (no mask, no timings): enough for the tree figure."""
+    from explorer.trace.records import StepTrace
+
+    base = dict(index=0, method="mcsd", lossy=False, nodes=nodes, mask=[], mask_node_ids=[], mask_context_len=0,
+                position_ids=[], branches=[], stop_signals=[], committed_ids=[], committed_text=[], bonus_token=None,
+                accepted_draft_len=0, max_draft_len=3, drafted=len(nodes) - 1, draft_calls=0, target_calls=0,
+                draft_ms=0, verify_ms=0, step_ms=0)
+    return StepTrace(**{**base, **fields})
+
+
 def test_tree_layout_keeps_chains_level_and_parents_centred():
-    from explorer.trace.records import NodeTrace, StepTrace
+    from explorer.trace.records import NodeTrace
 
     parents = [None, 0, 0, 1, 1, 2, 3, 5]  # two branches, each a small subtree continued by chains
     nodes = [NodeTrace(id=i, parent=p, token_id=i, text=str(i), depth=0 if p is None else 0, position_id=0,
                        source="draft", status="unverified") for i, p in enumerate(parents)]
     for n in nodes[1:]:
         n.depth = nodes[n.parent].depth + 1
-    step = StepTrace(index=0, method="mcsd", lossy=False, nodes=nodes, mask=[], mask_node_ids=[], mask_context_len=0,
-                     position_ids=[], branches=[], stop_signals=[], committed_ids=[], committed_text=[],
-                     bonus_token=None, accepted_draft_len=0, max_draft_len=3, drafted=7, draft_calls=0,
-                     target_calls=0, draft_ms=0, verify_ms=0, step_ms=0)
+    step = _drawn_step(nodes)
     pos = figures.tree_layout(figures.tree_graph(step))
     assert pos[3][1] == pos[6][1] and pos[5][1] == pos[7][1]  # chains are horizontal
     assert pos[1][1] == (pos[3][1] + pos[4][1]) / 2  # a parent sits between its children
@@ -234,24 +242,23 @@ def test_the_bonus_star_never_sits_on_a_rejected_child(children):
     """The deepest accepted node's rejected children take the depth where the bonus token hangs: the star gets a row
     of its own below them (a middle or only child shares its parent's row), and the node keeps its row where it has no
     children."""
-    from explorer.trace.records import NodeTrace, StepTrace
+    from explorer.trace.records import NodeTrace
 
     parents = [None, 0, 0] + [1] * children  # node 1 accepted, its children rejected, node 2 a rejected sibling
     nodes = [NodeTrace(id=i, parent=p, token_id=i, text=f"t{i}", depth=0 if p is None else 1 + (p == 1),
                        position_id=0, source="draft", status="rejected") for i, p in enumerate(parents)]
     nodes[0].status, nodes[1].status = "context", "accepted"
     nodes[0].committed = nodes[1].committed = True
-    step = StepTrace(index=0, method="mcsd", lossy=False, nodes=nodes, mask=[], mask_node_ids=[], mask_context_len=0,
-                     position_ids=[], branches=[], stop_signals=[], committed_ids=[1, 99], committed_text=["t1", "b"],
-                     bonus_token=99, accepted_draft_len=1, max_draft_len=2, drafted=len(nodes) - 1, draft_calls=0,
-                     target_calls=1, draft_ms=0, verify_ms=0, step_ms=0)
+    step = _drawn_step(nodes, committed_ids=[1, 99], committed_text=["t1", "b"], bonus_token=99, accepted_draft_len=1,
+                       max_draft_len=2, target_calls=1)
     fig = figures.tree_figure(step)
     star = next(t for t in fig.data if t.name == "bonus token (from target)")
     points = {(x, y) for t in fig.data if t.mode == "markers+text" and t is not star for x, y in zip(t.x, t.y)}
     assert star.x[0] == 2 and (star.x[0], star.y[0]) not in points
     assert star.y[0] < min(y for x, y in points if x == 2)  # below the rejected children, on a row of its own
     assert fig.layout.yaxis.range[0] <= star.y[0] - 0.5  # and inside the plot
-    childless = StepTrace(**{**step.__dict__, "nodes": nodes[:3]})
+    childless = _drawn_step(nodes[:3], committed_ids=[1, 99], committed_text=["t1", "b"], bonus_token=99,
+                            accepted_draft_len=1, max_draft_len=2, target_calls=1)
     star = next(t for t in figures.tree_figure(childless).data if t.name == "bonus token (from target)")
     assert (star.x[0], star.y[0]) == (2, figures.tree_layout(figures.tree_graph(childless))[1][1])
 
