@@ -257,6 +257,9 @@ def test_the_bonus_star_never_sits_on_a_rejected_child(children):
     assert star.x[0] == 2 and (star.x[0], star.y[0]) not in points
     assert star.y[0] < min(y for x, y in points if x == 2)  # below the rejected children, on a row of its own
     assert fig.layout.yaxis.range[0] <= star.y[0] - 0.5  # and inside the plot
+    line = fig.data[fig.data.index(star) - 1]  # the dotted line hangs the star off the accepted node
+    node = next((x, y) for t in fig.data if t.name == "accepted" for x, y in zip(t.x, t.y))
+    assert (line.x[0], line.y[0]) == node and (line.x[1], line.y[1]) == (star.x[0], star.y[0])
     childless = _drawn_step(nodes[:3], committed_ids=[1, 99], committed_text=["t1", "b"], bonus_token=99,
                             accepted_draft_len=1, max_draft_len=2, target_calls=1)
     star = next(t for t in figures.tree_figure(childless).data if t.name == "bonus token (from target)")

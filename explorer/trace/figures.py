@@ -239,7 +239,8 @@ def tree_figure(step: StepTrace, height: int | None = None, selected: int | None
     if step.bonus_token is not None and final:
         last = _last_committed(step)
         x, y = bonus_at
-        traces.append(go.Scatter(x=[pos[last.id][0], x], y=[y, y], mode="lines", hoverinfo="skip",
+        # from the node to the star: level where the star shares the node's row, like a tree edge where it has its own
+        traces.append(go.Scatter(x=[pos[last.id][0], x], y=[pos[last.id][1], y], mode="lines", hoverinfo="skip",
                                  line=dict(color=BONUS_COLOR, dash="dot"), showlegend=False))
         text = step.committed_text[-1]
         unreachable = draft_vocab is not None and step.bonus_token not in draft_vocab
