@@ -157,7 +157,7 @@ def test_a_registered_verifier_is_seen_everywhere(tiny, original, restore_verifi
     assert VERIFIER_REGISTRY[name] is entry and entry.selectable
     assert ("auto",) + VERIFIERS == ("auto", "rrs", "rrs-replacement", "mcns", "spechub", name)
     assert VERIFIER_LABELS[name] == "A copy" and drafting.DRAFT_RULES[name] == rule.draws
-    assert expectation.ODDS_RULES[name] is rule.odds_rule and verify.NODE_RULES[name] is rule.node_rule
+    assert expectation.ODDS_RULES[name] is rule.odds_rule and verify.NODE_RULES[name].__wrapped__ is rule.node_rule
     parser = argparse.ArgumentParser()
     add_method_args(parser)
     args = parser.parse_args(["--method", "mcsd", "--k-config", "2,2", "--verifier", name])

@@ -37,7 +37,7 @@ from ..models.pair import ModelPair
 from ..trace.records import RunTrace
 from .carried import Carried
 from .config import MethodConfig, free_row_budget
-from .drafters import make_drafter
+from .drafters import DraftOffer, make_drafter
 from .drafters.row_pricing import RowPricing
 from .machine import Engine
 from .observers import (AdaptationObserver, CostRatioObserver, FallbackObserver, RowPricingObserver,
@@ -148,7 +148,9 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
                               branch_threshold=config.branch_threshold)
         chooser.costs = costs
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling, exits, chooser, tree, _head(pair, config), sizer),
+        drafter=make_drafter(config, carried.recycling, exits, chooser, tree, _head(pair, config), sizer,
+                             DraftOffer(config, sampling, pair.vocab_size, pair.tokenizer,
+                                        tuple(pair.eos_token_ids), pair.device.type, pair.draft_id, pair.target_id)),
         stop_policy=stop_policy,
         verifier_name=config.verifier_for(sampling.greedy), decision_model=decision_model,
         free_rows=free_row_budget(config.free_rows, pair.device.type),

@@ -28,7 +28,7 @@ from .drafters.base import Drafted, DraftModelAccess, DraftView, Reach, empty_dr
 from .drafters.model import chain_depths, chain_widths
 from .forwarding import Forwards
 from .observers import ObservedStep
-from .parts import EngineError, EngineOptions, EngineParts
+from .parts import EngineError, EngineOptions, EngineParts, PluginError
 from .recording import Recorder, run_header
 from .run_state import RunState
 from .runtime.timeline import StepTimeline, step_times
@@ -239,7 +239,7 @@ class Engine:
         s, parts = self.state, self.parts
         speculate = parts.fallback.decide(len(self.trace.steps)) if parts.fallback is not None else True
         captures = self.forwards.captures
-        drafted = parts.drafter.draft(self._view()) if speculate else empty_draft(len(s.committed))
+        drafted = self._draft() if speculate else empty_draft(len(s.committed))
         if speculate:  # the room that capped the tree's depth (``Reach``), for the trace and teach mode
             drafted.info["tokens_left"] = s.tokens_left
         if edit is not None:
@@ -253,7 +253,8 @@ class Engine:
         timeline.enter("trace recording")
         record = self.recorder.step(len(self.trace.steps), context, drafted, verified, committed,
                                     method=self.config.method, lossy=self.config.is_lossy,
-                                    max_draft_len=self.config.max_draft_depth(), verifier=self.verifier_name,
+                                    max_draft_len=self.config.max_draft_depth() or drafted.tree.n_levels,
+                                    verifier=self.verifier_name,
                                     finished=s.finished)
         self.trace.steps.append(record)
         one_off = "graph capture" if self.forwards.captures > captures else "prefill" if verified.prefill_rows else None
@@ -261,6 +262,33 @@ class Engine:
                                   committed=committed, history=s.committed, speculated=speculate, one_off=one_off),
                      timeline)
         return record
+
+    def _draft(self) -> Drafted:
+        """The drafter's tree for this step, its tokens checked against the vocabulary. A plugin's drafter that
+        raises or proposes a token outside ``[0, vocab_size)`` stops the step with a PluginError naming the plugin
+        and the method (the run keeps its steps so far); any drafter's out-of-vocabulary token is an EngineError."""
+        drafter = self.parts.drafter
+        try:
+            drafted = drafter.draft(self._view())
+        except EngineError:
+            raise
+        except Exception as exc:
+            if not drafter.plugin:
+                raise
+            raise PluginError(f"{self._plugin_label()}: its drafter raised {type(exc).__name__}: {exc}") from exc
+        vocab = self.pair.vocab_size
+        for token in drafted.tree.token:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                where = self._plugin_label() if drafter.plugin else f"the {self.config.method} drafter"
+                raise (PluginError if drafter.plugin else EngineError)(
+                    f"{where}: proposed token {token!r}, outside the vocabulary (ids 0 to {vocab - 1})")
+        return drafted
+
+    def _plugin_label(self) -> str:
+        """``plugin NAME (FROM): method METHOD`` for error messages."""
+        origin = self.config.spec.origin or {}
+        return (f"plugin {origin.get('name', '?')} ({origin.get('loaded_from', '?')}): method "
+                f"{self.config.method}")
 
     def _commit(self, drafted: Drafted, verified: VerifiedStep) -> list[int]:
         """Append the accepted path and the bonus token (cut at EOS and the budget) and cut both caches to the
@@ -290,7 +318,14 @@ class Engine:
         for observer in observers:
             if not observer.after_clock:
                 timeline.enter(observer.phase)
-                observer.observe(step)
+                if observer is self.parts.drafter and observer.plugin:
+                    try:
+                        observer.observe(step)
+                    except Exception as exc:
+                        raise PluginError(f"{self._plugin_label()}: its drafter's observe raised "
+                                          f"{type(exc).__name__}: {exc}") from exc
+                else:
+                    observer.observe(step)
         record = step.record
         record.timeline = timeline.finish()  # CUDA: the step's one deliberate synchronisation
         self.forwards.timeline = None

@@ -11,7 +11,11 @@ vocabulary: ``trace/records.py`` (``FREE_SOURCES``, ``DRAFT_SOURCES``, ``SOURCE_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
+
+from .live import LiveMapping, LiveNames
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,11 @@ class MethodSpec:
         summary: one line for help texts and teach mode.
         self_draft: the draft model is the target's own first layers (``models/early_exit.py``), whatever the pair's
             draft.
+        drafter: a method registered from outside (``explorer.plugins.register_method``): builds the run's drafter,
+            ``drafter(offer) -> Drafter`` (``drafters.base.DraftOffer``); None for the project's own methods, which
+            ``drafters.make_drafter`` builds from the fields above.
+        origin: where a registered method came from (plugin name, file or module, version, sha256: plain data the
+            trace records); None for the project's own.
     """
 
     name: str
@@ -37,6 +46,8 @@ class MethodSpec:
     free: tuple[str, ...] = ()
     summary: str = ""
     self_draft: bool = False
+    drafter: Callable | None = None
+    origin: dict | None = None
 
     @property
     def uses_draft_model(self) -> bool:
@@ -58,7 +69,7 @@ class MethodSpec:
         return self.model_tree == "stoppable"
 
 
-METHOD_SPECS = {s.name: s for s in (
+_SPECS: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("ar", "Autoregressive (AR)", "none", summary="one target forward per token"),
     MethodSpec("sd", "Speculative decoding (SD, chain)", "chain", summary="a chain of gamma draft tokens"),
     MethodSpec("mcsd", "MCSD (draft tree, one target pass)", "tree",
@@ -78,5 +89,45 @@ METHOD_SPECS = {s.name: s for s in (
     MethodSpec("layer-skip", "Layer skip (the target drafts for itself)", "chain", self_draft=True,
                summary="a chain drafted by the target's own first layers, the exit chosen from measured acceptance"),
 )}
-METHODS = tuple(METHOD_SPECS)
-METHOD_LABELS = {name: s.label for name, s in METHOD_SPECS.items()}
+BUILTIN_METHODS = tuple(_SPECS)
+"""The methods shipped here; ``remove_method`` leaves them."""
+METHOD_SPECS = MappingProxyType(_SPECS)
+"""Name -> ``MethodSpec``, read only (``add_method`` writes): the project's methods first, in menu order."""
+METHODS = LiveNames(_SPECS)
+"""The method names ``MethodConfig.method`` takes: a live tuple-like view (a registered method appears at once)."""
+METHOD_LABELS = LiveMapping(_SPECS, lambda s: s.label)
+"""Menu labels by method name: a live read-only view."""
+
+
+class MethodError(ValueError):
+    """A method cannot be added or removed: its name is taken, malformed, or belongs to the project."""
+
+
+MODEL_TREES = ("none", "chain", "tree", "stoppable", "head")
+
+
+def add_method(spec: MethodSpec) -> MethodSpec:
+    """Add a method described by ``spec`` (a registered one: ``spec.drafter`` builds its drafter). Its defaults are
+    ``config.add_method_defaults``'s, which ``explorer.plugins.register_method`` calls next.
+
+    Raises MethodError: the name is taken, or is not 1-40 letters, digits, ``-``, ``_`` or ``.`` (no ``+`` or ``,``,
+    so that a bench label ``name+key=value`` and a list of them still parse), or ``model_tree`` is not one of
+    ``MODEL_TREES``."""
+    name = spec.name
+    if not isinstance(name, str) or not name or len(name) > 40 or not all(c.isalnum() or c in "-_." for c in name):
+        raise MethodError(f"a method name is 1-40 letters, digits, '-', '_' or '.', got {name!r}")
+    if name in _SPECS:
+        raise MethodError(f"a method named {name!r} exists already")
+    if spec.model_tree not in MODEL_TREES:
+        raise MethodError(f"unknown model tree {spec.model_tree!r}; use one of {', '.join(MODEL_TREES)}")
+    _SPECS[name] = spec
+    return spec
+
+
+def remove_method(name: str) -> None:
+    """Remove a method ``add_method`` added. Raises MethodError for one of the project's or an unknown name."""
+    if name in BUILTIN_METHODS:
+        raise MethodError(f"the built-in method {name!r} cannot be removed")
+    if name not in _SPECS:
+        raise MethodError(f"no method named {name!r} was registered")
+    del _SPECS[name]

@@ -21,6 +21,12 @@ class EngineError(ValueError):
     """Bad input to the engine (empty or too long prompt, impossible settings): the message says what is wrong."""
 
 
+class PluginError(EngineError):
+    """A plugin's part failed during a run (its drafter raised, proposed a token outside the vocabulary, or its
+    verification rule returned nothing usable): the message names the plugin, the method and the error. The run
+    keeps its steps so far."""
+
+
 @dataclass
 class EngineParts:
     """The strategies and meters one run steps with, built from the method, the sampling and the pair by

@@ -11,6 +11,8 @@ from __future__ import annotations
 from ..trace.records import (ACCEPTED, CONTEXT, DRAFT_SOURCES, REJECTED, TOP_K_SHOWN, UNVERIFIED, NodeTrace, RunTrace,
                              StepTrace)
 from .drafters.base import Drafted
+from .policies.stopping import STOP_POLICY_ORIGINS
+from .verify.registry import VERIFIER_REGISTRY
 from .verification import VerifiedStep
 
 
@@ -139,6 +141,21 @@ class Recorder:
         return [[t, self.token_text(t), float(pr)] for t, pr in top]
 
 
+def run_plugins(config, verifier: str) -> list[dict]:
+    """The plugins a run of ``config`` verified by ``verifier`` depends on (``explorer.plugins``): each origin once
+    (``name``, ``loaded_from``, ``version``, ``sha256``, and what it registered: ``method``, ``verifier`` or
+    ``stop``), as the trace's ``settings["plugins"]`` records them; empty for the project's own methods."""
+    found: list[dict] = []
+    parts = (("method", config.spec.origin),
+             ("verifier", VERIFIER_REGISTRY[verifier].origin if verifier in VERIFIER_REGISTRY else None),
+             ("stop", STOP_POLICY_ORIGINS.get(config.stop_policy_name())))
+    for role, origin in parts:
+        if origin:
+            found.append({**origin, role: {"method": config.method, "verifier": verifier,
+                                           "stop": config.stop_policy_name()}[role]})
+    return found
+
+
 def run_header(engine, prompt_text: str, prefill_ms: float, joint_prefill: bool) -> RunTrace:
     """A new run's ``RunTrace`` (no steps yet): its settings (method, sampling, budget, verifier, what the drafter
     and the learners started from), the models and how they ran, the prompt and the prefill's time (ms)."""
@@ -151,7 +168,8 @@ def run_header(engine, prompt_text: str, prefill_ms: float, joint_prefill: bool)
                 **({"adaptation_carried": parts.adapter_carried} if parts.adapter_carried else {}),
                 **({"joint_prefill": True} if joint_prefill else {}),
                 **({"decision_model": {"kind": decision_model.kind, **decision_model.source}}
-                   if getattr(decision_model, "source", None) else {})}
+                   if getattr(decision_model, "source", None) else {}),
+                **({"plugins": plugins} if (plugins := run_plugins(engine.config, engine.verifier_name)) else {})}
     model = {"name": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
              "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
              "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights,

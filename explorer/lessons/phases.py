@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..trace.records import ACCEPTED, CONTEXT, DRAFTED, REJECTED, UNVERIFIED, RunTrace, StepTrace
+from ..trace.records import ACCEPTED, CONTEXT, DRAFTED, FREE_SOURCES, REJECTED, UNVERIFIED, RunTrace, StepTrace
 
 PHASE_KINDS = ("draft", "mask", "verify", "commit")
 SOURCE_WORDS = {"draft": "the draft model", "target": "the target (a root sampled from it)",
-                "lookup": "prompt lookup (copied)", "recycled": "Token Recycling (the target's earlier top-k)"}
+                "lookup": "prompt lookup (copied)", "recycled": "Token Recycling (the target's earlier top-k)",
+                "plugin": "a plugin's drafter"}
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _draft_account(step: StepTrace, phase: Phase, by_id: dict, anchor) -> list[s
 def _verify_account(step: StepTrace, node, greedy: bool) -> list[str]:
     ok = node.status == ACCEPTED
     lines = []
-    if node.source in ("lookup", "recycled"):
+    if node.source in FREE_SOURCES:
         lines.append(f"{quote_token(node.text)} was proposed for free by {SOURCE_WORDS[node.source]}: its q is a point "
                      "mass, so the test accepts it with probability p.")
     if greedy:

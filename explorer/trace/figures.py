@@ -21,9 +21,9 @@ STATUS_LABELS = {CONTEXT: "last committed token", DRAFTED: "drafted, not yet ver
                  REJECTED: "rejected", UNVERIFIED: "not verified"}
 BONUS_COLOR = "#1f77b4"
 SOURCE_SYMBOLS = {CONTEXT: "circle", "draft": "circle", "target": "diamond", "lookup": "square",
-                  "recycled": "triangle-up"}
+                  "recycled": "triangle-up", "plugin": "hexagon"}
 SOURCE_COLORS = {CONTEXT: "#7f8c8d", "draft": "#9467bd", "target": "#8c564b", "lookup": "#ff7f0e",
-                 "recycled": "#17becf"}
+                 "recycled": "#17becf", "plugin": "#bcbd22"}
 
 
 def token_label(text: str, limit: int = 16, escape: bool = True) -> str:
@@ -62,6 +62,9 @@ def provenance_text(node) -> str | None:
         return (f"copied from position {prov['copied_from']} ({where}): it followed an earlier "
                 f"“{token_label(prov.get('match_text', '?'), 30, escape=False)}” ({prov['ngram']}-gram match at "
                 f"position {prov['match_at']})")
+    if prov.get("plugin"):  # a plugin's node: its name, then what the plugin said of it
+        said = ", ".join(f"{k} {v}" for k, v in prov.items() if k not in ("plugin", "source"))
+        return f"proposed by the plugin {prov['plugin']}" + (f" ({said})" if said else "")
     if prov.get("source") == "recycled":
         row_text = token_label(prov.get("row_text", "?"), 20, escape=False)
         row = f"candidate #{prov['rank'] + 1} in the matrix row of “{row_text}”"

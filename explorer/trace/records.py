@@ -30,15 +30,16 @@ DRAFTED = "drafted"  # shown only, never recorded: proposed and not judged yet (
 # Draft sources (``DraftTree.source`` and ``NodeTrace.source``): ``draft`` sampled from the draft model's q (costs
 # draft forwards); ``target`` a target-initialized root (Lu et al.'s lossy mode); ``lookup`` copied from an earlier
 # occurrence of the last n-gram in prompt + output (prompt lookup decoding); ``recycled`` read from the Token
-# Recycling adjacency matrix (the target's own earlier top-k candidates). ``lookup`` and ``recycled`` nodes are
-# deterministic proposals (q is a point mass): they cost no forward, and the verifiers test them with the point-mass
+# Recycling adjacency matrix (the target's own earlier top-k candidates); ``plugin`` proposed by a free drafter a
+# plugin registered (``explorer.plugins``; its name in the node's provenance). ``lookup``, ``recycled`` and
+# ``plugin`` nodes are deterministic proposals (q is a point mass): they cost no forward, and the verifiers test them with the point-mass
 # stage of multi-draft speculative sampling (``engine/verify/rules.py``).
-FREE_SOURCES = ("lookup", "recycled")
+FREE_SOURCES = ("lookup", "recycled", "plugin")
 """Sources of deterministic draft tokens (no draft-model forward, q is a point mass)."""
 DRAFT_SOURCES = ("draft",) + FREE_SOURCES
 """Sources of proposed tokens that verification may reject (counted as drafted in the metrics)."""
 SOURCE_LABELS = {"draft": "draft model", "target": "target root", "lookup": "prompt lookup",
-                 "recycled": "token recycling", "context": "anchor"}
+                 "recycled": "token recycling", "plugin": "plugin drafter", "context": "anchor"}
 
 
 class TraceError(ValueError):

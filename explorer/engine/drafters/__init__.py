@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..policies.head_tree import TreeSizer
 from ..policies.tree_choice import TreeChooser
-from .base import Drafted, Drafter, FreeNode, merge_free
+from .base import Drafted, DraftOffer, Drafter, FreeNode, merge_free
 from .eagle import HeadDrafter
 from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
@@ -21,21 +21,24 @@ from .lookup import LookupDrafter, lookup_continuations
 from .model import ModelDrafter
 from .recycling import RecyclingDrafter
 
-__all__ = ["Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter", "ModelDrafter",
+__all__ = ["DraftOffer", "Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter", "ModelDrafter",
            "RecyclingDrafter", "lookup_continuations", "make_drafter", "merge_free"]
 
 
 def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,
                  tree_chooser: TreeChooser | None = None, tree_state: dict | None = None, head=None,
-                 sizer: TreeSizer | None = None) -> Drafter:
+                 sizer: TreeSizer | None = None, offer: DraftOffer | None = None) -> Drafter:
     """The drafter of ``config`` (a ``MethodConfig``); ``recycling_state``: a Token Recycling matrix carried over
     from an earlier run (``RecyclingDrafter.state()``), or None to start empty; ``layer_skip_state``: likewise
     ``layer-skip``'s exit chooser (``ExitChooser.state()``); ``tree_chooser``: the online tree choice the model
     drafter picks its root width with (``policies/tree_choice.py``; None: the config's fixed shape), and
     ``tree_state`` what it measured in an earlier run (``TreeChooser.state()``); ``head``: for ``eagle``, the loaded
     head, the target layers it reads and what the trace records of it (``(head, layers, source)``), and ``sizer``
-    the online choice of its tree's size (``policies/head_tree.py``; None: ``head_tokens`` nodes every step)."""
+    the online choice of its tree's size (``policies/head_tree.py``; None: ``head_tokens`` nodes every step);
+    ``offer``: what a registered method's drafter factory builds from (``DraftOffer``; ``MethodSpec.drafter``)."""
     spec = config.spec
+    if spec.drafter is not None:
+        return spec.drafter(offer)
     free: list[Drafter] = []
     for name in spec.free:
         if name == "lookup":

@@ -40,15 +40,17 @@ from ..tree import DraftTree
 @dataclass
 class FreeNode:
     """One deterministic proposal: ``parent`` indexes an earlier FreeNode of the same list (-1 = the anchor);
-    ``token`` a vocabulary id; ``source`` ``lookup`` or ``recycled``; ``provenance`` plain data for
-    ``NodeTrace.provenance`` (``source`` and, for lookup, ``copied_from``, ``ngram``, ``match_at``, ``in_prompt``;
-    for recycling ``row_token``, ``rank``, ``step``, ``node``). ``slot``: which of the drafter's recurring positions
-    it fills (hashable; ``row_pricing.RowPricing`` measures each slot's acceptance), or None."""
+    ``token`` a vocabulary id (an int in ``[0, vocab_size)``); ``source`` ``lookup``, ``recycled`` or (the default)
+    ``plugin``; ``provenance`` plain data (JSON types) for ``NodeTrace.provenance`` (``source`` and, for lookup,
+    ``copied_from``, ``ngram``, ``match_at``, ``in_prompt``; for recycling ``row_token``, ``rank``, ``step``,
+    ``node``; a plugin's node gets ``plugin``, its method's name, and keeps what else the plugin put there).
+    ``slot``: which of the drafter's recurring positions it fills (hashable; ``row_pricing.RowPricing`` measures
+    each slot's acceptance), or None."""
 
     parent: int
     token: int
-    source: str  # lookup | recycled
-    provenance: dict
+    source: str = "plugin"  # lookup | recycled | plugin
+    provenance: dict = field(default_factory=dict)
     slot: object = None
 
 
@@ -153,6 +155,32 @@ class DraftModelAccess:
         copy_layers(self._forwards.target_kv, self.cache, layers)
 
 
+@dataclass(frozen=True)
+class DraftOffer:
+    """What a run offers a registered method's drafter factory (``explorer.plugins.register_method``) when it
+    builds the run's drafter: the settings and the pair's facts, never the models themselves (a model drafter
+    reaches its draft model through ``DraftView.draft`` at each step; nothing reaches the target's weights).
+
+    Attributes:
+        config: the method's settings (``MethodConfig``), its ``defaults`` applied.
+        sampling: temperature / top-k / top-p / seed (``SamplingConfig``).
+        vocab_size: the pair's shared vocabulary (token ids are in ``[0, vocab_size)``).
+        tokenizer: the pair's tokenizer (a transformers tokenizer; the tiny pair's byte-level one).
+        eos_token_ids: the pair's end-of-sequence ids.
+        device: where the models run (``cpu``, ``cuda``).
+        draft_id, target_id: the pair's model names.
+    """
+
+    config: MethodConfig
+    sampling: SamplingConfig
+    vocab_size: int
+    tokenizer: object
+    eos_token_ids: tuple[int, ...]
+    device: str
+    draft_id: str = ""
+    target_id: str = ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DraftView:
     """What a drafter may read of the run it drafts for, built by the engine for each step (and for ``start``),
@@ -222,6 +250,7 @@ class Drafter:
     of the step's observers (``observers.StepObserver``)."""
 
     name = "none"
+    plugin = ""  # the registered method's name when a plugin built this drafter (``explorer.plugins``)
     uses_draft_model = False
     target_layers: tuple[int, ...] = ()  # target layers whose hidden states it reads (``forwarding.Forwards``)
     sizer = None  # an EAGLE head's online tree sizer (``policies/head_tree.py``), which a replay forces
@@ -231,6 +260,10 @@ class Drafter:
         """The free nodes as the tree, within the row budget; where the run prices rows (``view.row_pricing``),
         only the nodes worth theirs (``row_pricing.py``)."""
         nodes, priced = self.priced_free_nodes(view)
+        if self.plugin:  # a plugin's free nodes say whose they are
+            for node in nodes:
+                if node.source == "plugin":
+                    node.provenance = {"plugin": self.plugin, **(node.provenance or {})}
         d = merge_free(empty_draft(len(view.committed)), nodes, self.row_budget(view), **view.reach._asdict())
         d.info.update(self.info(view))
         if priced is not None:

@@ -41,8 +41,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...trace.records import StopSignal
+from ..live import LiveNames
 
-STOP_POLICY_NAMES = ("none", "confidence", "decision", "prune", "specdec++", "goodput")
+_POLICIES: dict[str, type] = dict.fromkeys(("none", "confidence", "decision", "prune", "specdec++", "goodput"))
+"""Name -> policy class (filled below; ``register_stop_policy`` adds)."""
+STOP_POLICY_NAMES = LiveNames(_POLICIES)
+"""The stop policies ``MethodConfig.stop`` takes: a live tuple-like view (a registered policy appears at once)."""
+STOP_POLICY_ORIGINS: dict[str, dict] = {}
+"""Where each registered policy came from (``register_stop_policy``'s ``origin``); the project's own have none."""
 LEARNED_POLICIES = ("decision", "prune", "specdec++", "goodput")
 # Measured on the embedded pair (docs/decision.md, "Stop-policy ablation"): decision / prune at tau 0.75 (near the
 # Youden threshold of the model measured then, 0.80; the shipped context model's is 0.72) beat 0.5 on MT-bench
@@ -350,8 +356,44 @@ def level_threshold(policy: str, threshold: float, signal: StopSignal | None = N
     return goodput_threshold(threshold, forwards, expected)
 
 
-_POLICIES = {"none": NoStop, "confidence": ConfidenceStop, "decision": DecisionStop, "prune": PruneStop,
-             "specdec++": SpecDecPPStop, "goodput": GoodputStop}
+_POLICIES.update({"none": NoStop, "confidence": ConfidenceStop, "decision": DecisionStop, "prune": PruneStop,
+                  "specdec++": SpecDecPPStop, "goodput": GoodputStop})
+BUILTIN_POLICIES = tuple(_POLICIES)
+
+
+def register_stop_policy(policy: type, label: str | None = None, threshold: float = 0.5,
+                         origin: dict | None = None) -> type:
+    """Offer the ``StopPolicy`` subclass ``policy`` by its ``name``: from then on ``MethodConfig(stop=name)``
+    validates, the menus list it under ``label``, and a run builds it as ``policy(threshold)`` (the setting, in
+    [0, 1]; ``threshold`` is its default). It reads no decision model: ``node_scores(view)`` scores each new node
+    from ``LevelView`` (the tree, the level, q), and drafting goes on while some branch's best score reaches the
+    threshold. ``origin``: where it came from (``explorer.plugins``), recorded in its runs' traces.
+
+    Returns ``policy``. Raises ValueError: the name is taken or empty, or ``threshold`` is outside [0, 1];
+    TypeError: ``policy`` is not a StopPolicy subclass."""
+    if not (isinstance(policy, type) and issubclass(policy, StopPolicy)):
+        raise TypeError(f"a stop policy is a StopPolicy subclass, got {policy!r}")
+    name = getattr(policy, "name", "")
+    if not isinstance(name, str) or not name or name == StopPolicy.name:
+        raise ValueError(f"stop policy {policy.__name__} needs a class attribute name (a new, non-empty string)")
+    if name in _POLICIES:
+        raise ValueError(f"a stop policy named {name!r} exists already")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"stop policy {name!r}: its default threshold must be in [0, 1], got {threshold!r}")
+    _POLICIES[name] = policy
+    STOP_POLICY_LABELS[name] = label or name
+    DEFAULT_THRESHOLDS[name] = float(threshold)
+    if origin is not None:
+        STOP_POLICY_ORIGINS[name] = origin
+    return policy
+
+
+def unregister_stop_policy(name: str) -> None:
+    """Remove a policy ``register_stop_policy`` added. Raises ValueError for a built-in or unknown name."""
+    if name in BUILTIN_POLICIES or name not in _POLICIES:
+        raise ValueError(f"no registered stop policy named {name!r} (the built-in ones stay)")
+    for table in (_POLICIES, STOP_POLICY_LABELS, DEFAULT_THRESHOLDS, STOP_POLICY_ORIGINS):
+        table.pop(name, None)
 
 
 def make_stop_policy(name: str, threshold: float, model=None) -> StopPolicy:

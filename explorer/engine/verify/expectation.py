@@ -79,7 +79,8 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
     Every node that can be tested gets odds, including nodes the walk never reached (below a rejection): what
     their test would have been. Target-sampled roots of the lossy rule are not tested and get none. The values
     are computed on the device and reach the host in one transfer (greedy: none, the best tokens are there
-    already); ``engine/verify/rules.py`` walks the tree with them.
+    already); ``engine/verify/rules.py`` walks the tree with them. A registered rule without an odds rule gives no
+    odds at the nodes with model-drafted children (what its test implies is unknown here).
     Raises KeyError for an unknown verifier (one ``registry`` does not hold).
     """
     if verifier == "greedy" or (verifier == "longest-branch" and greedy):
@@ -96,6 +97,8 @@ def node_odds(tree: DraftTree, p_rows, q_rows, verifier: str, greedy: bool = Fal
         model = [c for c in kids if tree.source[c] not in FREE_SOURCES]
         free = [c for c in kids if tree.source[c] in FREE_SOURCES]
         tested = []
+        if model and rule is None:  # a registered rule without an odds rule: its decisions only, no odds here
+            continue
         if model:
             tested, p = rule([tree.token[c] for c in model], p, q_rows.get(node + 1))
             tests += [(model[j], r, slot, order) for order, (j, r, slot) in enumerate(tested)]

@@ -5,14 +5,16 @@ Every other table of verifiers is a live, read-only view of this one (``view``, 
 registered at run time is seen everywhere at once: ``config.VERIFIERS`` and ``config.VERIFIER_LABELS``
 (what ``MethodConfig.verifier`` accepts, the CLI's and the app's menus), ``drafting.DRAFT_RULES`` (how children are
 drawn), ``expectation.ODDS_RULES`` (expected acceptance) and ``rules.NODE_RULES`` / ``rules.ODDS_RULES`` (how the
-verifier walks). This module imports only ``node_rules`` below it, so that config and drafting can read it.
+verifier walks). This module imports only ``node_rules`` and ``engine/live.py`` below it, so that config and drafting can read it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from ..live import LiveMapping, LiveNames
 
 from .node_rules import (VerifierError, mcns_node, mcns_odds, rrs_odds, rrs_replacement_odds, spechub_node,
                          spechub_odds)
@@ -38,6 +40,7 @@ class Verifier:
             (``expectation.node_odds``); None for greedy, whose test is the argmax.
         selectable: offered as ``MethodConfig.verifier`` and in the menus; greedy and the lossy ``longest-branch``
             are chosen by the sampling and the lossy mode instead.
+        origin: the plugin that registered it (``register_verifier``), None for the project's own.
     """
 
     name: str
@@ -46,6 +49,7 @@ class Verifier:
     node_rule: Callable | None = None
     odds_rule: Callable | None = None
     selectable: bool = True
+    origin: dict | None = None
 
 
 _REGISTRY: dict[str, Verifier] = {}
@@ -78,8 +82,8 @@ BUILTIN = tuple(_REGISTRY)
 """The names shipped here; ``unregister_verifier`` leaves them."""
 
 
-def register_verifier(name: str, node_rule: Callable, odds_rule: Callable, draws: str = "without",
-                      label: str | None = None) -> Verifier:
+def register_verifier(name: str, node_rule: Callable, odds_rule: Callable | None = None, draws: str = "without",
+                      label: str | None = None, origin: dict | None = None) -> Verifier:
     """Make a node rule a verifier by ``name``: from then on ``MethodConfig(verifier=name)`` validates, the menus
     offer it under ``label``, the draft model draws its children by ``draws``, ``expectation`` computes its odds
     with ``odds_rule`` and ``run_verifier`` walks the tree with ``node_rule``.
@@ -88,13 +92,18 @@ def register_verifier(name: str, node_rule: Callable, odds_rule: Callable, draws
         name: a new name (not ``auto``).
         node_rule: ``(tokens, p, q, generator) -> (index of the accepted child or None, distribution of the next
             token when none was, {child index: NodeDecision})``, walked node by node; ``tokens`` the model-drafted
-            children in draft order, ``p`` / ``q`` float32 ``(vocab,)`` (``node_rules``).
+            children in draft order, ``p`` / ``q`` float32 ``(vocab,)`` (``node_rules``). What it returns is
+            checked at each node (``_checked``): a rule that raises, or returns neither a child nor a distribution,
+            stops the step with a VerifierError naming the verifier.
         odds_rule: ``(tokens, p, q) -> ([(child index, ratio, slot probability), ...] in test order, p after the
             last test)``, values as 0-d tensors or floats: what the rule implies about each child, for the trace
-            and the expected tokens.
+            and the expected tokens. None: the trace shows the rule's decisions only (no acceptance probabilities,
+            no expected tokens for its model-drafted nodes).
         draws: how the draft model draws the children this rule tests (``DRAWS``: ``without`` replacement,
             ``with``, or ``hub``, SpecHub's pairs).
         label: for menus; the name when None.
+        origin: where the rule came from when a plugin registered it (``explorer.plugins``: name, file or module,
+            version, sha256), recorded in the traces of its runs; None for the project's own.
     Returns the new ``Verifier``.
     Raises:
         VerifierError (a ValueError): the name is taken already, or ``draws`` is not one of ``DRAWS``.
@@ -106,9 +115,54 @@ def register_verifier(name: str, node_rule: Callable, odds_rule: Callable, draws
         raise VerifierError(f"a verifier named {name!r} exists already")
     if draws not in DRAWS:
         raise VerifierError(f"unknown drafting law {draws!r}; use {', '.join(DRAWS)}")
-    if not callable(node_rule) or not callable(odds_rule):
-        raise TypeError("a verifier needs a callable node rule and odds rule")
-    return _add(Verifier(name, name if label is None else label, draws, node_rule, odds_rule))
+    if not callable(node_rule) or not (odds_rule is None or callable(odds_rule)):
+        raise TypeError("a verifier needs a callable node rule (and a callable odds rule, or None)")
+    who = f"verifier {name!r}" + (f" (plugin {origin.get('name')})" if origin else "")
+    return _add(Verifier(name, name if label is None else label, draws, _checked(who, node_rule), odds_rule,
+                         origin=origin))
+
+
+def _checked(who: str, rule: Callable) -> Callable:
+    """``rule`` with what it returns checked at each node: an accepted child's index in range, or else a
+    distribution of the next token shaped like ``p`` with non-negative mass; anything else (or an exception of the
+    rule's own) is a VerifierError that names the verifier (``who``) and what was wrong."""
+
+    def node_rule(tokens, p, q, generator):
+        try:
+            out = rule(tokens, p, q, generator)
+        except VerifierError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a registered rule's own bug, reported with its name
+            raise VerifierError(f"{who}: its node rule raised {type(exc).__name__}: {exc}") from exc
+        problem = _outcome_problem(out, len(tokens), p)
+        if problem:
+            raise VerifierError(f"{who}: its node rule {problem}")
+        return out
+
+    node_rule.__wrapped__ = rule
+    node_rule.__doc__ = rule.__doc__
+    return node_rule
+
+
+def _outcome_problem(out, n_children: int, p) -> str | None:
+    """Why a node rule's return value is not ``(child index or None, distribution or None, decisions)``, or None."""
+    if not (isinstance(out, tuple) and len(out) == 3):
+        return f"must return (child index or None, next-token distribution or None, decisions), got {out!r:.80}"
+    idx, dist, decisions = out
+    if not isinstance(decisions, dict):
+        return f"returned decisions {type(decisions).__name__}, not a dict of child index -> NodeDecision"
+    if idx is not None:
+        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < n_children:
+            return f"accepted child {idx!r}, not an index of its {n_children} children"
+        return None
+    if dist is None:
+        return "returned neither an accepted child nor a distribution of the next token"
+    if not hasattr(dist, "shape") or tuple(dist.shape) != tuple(p.shape):
+        return (f"returned a next-token distribution of shape {tuple(getattr(dist, 'shape', ()))}, not the "
+                f"vocabulary's {tuple(p.shape)}")
+    if not bool((dist >= 0).all()) or not float(dist.sum()) > 0:
+        return "returned a next-token distribution with negative or no mass"
+    return None
 
 
 def unregister_verifier(name: str) -> None:
@@ -121,74 +175,13 @@ def unregister_verifier(name: str) -> None:
     del _REGISTRY[name]
 
 
-class _View(Mapping):
-    """``{name: value(verifier)}`` over the registry's verifiers that ``keep``, after ``first``; live (read at each
-    access) and read only."""
-
-    def __init__(self, value: Callable[[Verifier], object], keep: Callable[[Verifier], bool] | None = None,
-                 first: Mapping | None = None):
-        self._value, self._keep, self._first = value, keep or (lambda v: True), dict(first or {})
-
-    def __getitem__(self, name):
-        if name in self._first:
-            return self._first[name]
-        entry = _REGISTRY[name]
-        if not self._keep(entry):
-            raise KeyError(name)
-        return self._value(entry)
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._first
-        yield from (n for n, v in _REGISTRY.items() if self._keep(v) and n not in self._first)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
-
-
-class _Names(Sequence):
-    """The names of the registry's verifiers that ``keep``, in registration order: a live tuple (``+`` with a
-    tuple gives a tuple)."""
-
-    def __init__(self, keep: Callable[[Verifier], bool]):
-        self._keep = keep
-
-    def _names(self) -> tuple[str, ...]:
-        return tuple(n for n, v in _REGISTRY.items() if self._keep(v))
-
-    def __getitem__(self, i):
-        return self._names()[i]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __add__(self, other):
-        return self._names() + other if isinstance(other, tuple) else NotImplemented
-
-    def __radd__(self, other):
-        return other + self._names() if isinstance(other, tuple) else NotImplemented
-
-    def __eq__(self, other) -> bool:
-        return self._names() == (tuple(other) if isinstance(other, (tuple, _Names)) else other)
-
-    __hash__ = None
-
-    def __repr__(self) -> str:
-        return repr(self._names())
-
-
 def view(value: Callable[[Verifier], object], keep: Callable[[Verifier], bool] | None = None,
          first: Mapping | None = None) -> Mapping:
     """A live read-only mapping ``{name: value(verifier)}`` of the verifiers that ``keep`` (all when None), after
     the entries of ``first``."""
-    return _View(value, keep, first)
+    return LiveMapping(_REGISTRY, value, keep, first)
 
 
 def names(keep: Callable[[Verifier], bool]) -> Sequence[str]:
     """A live tuple-like sequence of the names of the verifiers that ``keep``."""
-    return _Names(keep)
+    return LiveNames(_REGISTRY, keep)
