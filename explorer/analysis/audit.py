@@ -47,7 +47,15 @@ class Comparison:
     tv_distance: float
 
     def top(self, k: int = 10) -> list[dict]:
-        order = sorted(range(len(self.categories)), key=lambda i: -self.exact[i])[:k]
+        """The ``k`` likeliest categories under the exact law: ``{"category", "count", "empirical", "exact"}``."""
+        return self._rows(sorted(range(len(self.categories)), key=lambda i: -self.exact[i])[:k])
+
+    def most_different(self, k: int = 5) -> list[dict]:
+        """The ``k`` categories whose empirical frequency differs most from the exact probability (as ``top``)."""
+        return self._rows(sorted(range(len(self.categories)),
+                                 key=lambda i: -abs(self.counts[i] / self.n - self.exact[i]))[:k])
+
+    def _rows(self, order: list[int]) -> list[dict]:
         return [{"category": self.categories[i], "count": self.counts[i], "empirical": self.counts[i] / self.n,
                  "exact": self.exact[i]} for i in order]
 

@@ -5,6 +5,7 @@ the prompts, for every subcommand (``cli/main.py``, ``cli/decision.py``, ``cli/i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..analysis.prompts import Prompt, PromptError, encode_prompt, load_prompt_set
@@ -18,6 +19,7 @@ from ..engine.stop_models.model import load_decision_model
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import parse_k_config, parse_tree_template
 from ..models.loading import load_named_pair
+from ..plugins.loading import ENTRY_POINT_GROUP, ENV, NO_PLUGINS_FLAG, PLUGIN_FLAG
 
 
 def temperature_list(text: str) -> list[float]:
@@ -60,10 +62,26 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(torch.compile; a GPU's forwards are mostly such small kernels). Default off")
 
 
+def add_plugin_args(p: argparse.ArgumentParser) -> None:
+    """--plugin (repeatable) and --no-plugins. ``cli/main.py`` loads the plugins before the parser is built
+    (``plugins.loading.plugin_args``), so that --method and --verifier take their names; argparse only accepts them
+    here."""
+    g = p.add_argument_group("plugins (docs/plugins.md)")
+    g.add_argument(PLUGIN_FLAG, action="append", metavar="PATH_OR_MODULE",
+                   help="load a plugin first: a .py file or a module that registers methods, verifiers or stop "
+                        f"policies (repeatable; also {ENV}, paths separated by '{os.pathsep}')")
+    g.add_argument(NO_PLUGINS_FLAG, action="store_true",
+                   help=f"load neither the installed packages' plugins ({ENTRY_POINT_GROUP} entry points) nor "
+                        f"{ENV}'s; --plugin still loads")
+
+
 def add_method_args(p: argparse.ArgumentParser) -> None:
-    """The method's options (``MethodConfig``'s fields): --method, tree shape, stop policy, verifier, free drafters."""
+    """The method's options (``MethodConfig``'s fields): --method, tree shape, stop policy, verifier, free drafters;
+    and the plugin options (``add_plugin_args``)."""
+    add_plugin_args(p)
     g = p.add_argument_group("method and tree shape")
-    g.add_argument("--method", default="mcsd-improved", choices=METHODS)
+    g.add_argument("--method", default="mcsd-improved", choices=METHODS,
+                   help="the decoding method: " + ", ".join(METHODS) + " (plugins' methods included)")
     g.add_argument("--gamma", type=int, help="sd: draft chain length (default 4)")
     g.add_argument("--k-config", help="children per level, e.g. 4,2,2 (mcsd); first levels for mcsd-improved")
     g.add_argument("--width", type=int, help="mcsd-improved --lossy: target-initialized roots")

@@ -45,7 +45,8 @@ from ..models.head_store import has_head
 from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
 from ..trace.records import save_run
-from .args import (add_method_args, add_model_args, add_prompt_source_args, add_sampling_args, load_pair_from_args,
+from ..plugins.loading import load_plugins, plugin_args
+from .args import (add_method_args, add_model_args, add_plugin_args, add_prompt_source_args, add_sampling_args, load_pair_from_args,
                    method_config_from_args, prompts_from_args, runs_from_args, temperature_list)
 from .decision import add_decision_parser
 from .heads import add_heads_parser
@@ -132,7 +133,10 @@ def cmd_audit(args) -> int:
             verdict = "consistent with the target" if cmp.p_value > args.alpha else "DIFFERS from the target"
             print(f"  {name}: chi2 {cmp.chi2:.1f} (dof {cmp.dof}), p-value {cmp.p_value:.4g}, "
                   f"TV distance {cmp.tv_distance:.4f} -> {verdict}")
-            for row in cmp.top(8):
+            differs = cmp.p_value <= args.alpha
+            if differs:
+                print("    the tokens whose frequencies differ most:")
+            for row in (cmp.most_different(5) if differs else cmp.top(8)):
                 label = result.labels.get(row["category"], row["category"])
                 print(f"      {label!r:>24}  empirical {row['empirical']:.4f}  exact {row['exact']:.4f}  "
                       f"(count {row['count']})")
@@ -340,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --graphs: draft levels of chains run in one graph replay, next tokens chosen on the "
                          "device (0 = one forward per level; a label's +chain=N sets it for that label)")
     add_model_args(bn)
+    add_plugin_args(bn)
     bn.set_defaults(func=cmd_bench)
 
     les = sub.add_parser("lessons", help="the classroom's lessons: list them, record them on a real pair, time "
@@ -384,6 +389,14 @@ def main(argv=None) -> int:
     """Run one subcommand; returns its exit status (``error_line``'s statuses on failure)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv  # accepted before or after the subcommand, as users type it
+    specs, no_plugins = plugin_args(argv)
+    try:  # before the parser: --method and --verifier take the plugins' names, --help lists them
+        load_plugins(specs, use_env=not no_plugins, entry_points=not no_plugins)
+    except Exception as exc:  # noqa: BLE001 - a plugin that cannot load: one line, unless --debug
+        if debug:
+            raise
+        print(error_line("plugin", exc), file=sys.stderr)
+        return 2 if isinstance(exc, INPUT_ERRORS) else 1
     parser = build_parser()
     args = parser.parse_args([a for a in argv if a != DEBUG_FLAG])
     command = " ".join(str(getattr(args, k)) for k in ("command", "action", "decision_command", "heads_command")
