@@ -8,7 +8,7 @@ Pages (``st.navigation``, each at its own URL): the Explorer (``/``, also ``/exp
 ``?page=classroom`` (any page's name, any case) still opens that page.
 
 Run: ``streamlit run app.py`` (``SPEC_EXPLORER_PAIR=tiny`` starts on the tiny random pair instead of the
-embedded one).
+embedded one; ``SPEC_EXPLORER_PLUGINS=my_method.py`` loads a plugin, docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from explorer.ui.classroom_page import classroom_page
 from explorer.ui.compare_page import compare_page
 from explorer.ui.explorer_page import explorer_page
 from explorer.ui.forensics_page import forensics_page
+from explorer.ui.plugin_list import startup_plugins
 from explorer.ui.sidebar import sidebar
 from explorer.ui.state import App, keep_widget_values
 
@@ -59,6 +60,7 @@ def page_from_url() -> str | None:
 
 
 def main() -> None:
+    startup_plugins()  # SPEC_EXPLORER_PLUGINS and entry points, once per server: their methods join the menus
     keep_widget_values()  # prompts and settings survive the pages that do not draw their widgets (ui/state.py)
     page = st.navigation(list(PAGES.values()) + ALIASES)
     wanted = App.GO_TO.pop() or page_from_url()

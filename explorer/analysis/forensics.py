@@ -40,7 +40,8 @@ from ..trace.records import ACCEPTED, REJECTED, RunTrace
 
 FORENSICS_SCHEMA = 1
 TOKEN_CLASSES = ("special", "newline", "whitespace", "digits", "punctuation", "word start", "word continuation")
-SOURCES = ("draft", "lookup", "recycled", "plugin")  # the draft sources a test can come from (target roots are not tested)
+# the draft sources a test can come from (target roots are not tested)
+SOURCES = ("draft", "lookup", "recycled", "plugin")
 NEAR_TIE = 2.0 ** -8  # bf16's relative rounding step: the target's best two closer than this are a near tie
 TOP_REJECTIONS = 20  # the costliest rejections kept
 

@@ -44,9 +44,10 @@ from ..lessons.record import record_lessons, time_lessons
 from ..models.head_store import has_head
 from ..models.loading import ModelPairError
 from ..trace.metrics import run_metrics
-from ..trace.records import save_run
 from ..plugins.loading import load_plugins, plugin_args
-from .args import (add_method_args, add_model_args, add_plugin_args, add_prompt_source_args, add_sampling_args, load_pair_from_args,
+from ..trace.records import save_run
+from .args import (add_method_args, add_model_args, add_plugin_args, add_prompt_source_args, add_sampling_args,
+                   load_pair_from_args,
                    method_config_from_args, prompts_from_args, runs_from_args, temperature_list)
 from .decision import add_decision_parser
 from .heads import add_heads_parser

@@ -142,9 +142,10 @@ class Recorder:
 
 
 def run_plugins(config, verifier: str) -> list[dict]:
-    """The plugins a run of ``config`` verified by ``verifier`` depends on (``explorer.plugins``): each origin once
-    (``name``, ``loaded_from``, ``version``, ``sha256``, and what it registered: ``method``, ``verifier`` or
-    ``stop``), as the trace's ``settings["plugins"]`` records them; empty for the project's own methods."""
+    """The plugins a run of ``config`` verified by ``verifier`` depends on (``explorer.plugins``), one entry per part
+    it registered: ``name``, ``loaded_from``, ``version``, ``sha256``, and the part: ``method`` (with its ``label``,
+    ``summary`` and its drafter's docstring, ``doc``), ``verifier`` or ``stop``; as the trace's
+    ``settings["plugins"]`` records them; empty for the project's own methods."""
     found: list[dict] = []
     parts = (("method", config.spec.origin),
              ("verifier", VERIFIER_REGISTRY[verifier].origin if verifier in VERIFIER_REGISTRY else None),
@@ -153,6 +154,8 @@ def run_plugins(config, verifier: str) -> list[dict]:
         if origin:
             found.append({**origin, role: {"method": config.method, "verifier": verifier,
                                            "stop": config.stop_policy_name()}[role]})
+            if role == "method":  # what teach mode says of it, also where the plugin is not loaded
+                found[-1].update(label=config.spec.label, summary=config.spec.summary)
     return found
 
 

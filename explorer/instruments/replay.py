@@ -11,8 +11,12 @@ from __future__ import annotations
 from ..engine.config import MethodConfig
 from ..engine.factory import build_engine
 from ..engine.machine import EngineError
+from ..engine.methods import METHOD_SPECS
+from ..engine.policies.stopping import STOP_POLICY_NAMES
+from ..engine.verify.registry import VERIFIER_REGISTRY
 from ..engine.sampling import SamplingConfig
 from ..models.early_exit import LayerSkipError, self_draft_pair
+from ..plugins.loading import ENV
 from ..trace.records import RunTrace
 
 
@@ -69,8 +73,28 @@ def _check_head(trace: RunTrace, loaded: dict) -> None:
                           "(--head DIR, the app's head folder)")
 
 
+def missing_plugin(trace: RunTrace) -> str | None:
+    """Which plugin the trace's run used that is not loaded here (a message that names it, where it was loaded from
+    and how to load it), or None. A saved trace replays in the figures without its plugins; a live run needs them."""
+    for p in trace.settings.get("plugins") or []:
+        if not isinstance(p, dict):
+            continue
+        roles = (("method", METHOD_SPECS), ("verifier", VERIFIER_REGISTRY), ("stop", STOP_POLICY_NAMES))
+        absent = [f"the {role} {p[role]!r}" for role, known in roles
+                  if isinstance(p.get(role), str) and p[role] not in known]
+        if absent:
+            where = p.get("loaded_from") or p.get("name")
+            return (f"this run used the plugin {p.get('name')} ({', '.join(absent)}), which is not loaded here: "
+                    f"start the app with {ENV}={where}, or pass --plugin {where} on the command line, to go on live")
+    return None
+
+
 def _settings(trace: RunTrace) -> tuple[MethodConfig, SamplingConfig, int]:
-    """The trace's method, sampling and new-token budget. Raises ReplayError where they do not parse."""
+    """The trace's method, sampling and new-token budget. Raises ReplayError where they do not parse, or where a
+    plugin the run used is not loaded (``missing_plugin``)."""
+    missing = missing_plugin(trace)
+    if missing:
+        raise ReplayError(missing)
     try:
         config = MethodConfig(**trace.settings["method"])
         sampling = SamplingConfig(**trace.settings["sampling"])

@@ -33,18 +33,20 @@ def fallback_rates(fallback: dict) -> str:
     return f"speculation {rate(fallback.get('spec_tok_s'))}, plain decoding {rate(fallback.get('ar_tok_s'))}"
 
 
-def explain_step(step: StepTrace, method: dict | None = None, decision: dict | None = None) -> list[str]:
+def explain_step(step: StepTrace, method: dict | None = None, decision: dict | None = None,
+                 plugins: list | None = None) -> list[str]:
     """Sentences describing ``step``, in order: drafting, stopping, verification, the bonus token, the outcome.
 
     Works for every method (``ar`` has no draft) and for saved traces (no model needed). ``method``: the run's
     method settings (``RunTrace.settings["method"]``), which let it explain the adaptive width; ``decision``: where
-    its stop model came from (``RunTrace.settings["decision_model"]``: ``{"kind", "how", "trained_on"}``).
+    its stop model came from (``RunTrace.settings["decision_model"]``: ``{"kind", "how", "trained_on"}``);
+    ``plugins``: the plugins the run used (``RunTrace.settings["plugins"]``), whose own words open the account.
     """
     nodes = {n.id: n for n in step.nodes}
     anchor = nodes[0]
     drafted = _drafted(step)
     roots = [n for n in step.nodes if n.parent == 0]
-    out = []
+    out = plugin_words(plugins or [])
     fallback = step.fallback or {}
     if step.method == "ar":
         out.append(f"Autoregressive step: the target model reads the last token {_tok(anchor.text)} and picks the "
@@ -113,6 +115,27 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
                    "a replayed forward, so the fallback's goodput rule did not count its time.")
     if step.finished:
         out.append("The run ended here (end of sequence or the new-token limit).")
+    return out
+
+
+def plugin_words(plugins: list) -> list[str]:
+    """What the run's plugins say of themselves (the trace's ``settings["plugins"]``): the method's summary and its
+    drafter's docstring, the verifier or stop policy and where each was loaded from."""
+    out = []
+    for p in plugins:
+        if not isinstance(p, dict):
+            continue
+        where = f"the plugin {p.get('name')}, loaded from {p.get('loaded_from')}"
+        if p.get("method"):
+            texts = [t.strip().rstrip(".") for t in (p.get("summary"), p.get("doc"))
+                     if isinstance(t, str) and t.strip()]
+            said = " ".join(t + "." for t in dict.fromkeys(texts))  # the summary is often the docstring's start
+            out.append(f"This method, {p['method']}, comes from {where}" + (f": {said}" if said else "."))
+        if p.get("verifier"):
+            out.append(f"The verification rule {p['verifier']} comes from {where}; the audit judges whether it "
+                       "samples exactly from the target.")
+        if p.get("stop"):
+            out.append(f"The stop policy {p['stop']} comes from {where}.")
     return out
 
 

@@ -114,7 +114,7 @@ def register_method(name: str, drafter, *, label: str | None = None, summary: st
     else:
         raise PluginError(f"method {name!r}: the drafter must be a Drafter subclass or a factory, got {drafter!r}")
     spec = MethodSpec(name, label or name, model_tree, summary=summary or _summary(drafter),
-                      drafter=_built_by(name, origin, factory), origin=origin)
+                      drafter=_built_by(name, origin, factory), origin={**origin, "doc": _summary(drafter)})
     try:
         add_method(spec)
     except MethodError as exc:

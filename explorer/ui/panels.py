@@ -68,10 +68,12 @@ def step_caption(step: StepTrace, total: int) -> None:
                    f"target wrote one token. Measured so far on this machine: {fallback_rates(fb)}.")
 
 
-def teach_box(step: StepTrace, method: dict | None = None, decision: dict | None = None) -> None:
+def teach_box(step: StepTrace, method: dict | None = None, decision: dict | None = None,
+              plugins: list | None = None) -> None:
     """The plain-language account of the step (escaped: token text is user data); ``method``: the run's method
-    settings; ``decision``: where its stop model came from (``teach.explain_step``)."""
-    sentences = explain_step(step, method, decision)
+    settings; ``decision``: where its stop model came from; ``plugins``: the plugins the run used
+    (``teach.explain_step``)."""
+    sentences = explain_step(step, method, decision, plugins)
     st.markdown("<div class='teach-box'>" + "".join(f"<p>{html.escape(s)}</p>" for s in sentences) + "</div>",
                 unsafe_allow_html=True)
 
@@ -99,7 +101,8 @@ def step_panels(trace: RunTrace, step: StepTrace, teach: bool, prefix: str = "",
     the tree-attention probe (``probe``: its result for this step, if any; ``can_probe``: the models are here)."""
     step_caption(step, len(trace.steps))
     if teach:
-        teach_box(step, trace.settings.get("method"), trace.settings.get("decision_model"))
+        teach_box(step, trace.settings.get("method"), trace.settings.get("decision_model"),
+                  trace.settings.get("plugins"))
     tree_and_inspector(trace, step, prefix, probe)
     priced = step.drafter.get("row_pricing")
     if priced:

@@ -14,6 +14,7 @@ from ..engine.policies.stopping import (ADAPT_MODES, ADAPTABLE, DECISION_MODELS,
                                         STOP_POLICY_LABELS, STOP_POLICY_NAMES)
 from ..models.loading import default_dtype
 from .common import PAIRS
+from .plugin_list import plugin_section
 from .state import Sidebar
 
 SIDEBAR_LABEL_CHARS = 34
@@ -82,7 +83,7 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                 changes["width"] = box.slider("Target roots w", 1, 8, d.width, key=Sidebar.WIDTH.widget_key(prefix))
             changes["max_depth"] = box.slider("Max draft depth", 1, 16, d.max_depth,
                                               key=Sidebar.MAX_DEPTH.widget_key(prefix))
-            stop = box.selectbox("Stop policy", STOP_POLICY_NAMES, index=STOP_POLICY_NAMES.index(d.stop),
+            stop = box.selectbox("Stop policy", list(STOP_POLICY_NAMES), index=STOP_POLICY_NAMES.index(d.stop),
                                  format_func=STOP_POLICY_LABELS.get, key=Sidebar.STOP.widget_key(prefix),
                                  help="when drafting stops early: the draft's own confidence, or a learned decision "
                                       "model's predicted acceptance (the rule of Lu et al. 2024, per-branch pruning, "
@@ -204,7 +205,7 @@ def sidebar() -> dict:
                               "other CPUs, where bf16 has no matrix kernels and a tree costs twice as much")
 
     sb.header("Method")
-    method = sb.selectbox("Method", METHODS, index=METHODS.index("mcsd-improved"), format_func=short_method_label,
+    method = sb.selectbox("Method", list(METHODS), index=METHODS.index("mcsd-improved"), format_func=short_method_label,
                           key=Sidebar.METHOD.name)
     if short_method_label(method) != METHOD_LABELS[method]:
         sb.caption(METHOD_LABELS[method])  # what the box had no room for
@@ -220,6 +221,7 @@ def sidebar() -> dict:
     sb.header("Display")
     teach = sb.toggle("Teach mode", key=Sidebar.TEACH.name,
                       help="large type for projectors and a plain-language account of every step")
+    plugin_section(sb)
     return {"spec": spec, "draft": draft, "target": target, "dtype": dtype, "method": method, "changes": changes,
             "sampling": dict(temperature=temperature, top_k=int(top_k), top_p=top_p, seed=int(seed)),
             "max_new": int(max_new), "teach": teach}

@@ -21,8 +21,8 @@ from .lookup import LookupDrafter, lookup_continuations
 from .model import ModelDrafter
 from .recycling import RecyclingDrafter
 
-__all__ = ["DraftOffer", "Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter", "ModelDrafter",
-           "RecyclingDrafter", "lookup_continuations", "make_drafter", "merge_free"]
+__all__ = ["DraftOffer", "Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter",
+           "ModelDrafter", "RecyclingDrafter", "lookup_continuations", "make_drafter", "merge_free"]
 
 
 def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,

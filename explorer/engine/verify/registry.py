@@ -5,7 +5,8 @@ Every other table of verifiers is a live, read-only view of this one (``view``, 
 registered at run time is seen everywhere at once: ``config.VERIFIERS`` and ``config.VERIFIER_LABELS``
 (what ``MethodConfig.verifier`` accepts, the CLI's and the app's menus), ``drafting.DRAFT_RULES`` (how children are
 drawn), ``expectation.ODDS_RULES`` (expected acceptance) and ``rules.NODE_RULES`` / ``rules.ODDS_RULES`` (how the
-verifier walks). This module imports only ``node_rules`` and ``engine/live.py`` below it, so that config and drafting can read it.
+verifier walks). This module imports only ``node_rules`` and ``engine/live.py`` below it, so that config and drafting
+can read it.
 """
 
 from __future__ import annotations
