@@ -32,8 +32,8 @@ DRAFTED = "drafted"  # shown only, never recorded: proposed and not judged yet (
 # occurrence of the last n-gram in prompt + output (prompt lookup decoding); ``recycled`` read from the Token
 # Recycling adjacency matrix (the target's own earlier top-k candidates); ``plugin`` proposed by a free drafter a
 # plugin registered (``explorer.plugins``; its name in the node's provenance). ``lookup``, ``recycled`` and
-# ``plugin`` nodes are deterministic proposals (q is a point mass): they cost no forward, and the verifiers test them with the point-mass
-# stage of multi-draft speculative sampling (``engine/verify/rules.py``).
+# ``plugin`` nodes are deterministic proposals (q is a point mass): they cost no forward, and the verifiers test
+# them with the point-mass stage of multi-draft speculative sampling (``engine/verify/rules.py``).
 FREE_SOURCES = ("lookup", "recycled", "plugin")
 """Sources of deterministic draft tokens (no draft-model forward, q is a point mass)."""
 DRAFT_SOURCES = ("draft",) + FREE_SOURCES
