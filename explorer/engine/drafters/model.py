@@ -29,6 +29,7 @@ from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, Nod
                                     model_inputs)
 from ..tree import DraftTree, step_mask, step_position_ids
 from ..carried import Carried
+from ..parts import EngineError
 from .base import Drafted, Drafter, Reach
 
 
@@ -307,11 +308,23 @@ class ModelDrafter(Drafter):
             sig.cost_pruned = weak
             sig.pruned = sorted(set(sig.pruned) | set(weak), key=int)
 
+    def branching(self, view) -> list[int]:
+        """Children per draft level for this step: the settings' shape (``view.branching``). A model drafter
+        written as a plugin may override it to draft a narrower tree for a step: each level at most as wide as the
+        settings' and no more levels (they size the caches, the mask and the row budget). The stop policy still
+        ends drafting early; the online tree choice, where on, decides instead."""
+        return list(view.branching)
+
     def _branching(self, view) -> tuple[list[int], dict | None]:
-        """This step's children per level: the config's, or with the root width the tree chooser picks (and why,
-        for the trace)."""
+        """This step's children per level: ``branching``'s, or with the root width the tree chooser picks (and
+        why, for the trace). Raises EngineError where ``branching`` asks for more than the settings' shape."""
         if self.tree_chooser is None:
-            return list(view.branching), None
+            shape = list(view.branching)
+            branching = [int(k) for k in self.branching(view)]
+            if len(branching) > len(shape) or any(not 1 <= k <= s for k, s in zip(branching, shape)):
+                raise EngineError(f"{type(self).__name__}.branching gave {branching}: a step's tree may only be "
+                                  f"narrower than the settings' {shape} (each level 1 to its width, no more levels)")
+            return branching, None
         k = self.tree_chooser.choose()
         return view.config.online_branching(k), dict(self.tree_chooser.last)
 
