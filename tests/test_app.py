@@ -488,3 +488,64 @@ def test_auto_and_the_dtype_it_means_are_one_loaded_pair(monkeypatch):
     assert common.load_pair_with_progress("tiny", "", "", "auto") == common.load_pair_with_progress("tiny", "", "",
                                                                                                     named)
     assert len(set(loads)) == 1 and loads[0][3] == str(default_dtype()).removeprefix("torch.")
+
+
+PLUGIN = '''
+"""A plugin for the app's test: a free bigram drafter that fails at its third step when asked to."""
+from explorer.plugins import Drafter, FreeNode, register_method
+
+
+class BigramDrafter(Drafter):
+    """After each token, the token that followed it the last time."""
+
+    fail_at = None
+
+    def free_nodes(self, view):
+        if view.steps_done == self.fail_at:
+            raise RuntimeError("the plugin broke here")
+        follows = dict(zip(view.committed, view.committed[1:]))
+        nodes, token = [], view.committed[-1]
+        while len(nodes) < 4 and token in follows:
+            token = follows[token]
+            nodes.append(FreeNode(len(nodes) - 1, token))
+        return nodes
+
+
+register_method("bigram-app", BigramDrafter, label="Bigram (plugin)", defaults={"fallback": "off"})
+'''
+
+
+def test_a_plugin_from_the_environment_is_listed_steps_and_fails_by_name(tmp_path, monkeypatch):
+    """The app started with SPEC_EXPLORER_PLUGINS lists the plugin in the sidebar, offers its method and steps it
+    (plugin nodes in the tree); when its drafter raises, the run keeps its steps and the page names the plugin."""
+    from explorer.engine.methods import METHOD_SPECS
+    from explorer.plugins import loading, unregister
+    from explorer.ui.plugin_list import startup_plugins
+
+    path = tmp_path / "bigram_app.py"
+    path.write_text(PLUGIN, encoding="utf-8")
+    monkeypatch.setenv("SPEC_EXPLORER_PAIR", "tiny")
+    monkeypatch.setenv(loading.ENV, str(path))
+    startup_plugins.clear()
+    try:
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.run()
+        assert not at.exception
+        assert any("bigram_app" in m.value and "bigram-app" in m.value for m in at.sidebar.markdown)
+        assert any(str(path.resolve()) in c.value for c in at.sidebar.caption)
+        at.sidebar.selectbox(key="method").set_value("bigram-app").run()
+        at.text_area(key="prompt_text").set_value("a b c a b c a b")
+        click(at, "step_btn")
+        click(at, "step_btn")
+        trace = at.session_state["engine"].trace
+        assert any(n.source == "plugin" for s in trace.steps for n in s.nodes)
+        assert trace.settings["plugins"][0]["loaded_from"] == str(path.resolve())
+        assert METHOD_SPECS["bigram-app"].origin["sha256"]
+        at.session_state["engine"].parts.drafter.fail_at = 2
+        click(at, "step_btn")
+        assert len(at.session_state["engine"].trace.steps) == 2  # the run and its steps are kept
+        assert any("step 3: plugin bigram_app" in e.value and "the plugin broke here" in e.value for e in at.error)
+    finally:
+        unregister("bigram-app")
+        loading._LOADED.pop(str(path.resolve()), None)
+        startup_plugins.clear()

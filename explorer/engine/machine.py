@@ -285,10 +285,10 @@ class Engine:
         return drafted
 
     def _plugin_label(self) -> str:
-        """``plugin NAME (FROM): method METHOD`` for error messages."""
+        """``step N: plugin NAME (FROM): method METHOD`` for error messages (N: the step that failed)."""
         origin = self.config.spec.origin or {}
-        return (f"plugin {origin.get('name', '?')} ({origin.get('loaded_from', '?')}): method "
-                f"{self.config.method}")
+        return (f"step {len(self.trace.steps) + 1}: plugin {origin.get('name', '?')} ({origin.get('loaded_from', '?')})"
+                f": method {self.config.method}")
 
     def _commit(self, drafted: Drafted, verified: VerifiedStep) -> list[int]:
         """Append the accepted path and the bonus token (cut at EOS and the budget) and cut both caches to the
