@@ -284,11 +284,13 @@ class Engine:
                     f"{where}: proposed token {token!r}, outside the vocabulary (ids 0 to {vocab - 1})")
         return drafted
 
-    def _plugin_label(self) -> str:
-        """``step N: plugin NAME (FROM): method METHOD`` for error messages (N: the step that failed)."""
+    def _plugin_label(self, step: int | None = None) -> str:
+        """``step N: plugin NAME (FROM): method METHOD`` for error messages; N (1-based) the step that failed,
+        by default the one being drafted."""
         origin = self.config.spec.origin or {}
-        return (f"step {len(self.trace.steps) + 1}: plugin {origin.get('name', '?')} ({origin.get('loaded_from', '?')})"
-                f": method {self.config.method}")
+        n = len(self.trace.steps) + 1 if step is None else step
+        return (f"step {n}: plugin {origin.get('name', '?')} ({origin.get('loaded_from', '?')}): method "
+                f"{self.config.method}")
 
     def _commit(self, drafted: Drafted, verified: VerifiedStep) -> list[int]:
         """Append the accepted path and the bonus token (cut at EOS and the budget) and cut both caches to the
@@ -322,8 +324,8 @@ class Engine:
                     try:
                         observer.observe(step)
                     except Exception as exc:
-                        raise PluginError(f"{self._plugin_label()}: its drafter's observe raised "
-                                          f"{type(exc).__name__}: {exc}") from exc
+                        where = self._plugin_label(step.record.index + 1)  # the step is recorded already
+                        raise PluginError(f"{where}: its drafter's observe raised {type(exc).__name__}: {exc}") from exc
                 else:
                     observer.observe(step)
         record = step.record

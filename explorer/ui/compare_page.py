@@ -67,7 +67,7 @@ def compare_page(settings) -> None:
     prompt_text = st.text_area("Prompt", key=Compare.PROMPT.name, height=90)
     chat = st.checkbox("Apply the chat template", value=Compare.CHAT.default, key=Compare.CHAT.name)
     with st.expander("Run B settings", expanded=True):
-        b_method = st.selectbox("Method (B)", METHODS, index=METHODS.index("sd"), format_func=METHOD_LABELS.get,
+        b_method = st.selectbox("Method (B)", list(METHODS), index=METHODS.index("sd"), format_func=METHOD_LABELS.get,
                                 key=Compare.B_METHOD.name)
         b_changes = method_widgets(st, b_method, prefix=Compare.B_WIDGETS.prefix)
     c = st.columns([1, 1.3, 1, 4])

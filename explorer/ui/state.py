@@ -19,8 +19,9 @@ Groups and who writes them: ``App`` (app.py), ``Sidebar`` (sidebar.py), ``Explor
 panels: panels.py, instruments_panel.py, counterfactual_panel.py, lesson_panel.py), ``Classroom``
 (classroom_page.py), ``Compare`` (compare_page.py), ``Forensics`` (forensics_page.py), ``Shared`` (common.py
 and this module: the session's engine lock and what its runs learned). The Benchmarks page, the lesson player's
-component (lesson_player.py, mounted under ``Classroom.PLAYER``) and the page layout (layout.py: CSS, wrapping rows)
-keep no session state of their own.
+component (lesson_player.py, mounted under ``Classroom.PLAYER``), the page layout (layout.py: CSS, wrapping rows) and
+the plugin list (plugin_list.py: the server's plugins, loaded once for every session) keep no session state of their
+own.
 """
 
 from __future__ import annotations
