@@ -136,7 +136,8 @@ def shapes_legend(trace: RunTrace) -> str:
     """The tree's node shapes where free drafts join it: circles are the EAGLE-3 head's in a run that drafts with
     one (``eagle-hybrid``), else the draft model's."""
     circles = "EAGLE-3 head" if trace.settings.get("head") else "draft model"
-    return f"Shapes: ● {circles}, ■ prompt lookup, ▲ token recycling."
+    plugin = ", ⬢ a plugin's drafter" if trace.settings.get("plugins") else ""
+    return f"Shapes: ● {circles}, ■ prompt lookup, ▲ token recycling{plugin}."
 
 
 @st.fragment
