@@ -332,6 +332,11 @@ def test_a_trace_replays_without_its_plugin_and_a_live_run_names_it(tiny, tmp_pa
     assert "bigram-t" in words and "After each token" in words
     with pytest.raises(ReplayError, match=r"plugin bigram_t .*method 'bigram-t'.*SPEC_EXPLORER_PLUGINS="):
         engine_for_trace(tiny, loaded)
+    from explorer.lessons.authoring import lesson_from_run
+    from explorer.lessons.lesson import loads_lesson
+
+    lesson = loads_lesson(lesson_from_run(loaded, "A bigram plugin").to_json())  # Save as lesson, without the plugin
+    assert lesson.runs[0].trace.settings["plugins"][0]["method"] == "bigram-t"
 
 
 # ------------------------------------------------------------------------------------------------ loading
