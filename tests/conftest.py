@@ -34,6 +34,12 @@ IDLE_TINY_COSTS = {
 REAL_GREEDY_TOKENS = 24  # what ``real_greedy`` decodes a prompt for at least
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/browser.py helpers
 
+# The project's own plugins (SpecTr's verifier, ...) are registered in every tool; the tests see them too, from the
+# start, so that no test's clean-up of the registries takes them away.
+from explorer.plugins.loading import load_bundled  # noqa: E402
+
+load_bundled()
+
 
 # The slow kinds (markers in pyproject.toml) that a test's own code tells: whole modules of one kind, and any test
 # that drives Streamlit's AppTest or a real browser. ``./scripts/test.sh --fast`` leaves them out.

@@ -26,6 +26,9 @@ GRID = [
     (MethodConfig(method="mcsd", k_config=(3, 1), verifier="rrs-replacement"), 0.8),
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="mcns"), 0.8),
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spechub"), 0.8),
+    (MethodConfig(method="mcsd", k_config=(3, 1), verifier="spectr"), 0.8),  # a bundled plugin's rule
+    (DEFAULTS["rsd-s"], 0.0),  # a bundled plugin's drafter
+    (DEFAULTS["rsd-s"], 0.8),
     (MethodConfig(method="mcsd", k_config=(2, 2), branch_threshold=0.5), 0.8),
     (DEFAULTS["mcsd-improved"], 0.0),  # the root width chosen online
     (DEFAULTS["mcsd-improved"], 0.8),

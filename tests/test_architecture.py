@@ -129,11 +129,11 @@ def test_the_derived_verifier_tables_are_read_only_views():
                   VERIFIER_REGISTRY):
         with pytest.raises(TypeError):
             table["x"] = None
-    assert config.VERIFIERS == ("rrs", "rrs-replacement", "mcns", "spechub")
+    assert config.VERIFIERS == ("rrs", "rrs-replacement", "mcns", "spechub", "spectr")  # spectr: a bundled plugin
     assert verify.ODDS_RULES == ("greedy", "rrs", "rrs-replacement")
     assert {name: drafting.DRAFT_RULES[name] for name in VERIFIER_REGISTRY} == {
         "greedy": "greedy", "rrs": "without", "rrs-replacement": "with", "mcns": "without", "spechub": "hub",
-        "longest-branch": "without"}
+        "longest-branch": "without", "spectr": "with"}
 
 
 @pytest.mark.parametrize("original", ["mcns", "spechub"])
@@ -155,7 +155,7 @@ def test_a_registered_verifier_is_seen_everywhere(tiny, original, restore_verifi
     rule, name = VERIFIER_REGISTRY[original], f"{original}-copy"
     entry = register_verifier(name, rule.node_rule, rule.odds_rule, draws=rule.draws, label="A copy")
     assert VERIFIER_REGISTRY[name] is entry and entry.selectable
-    assert ("auto",) + VERIFIERS == ("auto", "rrs", "rrs-replacement", "mcns", "spechub", name)
+    assert ("auto",) + VERIFIERS == ("auto", "rrs", "rrs-replacement", "mcns", "spechub", "spectr", name)
     assert VERIFIER_LABELS[name] == "A copy" and drafting.DRAFT_RULES[name] == rule.draws
     assert expectation.ODDS_RULES[name] is rule.odds_rule and verify.NODE_RULES[name].__wrapped__ is rule.node_rule
     parser = argparse.ArgumentParser()

@@ -53,11 +53,16 @@ LOSSLESS = [
     (MethodConfig(method="token-recycling"), 0.7, 1.0),
     (MethodConfig(method="hybrid", k_config=(2,), max_depth=3, stop="none"), 1.0, 1.0),
     (MethodConfig(method="hybrid", k_config=(2,), max_depth=3, stop="none"), 0.7, 0.9),
+    # the bundled plugins (explorer/plugins/bundled/): SpecTr's K-SEQ on i.i.d. drafts, RSD-S's stochastic beam tree
+    (MethodConfig(method="mcsd", k_config=(3, 2), verifier="spectr"), 1.0, 1.0),
+    (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spectr"), 0.7, 0.9),
+    (MethodConfig(method="rsd-s", k_config=(4, 1, 1)), 1.0, 1.0),
+    (MethodConfig(method="rsd-s", k_config=(3, 1, 1)), 0.7, 0.9),
 ]
 
 
 # The fast tier audits one case of each verification rule and a free drafter; the rest are marked slow.
-FAST_CASES = (0, 2, 4, 6, 8, 16)
+FAST_CASES = (0, 2, 4, 6, 8, 16, 22, 24)
 
 
 @pytest.mark.parametrize("case", [pytest.param(i, marks=() if i in FAST_CASES else pytest.mark.slow)

@@ -349,12 +349,14 @@ def test_the_environment_and_entry_points_load_and_off_turns_them_off(tmp_path, 
              {"ep": "my_drafters"})
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv(loading.ENV, "off")
-    assert loading.load_plugins() == [] and "bigram-ep" not in METHOD_SPECS
+    bundled = loading.load_bundled()
+    assert [p.how for p in bundled] == ["bundled"] and "spectr" in bundled[0].registered
+    assert loading.load_plugins() == bundled and "bigram-ep" not in METHOD_SPECS  # the project's own only
     monkeypatch.setenv(loading.ENV, f"{one}{__import__('os').pathsep}{two}")
-    loaded = loading.load_plugins(entry_points=False)
+    loaded = loading.load_plugins(entry_points=False)[len(bundled):]
     assert [p.registered for p in loaded] == [["bigram-t"], ["bigram-two"]]
-    assert loading.load_plugins(entry_points=False) == loaded  # each loads once
-    loaded = loading.load_plugins(use_env=False)
+    assert loading.load_plugins(entry_points=False)[len(bundled):] == loaded  # each loads once
+    loaded = loading.load_plugins(use_env=False)[len(bundled):]
     assert [(p.name, p.how, p.version, p.registered) for p in loaded] == [("ep", "entry point", "2.0", ["bigram-ep"])]
     assert loading.plugin_args(["generate", "--plugin", "a.py", "--plugin=b", "--no-plugins"]) == (["a.py", "b"], True)
 

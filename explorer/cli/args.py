@@ -17,7 +17,7 @@ from ..engine.policies.fallback import FALLBACK_MODES
 from ..engine.policies.stopping import ADAPT_MODES, DECISION_MODELS, STOP_POLICY_NAMES
 from ..engine.stop_models.model import load_decision_model
 from ..engine.sampling import SamplingConfig
-from ..engine.tree import parse_k_config, parse_tree_template
+from ..engine.tree import TreeShapeError, parse_k_config, parse_tree_template
 from ..models.loading import load_named_pair
 from ..plugins.loading import ENTRY_POINT_GROUP, ENV, NO_PLUGINS_FLAG, PLUGIN_FLAG
 
@@ -132,6 +132,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                                                  "level (default 4)")
     g.add_argument("--head-depth", type=int, help="eagle: levels the head drafts (default 6)")
     g.add_argument("--head-tokens", type=int, help="eagle: most draft tokens verified (default 16)")
+    g.add_argument("--beam", type=int, help="rsd-s: nodes kept a level by the stochastic beam search (W; the tree's "
+                                            "k_config becomes W,1,...,1)")
+    g.add_argument("--depth", type=int, help="rsd-s: levels of its beam tree (L)")
     g.add_argument("--tree", help="mcsd: a tree template instead of the k_config tree: breadth-first parent "
                                   "indices, -1 = the anchor (e.g. the optimal tree `acceptance` prints)")
 
@@ -185,6 +188,13 @@ def method_config_from_args(args) -> MethodConfig:
         changes["tree"] = parse_tree_template(args.tree)
     if getattr(args, "recycling_widths", None) is not None:
         changes["recycling_widths"] = parse_k_config(args.recycling_widths)
+    beam, depth = getattr(args, "beam", None), getattr(args, "depth", None)
+    if beam is not None or depth is not None:  # a beam tree: W nodes a level, L levels (rsd-s)
+        shape = changes.get("k_config", base.k_config)
+        beam, depth = beam or shape[0], depth or len(shape)
+        if not (isinstance(beam, int) and isinstance(depth, int) and beam >= 1 and depth >= 1):
+            raise TreeShapeError(f"--beam and --depth must be integers >= 1, got {beam!r}, {depth!r}")
+        changes["k_config"] = (beam,) + (1,) * (depth - 1)
     if getattr(args, "lossy", False):
         changes["lossy"] = True
         if "k_config" not in changes:

@@ -33,7 +33,7 @@ from ..analysis.audit import audit
 from ..analysis.bench import BENCH_METHODS, HF_ASSISTED_BF16, bench, run_facts, samples_at
 from ..analysis.equivalence import check_prompt
 from ..analysis.prompts import PromptError, encode_prompt, range_spec, select_prompts
-from ..engine.config import VERIFIERS
+from ..engine.config import DEFAULTS, VERIFIERS
 from ..engine.factory import build_engine
 from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
@@ -151,15 +151,35 @@ def cmd_audit(args) -> int:
     return 0 if result.passed else 1
 
 
+def verifier_configs(base, verifiers: list[str]) -> list[tuple[str, object]]:
+    """``(label, MethodConfig)`` for each verifier on ``base``'s tree, where the rule's drawing allows the tree
+    (``(label, message)`` where it does not, e.g. SpecHub beyond two children a node), then RSD-S's beam tree of
+    about the same number of nodes (RSD-S's W x L against the tree's nodes; ``rsd-s`` is verified by ``rrs``)."""
+    out: list[tuple[str, object]] = []
+    for verifier in verifiers:
+        try:
+            out.append((verifier, base.with_(verifier=verifier)))
+        except ValueError as exc:  # TreeShapeError is a ValueError
+            out.append((verifier, str(exc)))
+    if "rsd-s" in DEFAULTS and base.method != "rsd-s":
+        depth = max(1, len(base.draft_branching()))
+        beam = max(1, round(base.max_nodes() / depth))
+        out.append(("rsd-s", DEFAULTS["rsd-s"].with_(k_config=(beam,) + (1,) * (depth - 1), fallback=base.fallback)))
+    return out
+
+
 def cmd_verifiers(args) -> int:
-    """Tokens per target call of every lossless verifier on the same tree shape and prompts, per temperature."""
+    """Tokens per target call of every lossless verifier on the same tree shape and prompts, per temperature, and
+    of RSD-S's beam tree of about the same size."""
     prompts = prompts_from_args(args)
     pair = load_pair_from_args(args)
     encoded = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
     summary = []
     for temperature in temperature_list(args.temperatures):
-        for verifier in args.verifiers.split(","):
-            config = method_config_from_args(args).with_(verifier=verifier)
+        for verifier, config in verifier_configs(method_config_from_args(args), args.verifiers.split(",")):
+            if isinstance(config, str):
+                print(json.dumps({"temperature": temperature, "verifier": verifier, "skipped": config}), flush=True)
+                continue
             tokens = calls = 0
             for n, ids in enumerate(encoded):
                 for rep in range(args.repeats):
@@ -169,8 +189,9 @@ def cmd_verifiers(args) -> int:
                     m = run_metrics(engine.run())
                     tokens += m["generated_tokens"]
                     calls += m["target_calls"]
-            row = {"temperature": temperature, "verifier": verifier, "method": config.method,
-                   "k_config": list(config.k_config), "prompts": len(encoded), "repeats": args.repeats,
+            row = {"temperature": temperature, "verifier": config.verifier_for(temperature == 0.0),
+                   "method": config.method, "k_config": list(config.k_config), "tree_nodes": config.max_nodes(),
+                   "prompts": len(encoded), "repeats": args.repeats,
                    "generated_tokens": tokens, "target_calls": calls, "tokens_per_target_call": tokens / calls}
             summary.append(row)
             print(json.dumps(row), flush=True)

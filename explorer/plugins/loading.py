@@ -32,7 +32,7 @@ class LoadedPlugin:
     Attributes:
         name: the module's name (a file's stem, a module path, an entry point's name).
         loaded_from: the file's absolute path, ``module NAME`` or ``entry point GROUP:NAME (VALUE)``.
-        how: ``file``, ``module`` or ``entry point``.
+        how: ``file``, ``module``, ``entry point`` or ``bundled`` (the project's own, ``load_bundled``).
         version: the distribution's version for an installed package, else None.
         sha256: the hex sha256 of the plugin's source file, where it has one.
         registered: the method, verifier and stop-policy names it registered.
@@ -173,15 +173,28 @@ def load_entry_points() -> list[LoadedPlugin]:
     return out
 
 
+def load_bundled() -> list[LoadedPlugin]:
+    """Load the project's own plugins (``bundled.BUNDLED``: SpecTr's verifier, ...), once per process; every tool
+    does, whatever ``--no-plugins`` or ``SPEC_EXPLORER_PLUGINS`` say."""
+    from .bundled import BUNDLED
+
+    out = [load_plugin(module) for module in BUNDLED]
+    for plugin in out:
+        plugin.how = "bundled"
+    return out
+
+
 def load_plugins(specs=(), *, use_env: bool = True, entry_points: bool = True) -> list[LoadedPlugin]:
-    """Load ``specs`` (files or modules), then ``SPEC_EXPLORER_PLUGINS``'s (when ``use_env``), then the installed
-    entry points (when ``entry_points``); ``SPEC_EXPLORER_PLUGINS=off`` turns the environment's and the entry points
-    off. Returns the plugins loaded by this call. Raises PluginError at the first plugin that fails."""
+    """Load the project's own plugins (``load_bundled``), then ``specs`` (files or modules), then
+    ``SPEC_EXPLORER_PLUGINS``'s (when ``use_env``), then the installed entry points (when ``entry_points``);
+    ``SPEC_EXPLORER_PLUGINS=off`` turns the environment's and the entry points off. Returns the plugins loaded by
+    this call, the bundled ones first. Raises PluginError at the first plugin that fails."""
+    bundled = load_bundled()
     env = os.environ.get(ENV, "").strip() if use_env else ""
     if env.lower() == "off":
         env, entry_points = "", False
     wanted = [*specs, *(s for s in env.split(os.pathsep) if s.strip())]
-    out = [load_plugin(s) for s in wanted]
+    out = bundled + [load_plugin(s) for s in wanted]
     if entry_points:
         out += load_entry_points()
     return out

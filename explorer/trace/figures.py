@@ -62,6 +62,9 @@ def provenance_text(node) -> str | None:
         return (f"copied from position {prov['copied_from']} ({where}): it followed an earlier "
                 f"“{token_label(prov.get('match_text', '?'), 30, escape=False)}” ({prov['ngram']}-gram match at "
                 f"position {prov['match_at']})")
+    if prov.get("gumbel_key") is not None:  # RSD-S's stochastic beam search (plugins/bundled/rsd.py)
+        return (f"drawn by stochastic beam search (RSD-S): Gumbel key {prov['gumbel_key']:.3f}; siblings are "
+                "verified in descending key order, the order they were drawn in")
     if prov.get("plugin"):  # a plugin's node: its name, then what the plugin said of it
         said = ", ".join(f"{k} {v}" for k, v in prov.items() if k not in ("plugin", "source"))
         return f"proposed by the plugin {prov['plugin']}" + (f" ({said})" if said else "")

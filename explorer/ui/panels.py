@@ -220,6 +220,9 @@ def inspector(step: StepTrace, node_id: int) -> None:
     prov = figures.provenance_text(node)
     if prov and (node.provenance or {}).get("source") == "edited":
         st.markdown(f"**Edited**: {html.escape(prov)}; the draft model rescored the edited tree for q.")
+    elif prov and node.source == "draft":  # a drafted node's own story (RSD-S's key)
+        order = "" if node.test_order is None else f" It is tested {_ordinal(node.test_order + 1)} among its siblings."
+        st.markdown(f"**Draft model**: {html.escape(prov)}.{order}")
     elif prov:
         st.markdown(f"**{SOURCE_LABELS[node.source].capitalize()}** (a free draft: no draft-model forward, q is a "
                     f"point mass): {html.escape(prov)}.")
@@ -229,6 +232,14 @@ def inspector(step: StepTrace, node_id: int) -> None:
         verdict = "accepted: u < p" if node.u < node.ratio else "rejected: u ≥ p"
         st.caption(f"Point-mass test: u = {node.u:.3f} against p = {node.ratio:.3f} (the target's probability of "
                    f"this token after its earlier siblings were rejected) → {verdict}.")
+    elif step.verifier == "spectr" and node.u is not None and node.ratio is not None:
+        verdict = "accepted: u < ratio" if node.u < node.ratio else "rejected: u ≥ ratio"
+        rho = (node.p / (node.q * node.ratio)) if node.p and node.q and node.ratio else None
+        siblings = sum(1 for n in step.nodes if n.parent == node.parent and n.source == "draft")
+        st.caption(f"SpecTr K-SEQ: the {siblings} i.i.d. drafts at this node are tested in draw order, each with "
+                   f"min(1, p/(ρ* q)); ρ* = {_num(rho)} solves 1 - (1 - β(ρ))^{siblings} = ρ β(ρ), the largest "
+                   f"acceptance that keeps the output exact. u = {node.u:.3f} against the scaled ratio "
+                   f"{node.ratio:.3f} (p/q = {_num(node.p / node.q if node.p and node.q else None)}) → {verdict}.")
     elif node.u is not None and node.ratio is not None:
         verdict = "accepted: u ≤ ratio" if node.u <= node.ratio else "rejected: u > ratio"
         st.caption(f"Test: u = {node.u:.3f} against the acceptance ratio {node.ratio:.3f} → {verdict} (the ratio is "
@@ -263,6 +274,10 @@ def matrix_row_panel(step: StepTrace) -> None:
                    "those candidates.")
         st.dataframe([{"rank": i + 1, "token": figures.token_label(t, 24, escape=False), "id": c}
                       for i, (t, c) in enumerate(zip(texts, row["candidates"]))], hide_index=True, width="stretch")
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
 
 
 def _num(x) -> str:

@@ -26,6 +26,7 @@ def plugin_section(box) -> None:
     """The sidebar's list of loaded plugins (name, what each registered, where from, version, sha256), and a
     plugin that failed to load; nothing when the server was started without plugins."""
     plugins, problem = startup_plugins()
+    plugins = [p for p in plugins if p.how != "bundled"]  # the project's own methods are not the user's plugins
     if not plugins and not problem:
         return
     box.header("Plugins")
