@@ -762,10 +762,11 @@ def explorer_layout_tour(url: str, out_dir: Path, sizes=((1280, 720), (1366, 768
                          whole: bool = True, prompt: str | None = None) -> dict:
     """The Explorer at each screen size, in teach mode and out: ``method`` picked in the sidebar (its label; None
     keeps the default), ``prompt`` typed (None keeps the page's), Step ``steps`` times with the sidebar open (closed
-    on a phone), then ``layout_faults`` and a screenshot (``explorer_<w>x<h>[_teach].png``, and with ``whole`` the whole page, ``..._whole.png``: tall pages
-    make Plotly lay out again, seconds each), teach mode off and on. The desktop sizes share one session, its window
-    resized as a user's would be (a step on the embedded pair costs seconds); a phone gets a session of its own (a
-    touch screen). Returns ``{"<w>x<h>[ teach]": faults}`` with each session's exception count."""
+    on a phone), then ``layout_faults`` and a screenshot (``explorer_<w>x<h>[_teach].png``, and with ``whole`` the
+    whole page, ``..._whole.png``: tall pages make Plotly lay out again, seconds each), teach mode off and on. The
+    desktop sizes share one session, its window resized as a user's would be (a step on the embedded pair costs
+    seconds); a phone gets a session of its own (a touch screen). Returns ``{"<w>x<h>[ teach]": faults}`` with each
+    session's exception count."""
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
