@@ -143,8 +143,9 @@ class Recorder:
 
 def run_plugins(config, verifier: str) -> list[dict]:
     """The plugins a run of ``config`` verified by ``verifier`` depends on (``explorer.plugins``), one entry per part
-    it registered: ``name``, ``loaded_from``, ``version``, ``sha256``, and the part: ``method`` (with its ``label``,
-    ``summary`` and its drafter's docstring, ``doc``), ``verifier`` or ``stop``; as the trace's
+    it registered: ``name``, ``loaded_from``, ``version``, ``sha256``, ``bundled`` (the project's own), the first
+    paragraph of its docstring (``doc``), and the part: ``method`` (with its ``label`` and ``summary``), ``verifier``
+    or ``stop``; as the trace's
     ``settings["plugins"]`` records them; empty for the project's own methods."""
     found: list[dict] = []
     parts = (("method", config.spec.origin),

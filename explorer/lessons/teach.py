@@ -46,7 +46,7 @@ def explain_step(step: StepTrace, method: dict | None = None, decision: dict | N
     anchor = nodes[0]
     drafted = _drafted(step)
     roots = [n for n in step.nodes if n.parent == 0]
-    out = plugin_words(plugins or [])
+    out = plugin_words(plugins or []) + rsd_c_words(step)
     fallback = step.fallback or {}
     if step.method == "ar":
         out.append(f"Autoregressive step: the target model reads the last token {_tok(anchor.text)} and picks the "
@@ -125,18 +125,31 @@ def plugin_words(plugins: list) -> list[str]:
     for p in plugins:
         if not isinstance(p, dict):
             continue
-        where = f"the plugin {p.get('name')}, loaded from {p.get('loaded_from')}"
+        where = ("" if p.get("bundled") else
+                 f" comes from the plugin {p.get('name')}, loaded from {p.get('loaded_from')}")
+        texts = [t.strip().rstrip(".") for t in (p.get("summary"), p.get("doc")) if isinstance(t, str) and t.strip()]
+        said = " ".join(t + "." for t in dict.fromkeys(texts))  # the summary is often the docstring's start
         if p.get("method"):
-            texts = [t.strip().rstrip(".") for t in (p.get("summary"), p.get("doc"))
-                     if isinstance(t, str) and t.strip()]
-            said = " ".join(t + "." for t in dict.fromkeys(texts))  # the summary is often the docstring's start
-            out.append(f"This method, {p['method']}, comes from {where}" + (f": {said}" if said else "."))
+            name = p.get("label") or p["method"]
+            out.append(f"This method, {name},{where}: {said}" if where else f"This method, {name}: {said}")
         if p.get("verifier"):
-            out.append(f"The verification rule {p['verifier']} comes from {where}; the audit judges whether it "
-                       "samples exactly from the target.")
+            out.append(f"The verification rule {p['verifier']}{where}: {said}" if where else
+                       f"The verification rule {p['verifier']}: {said}")
+            if not p.get("bundled"):
+                out.append("The losslessness audit judges whether a plugin's rule samples exactly from the target.")
         if p.get("stop"):
-            out.append(f"The stop policy {p['stop']} comes from {where}.")
+            out.append(f"The stop policy {p['stop']}{where}." + (f" {said}" if said else ""))
     return out
+
+
+def rsd_c_words(step: StepTrace) -> list[str]:
+    """Names RSD-C where it runs: an ``mcsd`` tree (constant branching) drawn without replacement and verified by
+    ``rrs`` is the constant-branching tree of Jeon et al. 2024 (arXiv 2402.14160)."""
+    if step.method == "mcsd" and step.verifier == "rrs":
+        return ["This k_config tree with children drawn without replacement and verified by recursive rejection "
+                "sampling is RSD-C, the constant-branching tree of Jeon et al. 2024; their RSD-S (method rsd-s) grows "
+                "a stochastic beam instead."]
+    return []
 
 
 def _room_left(step: StepTrace) -> list[str]:

@@ -46,8 +46,9 @@ class LoadedPlugin:
     registered: list[str] = field(default_factory=list)
 
     def origin(self) -> dict:
-        """What the traces record of it (``settings["plugins"]``)."""
-        return {"name": self.name, "loaded_from": self.loaded_from, "version": self.version, "sha256": self.sha256}
+        """What the traces record of it (``settings["plugins"]``); ``bundled`` where it is the project's own."""
+        return {"name": self.name, "loaded_from": self.loaded_from, "version": self.version, "sha256": self.sha256,
+                **({"bundled": True} if self.how == "bundled" else {})}
 
 
 _LOADED: dict[str, LoadedPlugin] = {}  # key (resolved path, module or entry point) -> the plugin
@@ -62,9 +63,22 @@ def _is_path(spec: str) -> bool:
     return spec.endswith(".py") or os.sep in spec or (os.altsep is not None and os.altsep in spec)
 
 
-def load_plugin(spec: str) -> LoadedPlugin:
+def _module_file(module: str) -> str | None:
+    """The source file of an importable module, found without running it (its parent packages are imported); None
+    where there is none. Raises PluginError where the module cannot be found."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        raise PluginError(f"plugin {module}: no such module (not a .py path, and not importable here: {exc})") from None
+    if found is None:
+        raise PluginError(f"plugin {module}: no such module (not a .py path, and not importable here)")
+    return found.origin if found.has_location else None
+
+
+def load_plugin(spec: str, how: str = "module") -> LoadedPlugin:
     """Load one plugin: a ``.py`` file or folder path (a package's ``__init__.py``), or an importable module name.
-    Loading the same file or module again returns the first load.
+    Loading the same file or module again returns the first load. ``how``: what the load of a module is called
+    (``bundled`` for the project's own, ``load_bundled``).
 
     Raises PluginError naming the plugin: no such file or module, or importing it raised (a syntax error, a name
     already taken, ...); what it registered before failing is taken back."""
@@ -98,11 +112,9 @@ def load_plugin(spec: str) -> LoadedPlugin:
         key = f"module {spec}"
         if key in _LOADED:
             return _LOADED[key]
-        plugin = LoadedPlugin(spec, key, "module")
+        plugin = LoadedPlugin(spec, key, how, _version_of(spec), sha256_of(_module_file(spec)))
         with _importing(plugin) as record:
-            module = importlib.import_module(spec)
-        plugin.sha256 = sha256_of(getattr(module, "__file__", None))
-        plugin.version = _version_of(spec)
+            importlib.import_module(spec)
     plugin.registered = record.names()
     _LOADED[key] = plugin
     return plugin
@@ -160,13 +172,12 @@ def load_entry_points() -> list[LoadedPlugin]:
             out.append(_LOADED[key])
             continue
         dist = getattr(ep, "dist", None)
-        plugin = LoadedPlugin(ep.name, key, "entry point", getattr(dist, "version", None))
+        plugin = LoadedPlugin(ep.name, key, "entry point", getattr(dist, "version", None),
+                              sha256_of(_module_file(ep.value.split(":")[0].strip())))
         with _importing(plugin) as record:
             target = ep.load()
             if callable(target):
                 target()
-        module = sys.modules.get(ep.value.split(":")[0])
-        plugin.sha256 = sha256_of(getattr(module, "__file__", None))
         plugin.registered = record.names()
         _LOADED[key] = plugin
         out.append(plugin)
@@ -178,10 +189,7 @@ def load_bundled() -> list[LoadedPlugin]:
     does, whatever ``--no-plugins`` or ``SPEC_EXPLORER_PLUGINS`` say."""
     from .bundled import BUNDLED
 
-    out = [load_plugin(module) for module in BUNDLED]
-    for plugin in out:
-        plugin.how = "bundled"
-    return out
+    return [load_plugin(module, how="bundled") for module in BUNDLED]
 
 
 def load_plugins(specs=(), *, use_env: bool = True, entry_points: bool = True) -> list[LoadedPlugin]:

@@ -174,7 +174,8 @@ def register_verifier(name: str, node_rule: Callable, odds_rule: Callable | None
     """
     origin, record = _origin(node_rule)
     try:
-        entry = verifiers.register_verifier(name, node_rule, odds_rule, draws=draws, label=label, origin=origin)
+        entry = verifiers.register_verifier(name, node_rule, odds_rule, draws=draws, label=label,
+                                            origin={**origin, "doc": _summary(node_rule)})
     except (VerifierError, TypeError) as exc:
         raise PluginError(f"plugin {origin['name']}: {exc}") from None
     if record is not None:
@@ -190,7 +191,7 @@ def register_stop_policy(policy: type, label: str | None = None, threshold: floa
     class is not a StopPolicy."""
     origin, record = _origin(policy)
     try:
-        stopping.register_stop_policy(policy, label, threshold, origin=origin)
+        stopping.register_stop_policy(policy, label, threshold, origin={**origin, "doc": _summary(policy)})
     except (TypeError, ValueError) as exc:
         raise PluginError(f"plugin {origin['name']}: {exc}") from None
     if record is not None:
