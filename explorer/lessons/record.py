@@ -198,6 +198,44 @@ def _head_notes(runs, audit):
     return notes
 
 
+def _rules_notes(runs, audit):
+    """Lesson 08: one context, four verification rules (RSD-C, SpecInfer's, SpecTr's, RSD-S), each run's tokens per
+    target call and why."""
+    rrs, iid, spectr, beam = runs
+    rates = {name: _per_call(t) for name, t in (("RRS without replacement (RSD-C)", rrs),
+                                                 ("RRS with replacement", iid), ("SpecTr K-SEQ", spectr),
+                                                 ("RSD-S", beam))}
+    notes = [Note(0, 0, "draft", "Four candidates at the root, drawn without replacement (four different tokens), "
+                  "each continued by a chain: the constant-branching tree RSD-C of Jeon et al. 2024. The verifier "
+                  "tests them in draw order, and each rejected one is taken out of q before the next test."),
+             Note(1, 0, "draft", "The same tree shape, but the four root candidates are drawn independently (with "
+                  "replacement, as SpecInfer draws them): the draft's favourite can come twice, and a repeat of a "
+                  "rejected token is rejected again.")]
+    dup = next((s for s in iid.steps if len({n.token_id for n in s.nodes if n.depth == 1}) <
+                sum(1 for n in s.nodes if n.depth == 1)), None)
+    if dup is not None:
+        notes.append(Note(1, dup.index, "draft", "Here two of the independent draws are the same token: a slot of "
+                          "the tree spent on a candidate already there."))
+    tested = next(((s, n) for s in spectr.steps for n in s.nodes if n.parent == 0 and n.u is not None and n.ratio
+                   and n.p and n.q), None)
+    if tested is not None:
+        s, n = tested
+        rho = n.p / (n.q * n.ratio)
+        notes.append(Note(2, s.index, "verify", f"SpecTr's K-SEQ on the same independent drafts: each is accepted "
+                          f"with min(1, p/(ρ q)) where ρ = {rho:.2f} here is the smallest that keeps the output exact "
+                          "for four drafts: each test is stricter than speculative decoding's p/q, but four chances "
+                          "add up (Sun et al. 2023).", node=n.id))
+    notes.append(Note(3, 0, "draft", "RSD-S: a stochastic beam search keeps the 4 likeliest paths at every level "
+                      "(by Gumbel keys), so a node can have several children and another none; siblings are verified "
+                      "in the order they were drawn, as RSD-C's (Jeon et al. 2024)."))
+    ranked = sorted(rates.items(), key=lambda kv: -kv[1])
+    notes.append(Note(3, len(beam.steps) - 1, "commit", "Tokens per target call on this prompt, 12 draft nodes each: "
+                      + ", ".join(f"{name} {rate:.2f}" for name, rate in ranked) + ". Every rule here is exact "
+                      "(the audit checks each); they differ only in how many drafted tokens survive. One prompt at "
+                      "temperature 1 is noisy: `spec-explorer verifiers` measures the rules over many."))
+    return notes
+
+
 LESSON_SPECS = (
     LessonSpec("01-code-chains", "Code: long chains accepted",
                "Why does a small draft model save the large one so much work on code?",
@@ -236,6 +274,16 @@ LESSON_SPECS = (
                "Write a Python function that returns the n-th Fibonacci number, with a short docstring.",
                (("eagle (EAGLE-3 head)", DEFAULTS["eagle"], GREEDY),
                 ("mcsd-improved (0.5B draft)", DEFAULTS["mcsd-improved"], GREEDY)), _head_notes, max_new_tokens=64),
+    LessonSpec("08-which-rule", "Which rule accepts more?",
+               "Four ways to decide which drafted tokens survive: which one keeps the most?",
+               "Tell me a short story about a robot who learns to paint.",
+               tuple((label, MethodConfig(method=method, k_config=(4, 1, 1), verifier=verifier, fallback="off"),
+                      SamplingConfig(temperature=1.0, seed=1))
+                     for label, method, verifier in (("RRS without replacement (RSD-C)", "mcsd", "rrs"),
+                                                     ("RRS with replacement (SpecInfer)", "mcsd", "rrs-replacement"),
+                                                     ("SpecTr K-SEQ", "mcsd", "spectr"),
+                                                     ("RSD-S (beam 4, depth 3)", "rsd-s", "auto"))),
+               _rules_notes, max_new_tokens=24),
 )
 
 
