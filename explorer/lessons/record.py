@@ -22,8 +22,10 @@ from ..engine.sampling import SamplingConfig
 from ..trace.metrics import prefill_calls
 from ..trace.records import REJECTED, RunTrace
 from .lesson import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
+from ..plugins.loading import load_bundled
 from .phases import quote_token
 
+load_bundled()  # lesson 08 runs the project's bundled plugins (spectr, rsd-s), named in LESSON_SPECS below
 GREEDY = SamplingConfig(temperature=0.0)
 
 
