@@ -181,6 +181,18 @@ def _verify_account(step: StepTrace, node, greedy: bool) -> list[str]:
     q = f"{node.q:.3f}" if node.q is not None else "?"
     ratio = f"{node.ratio:.2f}" if node.ratio is not None else "?"
     u = f"{node.u:.2f}" if node.u is not None else "?"
+    if step.verifier == "spectr" and node.source == "draft":  # SpecTr's K-SEQ: the ratio is p/(rho q)
+        rho = node.p / (node.q * node.ratio) if node.p and node.q and node.ratio else None
+        siblings = sum(1 for n in step.nodes if n.parent == node.parent and n.source == "draft")
+        lines.append(f"Testing {quote_token(node.text)}: target p = {p}, draft q = {q}. SpecTr tests each of the "
+                     f"{siblings} independent drafts here with min(1, p/(ρ q)), ρ = "
+                     f"{'?' if rho is None else f'{rho:.2f}'} for {siblings} drafts: min(1, {ratio}).")
+        lines.append(f"The uniform draw is u = {u}: " + ("u < p/(ρ q), **accepted**." if ok else
+                                                         "u ≥ p/(ρ q), **rejected**."))
+        if not ok and node.residual_top:
+            lines.append("Where every draft here is rejected, the next token comes from SpecTr's residual, which "
+                         f"puts back exactly the mass the tests took: {_top(node.residual_top)}.")
+        return lines
     lines.append(f"Testing {quote_token(node.text)}: target p = {p}, draft q = {q}, so it is accepted with probability "
                  f"min(1, p/q) = min(1, {ratio}).")
     lines.append(f"The uniform draw is u = {u}: " + ("u < p/q, **accepted**." if ok else "u ≥ p/q, **rejected**."))
