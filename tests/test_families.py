@@ -11,7 +11,7 @@ import torch
 from method_grid import AUDIT_SAMPLES
 from explorer.analysis.audit import audit
 from explorer.cli.main import main
-from explorer.engine.config import DEFAULTS
+from explorer.engine.config import DEFAULTS, MethodConfig
 from explorer.engine.factory import TRANSFER_ADAPT, build_engine
 from explorer.engine.sampling import SamplingConfig
 from explorer.heads.train import head_config
@@ -109,6 +109,19 @@ def test_the_default_tree_method_passes_the_audit_on_a_windowed_family(family):
     r = audit(pair, config, SamplingConfig(temperature=1.0, seed=31_000), ids, AUDIT_SAMPLES)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
     assert len(r.first.exact) >= 4  # enough tested categories for the test to have power
+
+
+@pytest.mark.parametrize("family, config", [
+    ("gemma2", MethodConfig(method="mcsd", k_config=(3, 1), verifier="spectr", fallback="off")),
+    ("mistral", MethodConfig(method="rsd-s", k_config=(3, 1, 1), fallback="off")),
+], ids=["spectr-gemma2", "rsd-s-mistral"])
+def test_the_bundled_multi_draft_rules_pass_the_audit_on_a_windowed_family(family, config):
+    """SpecTr's K-SEQ and RSD-S's beam tree (explorer/plugins/bundled/) on another family's pair, past its window."""
+    pair = tiny_family_pair(family)
+    ids = pair.tokenizer.encode(PROMPT[:40])
+    r = audit(pair, config, SamplingConfig(temperature=1.0, seed=32_000), ids, AUDIT_SAMPLES)
+    assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
+    assert len(r.first.exact) >= 4
 
 
 def test_a_pair_without_its_own_decision_model_borrows_the_embedded_one_and_adapts():
