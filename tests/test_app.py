@@ -549,3 +549,21 @@ def test_a_plugin_from_the_environment_is_listed_steps_and_fails_by_name(tmp_pat
         unregister("bigram-app")
         loading._LOADED.pop(str(path.resolve()), None)
         startup_plugins.clear()
+
+
+def test_the_rule_comparison_ranks_every_rule_on_the_prompt(app):
+    """Which rule accepts more: every selectable rule on the sidebar's tree (SpecHub where its pairs fit), SpecTr
+    among them, and RSD-S's beam tree, with a chart; greedy is refused with a message."""
+    app.sidebar.selectbox(key="method").set_value("mcsd").run()
+    app.text_area(key="prompt_text").set_value("def f(x):")
+    app.slider(key="rules_n").set_value(8)
+    click(app, "rules_btn")
+    assert any("temperature above 0" in e.value for e in app.error)  # greedy: every rule is argmax matching
+    app.sidebar.slider(key="temperature").set_value(1.0).run()
+    click(app, "rules_btn")
+    rows = app.session_state["rules"]["rows"]
+    ran = {r["label"]: r for r in rows if "skipped" not in r}
+    assert {"rrs", "rrs-replacement", "mcns", "spectr", "rsd-s"} <= set(ran)
+    assert all(r["generated_tokens"] == 8 for r in ran.values())
+    assert [r["label"] for r in rows if "skipped" in r] == ["spechub"]  # the default tree has 4 children a node
+    assert app.get("plotly_chart") and not app.exception

@@ -128,7 +128,7 @@ def test_the_verifiers_command_compares_every_rule_and_rsd_s_on_the_same_budget(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     by = {(r["method"], r["verifier"]): r for r in rows if "skipped" not in r}
     assert {("mcsd", v) for v in ("rrs", "rrs-replacement", "mcns", "spectr")} <= set(by)
-    assert [r["verifier"] for r in rows if "skipped" in r] == ["spechub"]  # three drafts a node: not SpecHub's
+    assert [r["label"] for r in rows if "skipped" in r] == ["spechub"]  # three drafts a node: not SpecHub's
     assert by["rsd-s", "rrs"]["tree_nodes"] == by["mcsd", "rrs"]["tree_nodes"] == 9
     assert all(r["generated_tokens"] == 12 and r["target_calls"] > 0 for r in by.values())
     assert main(["generate", "--models", "tiny", "--method", "rsd-s", "--beam", "2", "--depth", "5", "--prompt",

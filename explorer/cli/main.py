@@ -33,8 +33,8 @@ from ..analysis.audit import audit
 from ..analysis.bench import BENCH_METHODS, HF_ASSISTED_BF16, bench, run_facts, samples_at
 from ..analysis.equivalence import check_prompt
 from ..analysis.prompts import PromptError, encode_prompt, range_spec, select_prompts
-from ..engine.config import DEFAULTS, VERIFIERS
-from ..engine.factory import build_engine
+from ..analysis.rules import compare_rules
+from ..engine.config import VERIFIERS
 from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError
@@ -151,50 +151,19 @@ def cmd_audit(args) -> int:
     return 0 if result.passed else 1
 
 
-def verifier_configs(base, verifiers: list[str]) -> list[tuple[str, object]]:
-    """``(label, MethodConfig)`` for each verifier on ``base``'s tree, where the rule's drawing allows the tree
-    (``(label, message)`` where it does not, e.g. SpecHub beyond two children a node), then RSD-S's beam tree of
-    about the same number of nodes (RSD-S's W x L against the tree's nodes; ``rsd-s`` is verified by ``rrs``)."""
-    out: list[tuple[str, object]] = []
-    for verifier in verifiers:
-        try:
-            out.append((verifier, base.with_(verifier=verifier)))
-        except ValueError as exc:  # TreeShapeError is a ValueError
-            out.append((verifier, str(exc)))
-    if "rsd-s" in DEFAULTS and base.method != "rsd-s":
-        depth = max(1, len(base.draft_branching()))
-        beam = max(1, round(base.max_nodes() / depth))
-        out.append(("rsd-s", DEFAULTS["rsd-s"].with_(k_config=(beam,) + (1,) * (depth - 1), fallback=base.fallback)))
-    return out
-
-
 def cmd_verifiers(args) -> int:
     """Tokens per target call of every lossless verifier on the same tree shape and prompts, per temperature, and
-    of RSD-S's beam tree of about the same size."""
+    of RSD-S's beam tree of about the same size (``analysis/rules.py``)."""
     prompts = prompts_from_args(args)
     pair = load_pair_from_args(args)
     encoded = [encode_prompt(pair.tokenizer, p.text, chat_template=not args.no_chat_template) for p in prompts]
-    summary = []
+    base = method_config_from_args(args)
     for temperature in temperature_list(args.temperatures):
-        for verifier, config in verifier_configs(method_config_from_args(args), args.verifiers.split(",")):
-            if isinstance(config, str):
-                print(json.dumps({"temperature": temperature, "verifier": verifier, "skipped": config}), flush=True)
-                continue
-            tokens = calls = 0
-            for n, ids in enumerate(encoded):
-                for rep in range(args.repeats):
-                    engine = build_engine(pair, config, SamplingConfig(temperature=temperature, top_p=args.top_p,
-                                                                 seed=args.seed + 1000 * rep + n))
-                    engine.start(ids, args.max_new_tokens)
-                    m = run_metrics(engine.run())
-                    tokens += m["generated_tokens"]
-                    calls += m["target_calls"]
-            row = {"temperature": temperature, "verifier": config.verifier_for(temperature == 0.0),
-                   "method": config.method, "k_config": list(config.k_config), "tree_nodes": config.max_nodes(),
-                   "prompts": len(encoded), "repeats": args.repeats,
-                   "generated_tokens": tokens, "target_calls": calls, "tokens_per_target_call": tokens / calls}
-            summary.append(row)
-            print(json.dumps(row), flush=True)
+        sampling = SamplingConfig(temperature=temperature, top_p=args.top_p, seed=args.seed)
+        for row in compare_rules(pair, base, sampling, encoded, args.max_new_tokens, args.verifiers.split(","),
+                                 args.repeats):
+            print(json.dumps({"temperature": temperature, **row, "prompts": len(encoded), "repeats": args.repeats}),
+                  flush=True)
     return 0
 
 

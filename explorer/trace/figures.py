@@ -571,6 +571,25 @@ def text_html(run: RunTrace, current: int | None = None) -> str:
     return f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.6">{body}</div>'
 
 
+RULE_NAMES = {"rrs": "RRS without replacement (RSD-C)", "rrs-replacement": "RRS with replacement (SpecInfer)",
+              "mcns": "MCNS", "spechub": "SpecHub", "spectr": "SpecTr K-SEQ", "rsd-s": "RSD-S (beam tree)"}
+
+
+def rules_figure(rows: list[dict]) -> go.Figure:
+    """Tokens per target call of each rule from ``analysis.rules.compare_rules`` rows (skipped rules left out),
+    best first, each bar labelled with its tree's draft nodes."""
+    ran = sorted((r for r in rows if r.get("tokens_per_target_call") is not None),
+                 key=lambda r: -r["tokens_per_target_call"])
+    fig = go.Figure(go.Bar(
+        x=[r["tokens_per_target_call"] for r in ran], y=[RULE_NAMES.get(r["label"], r["label"]) for r in ran],
+        orientation="h", marker_color=BONUS_COLOR, text=[f"{r['tokens_per_target_call']:.2f} · {r['tree_nodes']} "
+                                                         "nodes" for r in ran], textposition="auto"))
+    fig.update_layout(height=60 + 44 * max(len(ran), 1), margin=dict(l=10, r=10, t=40, b=10),
+                      title="tokens per target call, same prompt and seed", yaxis=dict(autorange="reversed"),
+                      xaxis=dict(title="tokens per target call", rangemode="tozero"))
+    return fig
+
+
 def audit_figure(result: dict, which: str = "first", top: int = 20) -> go.Figure:
     """Empirical against exact probabilities from an audit result (``AuditResult.to_dict()``), most likely first."""
     cmp = result[which]

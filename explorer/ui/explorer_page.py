@@ -14,6 +14,7 @@ import streamlit as st
 
 from ..analysis.audit import audit
 from ..analysis.prompts import PromptError, encode_prompt
+from ..analysis.rules import compare_rules
 from ..decision.calibrate import calibrate
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError
@@ -350,6 +351,7 @@ def explorer_page(settings) -> None:
         st.info("Press **Step** to draft and verify one speculative round on the prompt, or load a saved trace.")
         if pair is not None:
             audit_panel(pair, settings, prompt_text, chat)
+            rules_panel(pair, settings, prompt_text, chat)
         return
     if replaying:
         m = trace.model
@@ -369,6 +371,42 @@ def explorer_page(settings) -> None:
         _drawn(replaying, run_instruments, trace, settings["teach"], pair)
     if pair is not None:
         audit_panel(pair, settings, prompt_text, chat)
+        rules_panel(pair, settings, prompt_text, chat)
+
+
+def rules_panel(pair, settings, prompt_text: str, chat: bool) -> None:
+    """Every verification rule on this prompt and the sidebar's tree, and RSD-S's beam tree of about as many nodes:
+    tokens per target call of each (``analysis/rules.py``)."""
+    with st.expander("Which rule accepts more? Every verification rule on this prompt"):
+        st.caption("Decodes the prompt once per rule with the sidebar's tree, sampling and seed (RSD-S with its own "
+                   "beam tree of about as many nodes) and counts tokens per target call. Every rule is exact: they "
+                   "differ only in how many drafted tokens survive. Needs a temperature above 0 and a method that "
+                   "drafts a tree (mcsd, sd); on the embedded pair a rule costs about a second a step.")
+        tokens = st.slider("Tokens per rule", 8, 64, 32 if settings["spec"] == "tiny" else 16, 8, key="rules_n")
+        if st.button("Compare the rules", key="rules_btn"):
+            bar = st.progress(0.0, text="Decoding…")
+            try:
+                config = build_config(settings["method"], settings["changes"])
+                sampling = SamplingConfig(**settings["sampling"])
+                if sampling.greedy or not config.draft_branching():
+                    raise ValueError("the rules differ only when sampling from a drafted tree: set a temperature "
+                                     "above 0 and pick mcsd or sd")
+                ids = encode_prompt(pair.tokenizer, prompt_text, chat_template=chat)
+                with engine_lock():
+                    rows = compare_rules(pair, config.with_(verifier="auto"), sampling, [ids], tokens,
+                                         progress=lambda d, t: bar.progress(d / t, text=f"{d}/{t} runs"))
+                Explorer.RULES.set({"rows": rows, "tokens": tokens, "temperature": sampling.temperature})
+            except (PromptError, TreeShapeError, ValueError) as exc:
+                Explorer.RULES.clear()
+                st.error(str(exc))
+            finally:
+                bar.empty()
+        result = Explorer.RULES.get()
+        if result:
+            st.plotly_chart(figures.rules_figure(result["rows"]), width="stretch", key="rules_chart")
+            skipped = [f"{r['label']}: {r['skipped']}" for r in result["rows"] if "skipped" in r]
+            if skipped:
+                st.caption("Not run on this tree: " + "; ".join(skipped))
 
 
 def show_run(trace, cursor: int | None, teach: bool, pair=None) -> None:

@@ -244,6 +244,8 @@ class Explorer:
                                          "step does not change), for the steps drawn last: {\"trace\", \"steps\": "
                                          "{step index: {name: figure}}} (instruments_panel.of_the_step)")
     AUDIT: Key[dict | None] = Key("audit", "the last losslessness audit's result (plain data)")
+    RULES: Key[dict | None] = Key("rules", "the last rule comparison: {\"rows\": analysis.rules.compare_rules rows, "
+                                           "\"tokens\", \"temperature\"}")
     INSPECT: KeyFamily[int] = KeyFamily("inspect_", "per step index: the node inspected (the tree's last click)")
     TREE_CHART: KeyFamily[Any] = KeyFamily("tree_chart_", "per step index: the tree chart's selection event",
                                            widget=True)

@@ -1,0 +1,62 @@
+"""Which verification rule accepts more: every rule on the same prompts and tree shape, and RSD-S's beam tree of
+about the same number of nodes, as tokens per target call (``spec-explorer verifiers``, the Explorer's rule
+comparison). The rules' drafts differ as their drawing laws do (without replacement, i.i.d., SpecHub's pairs); the
+prompts, the seeds and the number of draft nodes a step may verify are the same."""
+
+from __future__ import annotations
+
+from ..engine.config import DEFAULTS, VERIFIERS, MethodConfig
+from ..engine.factory import build_engine
+from ..engine.sampling import SamplingConfig
+from ..trace.metrics import run_metrics
+
+
+def rule_configs(base: MethodConfig, verifiers=None) -> list[tuple[str, MethodConfig | str]]:
+    """``(label, MethodConfig)`` for each verifier (default: every selectable one, ``config.VERIFIERS``) on ``base``'s
+    tree where the rule's drawing allows it (``(label, message)`` where it does not, e.g. SpecHub beyond two
+    children a node), then ``rsd-s``'s beam tree of about as many nodes (W = nodes / levels, rounded) where the
+    bundled plugin is loaded."""
+    out: list[tuple[str, MethodConfig | str]] = []
+    for verifier in (VERIFIERS if verifiers is None else verifiers):
+        try:
+            out.append((verifier, base.with_(verifier=verifier)))
+        except ValueError as exc:  # TreeShapeError is a ValueError
+            out.append((verifier, str(exc)))
+    if "rsd-s" in DEFAULTS and base.method != "rsd-s" and base.draft_branching():
+        depth = len(base.draft_branching())
+        beam = max(1, round(base.max_nodes() / depth))
+        out.append(("rsd-s", DEFAULTS["rsd-s"].with_(k_config=(beam,) + (1,) * (depth - 1), fallback=base.fallback)))
+    return out
+
+
+def compare_rules(pair, base: MethodConfig, sampling: SamplingConfig, prompts: list[list[int]], max_new_tokens: int,
+                  verifiers=None, repeats: int = 1, progress=lambda done, total: None) -> list[dict]:
+    """Run ``rule_configs(base, verifiers)`` on ``prompts`` (token ids), ``repeats`` seeds each (``sampling.seed +
+    1000 * repeat + prompt index``), ``max_new_tokens`` each. Returns one row per rule: ``label``, ``method``,
+    ``verifier`` (the rule that ran), ``k_config``, ``tree_nodes`` (most draft nodes a step verifies),
+    ``generated_tokens``, ``target_calls``, ``tokens_per_target_call``; or ``label`` and ``skipped`` (why).
+    ``progress(done, total)`` after each run. Raises EngineError / ValueError as ``build_engine`` does."""
+    configs = rule_configs(base, verifiers)
+    runnable = [c for _, c in configs if not isinstance(c, str)]
+    total, done, rows = len(runnable) * len(prompts) * repeats, 0, []
+    for label, config in configs:
+        if isinstance(config, str):
+            rows.append({"label": label, "skipped": config})
+            continue
+        tokens = calls = 0
+        for n, ids in enumerate(prompts):
+            for rep in range(repeats):
+                run = SamplingConfig(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                     seed=sampling.seed + 1000 * rep + n)
+                engine = build_engine(pair, config, run)
+                engine.start(ids, max_new_tokens)
+                m = run_metrics(engine.run())
+                tokens += m["generated_tokens"]
+                calls += m["target_calls"]
+                done += 1
+                progress(done, total)
+        rows.append({"label": label, "method": config.method, "verifier": config.verifier_for(sampling.greedy),
+                     "k_config": list(config.k_config), "tree_nodes": config.max_nodes(),
+                     "generated_tokens": tokens, "target_calls": calls,
+                     "tokens_per_target_call": tokens / calls if calls else None})
+    return rows
