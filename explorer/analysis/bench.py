@@ -37,6 +37,7 @@ import torch
 from ..engine.carried import Carried
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
+from ..engine.tree import parse_k_config
 from ..engine.policies.stopping import LEARNED_POLICIES
 from ..engine.sampling import SamplingConfig
 from ..engine.stop_models.model import load_decision_model
@@ -54,7 +55,7 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
                 "free_rows", "lookup_tokens", "lookup_alone", "cost_ratio", "tree_choice", "head", "head_topk",
-                "head_depth", "head_tokens")
+                "head_depth", "head_tokens", "verifier", "k_config")
 INT_KEYS = ("max_depth", "free_rows", "lookup_tokens", "lookup_alone", "head_topk", "head_depth", "head_tokens")
 CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing carried)
 CHAIN_KEY = "chain="  # a bench label's +chain=N: draft levels of chains per replay (Engine's chain_levels)
@@ -90,8 +91,9 @@ def joint_prefill_of(label: str) -> bool:
 
 def method_for_label(label: str) -> MethodConfig:
     """The config of a bench label: a method name (``config.DEFAULTS``) optionally followed by ``+key=value``
-    settings (``VARIANT_KEYS``), ``+chain=N``, ``+prefill=apart`` and last ``CARRY_OFF`` (bench settings, not the
-    method's). Raises ValueError for an unknown method, key or value."""
+    settings (``VARIANT_KEYS``; ``k_config`` written with dashes, ``mcsd+k_config=4-1-1-1+verifier=spectr``),
+    ``+chain=N``, ``+prefill=apart`` and last ``CARRY_OFF`` (bench settings, not the method's). Raises ValueError
+    for an unknown method, key or value."""
     name, *parts = label.removesuffix(CARRY_OFF).split("+")
     parts = [p for p in parts if not p.startswith(CHAIN_KEY) and p != PREFILL_APART]
     if name not in DEFAULTS:
@@ -102,7 +104,8 @@ def method_for_label(label: str) -> MethodConfig:
         if not eq or key not in VARIANT_KEYS:
             raise ValueError(f"bench label {label!r}: write +key=value with key one of {', '.join(VARIANT_KEYS)}")
         changes[key] = (float(value) if key in ("threshold", "branch_threshold")
-                        else int(value) if key in INT_KEYS else value)
+                        else int(value) if key in INT_KEYS
+                        else parse_k_config(value.replace("-", ",")) if key == "k_config" else value)
     return DEFAULTS[name].with_(**changes)
 
 
