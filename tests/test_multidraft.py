@@ -133,3 +133,11 @@ def test_the_verifiers_command_compares_every_rule_and_rsd_s_on_the_same_budget(
     assert all(r["generated_tokens"] == 12 and r["target_calls"] > 0 for r in by.values())
     assert main(["generate", "--models", "tiny", "--method", "rsd-s", "--beam", "2", "--depth", "5", "--prompt",
                  PROMPT, "--max-new-tokens", "8", "--json"]) == 0
+
+
+def test_bench_labels_name_a_rule_and_a_tree():
+    from explorer.analysis.bench import method_for_label
+
+    config = method_for_label("mcsd+k_config=4-1-1-1+verifier=spectr")
+    assert config.k_config == (4, 1, 1, 1) and config.verifier == "spectr" and config.max_nodes() == 16
+    assert method_for_label("rsd-s+k_config=8-1-1-1").max_nodes() == 32
