@@ -141,7 +141,9 @@ def _depth1_widths(tiny, cfg, temperature, ids, runs=40) -> set:
 def test_the_lossy_longest_branch_rule_is_detected(tiny):
     ids = tiny.tokenizer.encode(PROMPT)
     cfg = MethodConfig(method="mcsd-improved", lossy=True, width=3, k_config=(1,), max_depth=3)
-    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=100_000 * (len(LOSSLESS) + 1)), ids, N)
+    # the seed after the 22 lossless cases this test was measured beside (method_grid.AUDIT_SAMPLES' comment): fixed,
+    # so that adding a lossless case does not move it
+    r = audit(tiny, cfg, SamplingConfig(temperature=1.0, seed=2_300_000), ids, N)
     assert r.verifier == "longest-branch"
     assert r.first.p_value < 1e-6 and not r.passed
     assert r.first.tv_distance > 0.08
