@@ -70,15 +70,20 @@ def _residual(p: torch.Tensor, q: torch.Tensor, rho: float, b: float, k: int) ->
     return torch.where(total > 0, left / torch.clamp(total, min=1e-30), p)
 
 
+def _node(p: torch.Tensor, q: torch.Tensor, k: int, rho: float | None):
+    """One node's p and q on the host (float64 numpy), its rho (``rho`` None: rho* for ``k`` drafts) and
+    ``beta(rho)``: what the node rule and the odds rule both read."""
+    host_p, host_q = p.double().cpu().numpy(), q.double().cpu().numpy()
+    if rho is None:
+        return (host_p, host_q, *optimal_rho(host_p, host_q, k))
+    return host_p, host_q, rho, _pass_rate(host_p, host_q)(rho)
+
+
 def kseq(tokens, p, q, generator, rho: float | None = None):
     """K-SEQ at one node: test the children in draw order with ``min(1, p(x) / (rho q(x)))`` (``rho`` None: the
     node's rho*); the next token's distribution ``p_res`` where none passes. Returns the node rule's triple."""
     k = len(tokens)
-    host_p, host_q = p.double().cpu().numpy(), q.double().cpu().numpy()
-    if rho is None:
-        rho, b = optimal_rho(host_p, host_q, k)
-    else:
-        b = _pass_rate(host_p, host_q)(rho)
+    host_p, host_q, rho, b = _node(p, q, k, rho)
     decisions = {}
     for j, x in enumerate(tokens):
         r = host_p[x] / (rho * host_q[x]) if host_q[x] > 0 else float("inf")
@@ -92,11 +97,7 @@ def kseq(tokens, p, q, generator, rho: float | None = None):
 def kseq_odds(tokens, p, q, rho: float | None = None):
     """Each child's scaled ratio ``p(x) / (rho q(x))`` and its slot's pass rate ``beta(rho)``, then ``p_res``."""
     k = len(tokens)
-    host_p, host_q = p.double().cpu().numpy(), q.double().cpu().numpy()
-    if rho is None:
-        rho, b = optimal_rho(host_p, host_q, k)
-    else:
-        b = _pass_rate(host_p, host_q)(rho)
+    host_p, host_q, rho, b = _node(p, q, k, rho)
     out = [(j, float(host_p[x] / (rho * host_q[x])) if host_q[x] > 0 else 1e30, b) for j, x in enumerate(tokens)]
     return out, _residual(p, q, rho, b, k)
 
