@@ -566,4 +566,4 @@ def test_the_rule_comparison_ranks_every_rule_on_the_prompt(app):
     assert {"rrs", "rrs-replacement", "mcns", "spectr", "rsd-s"} <= set(ran)
     assert all(r["generated_tokens"] == 8 for r in ran.values())
     assert [r["label"] for r in rows if "skipped" in r] == ["spechub"]  # the default tree has 4 children a node
-    assert app.get("plotly_chart") and not app.exception
+    assert len(app.get("plotly_chart")) == 2 and not app.exception  # the runs, then the paired comparison

@@ -131,6 +131,11 @@ def test_the_verifiers_command_compares_every_rule_and_rsd_s_on_the_same_budget(
     assert [r["label"] for r in rows if "skipped" in r] == ["spechub"]  # three drafts a node: not SpecHub's
     assert by["rsd-s", "rrs"]["tree_nodes"] == by["mcsd", "rrs"]["tree_nodes"] == 9
     assert all(r["generated_tokens"] == 12 and r["target_calls"] > 0 for r in by.values())
+    # the paired figure: each run's trees under every rule of its drawing law, itself first
+    assert list(by["mcsd", "spectr"]["same_drafts"]) == ["spectr", "rrs-replacement"]
+    assert list(by["mcsd", "rrs"]["same_drafts"]) == ["rrs", "mcns"]
+    assert list(by["rsd-s", "rrs"]["same_drafts"]) == ["rrs", "mcns"]
+    assert all(1.0 <= x <= 4.0 for r in by.values() for x in r["same_drafts"].values())  # 3 levels + the bonus
     assert main(["generate", "--models", "tiny", "--method", "rsd-s", "--beam", "2", "--depth", "5", "--prompt",
                  PROMPT, "--max-new-tokens", "8", "--json"]) == 0
 
@@ -141,3 +146,47 @@ def test_bench_labels_name_a_rule_and_a_tree():
     config = method_for_label("mcsd+k_config=4-1-1-1+verifier=spectr")
     assert config.k_config == (4, 1, 1, 1) and config.verifier == "spectr" and config.max_nodes() == 16
     assert method_for_label("rsd-s+k_config=8-1-1-1").max_nodes() == 32
+
+
+def test_peer_rules_are_the_rules_of_the_same_drawing_law():
+    from explorer.analysis.rules import peer_rules
+
+    assert peer_rules("rrs-replacement") == ["rrs-replacement", "spectr"]
+    assert peer_rules("spectr") == ["spectr", "rrs-replacement"]
+    assert peer_rules("rrs") == ["rrs", "mcns"]
+    assert peer_rules("spechub") == ["spechub"]
+
+
+@pytest.mark.parametrize("k_config, verifier", [((1, 1, 1), "spectr"), ((3, 1), "rrs-replacement")])
+def test_same_drafts_values_the_runs_own_trees_as_the_run_does(tiny, k_config, verifier):
+    """The observer's value of a run's trees under the run's own rule is the engine's own expectation, step by step;
+    on chains (one draft a node) K-SEQ's rho* is 1, so SpecTr and RRS with replacement are the same test."""
+    from explorer.analysis.rules import SameDrafts, peer_rules
+
+    observer = SameDrafts(peer_rules(verifier))
+    engine = build_engine(tiny, DEFAULTS["mcsd"].with_(k_config=k_config, verifier=verifier, fallback="off"),
+                          SamplingConfig(temperature=1.0, seed=3))
+    engine.parts.observers.append(observer)
+    engine.start(tiny.tokenizer.encode(PROMPT), 24)
+    trace = engine.run()
+    drafted = [s for s in trace.steps if s.nodes]
+    assert observer.steps == len(drafted) > 3
+    assert observer.totals[verifier] == pytest.approx(sum(s.expected_tokens for s in drafted), rel=1e-9)
+    other = observer.totals["rrs-replacement" if verifier == "spectr" else "spectr"]
+    if max(k_config) == 1:
+        assert other == pytest.approx(observer.totals[verifier], rel=1e-6)
+    else:
+        assert other != pytest.approx(observer.totals[verifier], rel=1e-6)
+
+
+def test_the_paired_figure_groups_each_runs_trees():
+    from explorer.trace.figures import same_drafts_figure
+
+    rows = [{"label": "spectr", "same_drafts": {"spectr": 2.1, "rrs-replacement": 2.0}},
+            {"label": "rrs", "same_drafts": {"rrs": 2.5, "mcns": 1.5}},
+            {"label": "spechub", "same_drafts": {"spechub": 2.2}}, {"label": "mcns", "skipped": "why"}]
+    fig = same_drafts_figure(rows)
+    assert [t.name for t in fig.data] == ["SpecTr K-SEQ", "RRS with replacement (SpecInfer)",
+                                          "RRS without replacement (RSD-C)", "MCNS"]
+    assert list(fig.data[0].x) == ["SpecTr K-SEQ's trees"] and list(fig.data[0].y) == [2.1]
+    assert same_drafts_figure([{"label": "rrs", "same_drafts": {}}]) is None

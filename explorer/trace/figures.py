@@ -590,6 +590,29 @@ def rules_figure(rows: list[dict]) -> go.Figure:
     return fig
 
 
+def same_drafts_figure(rows: list[dict]) -> go.Figure | None:
+    """The paired comparison of ``analysis.rules.compare_rules`` rows: for each run whose trees some other rule can
+    test too (``same_drafts``), the expected tokens per drafting step of each such rule on those very trees, one
+    group of bars per run. None when no row has two rules to compare (greedy, or SpecHub alone)."""
+    groups = [r for r in rows if len(r.get("same_drafts") or {}) > 1]
+    if not groups:
+        return None
+    rules = list(dict.fromkeys(rule for r in groups for rule in r["same_drafts"]))
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf"]
+    fig = go.Figure()
+    for n, rule in enumerate(rules):
+        have = [r for r in groups if rule in r["same_drafts"]]
+        fig.add_trace(go.Bar(
+            name=RULE_NAMES.get(rule, rule), x=[f"{RULE_NAMES.get(r['label'], r['label'])}'s trees" for r in have],
+            y=[r["same_drafts"][rule] for r in have], marker_color=palette[n % len(palette)],
+            text=[f"{r['same_drafts'][rule]:.2f}" for r in have], textposition="auto"))
+    fig.update_layout(barmode="group", height=360, margin=dict(l=10, r=10, t=60, b=10),
+                      title="the same drafted trees under each rule that can test them (expected tokens per step)",
+                      yaxis=dict(title="expected tokens per step", rangemode="tozero"),
+                      legend=dict(orientation="h", y=-0.25, x=0))
+    return fig
+
+
 def audit_figure(result: dict, which: str = "first", top: int = 20) -> go.Figure:
     """Empirical against exact probabilities from an audit result (``AuditResult.to_dict()``), most likely first."""
     cmp = result[which]

@@ -404,6 +404,13 @@ def rules_panel(pair, settings, prompt_text: str, chat: bool) -> None:
         result = Explorer.RULES.get()
         if result:
             st.plotly_chart(figures.rules_figure(result["rows"]), width="stretch", key="rules_chart")
+            paired = figures.same_drafts_figure(result["rows"])
+            if paired is not None:
+                st.caption("Each rule's run above follows its own text once a sampled token differs, so its count "
+                           "also depends on where the text went. Below, the paired test: each run's own drafted "
+                           "trees, valued in expectation under every rule that assumes the same drawing of children, "
+                           "on the same target and draft probabilities.")
+                st.plotly_chart(paired, width="stretch", key="rules_paired_chart")
             skipped = [f"{r['label']}: {r['skipped']}" for r in result["rows"] if "skipped" in r]
             if skipped:
                 st.caption("Not run on this tree: " + "; ".join(skipped))
