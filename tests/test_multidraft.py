@@ -44,6 +44,21 @@ def test_rho_star_keeps_the_residual_a_distribution_and_is_the_smallest_that_doe
     assert spectr.optimal_rho(p, q, 1)[0] == 1.0  # one draft: speculative decoding's own test
 
 
+def test_one_draft_skips_the_search_and_keeps_its_numbers():
+    """A chain's node (one draft) takes K-SEQ's shortcut, rho* = 1 without the sort: the same rho, beta, test
+    and residual as the general path."""
+    rng = np.random.default_rng(5)
+    p64, q64 = rng.dirichlet(np.full(300, 0.2)), rng.dirichlet(np.full(300, 0.2))
+    p, q = torch.tensor(p64, dtype=torch.float32), torch.tensor(q64, dtype=torch.float32)
+    px, qx, rho, b = spectr._node([7], p, q, None)
+    host_p, host_q = p.double().numpy(), q.double().numpy()
+    assert (rho, px, qx) == (1.0, [host_p[7]], [host_q[7]])
+    assert b == pytest.approx(spectr.optimal_rho(host_p, host_q, 1)[1], abs=1e-9)
+    residual = spectr._residual(p, q, rho, b, 1)
+    sd = torch.clamp(p - q, min=0)
+    assert torch.allclose(residual, sd / sd.sum(), atol=1e-7)
+
+
 def test_spectr_with_rho_one_is_caught_by_the_audit(tiny):
     """rho = 1 (every draft tested as if it were alone) is lossy: the audit's chi-square rejects it."""
     register_verifier("spectr-rho1", lambda t, p, q, g: spectr.kseq(t, p, q, g, rho=1.0),

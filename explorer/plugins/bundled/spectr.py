@@ -63,43 +63,50 @@ def optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float]:
 
 def _residual(p: torch.Tensor, q: torch.Tensor, rho: float, b: float, k: int) -> torch.Tensor:
     """``p_res`` (module docstring) on the device, clipped at 0 (rounding) and renormalised; p itself where no
-    mass is left."""
-    a = 1.0 - (1.0 - b) ** k
-    left = torch.clamp(p - torch.minimum(q, p / rho) * (a / max(b, 1e-30)), min=0.0)
+    mass is left. One draft (k = 1, rho = 1): A / b is 1 and p_res is speculative decoding's ``max(p - q, 0)``."""
+    scale = 1.0 if (k == 1 and rho == 1.0) else (1.0 - (1.0 - b) ** k) / max(b, 1e-30)
+    left = torch.clamp(p - torch.minimum(q, p / rho) * scale, min=0.0)
     total = left.sum()
     return torch.where(total > 0, left / torch.clamp(total, min=1e-30), p)
 
 
-def _node(p: torch.Tensor, q: torch.Tensor, k: int, rho: float | None):
-    """One node's p and q on the host (float64 numpy), its rho (``rho`` None: rho* for ``k`` drafts) and
-    ``beta(rho)``: what the node rule and the odds rule both read."""
+def _node(tokens, p: torch.Tensor, q: torch.Tensor, rho: float | None):
+    """What the node rule and the odds rule both read at one node: each child's ``p(x)`` and ``q(x)`` (floats), the
+    node's rho (``rho`` None: rho* for ``len(tokens)`` drafts) and ``beta(rho)``. One draft needs no sort: rho* is
+    1 and beta(1) is ``sum min(p, q)``, summed on the device (the chains of a tree are most of its nodes)."""
+    k = len(tokens)
+    if rho is None and k == 1:
+        return ([float(p[tokens[0]])], [float(q[tokens[0]])], 1.0,
+                float(torch.minimum(p, q).sum(dtype=torch.float64)))
     host_p, host_q = p.double().cpu().numpy(), q.double().cpu().numpy()
-    if rho is None:
-        return (host_p, host_q, *optimal_rho(host_p, host_q, k))
-    return host_p, host_q, rho, _pass_rate(host_p, host_q)(rho)
+    rho, b = optimal_rho(host_p, host_q, k) if rho is None else (rho, _pass_rate(host_p, host_q)(rho))
+    return [float(host_p[x]) for x in tokens], [float(host_q[x]) for x in tokens], rho, b
+
+
+def _scaled(px: float, qx: float, rho: float) -> float:
+    """The test's argument ``p(x) / (rho q(x))``; inf where q(x) is 0."""
+    return px / (rho * qx) if qx > 0 else float("inf")
 
 
 def kseq(tokens, p, q, generator, rho: float | None = None):
     """K-SEQ at one node: test the children in draw order with ``min(1, p(x) / (rho q(x)))`` (``rho`` None: the
     node's rho*); the next token's distribution ``p_res`` where none passes. Returns the node rule's triple."""
-    k = len(tokens)
-    host_p, host_q, rho, b = _node(p, q, k, rho)
+    px, qx, rho, b = _node(tokens, p, q, rho)
     decisions = {}
-    for j, x in enumerate(tokens):
-        r = host_p[x] / (rho * host_q[x]) if host_q[x] > 0 else float("inf")
+    for j in range(len(tokens)):
+        r = _scaled(px[j], qx[j], rho)
         u = float(torch.rand((), generator=generator, device=p.device))
         decisions[j] = NodeDecision(accepted=u < r, ratio=float(min(r, 1e30)), u=u)
         if u < r:
             return j, None, decisions
-    return None, _residual(p, q, rho, b, k), decisions
+    return None, _residual(p, q, rho, b, len(tokens)), decisions
 
 
 def kseq_odds(tokens, p, q, rho: float | None = None):
     """Each child's scaled ratio ``p(x) / (rho q(x))`` and its slot's pass rate ``beta(rho)``, then ``p_res``."""
-    k = len(tokens)
-    host_p, host_q, rho, b = _node(p, q, k, rho)
-    out = [(j, float(host_p[x] / (rho * host_q[x])) if host_q[x] > 0 else 1e30, b) for j, x in enumerate(tokens)]
-    return out, _residual(p, q, rho, b, k)
+    px, qx, rho, b = _node(tokens, p, q, rho)
+    out = [(j, min(_scaled(px[j], qx[j], rho), 1e30), b) for j in range(len(tokens))]
+    return out, _residual(p, q, rho, b, len(tokens))
 
 
 register_verifier("spectr", kseq, kseq_odds, draws="with", label="SpecTr K-SEQ (i.i.d. drafts)")
