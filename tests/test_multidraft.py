@@ -203,5 +203,5 @@ def test_the_paired_figure_groups_each_runs_trees():
     fig = same_drafts_figure(rows)
     assert [t.name for t in fig.data] == ["SpecTr K-SEQ", "RRS with replacement (SpecInfer)",
                                           "RRS without replacement (RSD-C)", "MCNS"]
-    assert list(fig.data[0].x) == ["SpecTr K-SEQ's trees"] and list(fig.data[0].y) == [2.1]
+    assert list(fig.data[0].y) == ["SpecTr's trees"] and list(fig.data[0].x) == [2.1]
     assert same_drafts_figure([{"label": "rrs", "same_drafts": {}}]) is None

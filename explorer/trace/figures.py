@@ -590,10 +590,15 @@ def rules_figure(rows: list[dict]) -> go.Figure:
     return fig
 
 
+RULE_SHORT = {"rrs": "RSD-C", "rrs-replacement": "SpecInfer", "mcns": "MCNS", "spechub": "SpecHub",
+              "spectr": "SpecTr", "rsd-s": "RSD-S"}
+"""Short rule names for the paired chart's groups (narrow screens)."""
+
+
 def same_drafts_figure(rows: list[dict]) -> go.Figure | None:
     """The paired comparison of ``analysis.rules.compare_rules`` rows: for each run whose trees some other rule can
     test too (``same_drafts``), the expected tokens per drafting step of each such rule on those very trees, one
-    group of bars per run. None when no row has two rules to compare (greedy, or SpecHub alone)."""
+    group of horizontal bars per run. None when no row has two rules to compare (greedy, or SpecHub alone)."""
     groups = [r for r in rows if len(r.get("same_drafts") or {}) > 1]
     if not groups:
         return None
@@ -603,13 +608,15 @@ def same_drafts_figure(rows: list[dict]) -> go.Figure | None:
     for n, rule in enumerate(rules):
         have = [r for r in groups if rule in r["same_drafts"]]
         fig.add_trace(go.Bar(
-            name=RULE_NAMES.get(rule, rule), x=[f"{RULE_NAMES.get(r['label'], r['label'])}'s trees" for r in have],
-            y=[r["same_drafts"][rule] for r in have], marker_color=palette[n % len(palette)],
-            text=[f"{r['same_drafts'][rule]:.2f}" for r in have], textposition="auto"))
-    fig.update_layout(barmode="group", height=360, margin=dict(l=10, r=10, t=60, b=10),
-                      title="the same drafted trees under each rule that can test them (expected tokens per step)",
-                      yaxis=dict(title="expected tokens per step", rangemode="tozero"),
-                      legend=dict(orientation="h", y=-0.25, x=0))
+            name=RULE_NAMES.get(rule, rule), orientation="h", marker_color=palette[n % len(palette)],
+            y=[f"{RULE_SHORT.get(r['label'], r['label'])}'s trees" for r in have],
+            x=[r["same_drafts"][rule] for r in have], text=[f"{r['same_drafts'][rule]:.2f}" for r in have],
+            textposition="outside", cliponaxis=False))
+    bars = sum(len(r["same_drafts"]) for r in groups)
+    fig.update_layout(barmode="group", height=140 + 34 * bars, margin=dict(l=10, r=30, t=40, b=10),
+                      title="the same trees, rule by rule",
+                      xaxis=dict(title="expected tokens per step", rangemode="tozero"),
+                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.2, x=0))
     return fig
 
 
