@@ -32,8 +32,9 @@ def peer_rules(verifier: str) -> list[str]:
 class SameDrafts:
     """A step observer (``engine/observers.py``) that values each step's drafted tree under ``rules`` (``peer_rules``)
     on the step's own p and q rows: ``totals[rule]`` sums the expected tokens the step would commit under that rule
-    (``expectation.expected_tokens``, bonus token included), ``steps`` counts the steps that drafted. Notified after
-    the step's clock stops, so its work is not timed as the run's."""
+    (``expectation.expected_tokens``, bonus token included; for the rule that ran, the value its verification
+    computed already), ``steps`` counts the steps that drafted. Notified after the step's clock stops, so its work is
+    not timed as the run's."""
 
     phase, after_clock = "trace recording", True
 
@@ -46,6 +47,9 @@ class SameDrafts:
             return
         self.steps += 1
         for rule in self.rules:
+            if rule == step.record.verifier:
+                self.totals[rule] += step.verified.expected_tokens
+                continue
             odds = expectation.node_odds(tree, step.verified.p_rows, step.drafted.q_rows, rule)
             self.totals[rule] += expectation.expected_tokens(tree, odds)
 

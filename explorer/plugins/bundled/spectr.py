@@ -64,8 +64,8 @@ def optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float]:
 def _residual(p: torch.Tensor, q: torch.Tensor, rho: float, b: float, k: int) -> torch.Tensor:
     """``p_res`` (module docstring) on the device, clipped at 0 (rounding) and renormalised; p itself where no
     mass is left. One draft (k = 1, rho = 1): A / b is 1 and p_res is speculative decoding's ``max(p - q, 0)``."""
-    scale = 1.0 if (k == 1 and rho == 1.0) else (1.0 - (1.0 - b) ** k) / max(b, 1e-30)
-    left = torch.clamp(p - torch.minimum(q, p / rho) * scale, min=0.0)
+    a = 1.0 - (1.0 - b) ** k
+    left = torch.clamp(p - torch.minimum(q, p / rho) * (a / max(b, 1e-30)), min=0.0)
     total = left.sum()
     return torch.where(total > 0, left / torch.clamp(total, min=1e-30), p)
 
