@@ -29,6 +29,8 @@ GRID = [
     (MethodConfig(method="mcsd", k_config=(3, 1), verifier="spectr"), 0.8),  # a bundled plugin's rule
     (DEFAULTS["rsd-s"], 0.0),  # a bundled plugin's drafter
     (DEFAULTS["rsd-s"], 0.8),
+    (DEFAULTS["pearl"], 0.0),  # drafts carried from round to round, an unfed leaf
+    (DEFAULTS["pearl"].with_(gamma=3), 0.8),
     (MethodConfig(method="mcsd", k_config=(2, 2), branch_threshold=0.5), 0.8),
     (DEFAULTS["mcsd-improved"], 0.0),  # the root width chosen online
     (DEFAULTS["mcsd-improved"], 0.8),

@@ -58,6 +58,9 @@ LOSSLESS = [
     (MethodConfig(method="mcsd", k_config=(2, 2), verifier="spectr"), 0.7, 0.9),
     (MethodConfig(method="rsd-s", k_config=(4, 1, 1)), 1.0, 1.0),
     (MethodConfig(method="rsd-s", k_config=(3, 1, 1)), 0.7, 0.9),
+    # PEARL: drafts carried from one round to the next, the first new draft tested with no row of its own
+    (MethodConfig(method="pearl", gamma=3), 1.0, 1.0),
+    (MethodConfig(method="pearl", gamma=2), 0.7, 0.9),
 ]
 
 

@@ -114,9 +114,11 @@ def test_the_default_tree_method_passes_the_audit_on_a_windowed_family(family):
 @pytest.mark.parametrize("family, config", [
     ("gemma2", MethodConfig(method="mcsd", k_config=(3, 1), verifier="spectr", fallback="off")),
     ("mistral", MethodConfig(method="rsd-s", k_config=(3, 1, 1), fallback="off")),
-], ids=["spectr-gemma2", "rsd-s-mistral"])
+    ("gemma2", MethodConfig(method="pearl", gamma=3)),
+], ids=["spectr-gemma2", "rsd-s-mistral", "pearl-gemma2"])
 def test_the_bundled_multi_draft_rules_pass_the_audit_on_a_windowed_family(family, config):
-    """SpecTr's K-SEQ and RSD-S's beam tree (explorer/plugins/bundled/) on another family's pair, past its window."""
+    """SpecTr's K-SEQ, RSD-S's beam tree and PEARL's carried drafts (explorer/plugins/bundled/) on another family's
+    pair, past its window."""
     pair = tiny_family_pair(family)
     ids = pair.tokenizer.encode(PROMPT[:40])
     r = audit(pair, config, SamplingConfig(temperature=1.0, seed=32_000), ids, AUDIT_SAMPLES)

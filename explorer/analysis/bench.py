@@ -41,6 +41,7 @@ from ..engine.tree import parse_k_config
 from ..engine.policies.stopping import LEARNED_POLICIES
 from ..engine.sampling import SamplingConfig
 from ..engine.stop_models.model import load_decision_model
+from ..trace.lanes import two_lane_seconds
 from ..trace.metrics import run_metrics
 
 HF_ASSISTED = "hf-assisted"
@@ -55,11 +56,14 @@ BENCH_METHODS = ("ar", HF_GENERATE, HF_ASSISTED_BF16, HF_ASSISTED, HF_PROMPT_LOO
 
 VARIANT_KEYS = ("adapt", "fallback", "stop", "decision_model", "threshold", "branch_threshold", "max_depth",
                 "free_rows", "lookup_tokens", "lookup_alone", "cost_ratio", "tree_choice", "head", "head_topk",
-                "head_depth", "head_tokens", "verifier", "k_config")
-INT_KEYS = ("max_depth", "free_rows", "lookup_tokens", "lookup_alone", "head_topk", "head_depth", "head_tokens")
+                "head_depth", "head_tokens", "verifier", "k_config", "gamma")
+INT_KEYS = ("max_depth", "free_rows", "lookup_tokens", "lookup_alone", "head_topk", "head_depth", "head_tokens",
+            "gamma")
 CARRY_OFF = "+carry=off"  # a bench label's suffix: each run starts afresh (nothing carried)
 CHAIN_KEY = "chain="  # a bench label's +chain=N: draft levels of chains per replay (Engine's chain_levels)
 PREFILL_APART = "prefill=apart"  # a bench label's +prefill=apart: the target prefills apart from the first step
+LANE_THREADS = "lanes=threads"  # a bench label's +lanes=threads: PEARL's draft in a thread of its own, one core each
+ENGINE_PARTS = (PREFILL_APART, LANE_THREADS)  # label parts that set the engine, not the method
 
 
 def carries(label: str) -> bool:
@@ -89,13 +93,20 @@ def joint_prefill_of(label: str) -> bool:
     return PREFILL_APART not in label.removesuffix(CARRY_OFF).split("+")[1:]
 
 
+def lanes_of(label: str) -> str:
+    """The ``Engine`` ``lanes`` of a bench label: ``threads`` with ``+lanes=threads`` (PEARL's draft drafts in its own
+    thread while the target verifies, each on one core), else ``one``."""
+    return "threads" if LANE_THREADS in label.removesuffix(CARRY_OFF).split("+")[1:] else "one"
+
+
 def method_for_label(label: str) -> MethodConfig:
     """The config of a bench label: a method name (``config.DEFAULTS``) optionally followed by ``+key=value``
     settings (``VARIANT_KEYS``; ``k_config`` written with dashes, ``mcsd+k_config=4-1-1-1+verifier=spectr``),
-    ``+chain=N``, ``+prefill=apart`` and last ``CARRY_OFF`` (bench settings, not the method's). Raises ValueError
+    ``+chain=N``, ``+prefill=apart``, ``+lanes=threads`` and last ``CARRY_OFF`` (bench settings, not the method's).
+    Raises ValueError
     for an unknown method, key or value."""
     name, *parts = label.removesuffix(CARRY_OFF).split("+")
-    parts = [p for p in parts if not p.startswith(CHAIN_KEY) and p != PREFILL_APART]
+    parts = [p for p in parts if not p.startswith(CHAIN_KEY) and p not in ENGINE_PARTS]
     if name not in DEFAULTS:
         raise ValueError(f"unknown bench method {name!r}; use {', '.join(BENCH_METHODS)}")
     changes: dict = {}
@@ -226,7 +237,7 @@ def warm_graphs(pair, config: MethodConfig, prompt_ids: list[int], max_new_token
 def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
                decision_model=None, kv_cache: str = "dynamic", graphs: bool = False,
                carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
-               joint_prefill: bool = False, with_trace: bool = False) -> dict:
+               joint_prefill: bool = False, with_trace: bool = False, lanes: str = "one") -> dict:
     """One run of our engine; ``run_metrics`` plus ``token_ids``, ``steps``, ``plain_steps`` (the goodput
     fallback's plain decoding steps), ``cost_ratio`` (the goodput policy's measured r at the end, when measured)
     ``carried``, what the run learned for the next prompt (``engine/carried.py``: Token Recycling's matrix, the
@@ -234,23 +245,30 @@ def run_engine(pair, config: MethodConfig, prompt_ids: list[int], max_new_tokens
     (``trace``).
     ``count_syncs`` (CUDA): also ``host_syncs_per_step`` (the counting slows the run a little). ``chain_levels``:
     draft levels of chains per replay (``Engine``; needs ``graphs``). ``joint_prefill``: the target's prefill joined
-    to the first verification where the method allows (``Engine``).
+    to the first verification where the method allows (``Engine``). ``lanes``: ``Engine``'s (``threads``: PEARL's
+    draft in its own thread, one core a lane).
 
     ``seconds`` / ``tokens_per_s`` are wall-clock around ``start`` and ``run`` (prefill, steps and building the
-    trace), as for ``hf-assisted``, not the sum of the trace's step timers.
+    trace), as for ``hf-assisted``, not the sum of the trace's step timers. A PEARL run also gets
+    ``two_lane_seconds``: that wall time less the overlap its rounds' two lanes would save on two devices
+    (``trace/lanes.py``; nothing saved where the lanes ran concurrently for real).
     """
     engine = build_engine(pair, config, sampling, decision_model=decision_model, kv_cache=kv_cache, graphs=graphs,
                           carried=carried, count_syncs=count_syncs, chain_levels=chain_levels,
-                          joint_prefill=joint_prefill)
+                          joint_prefill=joint_prefill, lanes=lanes)
     t0 = time.perf_counter()
     engine.start(prompt_ids, max_new_tokens)
     trace = engine.run()
     seconds = time.perf_counter() - t0
     engine.release()  # graph runners (and their captured graphs) serve the next run
     metrics = run_metrics(trace)
+    traced = metrics["seconds"]  # the trace's own clock: the prefill and the steps' timers
     metrics.update(seconds=seconds, tokens_per_s=metrics["generated_tokens"] / seconds if seconds else None,
                    steps=len(trace.steps),
                    plain_steps=sum(1 for s in trace.steps if s.fallback and not s.fallback["speculate"]))
+    two_lanes = two_lane_seconds(trace)
+    if two_lanes is not None:  # the trace's own clock on two lanes against its clock on one
+        metrics["two_lane_seconds"] = seconds - (traced - two_lanes)
     if trace.steps and trace.steps[-1].cost:  # the goodput policy's measured r at the end of the run
         metrics["cost_ratio"] = trace.steps[-1].cost["next"]
     if count_syncs and trace.steps and all(s.host_syncs is not None for s in trace.steps):
@@ -276,7 +294,9 @@ def aggregate(rows: list[dict]) -> dict:
     forward, prefill = total("forward_ms"), total("prefill_ms")
     busy = seconds - prefill / 1e3 if forward is not None and prefill is not None else None
     overhead = (busy - forward / 1e3) / busy if busy else None
+    two = total("two_lane_seconds")
     return {"runs": len(rows), "generated_tokens": tokens, "seconds": seconds,
+            **({"two_lane_seconds": two, "two_lane_tokens_per_s": tokens / two if two else None} if two else {}),
             "tokens_per_s": tokens / seconds if seconds else None, "target_calls": calls,
             "tokens_per_target_call": tokens / calls if calls else None, "draft_calls": total("draft_calls"),
             "drafted_tokens": drafted, "acceptance_rate": _mean(rates),
@@ -350,7 +370,7 @@ def bench(pair, prompts_ids: list[list[int]], *, methods=BENCH_METHODS, configs:
         if configs[method].spec.self_draft:
             return {"kv_cache": "dynamic", "graphs": False, "chain_levels": 0}
         return {"kv_cache": kv_cache, "graphs": graphs, "chain_levels": chain_of(method, chain_levels),
-                "joint_prefill": joint_prefill_of(method)}
+                "joint_prefill": joint_prefill_of(method), "lanes": lanes_of(method)}
 
     decision_models: dict = {}  # model kind -> the model read from decision_dir
 
@@ -446,7 +466,21 @@ def summarise(runs: list[dict], methods, temperatures, configs: dict, draft, syn
                             "ratio_vs_hf_bf16": ratio(HF_ASSISTED_BF16),
                             "ratio_vs_hf_lookup": ratio(HF_PROMPT_LOOKUP),
                             "ratio_vs_best_hf": tps / best_hf if best_hf and tps else None,
+                            **_two_lane_ratios(agg, base),
                             "host_syncs_per_step": syncs.get((temperature, method)),
                             **({"eager": True} if any(r.get("eager") for r in runs if r["method"] == method) else {})})
     return summary
 
+
+
+def _two_lane_ratios(agg: dict, base: dict) -> dict:
+    """A PEARL row's two-lane tokens/s against the same runs' ``ar`` and ``sd`` (their own wall clock, on one
+    lane: their drafting and verification cannot overlap); empty for other rows."""
+    two = agg.get("two_lane_tokens_per_s")
+    if not two:
+        return {}
+    out = {}
+    for key, baseline in (("two_lane_speedup_vs_ar", "ar"), ("two_lane_ratio_vs_sd", "sd")):
+        b = base.get(baseline, {}).get("tokens_per_s")
+        out[key] = two / b if b else None
+    return out

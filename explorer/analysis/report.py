@@ -74,6 +74,23 @@ def kind_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lanes_table(report: dict) -> str:
+    """PEARL's rows on two lanes (``trace/lanes.py``) as a Markdown table; empty where no row has them. A label with
+    ``+lanes=threads`` ran its draft in a thread of its own (measured); the others ran on one lane, their two-lane
+    time simulated from the forward costs they measured."""
+    rows = [r for r in report["summary"] if r.get("two_lane_tokens_per_s")]
+    if not rows:
+        return ""
+    lines = ["| T | method | lanes | tokens/s as run | tokens/s on two lanes | x ar | x sd | tokens / target call |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        how = "two threads, measured" if "lanes=threads" in r["method"] else "one, two simulated"
+        lines.append(f"| {r['temperature']:g} | {_label(r)} | {how} | {_f(r['tokens_per_s'])} | "
+                     f"{_f(r['two_lane_tokens_per_s'])} | {_f(r.get('two_lane_speedup_vs_ar'), suffix='x')} | "
+                     f"{_f(r.get('two_lane_ratio_vs_sd'), suffix='x')} | {_f(r['tokens_per_target_call'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def _html_table(md: str) -> str:
     """A Markdown table (header, rule, rows) as an HTML table."""
     lines = [line for line in md.splitlines() if line.startswith("|")]
@@ -93,11 +110,13 @@ def write_reports(report: dict, out_dir: str | Path) -> dict[str, Path]:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(report["runs"])
-    table, kinds = markdown_table(report), kind_table(report)
-    paths["md"].write_text(table + (f"\nBy kind of prompt:\n\n{kinds}" if kinds else ""), encoding="utf-8")
+    table, kinds, lanes = markdown_table(report), kind_table(report), lanes_table(report)
+    paths["md"].write_text(table + (f"\nPEARL on two lanes:\n\n{lanes}" if lanes else "")
+                           + (f"\nBy kind of prompt:\n\n{kinds}" if kinds else ""), encoding="utf-8")
     charts = [fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False)
               for i, fig in enumerate(figures.bench_figures(report))]
-    by_kind = f"<h2>By kind of prompt</h2>{_html_table(kinds)}" if kinds else ""
+    by_kind = (f"<h2>PEARL on two lanes</h2>{_html_table(lanes)}" if lanes else "") + (
+        f"<h2>By kind of prompt</h2>{_html_table(kinds)}" if kinds else "")
     paths["html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>Speculative decoding benchmark</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd}"

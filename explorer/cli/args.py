@@ -82,7 +82,10 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("method and tree shape")
     g.add_argument("--method", default="mcsd-improved", choices=METHODS,
                    help="the decoding method: " + ", ".join(METHODS) + " (plugins' methods included)")
-    g.add_argument("--gamma", type=int, help="sd: draft chain length (default 4)")
+    g.add_argument("--gamma", type=int, help="sd, pearl: draft chain length (default 4)")
+    g.add_argument("--lanes", default="one", choices=["one", "threads"],
+                   help="pearl: 'threads' drafts in a thread of its own while the target verifies (one CPU core "
+                        "each); 'one' (default) drafts, then verifies, and the trace simulates the two lanes")
     g.add_argument("--k-config", help="children per level, e.g. 4,2,2 (mcsd); first levels for mcsd-improved")
     g.add_argument("--width", type=int, help="mcsd-improved --lossy: target-initialized roots")
     g.add_argument("--max-depth", type=int, help="mcsd-improved: maximum draft levels")
@@ -228,7 +231,7 @@ def runs_from_args(args, pair, prompts: list[Prompt], config: MethodConfig, on_e
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     decision = decision_model_from_args(args, config)
     for n, prompt in enumerate(prompts):
-        engine = build_engine(pair, config, sampling, decision_model=decision)
+        engine = build_engine(pair, config, sampling, decision_model=decision, lanes=getattr(args, "lanes", "one"))
         try:
             engine.start(encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template),
                          args.max_new_tokens, prompt_text=prompt.text)

@@ -246,7 +246,8 @@ def carried_from_trace(pair: ModelPair, config: MethodConfig, sampling: Sampling
 def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
                  carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
-                 joint_prefill: bool = False, follow: RunTrace | None = None) -> Engine:
+                 joint_prefill: bool = False, follow: RunTrace | None = None, lanes: str = "one",
+                 lane_threads: int = 1) -> Engine:
     """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
 
     Args:
@@ -255,7 +256,8 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
         decision_model: the learned model for the ``decision`` / ``prune`` / ``specdec++`` stop policies
             (``explorer.decision.DecisionModel``); None = the one shipped in assets/ for this pair.
-        capture_features, kv_cache, graphs, count_syncs, chain_levels, joint_prefill: the step machine's options
+        capture_features, kv_cache, graphs, count_syncs, chain_levels, joint_prefill, lanes, lane_threads: the step
+            machine's options
             (``Engine``).
         carried: what an earlier run of the session learned (``Engine.carried()`` of that run's engine,
             ``engine/carried.py``): Token Recycling starts from its matrix; the goodput fallback's rates and the online
@@ -280,7 +282,8 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
         carried = carried_from_trace(pair, config, sampling, follow)
     parts = build_parts(pair, config, sampling, decision_model, carried, follow)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
-                  graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels, joint_prefill=joint_prefill)
+                  graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels, joint_prefill=joint_prefill,
+                  lanes=lanes, lane_threads=lane_threads)
 
 
 __all__ = ["TRANSFER_ADAPT", "build_engine", "build_parts", "can_fall_back", "carried_from_trace", "carry_key",

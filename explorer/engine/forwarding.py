@@ -32,6 +32,9 @@ class Forwards:
     Attributes:
         target_kv, draft_kv: the caches of the current run (``open``); ``draft_kv`` None without a draft model.
         timeline: the current step's ``StepTimeline`` (each forward is a segment of it), or None between steps.
+        lanes: role -> the timeline of a thread drafting beside the main one (``Engine`` ``lanes="threads"``): that
+            role's forwards are timed there.
+        lock_held: the engine holds ``pair.lock`` for the whole step, for its threads (set only while they run).
     """
 
     def __init__(self, pair: ModelPair, kv_cache: str, graphs: bool):
@@ -40,6 +43,8 @@ class Forwards:
         self.target_kv: KVCache | None = None
         self.draft_kv: KVCache | None = None
         self.timeline: StepTimeline | None = None
+        self.lanes: dict[str, StepTimeline] = {}
+        self.lock_held = False
 
     def open(self, positions: int, drafts: bool) -> None:
         """Fresh caches for a run needing ``positions`` positions; a draft cache where ``drafts``. With graphs, the
@@ -68,7 +73,8 @@ class Forwards:
     def segment(self, role: str, rows: int):
         """A context manager timing a forward of ``role`` over ``rows`` rows on the step's timeline (none between
         steps)."""
-        return self.timeline.forward(role, rows) if self.timeline else contextlib.nullcontext()
+        timeline = self.lanes.get(role, self.timeline)
+        return timeline.forward(role, rows) if timeline else contextlib.nullcontext()
 
     def forward(self, role: str, input_ids: list[int], position_ids: list[int], mask, keep: int,
                 hidden: bool = False, hidden_rows: int | None = None, layers: tuple[int, ...] = ()) -> ForwardOutput:
@@ -79,7 +85,8 @@ class Forwards:
         hidden_size)`` in the model dtype."""
         model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.pair.draft, self.draft_kv)
         runner = self.runners.get(role)
-        with torch.inference_mode(), self.pair.lock, self.segment(role, len(input_ids)):
+        lock = contextlib.nullcontext() if self.lock_held else self.pair.lock
+        with torch.inference_mode(), lock, self.segment(role, len(input_ids)):
             if runner is not None:
                 out = runner.forward(input_ids, position_ids, mask, keep, hidden, hidden_rows, layers)
             else:

@@ -15,6 +15,7 @@ the tree, the prefill and the first verification in one forward.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
@@ -33,7 +34,8 @@ from .recording import Recorder, run_header
 from .run_state import RunState
 from .runtime.timeline import StepTimeline, step_times
 from .sampling import SamplingConfig, logits_to_probs
-from .verification import VerifiedStep, verify_tree
+from .tree import DraftTree
+from .verification import VerifiedStep, read_tree, verify_tree
 
 __all__ = ["JOINT_PREFILL_ROWS", "Engine", "EngineError", "EngineParts", "VerifiedStep", "positions_needed"]
 
@@ -60,8 +62,8 @@ class Engine:
         config: the method and its shape (``MethodConfig``).
         sampling: temperature / top-k / top-p / seed, applied to draft and target alike.
         parts: the drafter, stop policy, verifier and observers (``EngineParts``).
-        capture_features, kv_cache, graphs, count_syncs, chain_levels, joint_prefill: how the machine runs
-            (``EngineOptions``).
+        capture_features, kv_cache, graphs, count_syncs, chain_levels, joint_prefill, lanes, lane_threads: how the
+            machine runs (``EngineOptions``).
     Attributes:
         state: the current run's ``RunState`` (None before ``start``); ``trace`` its ``RunTrace``.
         last_step: ``(Drafted, VerifiedStep)`` of the latest step (decision collect, the probe).
@@ -73,10 +75,11 @@ class Engine:
 
     def __init__(self, pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, parts: EngineParts,
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
-                 count_syncs: bool = False, chain_levels: int = 0, joint_prefill: bool = False):
+                 count_syncs: bool = False, chain_levels: int = 0, joint_prefill: bool = False, lanes: str = "one",
+                 lane_threads: int = 1):
         self.options = EngineOptions(capture_features=bool(capture_features), kv_cache=kv_cache, graphs=bool(graphs),
                                      chain_levels=int(chain_levels), count_syncs=bool(count_syncs),
-                                     joint_prefill=bool(joint_prefill))
+                                     joint_prefill=bool(joint_prefill), lanes=lanes, lane_threads=int(lane_threads))
         self.options.check(pair)
         self.pair, self.config, self.sampling, self.parts = pair, config, sampling, parts
         self.verifier_name = parts.verifier_name
@@ -239,13 +242,19 @@ class Engine:
         s, parts = self.state, self.parts
         speculate = parts.fallback.decide(len(self.trace.steps)) if parts.fallback is not None else True
         captures = self.forwards.captures
-        drafted = self._draft() if speculate else empty_draft(len(s.committed))
+        ahead = parts.drafter.reads_ahead() if speculate and self.options.lanes == "threads" else None
+        read = None
+        if ahead is not None:
+            drafted, read = self._two_lanes(ahead, timeline)
+        else:
+            drafted = self._draft() if speculate else empty_draft(len(s.committed))
         if speculate:  # the room that capped the tree's depth (``Reach``), for the trace and teach mode
             drafted.info["tokens_left"] = s.tokens_left
         if edit is not None:
             drafted = edit(self, drafted)
         verified = verify_tree(self.forwards, s, drafted.tree, drafted.q_rows, self.sampling, self.verifier_name,
-                               self.config.is_lossy, parts.drafter.target_layers)
+                               self.config.is_lossy, parts.drafter.target_layers, unfed_leaf=drafted.unfed_leaf,
+                               read=read)
         self.last_step = (drafted, verified)
         timeline.enter("KV-cache commit")
         context = s.committed[:]
@@ -262,6 +271,50 @@ class Engine:
                                   committed=committed, history=s.committed, speculated=speculate, one_off=one_off),
                      timeline)
         return record
+
+    def _two_lanes(self, ahead: list[int], timeline: StepTimeline):
+        """Draft in a thread of its own while this thread runs the target's forward over the uncached committed
+        tokens and ``ahead`` (PEARL's lanes, ``EngineOptions.lanes``). The engine holds ``pair.lock`` for both;
+        each lane runs on ``lane_threads`` intra-op threads (a per-thread setting); the draft's segments join the
+        step's timeline as the ``draft`` lane. Returns ``(Drafted, TargetRead)``; what the drafter raised is raised
+        here."""
+        chain = DraftTree()
+        for i, token in enumerate(ahead):
+            chain.add_level([i - 1], [int(token)], source="draft")
+        lane = StepTimeline(self.pair.device)
+        out: dict = {}
+        threads = self.options.lane_threads
+
+        def draft_lane():
+            if threads:
+                torch.set_num_threads(threads)
+            lane.enter("drafting")
+            try:
+                out["drafted"] = self._draft()
+            except BaseException as exc:  # noqa: BLE001 - handed to the step's thread
+                out["error"] = exc
+
+        before = torch.get_num_threads()
+        worker = threading.Thread(target=draft_lane, name="draft lane", daemon=True)
+        with self.pair.lock:
+            self.forwards.lanes, self.forwards.lock_held = {"draft": lane}, True
+            try:
+                if threads:
+                    torch.set_num_threads(threads)
+                timeline.enter("mask")  # from here the target's lane: launching the draft's delays its forward
+                worker.start()
+                try:
+                    read = read_tree(self.forwards, self.state, chain, len(chain), self.parts.drafter.target_layers)
+                finally:
+                    timeline.enter("draft wait")
+                    worker.join()
+            finally:
+                torch.set_num_threads(before)
+                self.forwards.lanes, self.forwards.lock_held = {}, False
+        timeline.add_lane("draft", lane)
+        if "error" in out:
+            raise out["error"]
+        return out["drafted"], read
 
     def _draft(self) -> Drafted:
         """The drafter's tree for this step, its tokens checked against the vocabulary. A plugin's drafter that
@@ -298,8 +351,8 @@ class Engine:
         anchor. Returns the committed tokens."""
         s, result = self.state, verified.result
         tokens = [drafted.tree.token[i] for i in result.path] + ([result.bonus] if result.bonus is not None else [])
-        s.target_kv.keep(verified.tree_start, [verified.tree_start + i for i in result.path])
-        if drafted.calls and s.draft_kv is not None:  # the path's nodes the draft model saw: a prefix of the path
+        s.target_kv.keep(verified.tree_start, [verified.tree_start + i for i in result.path if i < verified.fed])
+        if drafted.calls and s.draft_kv is not None and not drafted.own_draft_cache:  # the path's fed prefix
             fed_path = []
             for i in result.path:
                 if i not in drafted.draft_rows:

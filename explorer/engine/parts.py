@@ -70,6 +70,10 @@ class EngineParts:
     observers: list = field(default_factory=list)
 
 
+LANES = ("one", "threads")
+"""How a step's drafting and its target forward share the host (``EngineOptions.lanes``)."""
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How the step machine runs: greedy tokens are the same under every option; a joint prefill changes the first
@@ -96,6 +100,13 @@ class EngineOptions:
             fewer per run. That step's record counts the prompt rows (``StepTrace.prefill_rows``), and its decision
             features miss the memory of the prompt's rows (it is filled right after). Off by default: the explorer
             shows the prefill apart.
+        lanes: ``one`` (default): a step drafts, then verifies, on one thread. ``threads``: where the drafter can
+            say what the step's target forward reads before it drafts (``Drafter.reads_ahead``: PEARL), the draft
+            drafts in a thread of its own while the target's forward runs, each thread on ``lane_threads`` CPU
+            threads; the step's timeline keeps the draft's segments as a lane (``runtime/timeline.py``). Other
+            drafters step as with ``one``.
+        lane_threads: intra-op CPU threads of each lane with ``lanes="threads"`` (1: one core each); 0 leaves
+            torch's setting.
     """
 
     capture_features: bool = False
@@ -104,6 +115,8 @@ class EngineOptions:
     chain_levels: int = 0
     count_syncs: bool = False
     joint_prefill: bool = False
+    lanes: str = "one"
+    lane_threads: int = 1
 
     def check(self, pair) -> None:
         """Raises EngineError for an unknown ``kv_cache``, graphs without a static cache, a static cache on a pair
@@ -116,6 +129,10 @@ class EngineOptions:
             # transformers' static sliding layers keep only the window: rows past it could not be kept or rewound
             raise EngineError("the static KV cache (and CUDA graphs) do not serve models with sliding-window "
                               "attention yet: use the dynamic cache")
+        if self.lanes not in LANES:
+            raise EngineError(f"unknown lanes {self.lanes!r}; use one of {', '.join(LANES)}")
+        if self.lane_threads < 0:
+            raise EngineError(f"lane_threads must be >= 0, got {self.lane_threads}")
         if self.chain_levels < 0 or (self.chain_levels and not self.graphs):
             raise EngineError(f"chain_levels must be >= 0 and needs graphs, got {self.chain_levels} "
                               f"{'with' if self.graphs else 'without'} graphs")

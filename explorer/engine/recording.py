@@ -95,7 +95,7 @@ class Recorder:
                 accept_prob=None if odds is None else odds.accept_prob,
                 slot_prob=None if odds is None else odds.slot_prob, test_order=None if odds is None else odds.order,
                 predicted_accept=d.predicted.get(i)))
-        ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(len(tree))]
+        ids = ([0] if v.anchor_fed else []) + [i + 1 for i in range(v.fed)]
         drafted = sum(1 for s in tree.source if s in DRAFT_SOURCES)
         accepted_draft = sum(1 for i in result.path[: len(new_tokens)] if tree.source[i] in DRAFT_SOURCES)
         branch_rows = []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .forwarding import Forwards
+from .parts import EngineError
 from .run_state import RunState
 from .sampling import LazyRows, RowDists, SamplingConfig
 from .tree import DraftTree, step_mask, step_position_ids
@@ -81,19 +82,41 @@ class VerifiedStep:
     target_states: torch.Tensor | None = None
     states_start: int = 0
 
+    @property
+    def fed(self) -> int:
+        """Tree nodes this forward read (the first ``fed`` in tree order): N, or N - 1 with an unfed leaf
+        (``Drafted.unfed_leaf``), whose row is in none of the above."""
+        return int(self.node_logits.shape[0])
 
-def verify_tree(forwards: Forwards, state: RunState, tree: DraftTree, q_rows: LazyRows, sampling: SamplingConfig,
-                verifier_name: str, lossy: bool, target_layers: tuple[int, ...] = ()) -> VerifiedStep:
-    """One target forward over the uncached committed tokens and the whole ``tree``, then ``verifier_name``'s walk
-    with draws from ``state.generator``. ``q_rows``: the draft's distributions the tree's children were drawn from
-    (``Drafted.q_rows``); ``lossy``: the target-initialized method (its rule keeps the longest accepted branch).
-    The forward appends its rows to the target's cache (``commit`` keeps the accepted path's); the generator draws;
-    nothing else of ``state`` changes. Segments go to ``forwards.timeline``."""
+
+@dataclass
+class TargetRead:
+    """The target's forward of one step, before any test (``read_tree``): over the uncached committed tokens and
+    the first ``len(tokens)`` tree nodes. ``logits`` ``(rows, vocab)`` model dtype (row 0 the anchor when it was
+    uncached), ``states`` the named layers' hidden states or None, ``mask`` / ``pos`` the rows' mask and position
+    ids, ``past`` the cached context, ``calls`` 1 or 0 (nothing to read), ``prompt_top`` a joint prefill's
+    candidates at the prompt's last rows."""
+
+    tokens: list[int]
+    uncached: list[int]
+    past: int
+    mask: object
+    pos: list[int]
+    calls: int
+    logits: torch.Tensor
+    states: torch.Tensor | None
+    prompt_top: list | None
+
+
+def read_tree(forwards: Forwards, state: RunState, tree: DraftTree, n: int,
+              target_layers: tuple[int, ...] = ()) -> TargetRead:
+    """One target forward over the uncached committed tokens and the first ``n`` nodes of ``tree`` (a prefix of it
+    in tree order, closed under parents), appending their rows to the target's cache. PEARL's engine step calls it
+    with the chain the last round left pending while the draft drafts in another thread."""
     timeline = forwards.timeline
     L = len(state.committed)
     uncached = state.committed[state.target_kv.length:]
     past = L - len(uncached)
-    n = len(tree)
     timeline.enter("mask")
     mask = step_mask(past, len(uncached), True, tree.anc, 0, n)
     pos = step_position_ids(past, len(uncached), True, tree.depth, 0, n)
@@ -101,7 +124,7 @@ def verify_tree(forwards: Forwards, state: RunState, tree: DraftTree, q_rows: La
     prompt_rows = state.prompt_rows if state.prefill_pending else 0  # the memory's prompt rows, then the tree's
     prompt_top, states = None, None
     if calls:
-        fwd = forwards.forward("target", uncached + tree.token, pos, mask if n else None,
+        fwd = forwards.forward("target", uncached + tree.token[:n], pos, mask if n else None,
                                keep=n + (1 if uncached else 0), hidden=prompt_rows > 0,
                                hidden_rows=(prompt_rows + n) or None, layers=target_layers)
         logits, states = fwd.logits, fwd.states
@@ -110,6 +133,28 @@ def verify_tree(forwards: Forwards, state: RunState, tree: DraftTree, q_rows: La
             prompt_top = forwards.prompt_candidates(fwd.hidden[:prompt_rows])
     else:  # first `ar` step: the prefill already gave the anchor's distribution
         logits = torch.empty(0, forwards.pair.vocab_size, device=forwards.pair.device)
+    return TargetRead(tree.token[:n], uncached, past, mask, pos, calls, logits, states, prompt_top)
+
+
+def verify_tree(forwards: Forwards, state: RunState, tree: DraftTree, q_rows: LazyRows, sampling: SamplingConfig,
+                verifier_name: str, lossy: bool, target_layers: tuple[int, ...] = (),
+                unfed_leaf: bool = False, read: TargetRead | None = None) -> VerifiedStep:
+    """One target forward over the uncached committed tokens and the whole ``tree``, then ``verifier_name``'s walk
+    with draws from ``state.generator``. ``q_rows``: the draft's distributions the tree's children were drawn from
+    (``Drafted.q_rows``); ``lossy``: the target-initialized method (its rule keeps the longest accepted branch).
+    The forward appends its rows to the target's cache (``commit`` keeps the accepted path's); the generator draws;
+    nothing else of ``state`` changes. Segments go to ``forwards.timeline``. ``unfed_leaf``: the tree's last node
+    is not fed to the target (``Drafted.unfed_leaf``): it is tested from its parent's row and, accepted, ends the
+    step with no bonus token. ``read``: the forward, already run (``read_tree``) over what the tree feeds.
+    Raises EngineError where ``read`` read other tokens than the tree feeds."""
+    n = len(tree) - (1 if unfed_leaf and len(tree) else 0)  # the nodes fed to the target
+    if read is None:
+        read = read_tree(forwards, state, tree, n, target_layers)
+    elif read.tokens != tree.token[:n]:
+        raise EngineError(f"the target read {read.tokens} ahead of drafting, but the tree feeds {tree.token[:n]}")
+    timeline = forwards.timeline
+    uncached, past, mask, pos, calls = read.uncached, read.past, read.mask, read.pos, read.calls
+    logits, states, prompt_top = read.logits, read.states, read.prompt_top
     # The prompt's rows before the anchor (a joint prefill) count as cached context in the step's record.
     skip = max(0, len(uncached) - 1)
     shown_past, shown_mask, shown_pos = past + skip, mask[skip:], pos[skip:]
@@ -123,12 +168,15 @@ def verify_tree(forwards: Forwards, state: RunState, tree: DraftTree, q_rows: La
     # every node's test, computed on the device and read in one transfer; the walk below compares them with draws
     odds = expectation.node_odds(tree, p_rows, q_rows, verifier_name, greedy=sampling.greedy)
     expected = expectation.expected_tokens(tree, odds, lossy=lossy)
+    leaf = len(tree) - 1 if n < len(tree) else None
+    if leaf is not None and leaf in odds:  # accepted, the unfed leaf has no bonus token after it
+        expected -= expectation.tested_probs(tree, odds)[leaf] * odds[leaf].accept_prob
     timeline.enter("verification")
     rng_state = state.generator.get_state()
     result = verify.run_verifier(verifier_name, tree, p_rows, q_rows, state.generator, greedy=sampling.greedy,
-                                 odds=odds)
+                                 odds=odds, unfed_leaf=leaf)
     if states is not None:  # the committed rows: the uncached tokens, then the accepted path
-        rows = list(range(len(uncached))) + [len(uncached) + i for i in result.path]
+        rows = list(range(len(uncached))) + [len(uncached) + i for i in result.path if i < n]
         states = states[torch.tensor(rows, dtype=torch.long, device=states.device)]
     return VerifiedStep(
         result=result, p_rows=p_rows, mask=shown_mask[:, shown_past:], position_ids=shown_pos, past=shown_past,

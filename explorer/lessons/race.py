@@ -3,7 +3,9 @@
 * **The race**: a speculative run and plain decoding (``ar``) on the same prompt as two lanes on one wall-clock axis,
   from their measured step timelines (the prefill, then each step's drafting, verification and commit), with the
   tokens counted as they are committed and both finishing times. A plain step the goodput fallback took is marked
-  with its reason.
+  with its reason. A PEARL run takes two rows, its draft lane and its target lane, on its two-lane clock
+  (``trace/lanes.py``: simulated for two devices from the forward costs it measured, or measured where its draft ran
+  in a thread of its own), and the title says which.
 * **The speedup curve**: the expected speedup of a chain of gamma draft tokens against the acceptance rate alpha,
   for a cost ratio c (a draft forward over a target forward): ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``
   (Leviathan et al. 2023, Theorem 3.8). For a tree, the expected tokens of the run's mean tree shape (``widths``:
@@ -22,6 +24,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..engine.speedup import fitted_alpha, tree_speedup
+from ..trace import lanes as two_lanes
 from ..trace.records import RunTrace
 
 LANE_PARTS = {"drafting": "draft", "draft forward": "draft", "mask": "verify", "target forward": "verify",
@@ -34,11 +37,12 @@ PART_COLORS = {"prefill": "#7f7f7f", "draft": "#f2b134", "verify": "#3b6fb6", "c
 def lane_segments(run: RunTrace) -> list[dict]:
     """The run on a wall clock: ``[{"part", "start_ms", "ms", "step"}]`` from the prefill through every step's
     timeline segments (merged where consecutive segments belong to the same part); ``step`` is None for the
-    prefill. Steps without a timeline count as one ``other`` segment of ``step_ms``."""
+    prefill. Steps without a timeline count as one ``other`` segment of ``step_ms``. The main thread's segments only
+    (a lane's overlap them: ``trace.lanes.lane_rows`` lays those out)."""
     out = [{"part": "prefill", "start_ms": 0.0, "ms": float(run.prefill_ms), "step": None}]
     clock = float(run.prefill_ms)
     for step in run.steps:
-        segments = step.timeline or [{"phase": "other", "ms": step.step_ms}]
+        segments = [s for s in step.timeline if "lane" not in s] or [{"phase": "other", "ms": step.step_ms}]
         for seg in segments:
             part = LANE_PARTS.get(seg["phase"], "other")
             if out[-1]["step"] == step.index and out[-1]["part"] == part:
@@ -50,10 +54,13 @@ def lane_segments(run: RunTrace) -> list[dict]:
 
 
 def commit_times(run: RunTrace) -> list[tuple[float, int]]:
-    """``(ms since the start, tokens committed so far)`` at the end of every step."""
+    """``(ms since the start, tokens committed so far)`` at the end of every step (a PEARL run's on its two-lane
+    clock)."""
+    if two_lanes.is_parallel(run):
+        return [(e["end_ms"], e["tokens"]) for e in two_lanes.two_lane_clock(run)]
     clock, tokens, out = float(run.prefill_ms), 0, []
     for step in run.steps:
-        clock += sum(seg["ms"] for seg in step.timeline) if step.timeline else step.step_ms
+        clock += sum(seg["ms"] for seg in step.timeline if "lane" not in seg) if step.timeline else step.step_ms
         tokens += len(step.committed_ids)
         out.append((clock, tokens))
     return out
@@ -62,28 +69,35 @@ def commit_times(run: RunTrace) -> list[tuple[float, int]]:
 def race_figure(run: RunTrace, baseline: RunTrace, label: str, font: int = 16, machine: str = "") -> go.Figure:
     """Two lanes on one wall-clock axis (ms): ``label`` (the speculative run) above ``ar`` (``baseline``). Bars are
     the parts of each step (draft, verify, commit; the prefill first), the numbers above them the tokens committed
-    so far; both finishing times are marked. A plain step of the goodput fallback shows its reason on hover."""
+    so far; both finishing times are marked. A plain step of the goodput fallback shows its reason on hover. A PEARL
+    run (``label``) takes two rows, ``label · draft`` and ``label · target`` (``trace.lanes.lane_rows``)."""
     fig = go.Figure()
+    parallel = two_lanes.is_parallel(run)
     lanes = [(label, run), ("ar (plain decoding)", baseline)]
     seen = set()
     for name, trace in lanes:
         reasons = {s.index: s.fallback.get("reason", "") for s in trace.steps
                    if s.fallback and not s.fallback.get("speculate", True)}
-        by_part: dict[str, list[dict]] = {}
-        for seg in lane_segments(trace):
-            by_part.setdefault(seg["part"], []).append(seg)
-        for part, segs in by_part.items():
-            hover = []
-            for seg in segs:
-                step = seg["step"]
-                where = f", step {step + 1}" if step is not None else ""
-                text = f"{name}<br>{part}{where}: {seg['ms']:.0f} ms"
-                hover.append(text + (f"<br>plain step (fallback): {reasons[step]}" if step in reasons else ""))
-            fig.add_trace(go.Bar(y=[name] * len(segs), x=[seg["ms"] for seg in segs],
-                                 base=[seg["start_ms"] for seg in segs], orientation="h", name=part,
-                                 marker=dict(color=PART_COLORS[part], line=dict(color="#fff", width=0.5)),
-                                 hovertext=hover, hoverinfo="text", showlegend=part not in seen, legendgroup=part))
-            seen.add(part)
+        rows = ({f"{name} · draft": (r := two_lanes.lane_rows(trace))["draft"], f"{name} · target": r["target"]}
+                if trace is run and parallel else {name: lane_segments(trace)})
+        for row, segments in rows.items():
+            by_part: dict[str, list[dict]] = {}
+            for seg in segments:
+                by_part.setdefault(seg["part"], []).append(seg)
+            for part, segs in by_part.items():
+                hover = []
+                for seg in segs:
+                    step = seg["step"]
+                    where = f", step {step + 1}" if step is not None else ""
+                    text = f"{row}<br>{part}{where}: {seg['ms']:.0f} ms"
+                    hover.append(text + (f"<br>plain step (fallback): {reasons[step]}" if step in reasons else ""))
+                fig.add_trace(go.Bar(y=[row] * len(segs), x=[seg["ms"] for seg in segs],
+                                     base=[seg["start_ms"] for seg in segs], orientation="h", name=part,
+                                     marker=dict(color=PART_COLORS[part], line=dict(color="#fff", width=0.5)),
+                                     hovertext=hover, hoverinfo="text", showlegend=part not in seen,
+                                     legendgroup=part))
+                seen.add(part)
+        name = f"{name} · target" if trace is run and parallel else name
         times = commit_times(trace)
         fig.add_trace(go.Scatter(x=[t for t, _ in times], y=[name] * len(times), mode="markers",
                                  marker=dict(symbol="line-ns-open", size=26, color="#000"), hoverinfo="text",
@@ -92,10 +106,14 @@ def race_figure(run: RunTrace, baseline: RunTrace, label: str, font: int = 16, m
         fig.add_annotation(x=end, y=name, text=f"<b>{end / 1e3:.2f} s</b> · {tokens} tokens", showarrow=False,
                            xanchor="left", xshift=6, font=dict(size=font))
     ends = [commit_times(t)[-1][0] for _, t in lanes if t.steps]
+    title = "The race: the same prompt, measured step timelines"
+    if parallel:
+        title = ("The race: PEARL's lanes measured in two threads" if two_lanes.measured_lanes(run)
+                 else "The race: PEARL's two lanes simulated from the costs it measured on one device")
     fig.update_layout(
-        barmode="overlay", height=260, margin=dict(l=10, r=10, t=60, b=10), font=dict(size=font),
-        title=dict(text="The race: the same prompt, measured step timelines" + (f" ({machine})" if machine else ""),
-                   font=dict(size=font + 2)),
+        barmode="overlay", height=260 + (50 if parallel else 0), margin=dict(l=10, r=10, t=60, b=10),
+        font=dict(size=font),
+        title=dict(text=title + (f" ({machine})" if machine else ""), font=dict(size=font + 2)),
         xaxis=dict(title="wall clock (ms)", range=[0, max(ends, default=1) * 1.3]),
         yaxis=dict(autorange="reversed"),
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.5, font=dict(size=font)))

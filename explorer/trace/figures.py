@@ -13,6 +13,7 @@ import math
 import networkx as nx
 import plotly.graph_objects as go
 
+from . import lanes as two_lanes
 from .records import ACCEPTED, CONTEXT, DRAFTED, REJECTED, SOURCE_LABELS, UNVERIFIED, RunTrace, StepTrace
 
 STATUS_COLORS = {CONTEXT: "#7f8c8d", DRAFTED: "#f2b134", ACCEPTED: "#2ca02c", REJECTED: "#d62728",
@@ -65,6 +66,12 @@ def provenance_text(node) -> str | None:
     if prov.get("gumbel_key") is not None:  # RSD-S's stochastic beam search (plugins/bundled/rsd.py)
         return (f"drawn by stochastic beam search (RSD-S): Gumbel key {prov['gumbel_key']:.3f}; siblings are "
                 "verified in descending key order, the order they were drawn in")
+    if prov.get("pearl") == "carried":  # PEARL (plugins/bundled/pearl.py): drafted last round, read by the target now
+        return (f"drafted in step {prov['drafted_in_step'] + 1} while the target verified, and verified in this one: "
+                "PEARL's post-verify")
+    if prov.get("pearl") == "new":
+        return ("drafted in this step while the target ran: the target's forward could not read it, so it is "
+                "tested from its parent's row and, accepted, has no bonus token after it")
     if prov.get("plugin"):  # a plugin's node: its name, then what the plugin said of it
         said = ", ".join(f"{k} {v}" for k, v in prov.items() if k not in ("plugin", "source"))
         return f"proposed by the plugin {prov['plugin']}" + (f" ({said})" if said else "")
@@ -550,6 +557,60 @@ def run_figure(run: RunTrace) -> go.Figure:
                       title="Tokens committed per target call", xaxis=dict(title="step"),
                       yaxis=dict(title="tokens", dtick=whole_ticks(top, 6)), legend=legend_below())
     return fig
+
+
+MODE_COLORS = {"pre": "#f7d488", "post": "#d98c00"}  # PEARL's draft lane: pre-verify light, post-verify dark
+MODE_WORDS = {"pre": "pre-verify: the target checks the first draft token while the draft drafts the rest",
+              "post": "post-verify: the target verifies the last block while the draft drafts the next"}
+
+
+def lanes_figure(run: RunTrace, current: int | None = None, height: int = 300) -> go.Figure:
+    """PEARL's rounds on two lanes (``trace.lanes``): the draft's row and the target's, each round's bars starting
+    together, the draft's coloured by the round's mode (pre- or post-verify), what needs both (verification,
+    commit) after them on the target's row; the ``current`` step outlined. The title says whether the overlap is
+    simulated from one device's measured costs or was measured in two threads. Hover: what each round read, checked,
+    committed and discarded."""
+    clock = two_lanes.two_lane_clock(run)
+    by_index = {s.index: s for s in run.steps}
+    fig = go.Figure()
+    for mode in ("pre", "post"):
+        entries = [e for e in clock if e["mode"] == mode]
+        if not entries:
+            continue
+        hover = [_round_hover(by_index[e["step"]], e) for e in entries]
+        outline = [3 if e["step"] == current else 0.5 for e in entries]
+        fig.add_trace(go.Bar(y=["draft"] * len(entries), x=[e["lanes"]["draft_ms"] for e in entries],
+                             base=[e["start_ms"] for e in entries], orientation="h", name=f"draft, {mode}-verify",
+                             marker=dict(color=MODE_COLORS[mode], line=dict(color="#000", width=outline)),
+                             hovertext=hover, hoverinfo="text"))
+        fig.add_trace(go.Bar(y=["target"] * len(entries), x=[e["lanes"]["target_ms"] for e in entries],
+                             base=[e["start_ms"] for e in entries], orientation="h", name=f"target, {mode}-verify",
+                             marker=dict(color="#3b6fb6" if mode == "post" else "#9fbbe0",
+                                         line=dict(color="#000", width=outline)),
+                             hovertext=hover, hoverinfo="text"))
+    after = [e for e in clock if e["lanes"]]
+    fig.add_trace(go.Bar(y=["target"] * len(after), x=[e["lanes"]["after_ms"] for e in after],
+                         base=[e["end_ms"] - e["lanes"]["after_ms"] for e in after], orientation="h",
+                         name="verify + commit", marker_color=STATUS_COLORS[ACCEPTED], hoverinfo="skip"))
+    measured = two_lanes.measured_lanes(run)
+    title = ("PEARL's lanes, measured: the draft ran in a thread of its own" if measured
+             else "PEARL's lanes on two devices, simulated from the forward costs measured on one")
+    fig.update_layout(barmode="overlay", height=height, margin=dict(l=10, r=10, t=50, b=10), title=title,
+                      xaxis=dict(title="ms since the prompt (prefill included)"),
+                      yaxis=dict(autorange="reversed"), legend=legend_below())
+    return fig
+
+
+def _round_hover(step: StepTrace, entry: dict) -> str:
+    info = step.drafter.get("pearl", {})
+    lanes, mode = entry["lanes"], info.get("mode", "?")
+    lost = two_lanes.discarded(step)
+    return (f"step {step.index + 1}, {html.escape(MODE_WORDS.get(mode, mode))}<br>"
+            f"target read {step.target_calls and len(step.mask_node_ids)} rows ({info.get('checked', 0)} drafted "
+            f"last round); draft drafted {len(info.get('drafted', []))}<br>"
+            f"committed {entry['committed']}, discarded {len(lost)}<br>"
+            f"draft {lanes['draft_ms']:.0f} ms · target {lanes['target_ms']:.0f} ms · after {lanes['after_ms']:.0f} ms "
+            f"→ round {lanes['round_ms']:.0f} ms (one lane: {lanes['one_lane_ms']:.0f})")
 
 
 def text_html(run: RunTrace, current: int | None = None) -> str:

@@ -5,6 +5,7 @@ forward costs) is requested here and done by the page (``explorer_page.run_instr
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,8 @@ from ..instruments import acceptance as acc
 from ..instruments import figures as ifig
 from ..instruments import optimal_tree as ot
 from ..instruments.calibration import calibration_report
+from ..trace import lanes as two_lanes
+from ..trace.figures import lanes_figure
 from ..trace.records import RunTrace, StepTrace
 from .layout import chart_columns
 from .state import Explorer, ask_for_tree_run
@@ -32,6 +35,10 @@ TEACH_ACCEPTANCE = ("Before the target looks, we can already say how likely each
 TEACH_TIMELINE = ("Each bar is one piece of the step: the small model drafting, the big model checking, and the "
                   "bookkeeping in between. If speculation is slower than plain generation on your machine, the "
                   "run chart shows why: the drafting and checking passes cost more than the tokens they save.")
+TEACH_LANES = ("PEARL keeps both models busy: while the big model checks what the small one drafted last round, the "
+               "small one already drafts the next round. Each round's two bars start together, so a round takes as "
+               "long as the slower of the two, not their sum. Light rounds begin afresh after a rejection (the big "
+               "model checks only the first new token); dark rounds verify a whole block.")
 TEACH_CALIBRATION = ("The stop rule guesses, before the target looks, how likely each drafted token is to pass. "
                      "If its guesses are honest, the dots lie on the diagonal. The curve on the right shows how "
                      "well the guesses separate passing from failing tokens, and the last chart what each "
@@ -172,6 +179,8 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
                    f"carry CUDA-event device time there). Their sum, {total:.1f} ms, covers the step from its first "
                    f"timestamp to the end of what it learned; the step's own timer says {step.step_ms:.1f} ms "
                    "without the trace recording.")
+        if two_lanes.is_parallel(trace):
+            lanes_section(trace, step, teach)
         st.plotly_chart(of_the_step(trace, step, "waterfall", lambda: ifig.waterfall_figure(step)), width="stretch",
                         key=f"timeline_{step.index}")
         steps = [s for s in trace.steps if s.timeline]
@@ -192,6 +201,24 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
                        f"run decoded at {plain / spent:.2f}x plain decoding's speed.")
         else:
             st.caption("To compare with plain decoding, measure the forward costs (in the acceptance panel below).")
+
+
+def lanes_section(trace: RunTrace, step: StepTrace, teach: bool) -> None:
+    """PEARL's two lanes over the run up to the step on screen (``trace.lanes``), that step outlined, and what the
+    overlap saves."""
+    if teach:
+        teach_caption(TEACH_LANES)
+    upto = dataclasses.replace(trace, steps=trace.steps[: step.index + 1])
+    st.plotly_chart(of_the_step(trace, step, "lanes", lambda: lanes_figure(upto, step.index)), width="stretch",
+                    key=f"lanes_{step.index}")
+    rounds = [r for r in (two_lanes.round_lanes(s) for s in upto.steps) if r]
+    one, two = sum(r["one_lane_ms"] for r in rounds), sum(r["round_ms"] for r in rounds)
+    how = ("measured: the draft ran in a thread of its own" if two_lanes.measured_lanes(trace)
+           else "simulated: this run drafted, then verified, on one device; on two the lanes overlap")
+    lost = sum(len(two_lanes.discarded(s)) for s in upto.steps)
+    st.caption(f"{len(rounds)} rounds: {one / 1e3:.2f} s one after the other, {two / 1e3:.2f} s on two lanes "
+               f"({one / two:.2f}x; {how}). {lost} drafted tokens were discarded after rejections."
+               if two else "No round has a timeline.")
 
 
 def calibration_section(trace: RunTrace, teach: bool) -> None:

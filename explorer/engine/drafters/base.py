@@ -91,6 +91,11 @@ class Drafted:
             scored).
         roots: where the tree's root width was chosen online, the draft's best root candidates (token ids, best
             first) and whether it was sure there (``TreeChoiceObserver`` learns from them), else None.
+        unfed_leaf: the tree's last node is not fed to the target: it is tested from its parent's row and, when
+            accepted, ends the step with no bonus token (PEARL's first new draft, which the target's forward ran
+            without: ``plugins/bundled/pearl.py``). It must be a leaf, last in tree order.
+        own_draft_cache: the drafter cuts its draft model's cache itself (in ``observe``) instead of the engine
+            keeping the accepted path's rows (PEARL keeps drafted tokens that later steps verify).
     """
 
     tree: DraftTree
@@ -106,6 +111,8 @@ class Drafted:
     info: dict = field(default_factory=dict)
     predicted: dict = field(default_factory=dict)
     roots: tuple[list[int], bool] | None = None
+    unfed_leaf: bool = False
+    own_draft_cache: bool = False
 
 
 class Reach(NamedTuple):
@@ -312,6 +319,12 @@ class Drafter:
 
     def rewind(self) -> None:
         """Return to the state right after the prefill."""
+
+    def reads_ahead(self) -> list[int] | None:
+        """The tokens past the committed context that this step's target forward reads whatever the drafter
+        drafts now, where its tree will begin with them as a chain: the target may read them while it drafts
+        (``EngineOptions.lanes``). None (default): the target's forward needs the tree."""
+        return None
 
     def carried(self, key: str) -> Carried:
         """What this drafter learned for the session's next run, its keyed parts under ``key``

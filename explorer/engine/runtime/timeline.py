@@ -8,6 +8,11 @@ around it. Phases: ``drafting`` (the drafter's own work: tree, sampling, stop po
 ``odds`` (expected acceptance), ``KV-cache commit``, ``trace recording``, then the observers' learning
 (``drafter learn``, ``stop-policy adaptation``; ``engine/observers.py``).
 
+Lanes. Where the drafter drafts in a thread of its own while the target's forward runs (PEARL, ``Engine``
+``lanes="threads"``), the worker keeps its own timeline (``drafting``, ``draft forward``) and the step's takes it in
+as a lane (``add_lane``): those segments carry ``"lane": "draft"`` and overlap the main thread's, which partition the
+step as before, its wait for the worker included (``draft wait``).
+
 Clocks. On the CPU each boundary reads the host clock. On CUDA each boundary records a CUDA event instead and the
 step synchronises once, at its end (a synchronisation per boundary stalled the host at every phase): an
 event fires when the device reaches it, which is when the work queued before it is done or, on an idle device,
@@ -27,8 +32,8 @@ import torch
 
 from .host_reads import HostReadCounter
 
-PHASES = ("drafting", "draft forward", "mask", "target forward", "verification", "odds", "KV-cache commit",
-          "trace recording", "drafter learn", "stop-policy adaptation")
+PHASES = ("drafting", "draft forward", "mask", "target forward", "draft wait", "verification", "odds",
+          "KV-cache commit", "trace recording", "drafter learn", "stop-policy adaptation")
 DRAFT_PHASES = ("drafting", "draft forward")
 VERIFY_PHASES = ("mask", "target forward", "verification", "odds")
 
@@ -46,6 +51,7 @@ class StepTimeline:
         self.syncs: int | None = None
         self._caught = None
         self._reads: HostReadCounter | None = None
+        self._lanes: list[tuple[str, StepTimeline]] = []
         if count_syncs and self.cuda:
             self._catcher = warnings.catch_warnings(record=True)
             self._caught = self._catcher.__enter__()
@@ -101,10 +107,19 @@ class StepTimeline:
         self._stop_counting()
         self._caught = None
 
+    def add_lane(self, name: str, lane: StepTimeline) -> None:
+        """Take in ``lane``, a timeline another thread kept during this step on the same clock (its segments are
+        timed from this timeline's start and tagged ``"lane": name``). Call it once that thread is done."""
+        lane._close(lane._mark())
+        self._lanes.append((name, lane))
+
     def finish(self) -> list[dict]:
         """Close the last segment and fill in every segment's ``start_ms`` and ``ms`` (on CUDA after the step's
-        one synchronisation; forwards also get ``gpu_ms``). Returns the segments."""
+        one synchronisation; forwards also get ``gpu_ms``). Returns the segments, the lanes' after the main
+        thread's."""
         self._close(self._mark())
+        for name, lane in self._lanes:
+            self._spans += [({**segment, "lane": name}, start, end) for segment, start, end in lane._spans]
         self._stop_reading()  # the CPU's count
         if self.cuda:
             torch.cuda.synchronize(self.device)
@@ -140,18 +155,20 @@ class _ForwardSegment:
 
 def step_times(segments: list[dict]) -> dict[str, float]:
     """A step's ``draft_ms`` (drafting and draft forwards), ``verify_ms`` (mask, target forward, verification,
-    odds), ``forward_ms`` (all forwards) and ``step_ms`` (everything but the trace recording), from its segments."""
+    odds), ``forward_ms`` (all forwards) and ``step_ms`` (the main thread's segments but the trace recording: a
+    lane's overlap them), from its segments."""
     total = lambda phases: sum(s["ms"] for s in segments if s["phase"] in phases)  # noqa: E731
     return {"draft_ms": total(DRAFT_PHASES), "verify_ms": total(VERIFY_PHASES),
             "forward_ms": sum(s["ms"] for s in segments if s["phase"].endswith("forward")),
-            "step_ms": sum(s["ms"] for s in segments if s["phase"] != "trace recording")}
+            "step_ms": sum(s["ms"] for s in segments if s["phase"] != "trace recording" and "lane" not in s)}
 
 
 def phase_totals(steps) -> dict[str, float]:
-    """Milliseconds per phase summed over ``steps`` (StepTraces with a timeline), in ``PHASES`` order."""
+    """Milliseconds per phase summed over ``steps`` (StepTraces with a timeline), in ``PHASES`` order: the main
+    thread's segments, which partition each step (a lane's overlap them; its excess is the main's ``draft wait``)."""
     totals: dict[str, float] = {}
     for s in steps:
-        for seg in s.timeline:
+        for seg in (seg for seg in s.timeline if "lane" not in seg):
             totals[seg["phase"]] = totals.get(seg["phase"], 0.0) + seg["ms"]
     return {p: totals[p] for p in PHASES if p in totals} | {p: v for p, v in totals.items() if p not in PHASES}
 

@@ -206,12 +206,17 @@ def _record_residual_tops(decisions: dict, rejected: list[int], after: list[torc
 
 
 def verify_tree(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator, rule: str = "rrs",
-                odds: dict | None = None, **_) -> VerifyResult:
+                odds: dict | None = None, unfed_leaf: int | None = None, **_) -> VerifyResult:
     """Lossless verification of a tree hanging from the anchor with one node rule; then the bonus token.
     ``odds``: ``expectation.node_odds`` of this tree under ``rule`` when the caller has them (computed here if
-    not; ``ODDS_RULES`` only)."""
+    not; ``ODDS_RULES`` only). ``unfed_leaf``: a leaf with no p row of its own (PEARL's first new draft, which the
+    target's forward could not read): tested from its parent's row, and when accepted the step ends there with no
+    bonus token (``ODDS_RULES`` only). Raises VerifierError for an unfed leaf under a node-by-node rule."""
     decisions: dict[int, NodeDecision] = {}
     if rule not in ODDS_RULES:
+        if unfed_leaf is not None:
+            raise VerifierError(f"{rule} walks node by node and cannot end at a node without a target row; "
+                                "use rrs or greedy")
         path, dist, _row = _walk(tree, p_rows, q_rows, -1, NODE_RULES[rule], generator, decisions)
         bonus = sample_one(dist, generator)
     else:
@@ -219,7 +224,12 @@ def verify_tree(tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generato
         greedy = rule == "greedy"
         visits = _odds_walk(tree, odds, -1, None if greedy else _uniforms(tree, generator), decisions)
         path = [node for node, _ in visits[1:]]
-        if greedy:
+        if path and path[-1] == unfed_leaf:  # accepted with no row after it: no bonus token
+            if not greedy:
+                _, rejected, after = _walk_end(tree, p_rows, q_rows, visits[:-1], rule == "rrs-replacement")
+                _record_residual_tops(decisions, rejected, after)
+            bonus = None
+        elif greedy:
             bonus = expectation.best_token(p_rows, visits[-1][0] + 1)
         else:
             dist, rejected, after = _walk_end(tree, p_rows, q_rows, visits, rule == "rrs-replacement")
@@ -253,13 +263,13 @@ def verify_longest_branch(tree: DraftTree, p_rows, q_rows: dict, generator: torc
 
 
 def run_verifier(name: str, tree: DraftTree, p_rows, q_rows: dict, generator: torch.Generator,
-                 greedy: bool = False, odds: dict | None = None) -> VerifyResult:
+                 greedy: bool = False, odds: dict | None = None, unfed_leaf: int | None = None) -> VerifyResult:
     """Dispatch by name: a verifier of ``registry`` (``greedy``, one of ``config.VERIFIERS``, ``longest-branch``, or
     one ``register_verifier`` added). ``odds``: the tree's
     ``expectation.node_odds`` under this verifier, when the caller has computed them (the engine does, for the
-    trace); otherwise they are computed here where the rule walks on them."""
+    trace); otherwise they are computed here where the rule walks on them. ``unfed_leaf``: ``verify_tree``'s."""
     if name == "longest-branch":
         return verify_longest_branch(tree, p_rows, q_rows, generator, greedy=greedy, odds=odds)
     if name not in VERIFIER_REGISTRY:
         raise VerifierError(f"unknown verifier {name!r}; use one of {', '.join(VERIFIER_REGISTRY)}")
-    return verify_tree(tree, p_rows, q_rows, generator, rule=name, odds=odds)
+    return verify_tree(tree, p_rows, q_rows, generator, rule=name, odds=odds, unfed_leaf=unfed_leaf)
