@@ -121,6 +121,7 @@ def test_the_figures_draw_both_lanes(tiny):
     assert {y for t in fig.data for y in t.y} == {"draft", "target"}
     assert {t.name for t in fig.data} >= {"draft, pre-verify", "draft, post-verify", "verify + commit"}
     assert "simulated" in fig.layout.title.text
+    assert "measured" in lanes_figure(_run(tiny, DEFAULTS["pearl"], lanes="threads")).layout.title.text
     baseline = _run(tiny, DEFAULTS["ar"].with_(fallback="off"))
     race = race_figure(run, baseline, "pearl")
     rows = {y for t in race.data for y in (t.y or ())}

@@ -143,16 +143,16 @@ PHASE_COLORS = {"drafting": "#c5b0d5", "draft forward": "#9467bd", "mask": "#c7c
 
 def waterfall_figure(step) -> go.Figure:
     """One step's timeline as a waterfall: a bar per segment from its start to its end (ms), forwards with their
-    query rows (and device milliseconds on CUDA)."""
+    query rows (and device milliseconds on CUDA), a lane's segments (a draft thread of its own) marked."""
     segs = step.timeline
     labels = [f"{i + 1}. {s['phase']}" + (f" ({s['rows']} row{'s' if s['rows'] > 1 else ''})" if s.get("rows") else "")
-              for i, s in enumerate(segs)]
+              + (f" [{s['lane']} lane]" if s.get("lane") else "") for i, s in enumerate(segs)]
     fig = go.Figure(go.Bar(
         y=labels, x=[s["ms"] for s in segs], base=[s["start_ms"] for s in segs], orientation="h",
         marker_color=[PHASE_COLORS.get(s["phase"], "#bcbd22") for s in segs],
         hovertext=[f"{s['phase']}: {s['ms']:.2f} ms from {s['start_ms']:.2f} ms"
                    + (f", device {s['gpu_ms']:.2f} ms" if "gpu_ms" in s else "") for s in segs], hoverinfo="text"))
-    total = sum(s["ms"] for s in segs)
+    total = sum(s["ms"] for s in segs if "lane" not in s)  # a lane's segments overlap the main thread's
     fig.update_layout(title=f"Step {step.index + 1}: where {total:.1f} ms went", height=120 + 24 * len(segs),
                       yaxis=dict(autorange="reversed"), xaxis=dict(title="ms since the step started"),
                       margin=dict(l=10, r=10, t=50, b=10), showlegend=False)

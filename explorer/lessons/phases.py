@@ -122,6 +122,9 @@ def account(step: StepTrace, phase: Phase, greedy: bool) -> list[str]:
     """What is happening in ``phase``, in plain words: a few short sentences (markdown-safe token quotes)."""
     by_id = {n.id: n for n in step.nodes}
     anchor = by_id[0]
+    pearl = (step.drafter or {}).get("pearl")
+    if pearl is not None and phase.kind in ("draft", "mask", "commit"):
+        return _pearl_account(step, phase, pearl, anchor)
     if phase.kind == "draft":
         return _draft_account(step, phase, by_id, anchor)
     if phase.kind == "mask":
@@ -200,6 +203,53 @@ def _verify_account(step: StepTrace, node, greedy: bool) -> list[str]:
         lines.append("The next token must now come from the residual norm(max(p − q, 0)): "
                      f"{_top(node.residual_top)}. This correction is why the output is exactly the target's.")
     return lines
+
+
+def _pearl_account(step: StepTrace, phase: Phase, info: dict, anchor) -> list[str]:
+    """PEARL's round (``plugins/bundled/pearl.py``) told as its two lanes: what the target reads while the draft
+    drafts, and what the round commits, carries or discards."""
+    chain = [n for n in step.nodes if n.source != CONTEXT]
+    carried = [n for n in chain if (n.provenance or {}).get("pearl") == "carried"]
+    new = [n for n in chain if (n.provenance or {}).get("pearl") == "new"]
+    drafted = [quote_token(n.text) for n in new] + ([f"and {len(info['drafted']) - 1} more"]
+                                                     if len(info.get("drafted", [])) > 1 else [])
+    if phase.kind == "draft":
+        node = next((n for n in chain if n.depth == phase.level), None)
+        lines = []
+        if phase.level == 1:
+            since = carried[0].provenance["drafted_in_step"] + 1 if carried else None
+            lines.append(
+                f"**Post-verify**: {len(carried)} tokens drafted in step {since} wait to be checked. The target's "
+                f"forward reads them now while the draft, at the same time, drafts {info['gamma']} more after them: "
+                + " ".join(drafted) + "."
+                if carried else
+                f"**Pre-verify**: nothing waits to be checked. The target's forward reads only the context after "
+                f"{quote_token(anchor.text)} while the draft, at the same time, drafts {len(info.get('drafted', []))}"
+                " tokens: " + " ".join(drafted) + ".")
+        if node is not None and node in carried:
+            lines.append(f"{quote_token(node.text)} was drafted last round, while the target was busy.")
+        elif node is not None:
+            lines.append(f"{quote_token(node.text)} is the round's first new draft: the target's forward started "
+                         "before it existed, so it is tested from its parent's row and has no row of its own.")
+        return lines
+    if phase.kind == "mask":
+        return [f"The target's forward reads {len(step.mask_node_ids)} rows: the last committed token and the "
+                f"{len(carried)} carried tokens; never the new draft, which the draft was still writing.",
+                "The draft's lane and the target's lane run side by side: the round takes as long as the slower, "
+                "not both (the timeline's two lanes)."]
+    whole = bool(chain) and all(n.status == ACCEPTED for n in chain) and info.get("unfed_leaf")
+    text = "".join(step.committed_text)
+    if whole:
+        return [f"All {len(chain)} checked tokens accepted: {quote_token(text)} committed with **no bonus token** "
+                "(the target never read the new draft's position, so it has no next distribution there).",
+                f"The draft's other {len(info['drafted']) - 1} new tokens are carried to the next round, which "
+                "post-verifies them: the draft never waited."]
+    if all(n.status == ACCEPTED for n in chain):  # nothing new was drafted (end of text, or of the budget)
+        return [f"All checked tokens accepted, then the target's own next token: {quote_token(text)} committed."]
+    lost = sum(1 for n in chain if n.status != ACCEPTED) + max(0, len(info.get("drafted", [])) - 1)
+    return [f"Committed {quote_token(text)}: the accepted tokens and the target's own token after the rejection.",
+            f"{lost} drafted token{'s' if lost != 1 else ''} thrown away, drafted in parallel for nothing. The next "
+            "round starts afresh in pre-verify."]
 
 
 def _commit_account(step: StepTrace) -> list[str]:

@@ -109,7 +109,7 @@ def race_figure(run: RunTrace, baseline: RunTrace, label: str, font: int = 16, m
     title = "The race: the same prompt, measured step timelines"
     if parallel:
         title = ("The race: PEARL's lanes measured in two threads" if two_lanes.measured_lanes(run)
-                 else "The race: PEARL's two lanes simulated from the costs it measured on one device")
+                 else "The race: PEARL's lanes simulated for two devices")
     fig.update_layout(
         barmode="overlay", height=260 + (50 if parallel else 0), margin=dict(l=10, r=10, t=60, b=10),
         font=dict(size=font),

@@ -19,13 +19,14 @@ from ..analysis.prompts import encode_prompt
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
+from ..trace import lanes
 from ..trace.metrics import prefill_calls
 from ..trace.records import REJECTED, RunTrace
 from .lesson import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
 from ..plugins.loading import load_bundled
 from .phases import quote_token
 
-load_bundled()  # lesson 08 runs the project's bundled plugins (spectr, rsd-s), named in LESSON_SPECS below
+load_bundled()  # lessons 08 and 09 run the project's bundled plugins (spectr, rsd-s, pearl), named in LESSON_SPECS
 GREEDY = SamplingConfig(temperature=0.0)
 
 
@@ -238,6 +239,38 @@ def _rules_notes(runs, audit):
     return notes
 
 
+def _pearl_notes(runs, audit):
+    """Lesson 09: PEARL against speculative decoding on one prompt: the modes, a carried block, a discarded one, and
+    the time on two lanes against sd's."""
+    pearl, sd = runs
+    notes = [Note(0, 0, "draft", "PEARL runs the two models side by side. In this first round nothing waits to be "
+                  "checked (pre-verify): the target checks only the first new token while the draft drafts the "
+                  "whole block.")]
+    post = next((s for s in pearl.steps if s.drafter["pearl"]["mode"] == "post"), None)
+    if post is not None:
+        notes.append(Note(0, post.index, "draft", "Post-verify: the tokens the draft wrote during the last round are "
+                          "read by the target now, while the draft already writes the next block. Neither model "
+                          "waits for the other.", level=1))
+    whole = next((s for s in pearl.steps if s.bonus_token is None and s.drafter["pearl"]["mode"] == "post"), None)
+    if whole is not None:
+        notes.append(Note(0, whole.index, "commit", "The whole block passed: it is committed without a bonus token "
+                          "(the target never read the new token's position), and the next block is already "
+                          "drafted: the draft length grows by itself while blocks pass."))
+    lost = next((s for s in pearl.steps if len(lanes.discarded(s)) > 1), None)
+    if lost is not None:
+        notes.append(Note(0, lost.index, "commit", f"A rejection: {len(lanes.discarded(lost))} tokens drafted in "
+                          "parallel are thrown away, and the next round starts afresh. That is PEARL's price: work "
+                          "done at the same time can be wasted, where speculative decoding's draft waits instead."))
+    two, one = lanes.two_lane_seconds(pearl), (sd.prefill_ms + sum(s.step_ms for s in sd.steps)) / 1e3
+    notes.append(Note(1, len(sd.steps) - 1, "commit", f"Tokens per target call: PEARL {_per_call(pearl):.2f}, "
+                      f"speculative decoding {_per_call(sd):.2f} (PEARL has no bonus token on a passed block, and a "
+                      f"pre-verify round commits one token). But a PEARL round lasts as long as the slower lane, not "
+                      f"both: on two devices this prompt would take {two:.2f} s against sd's {one:.2f} s here "
+                      f"({one / two:.2f}x), simulated from the forward times this machine measured. On a 2-core CPU, "
+                      "two threads of one core each are slower than either on both cores (docs/bench.md)."))
+    return notes
+
+
 LESSON_SPECS = (
     LessonSpec("01-code-chains", "Code: long chains accepted",
                "Why does a small draft model save the large one so much work on code?",
@@ -286,6 +319,12 @@ LESSON_SPECS = (
                                                      ("SpecTr K-SEQ", "mcsd", "spectr"),
                                                      ("RSD-S (beam 4, depth 3)", "rsd-s", "auto"))),
                _rules_notes, max_new_tokens=24),
+    LessonSpec("09-parallel-lanes", "Drafting while the target verifies",
+               "What if the draft model never waited for the target, and the target never waited for the draft?",
+               "Write a Python function that reverses the order of the words in a sentence.",
+               (("PEARL γ 8", DEFAULTS["pearl"].with_(gamma=8), GREEDY),
+                ("sd (chain of 4)", MethodConfig(method="sd", gamma=4, fallback="off"), GREEDY)),
+               _pearl_notes, max_new_tokens=48),
 )
 
 

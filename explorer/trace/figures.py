@@ -593,8 +593,7 @@ def lanes_figure(run: RunTrace, current: int | None = None, height: int = 300) -
                          base=[e["end_ms"] - e["lanes"]["after_ms"] for e in after], orientation="h",
                          name="verify + commit", marker_color=STATUS_COLORS[ACCEPTED], hoverinfo="skip"))
     measured = two_lanes.measured_lanes(run)
-    title = ("PEARL's lanes, measured: the draft ran in a thread of its own" if measured
-             else "PEARL's lanes on two devices, simulated from the forward costs measured on one")
+    title = "PEARL's two lanes (measured)" if measured else "PEARL's two lanes (simulated)"
     fig.update_layout(barmode="overlay", height=height, margin=dict(l=10, r=10, t=50, b=10), title=title,
                       xaxis=dict(title="ms since the prompt (prefill included)"),
                       yaxis=dict(autorange="reversed"), legend=legend_below())

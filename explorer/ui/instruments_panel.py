@@ -174,13 +174,13 @@ def timeline_section(trace: RunTrace, step: StepTrace, costs: dict | None, teach
         if not step.timeline:
             st.info("This trace was recorded before steps kept their timeline.")
             return
-        total = sum(s["ms"] for s in step.timeline)
+        if two_lanes.is_parallel(trace):
+            lanes_section(trace, step, teach)
+        total = sum(s["ms"] for s in step.timeline if "lane" not in s)
         st.caption(f"Segments from the host clock (the device synchronised at each boundary on CUDA; forwards also "
                    f"carry CUDA-event device time there). Their sum, {total:.1f} ms, covers the step from its first "
                    f"timestamp to the end of what it learned; the step's own timer says {step.step_ms:.1f} ms "
                    "without the trace recording.")
-        if two_lanes.is_parallel(trace):
-            lanes_section(trace, step, teach)
         st.plotly_chart(of_the_step(trace, step, "waterfall", lambda: ifig.waterfall_figure(step)), width="stretch",
                         key=f"timeline_{step.index}")
         steps = [s for s in trace.steps if s.timeline]
