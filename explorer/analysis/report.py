@@ -64,13 +64,16 @@ def kind_table(report: dict) -> str:
     same kind's runs of each baseline; "x best transformers" by the fastest of the transformers baselines run."""
     if not report.get("by_kind"):
         return ""
+    lanes = any(r.get("two_lane_tokens_per_s") for r in report["by_kind"])  # PEARL's two lanes, where run
     lines = ["| T | kind | method | tokens/s | x ar | x hf-assisted | x best transformers | tokens / target call | "
-             "plain steps |", "|---|---|---|---|---|---|---|---|---|"]
+             "plain steps |" + (" tokens/s on two lanes |" if lanes else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if lanes else "")]
     for r in report["by_kind"]:
         lines.append(f"| {r['temperature']:g} | {r['kind']} | {_label(r)} | {_f(r['tokens_per_s'])} | "
                      f"{_f(r['speedup_vs_ar'], suffix='x')} | {_f(r['ratio_vs_hf'], suffix='x')} | "
                      f"{_f(r.get('ratio_vs_best_hf'), suffix='x')} | {_f(r['tokens_per_target_call'])} | "
-                     f"{_f(_pct(r.get('plain_step_share')), 0, ' %')} |")
+                     f"{_f(_pct(r.get('plain_step_share')), 0, ' %')} |"
+                     + (f" {_f(r.get('two_lane_tokens_per_s'))} |" if lanes else ""))
     return "\n".join(lines) + "\n"
 
 

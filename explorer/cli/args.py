@@ -83,6 +83,11 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--method", default="mcsd-improved", choices=METHODS,
                    help="the decoding method: " + ", ".join(METHODS) + " (plugins' methods included)")
     g.add_argument("--gamma", type=int, help="sd, pearl: draft chain length (default 4)")
+    g.add_argument("--online-distill", action="store_true", default=None,
+                   help="eagle, eagle-hybrid: the head learns between prompts from the target's distributions where "
+                        "its tokens were rejected (OSD, online speculative decoding)")
+    g.add_argument("--distill-lr", type=float, help="--online-distill: AdamW learning rate (default 1e-4)")
+    g.add_argument("--distill-every", type=int, help="--online-distill: prompts between two updates (default 8)")
     g.add_argument("--lanes", default="one", choices=["one", "threads"],
                    help="pearl: 'threads' drafts in a thread of its own while the target verifies (one CPU core "
                         "each); 'one' (default) drafts, then verifies, and the trace simulates the two lanes")
@@ -181,7 +186,7 @@ def method_config_from_args(args) -> MethodConfig:
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
                  "lookup_tokens", "lookup_branches", "lookup_ngram", "lookup_alone", "recycling_k", "adapt",
                  "fallback", "free_rows", "cost_ratio", "tree_choice", "head", "head_topk", "head_depth",
-                 "head_tokens"):
+                 "head_tokens", "online_distill", "distill_lr", "distill_every"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -223,15 +228,20 @@ def prompts_from_args(args) -> list[Prompt]:
     return prompts[: args.limit] if args.limit else prompts
 
 
-def runs_from_args(args, pair, prompts: list[Prompt], config: MethodConfig, on_error=None):
+def runs_from_args(args, pair, prompts: list[Prompt], config: MethodConfig, on_error=None,
+                   session: dict | None = None):
     """Each of ``prompts`` run to its end on ``pair`` with ``config`` and the options' sampling and decision model:
     yields ``(n, prompt, trace)``. Raises what the decision model's loading and the engine raise; with
     ``on_error(prompt, exc)`` a prompt the engine refuses (EngineError, PromptError: too long for the models, empty)
-    is handed to it instead and the next prompt runs."""
+    is handed to it instead and the next prompt runs. With ``--online-distill`` the head learns from prompt to
+    prompt; ``session["distiller"]`` holds its ``HeadDistiller`` after each run."""
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     decision = decision_model_from_args(args, config)
+    session = {} if session is None else session
     for n, prompt in enumerate(prompts):
-        engine = build_engine(pair, config, sampling, decision_model=decision, lanes=getattr(args, "lanes", "one"))
+        engine = build_engine(pair, config, sampling, decision_model=decision, lanes=getattr(args, "lanes", "one"),
+                              distiller=session.get("distiller"))
+        session["distiller"] = engine.parts.distiller
         try:
             engine.start(encode_prompt(pair.tokenizer, prompt.text, chat_template=not args.no_chat_template),
                          args.max_new_tokens, prompt_text=prompt.text)

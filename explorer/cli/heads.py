@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..analysis.online import online_stream
+from ..engine.parts import EngineError
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk, read_text
 from ..heads.prompts import training_prompts
@@ -139,6 +141,28 @@ def cmd_respond(args) -> int:
     return 0
 
 
+def cmd_online(args) -> int:
+    pair = load_pair_from_args(args)
+    try:
+        report = online_stream(pair, args.kind, requests=args.requests, held_out=args.held_out, lr=args.lr,
+                               every=args.every, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                               head=args.head or "", seed=args.seed,
+                               progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (EngineError, HeadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text, encoding="utf-8")
+    for kind in report["before"]:
+        b, a = report["before"][kind], report["after"][kind]
+        print(f"{kind:12s} first-position acceptance {b['first_acceptance']['rate']:.3f} -> "
+              f"{a['first_acceptance']['rate']:.3f}, tokens/call {b['tokens_per_call']:.2f} -> "
+              f"{a['tokens_per_call']:.2f}")
+    return 0
+
+
 def add_heads_parser(sub) -> None:
     heads = sub.add_parser("heads", help="train EAGLE-3 draft heads for the pair's target")
     hsub = heads.add_subparsers(dest="heads_command", required=True)
@@ -206,3 +230,18 @@ def add_heads_parser(sub) -> None:
     rs.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(rs)
     rs.set_defaults(func=cmd_respond)
+    on = hsub.add_parser("online", help="online distillation (OSD) of the head on a stream of one kind of prompt: "
+                         "held-out acceptance of every kind before and after (analysis/online.py)")
+    on.add_argument("--kind", required=True, help="the stream's kind: code, math, chat, qa, translation, "
+                    "summarisation, reasoning")
+    on.add_argument("--requests", type=int, default=32, help="prompts in the stream")
+    on.add_argument("--held-out", type=int, default=8, help="held-out prompts of each kind")
+    on.add_argument("--lr", type=float, default=1e-4)
+    on.add_argument("--every", type=int, default=8, help="requests between two updates")
+    on.add_argument("--max-new-tokens", type=int, default=48)
+    on.add_argument("--temperature", type=float, default=0.0)
+    on.add_argument("--head", help="the head's folder (default: the one shipped for the target)")
+    on.add_argument("--seed", type=int, default=77)
+    on.add_argument("--out", help="write the report (JSON) here")
+    add_model_args(on)
+    on.set_defaults(func=cmd_online)

@@ -59,7 +59,10 @@ def cmd_generate(args) -> int:
     config = method_config_from_args(args)
     prompts = prompts_from_args(args)
     pair = load_pair_from_args(args)
-    for n, prompt, trace in runs_from_args(args, pair, prompts, config):
+    if args.save_distilled and not config.online_distill:
+        raise ValueError("--save-distilled saves what --online-distill learned: add --online-distill")
+    session: dict = {}
+    for n, prompt, trace in runs_from_args(args, pair, prompts, config, session=session):
         m = run_metrics(trace)
         if args.save_trace:
             out = Path(args.save_trace)
@@ -78,7 +81,8 @@ def cmd_generate(args) -> int:
                               "mcsd_acceptance_rate": m["mcsd_acceptance_rate"], "tokens_per_s": m["tokens_per_s"],
                               "acceptance_length": m["acceptance_length"],
                               "position_acceptance": m["position_acceptance"],
-                              "generated_tokens": m["generated_tokens"], "seconds": m["seconds"]},
+                              "generated_tokens": m["generated_tokens"], "seconds": m["seconds"],
+                              **({"distill": session["distiller"].history[-1]} if config.online_distill else {})},
                              ensure_ascii=False), flush=True)
         else:
             print(f"--- prompt {prompt.id} [{config.method}{' LOSSY' if config.is_lossy else ''}]")
@@ -87,6 +91,14 @@ def cmd_generate(args) -> int:
             print(f"--- {m['generated_tokens']} tokens, {m['target_calls']} target calls, "
                   f"{m['tokens_per_target_call']:.2f} tokens/call, acceptance "
                   f"{'n/a' if acc is None else f'{acc:.2f}'}, {m['tokens_per_s']:.2f} tokens/s", flush=True)
+        if config.online_distill:
+            row = session["distiller"].history[-1]
+            first = row.get("first_acceptance")
+            print(f"--- head version {row['version']}: first-position acceptance "
+                  f"{'n/a' if first is None else f'{first:.2f}'}, {row['rejections']} rejections kept"
+                  + (f"; updated (loss {row['loss']:.3f})" if row.get("updated") else ""), flush=True)
+    if args.save_distilled and session.get("distiller") is not None:
+        print(f"--- the learned head: {session['distiller'].save(args.save_distilled)}")
     return 0
 
 
@@ -276,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--save-trace", metavar="DIR", help="write each run's step trace as JSON into DIR")
     gen.add_argument("--html", metavar="DIR", help="write each run as one HTML page that plays its steps in any "
                                                    "browser, offline (DIR/trace_NNN.html, about 1.6 MB each)")
+    gen.add_argument("--save-distilled", metavar="DIR", help="with --online-distill: write the learned head into DIR "
+                                                             "(loads with --head DIR)")
     add_method_args(gen)
     add_sampling_args(gen)
     add_model_args(gen)

@@ -100,6 +100,10 @@ class MethodConfig:
         head_topk, head_depth, head_tokens: ``eagle``: EAGLE-2's dynamic tree (``drafters/eagle.py``): children
             drawn per expanded node (and nodes expanded per level), most levels drafted, most nodes verified (SGLang's
             ``speculative_eagle_topk``, ``speculative_num_steps``, ``speculative_num_draft_tokens``).
+        online_distill, distill_lr, distill_every: ``eagle``, ``eagle-hybrid``: OSD's online distillation of the
+            head between requests (``online_distill.py``): one AdamW step at ``distill_lr`` every ``distill_every``
+            requests on the target's distributions where the head's tokens were rejected (OSD: 1e-4 every 8, or 1e-5
+            every request).
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -132,6 +136,9 @@ class MethodConfig:
     head_topk: int = 4
     head_depth: int = 6
     head_tokens: int = 16
+    online_distill: bool = False
+    distill_lr: float = 1e-4
+    distill_every: int = 8
 
     @property
     def spec(self):
@@ -195,6 +202,15 @@ class MethodConfig:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
         if self.verifier != "auto" and self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; use auto or one of {', '.join(VERIFIERS)}")
+        if self.online_distill:
+            if not self.spec.uses_head:
+                raise ValueError(f"online distillation learns an EAGLE-3 head (eagle, eagle-hybrid); {self.method} "
+                                 "has none (a draft model's LoRA adapter is not offered yet)")
+            lr, every = self.distill_lr, self.distill_every
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0.0 < lr <= 1.0:
+                raise ValueError(f"distill_lr must be a number in (0, 1], got {lr!r}")
+            if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 1000:
+                raise ValueError(f"distill_every must be an integer in [1, 1000] requests, got {every!r}")
         if not isinstance(self.head, str):
             raise ValueError(f"head must be a folder path (or empty for the shipped head), got {self.head!r}")
         if self.lossy and self.method != "mcsd-improved":

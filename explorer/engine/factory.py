@@ -37,7 +37,7 @@ from ..models.pair import ModelPair
 from ..trace.records import RunTrace
 from .carried import Carried
 from .config import MethodConfig, free_row_budget
-from .drafters import DraftOffer, make_drafter
+from .drafters import DraftOffer, head_drafter, make_drafter
 from .drafters.row_pricing import RowPricing
 from .machine import Engine
 from .observers import (AdaptationObserver, CostRatioObserver, FallbackObserver, RowPricingObserver,
@@ -45,6 +45,7 @@ from .observers import (AdaptationObserver, CostRatioObserver, FallbackObserver,
 from .parts import EngineError, EngineParts
 from .policies.cost_ratio import CostRatioMeter
 from .policies.fallback import GoodputFallback, asks_row_costs, fallback_active
+from .online_distill import HeadDistiller
 from .policies.head_tree import TreeSizer
 from .policies.stopping import LEARNED_POLICIES, adapt_problem, make_stop_policy
 from .policies.tree_choice import ONLINE_ROOTS, TreeChooser
@@ -118,7 +119,8 @@ def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None)
 
 
 def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
-                carried: Carried | None = None, follow: RunTrace | None = None) -> EngineParts:
+                carried: Carried | None = None, follow: RunTrace | None = None,
+                distiller: HeadDistiller | None = None) -> EngineParts:
     """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
     ``resolve_decision``'s config (a transferred decision model adapts online); ``build_engine`` gives the engine
     that config too.
@@ -147,8 +149,12 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
         chooser = TreeChooser(ONLINE_ROOTS, published=config.draft_branching()[0], max_depth=config.max_depth,
                               branch_threshold=config.branch_threshold)
         chooser.costs = costs
+    head = _head(pair, config)
+    if config.online_distill:  # the session's own copy of the head learns; the pair's stays as loaded
+        distiller = _distiller(head[0], config, distiller)
+        head = (distiller.head, head[1], {**head[2], "distilled": distiller.describe()})
     parts = EngineParts(
-        drafter=make_drafter(config, carried.recycling, exits, chooser, tree, _head(pair, config), sizer,
+        drafter=make_drafter(config, carried.recycling, exits, chooser, tree, head, sizer,
                              DraftOffer(config, sampling, pair.vocab_size, pair.tokenizer,
                                         tuple(pair.eos_token_ids), pair.device.type, pair.draft_id, pair.target_id)),
         stop_policy=stop_policy,
@@ -176,7 +182,21 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     if follow is not None:
         _follow(parts, follow)
     parts.observers = _observers(parts, chooser)
+    if config.online_distill:
+        parts.distiller = distiller
+        head_drafter(parts.drafter).distill = distiller
     return parts
+
+
+def _distiller(head, config: MethodConfig, distiller: HeadDistiller | None) -> HeadDistiller:
+    """The session's distiller of ``head`` at ``config``'s settings: ``distiller`` where it distils a head of the same
+    shape (its learning rate and interval set to the config's), else a new one from a copy of ``head``."""
+    if distiller is None or distiller.head.config != head.config:
+        return HeadDistiller.for_head(head, config.distill_lr, config.distill_every)
+    distiller.lr, distiller.every = config.distill_lr, config.distill_every
+    for group in distiller.optimizer.param_groups:
+        group["lr"] = config.distill_lr
+    return distiller
 
 
 def _head(pair: ModelPair, config: MethodConfig):
@@ -247,7 +267,7 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
                  carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
                  joint_prefill: bool = False, follow: RunTrace | None = None, lanes: str = "one",
-                 lane_threads: int = 1) -> Engine:
+                 lane_threads: int = 1, distiller: HeadDistiller | None = None) -> Engine:
     """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
 
     Args:
@@ -266,6 +286,9 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             (``adaptation_carried``) for replays. None starts afresh.
         follow: a recorded run to replay (``instruments/replay.py``): the parts start from what it started from
             (``carried_from_trace``, in place of ``carried``) and take its timing-driven decisions (``_follow``).
+        distiller: with ``online_distill``, the session's ``online_distill.HeadDistiller`` (an earlier run's
+            ``engine.parts.distiller``): the run drafts with its head and it learns when the run finishes; None
+            starts one from the pair's head.
     Raises:
         EngineError: as ``build_parts`` and ``Engine`` do (no decision model for a learned stop policy, an unknown
             ``kv_cache``, graphs without a static cache).
@@ -280,7 +303,7 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             raise EngineError(str(exc)) from None
     if follow is not None:
         carried = carried_from_trace(pair, config, sampling, follow)
-    parts = build_parts(pair, config, sampling, decision_model, carried, follow)
+    parts = build_parts(pair, config, sampling, decision_model, carried, follow, distiller)
     return Engine(pair, config, sampling, parts, capture_features=capture_features, kv_cache=kv_cache,
                   graphs=graphs, count_syncs=count_syncs, chain_levels=chain_levels, joint_prefill=joint_prefill,
                   lanes=lanes, lane_threads=lane_threads)

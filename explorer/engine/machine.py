@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from ..models.pair import ModelPair
+from ..trace.metrics import run_metrics
 from ..trace.records import RunTrace, StepTrace
 from .carried import Carried
 from .config import MethodConfig
@@ -270,6 +271,8 @@ class Engine:
         self._notify(ObservedStep(drafted=drafted, verified=verified, record=record, context=context,
                                   committed=committed, history=s.committed, speculated=speculate, one_off=one_off),
                      timeline)
+        if s.finished and parts.distiller is not None:  # between requests: the head may learn (online_distill.py)
+            parts.distiller.end_request(s.committed, head_summary(self.trace))
         return record
 
     def _two_lanes(self, ahead: list[int], timeline: StepTimeline):
@@ -405,6 +408,15 @@ class Engine:
             adapts=parts.adapter is not None, capture_features=self.options.capture_features, draft=draft,
             prompt_top=prompt_top, target_states=target_states, vocab_size=self.pair.vocab_size,
             time_forward=lambda rows: self.forwards.segment("draft", rows))
+
+
+def head_summary(trace) -> dict:
+    """A finished run's ``first_acceptance`` (steps that committed a head token at depth 1 over steps that drafted
+    one; None where none did) and ``tokens_per_call``, for the online distillation's history."""
+    drafted = [s for s in trace.steps if any(n.depth == 1 and n.source == "draft" for n in s.nodes)]
+    hits = sum(1 for s in drafted if any(n.depth == 1 and n.source == "draft" and n.committed for n in s.nodes))
+    return {"first_acceptance": hits / len(drafted) if drafted else None,
+            "tokens_per_call": run_metrics(trace)["tokens_per_target_call"]}
 
 
 def joins_prefill(options: EngineOptions, config: MethodConfig, n_prompt: int) -> bool:

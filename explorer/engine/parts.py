@@ -50,6 +50,8 @@ class EngineParts:
             recorded run's), or None where the tree is fixed.
         observers: what else learns from a verified step (``observers.StepObserver``), in the order the step
             notifies them after the drafter.
+        distiller: the session's online distillation of the head (``online_distill.HeadDistiller``), told when a
+            run finishes; None where the method does not distil.
     """
 
     drafter: Drafter
@@ -68,6 +70,7 @@ class EngineParts:
     cost_meter: CostRatioMeter | None = None
     tree_costs: dict | None = None
     observers: list = field(default_factory=list)
+    distiller: object = None
 
 
 LANES = ("one", "threads")

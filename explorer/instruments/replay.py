@@ -65,8 +65,14 @@ def _check_models(pair, trace: RunTrace, roles: tuple[str, ...]) -> None:
 
 def _check_head(trace: RunTrace, loaded: dict) -> None:
     """Raises ReplayError where the trace's head (its weights' sha256; older traces record none) is not ``loaded``,
-    what the engine built for the replay records of its head: the drafts would differ from the first step on."""
+    what the engine built for the replay records of its head, or had learned online: the drafts would differ from
+    the first step on."""
     recorded = (trace.settings.get("head") or {}).get("weights_sha256")
+    learned = ((trace.settings.get("head") or {}).get("distilled") or {}).get("version", 0)
+    if learned:  # the weights that drafted it were learned in a session, not the folder's
+        raise ReplayError(f"the trace was drafted by a head that had learned online for {learned} updates "
+                          "(online distillation): save that head (generate --save-distilled DIR) and replay with "
+                          "--head DIR")
     if recorded and loaded.get("weights_sha256") != recorded:
         raise ReplayError(f"the trace was drafted by another version of the EAGLE-3 head (weights sha256 {recorded}; "
                           f"{loaded.get('path')} holds {loaded.get('weights_sha256')}): replay it with that head "

@@ -169,6 +169,10 @@ def make_engine(pair, settings, prompt_text: str, chat: bool, method: str | None
             verification_cost(pair)
     # the goodput fallback's rates and the adaptation from the session's last run: the engine uses them only for
     # the same method, sampling, pair and device (and decision model)
-    engine = build_engine(pair, config, sampling, carried=carried)
+    held = Shared.DISTILLER.get()  # the session's learning head, if it learns on this pair
+    distiller = held[1] if config.online_distill and held and held[0] == pair.name else None
+    engine = build_engine(pair, config, sampling, carried=carried, distiller=distiller)
+    if engine.parts.distiller is not None:
+        Shared.DISTILLER.set((pair.name, engine.parts.distiller))
     engine.start(ids, settings["max_new"], prompt_text=prompt_text)
     return engine

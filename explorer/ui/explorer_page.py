@@ -28,10 +28,10 @@ from ..trace.records import MAX_TRACE_BYTES, TraceError, loads_run
 from . import layout, panels
 from .common import build_config, example_prompts, guarded, make_engine, pair_or_message, parse_upload, set_error
 from .counterfactual_panel import counterfactual_section
-from .instruments_panel import (acceptance_report, acceptance_section, calibration_section, optimal_tree_section,
-                               timeline_section)
+from .instruments_panel import (acceptance_report, acceptance_section, calibration_section, distill_section,
+                               optimal_tree_section, timeline_section)
 from .lesson_panel import save_as_lesson
-from .state import Explorer, engine_lock, keep_learned, replay_in_explorer
+from .state import Explorer, Shared, engine_lock, keep_learned, replay_in_explorer
 
 ERROR = Explorer.ERROR
 
@@ -443,6 +443,9 @@ def run_instruments(trace, teach: bool, pair=None) -> None:
     stop signal's calibration."""
     acceptance_section(trace, _costs_for(pair), can_measure=pair is not None, teach=teach)
     calibration_section(trace, teach)
+    if (trace.settings.get("head") or {}).get("distilled") is not None:
+        held = Shared.DISTILLER.get()
+        distill_section(held[1].history if held else None, teach, reset=lambda: Shared.DISTILLER.set(None))
 
 
 def _results(key, trace, create: bool = False) -> dict:

@@ -221,6 +221,30 @@ def lanes_section(trace: RunTrace, step: StepTrace, teach: bool) -> None:
                if two else "No round has a timeline.")
 
 
+TEACH_DISTILL = ("After each prompt, the head looks at the places where the target rejected its guesses and "
+                 "nudges itself towards what the target wanted there. It never changes in the middle of a prompt, "
+                 "so the output stays exactly the target's; over a stream of similar prompts it should guess "
+                 "right more often.")
+
+
+def distill_section(history: list[dict] | None, teach: bool, reset: Callable[[], None]) -> None:
+    """The session's head learning online (``engine/online_distill.py``): acceptance by request, the version, and
+    a button that starts the head afresh (``reset``)."""
+    with st.expander("The head learning online (OSD)"):
+        if teach:
+            teach_caption(TEACH_DISTILL)
+        if not history:
+            st.info("No prompt has finished yet: the head learns when a run ends (Step until the end, or Run).")
+        else:
+            st.plotly_chart(ifig.learning_figure(history), width="stretch", key="distill_curve")
+            last = history[-1]
+            updates = sum(1 for row in history if row.get("updated"))
+            st.caption(f"{len(history)} prompts finished; {updates} updates (head version "
+                       f"{last['version'] + (1 if last.get('updated') else 0)}). Each point is one prompt's share "
+                       "of steps whose first drafted token was accepted.")
+        st.button("Reset the head to the shipped one", key="distill_reset", on_click=reset)
+
+
 def calibration_section(trace: RunTrace, teach: bool) -> None:
     """Stop-signal calibration over the run: reliability, ROC with the run's operating point, threshold costs."""
     with st.expander("Stop-signal calibration"):

@@ -152,6 +152,17 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                    "acceptance measured so far and this machine's costs (a head level, a target "
                                    "row) say pay; off: every level and node. Never changes the output law")
         changes["tree_choice"] = "online" if online else "fixed"
+        changes["online_distill"] = box.checkbox(
+            "Head: learn online between prompts (OSD)", value=False, key=Sidebar.HEAD_DISTILL.widget_key(prefix),
+            help="after each finished prompt the session's own copy of the head learns the target's distribution "
+                 "where its tokens were rejected (online speculative decoding); never inside a run, so the output "
+                 "law never changes. The Explorer's 'The head learning' panel shows acceptance by prompt")
+        if changes["online_distill"]:
+            changes["distill_every"] = box.select_slider("Head: prompts between updates", [1, 2, 4, 8], 1,
+                                                         key=Sidebar.DISTILL_EVERY.widget_key(prefix))
+            changes["distill_lr"] = box.select_slider("Head: learning rate", [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], 1e-4,
+                                                      format_func=lambda v: f"{v:.0e}",
+                                                      key=Sidebar.DISTILL_LR.widget_key(prefix))
     if "recycling" in spec.free:
         changes["recycling_widths"] = box.text_input(
             "Recycling tree template (widths per level)", ",".join(map(str, d.recycling_widths)),

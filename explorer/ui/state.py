@@ -180,6 +180,11 @@ class Sidebar:
     HEAD_TOKENS: Key[int] = Key("head_tokens", "eagle: most draft tokens verified", widget=True)
     HEAD_ONLINE: Key[bool] = Key("head_online", "eagle: levels drafted and nodes verified, chosen online",
                                  widget=True)
+    HEAD_DISTILL: Key[bool] = Key("head_distill", "eagle: the head learns online between prompts (OSD)",
+                                  widget=True)
+    DISTILL_EVERY: Key[int] = Key("distill_every", "eagle, online distillation: prompts between updates",
+                                  widget=True)
+    DISTILL_LR: Key[float] = Key("distill_lr", "eagle, online distillation: learning rate", widget=True)
     FREE_ROWS: Key[int] = Key("free_rows", "free branches' most target rows (0 = auto)", widget=True)
     FALLBACK: Key[str] = Key("fallback", "the goodput fallback to plain decoding", widget=True)
     VERIFIER: Key[str] = Key("verifier", "the verification rule", widget=True, kept=True)
@@ -296,6 +301,8 @@ class Shared:
                                                   "(engine_lock())")
     CARRIED: Key[Carried | None] = Key("carried", "what the session's runs learned for the next one (the recycling "
                                        "matrix, the fallback's rates, the online adaptation: engine/carried.py)")
+    DISTILLER: Key[tuple | None] = Key("distiller", "the session's head learning online (OSD): (pair name, "
+                                       "engine/online_distill.HeadDistiller); reset drops it")
 
 
 GROUPS: tuple[type, ...] = (App, Sidebar, Explorer, Classroom, Compare, Forensics, Shared)

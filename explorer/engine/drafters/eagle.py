@@ -27,6 +27,7 @@ import time
 import torch
 
 from ...models.eagle3 import HeadCache, target_columns
+from ..online_distill import LABEL_K
 from ...trace.records import TOP_K_SHOWN
 from .. import drafting
 from ..policies.head_tree import TreeSizer
@@ -65,6 +66,7 @@ class HeadDrafter(Drafter):
         self._states_start = 0
         self._root: tuple[torch.Tensor, torch.Tensor] | None = None  # the last read row's logits and output g
         self._after_start: tuple = (None, 0)
+        self.distill = None  # the session's online distillation (``online_distill.HeadDistiller``), or None
 
     def state_for_trace(self) -> dict:
         return {"head": self.source} if self.source else {}
@@ -79,16 +81,22 @@ class HeadDrafter(Drafter):
             self.sizer.reset()
         self._states, self._states_start = view.target_states, 0
         self._after_start = (self._states, 0)
+        if self.distill is not None:
+            self.distill.begin()
 
     def rewind(self) -> None:
         self.cache, self._root = HeadCache(), None
         self._states, self._states_start = self._after_start
+        if self.distill is not None:
+            self.distill.begin()
 
     def observe(self, step) -> None:
         """Keep the target states of the committed rows the verification read (the path's rows past what the step
         committed, cut at EOS or the budget, are left out)."""
         v = step.verified
         self._learn_size(step)
+        if self.distill is not None:
+            self._record_rejection(step)
         if v.target_states is None:
             return
         rows = v.target_states[: max(0, len(step.history) - v.states_start)]
@@ -108,6 +116,19 @@ class HeadDrafter(Drafter):
         self.sizer.record([nodes[i] for i in seen], [odds[i].accept_prob for i in seen], ms)
         self._sized = None
 
+    def _record_rejection(self, step) -> None:
+        """Tell the distiller where the verifier rejected the head's tokens: the chain level that drafted them from
+        the step's root row, and the target's distribution there (the row of the last accepted head node). Steps
+        whose accepted path is not the head's alone (prompt lookup's copies, a plain step) teach nothing."""
+        tree, path = step.drafted.tree, step.verified.result.path
+        if not len(tree) or any(tree.source[i] != "draft" for i in path):
+            return
+        last = path[-1] if path else -1
+        if not any(tree.source[c] == "draft" for c in tree.children(last)):
+            return  # the walk ended at a leaf: nothing of the head's was rejected
+        top = step.verified.p_rows.plain_top([last + 1], LABEL_K)[last + 1]
+        self.distill.rejected(len(step.context) - 2, len(path) + 1, [t for t, _ in top], [p for _, p in top])
+
     def _catch_up(self, committed, timed) -> bool:
         """Feed the head the committed positions t it has not read, up to the anchor's parent (the token at t + 1
         is committed), in one forward; keep its last row as the root (it predicts the anchor's children). Returns
@@ -125,6 +146,8 @@ class HeadDrafter(Drafter):
             logits, g = head(tokens, head.features(self._states[:n]), torch.arange(start, last + 1, device=device),
                              self.cache)
         self._root = (logits[-1:], g[-1:])
+        if self.distill is not None:  # the rows the head read: what its update recomputes
+            self.distill.read(start, committed[start + 1: last + 2], self._states[:n])
         self._states, self._states_start = self._states[n:], last + 1  # the anchor's state, where known
         return True
 
@@ -200,6 +223,8 @@ class HeadDrafter(Drafter):
         drafted = self._tree(order, parent, token, draft_id, depth, dists, sampling.greedy, calls,
                              (target_of, columns, view.vocab_size))
         drafted.tree_start = len(committed)  # no draft-model cache: the tree's rows sit after the context
+        if self.distill is not None:  # which version of the learning head drafted this step
+            drafted.info["head"]["version"] = self.distill.version
         if size is not None:
             drafted.info["head"]["size"] = size
             self._sized = (drafted, [(depth[i], rank[i], q[i]) for i in order],

@@ -1,0 +1,137 @@
+"""Online distillation of the EAGLE-3 head (``explorer/engine/online_distill.py``, OSD): what a request leaves, the
+update between requests only, the logits it trains being those that drafted the rejected tokens, a learned head
+audited lossless, saved and loaded back."""
+
+import json
+
+import pytest
+import torch
+
+from explorer.analysis.audit import audit_engine
+from explorer.cli.main import main
+from explorer.engine.config import DEFAULTS, MethodConfig
+from explorer.engine.factory import build_engine
+from explorer.engine.online_distill import DISTILL_FILE, chain_logits
+from explorer.engine.sampling import SamplingConfig
+from explorer.models.eagle3 import HeadConfig, random_head, save_head
+from explorer.models.head_store import head_for
+
+PROMPT = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture
+def head_dir(tiny, tmp_path):
+    t = tiny.target.config
+    config = HeadConfig(hidden_size=t.hidden_size, intermediate_size=96, num_attention_heads=t.num_attention_heads,
+                        num_key_value_heads=t.num_key_value_heads, head_dim=t.hidden_size // t.num_attention_heads,
+                        vocab_size=t.vocab_size, draft_vocab_size=64, rope_theta=10000.0, aux_layer_ids=(0, 1, 2))
+    return str(save_head(random_head(config, seed=4, draft_ids=list(range(32, 96))), tmp_path / "head"))
+
+
+def _config(head_dir, **changes) -> MethodConfig:
+    base = dict(head=head_dir, online_distill=True, distill_lr=3e-3, distill_every=1, fallback="off",
+                head_topk=2, head_depth=3, head_tokens=6)
+    return DEFAULTS["eagle"].with_(**{**base, **changes})
+
+
+def _request(tiny, config, distiller=None, temperature=0.0, seed=0, n=32, prompt=PROMPT):
+    engine = build_engine(tiny, config, SamplingConfig(temperature=temperature, seed=seed), distiller=distiller)
+    engine.start(tiny.tokenizer.encode(prompt), n)
+    return engine, engine.run()
+
+
+def test_the_head_learns_between_requests_only_and_the_pairs_head_stays(tiny, head_dir):
+    shared, _ = head_for(tiny, head_dir)
+    before = {k: v.clone() for k, v in shared.state_dict().items()}
+    distiller, versions = None, []
+    for _ in range(4):
+        engine, trace = _request(tiny, _config(head_dir), distiller)
+        distiller = engine.parts.distiller
+        drafted = {s.drafter["head"]["version"] for s in trace.steps if "head" in s.drafter}
+        versions.append(drafted)
+        assert trace.settings["head"]["distilled"]["version"] == min(drafted)
+    assert versions == [{0}, {1}, {2}, {3}]  # one update after each request, none inside one
+    assert distiller.version == 4 and len(distiller.history) == 4
+    assert all(row["rejections"] > 0 and row["updated"] for row in distiller.history)
+    losses = [row["loss"] for row in distiller.history]
+    assert losses[-1] < losses[0]  # the same prompt again: the head fits the target where it missed
+    assert all(torch.equal(before[k], v) for k, v in shared.state_dict().items())  # the pair's copy as loaded
+    assert not all(torch.equal(before[k], v) for k, v in distiller.head.state_dict().items() if k in before)
+
+
+def test_an_update_waits_for_its_interval(tiny, head_dir):
+    distiller = None
+    for _ in range(3):
+        engine, _ = _request(tiny, _config(head_dir, distill_every=2), distiller)
+        distiller = engine.parts.distiller
+    assert distiller.version == 1 and [r.get("updated", False) for r in distiller.history] == [False, True, False]
+    assert len(distiller.buffer) == 1  # the third request's rejections wait for the next update
+
+
+def test_the_update_trains_the_logits_that_drafted_each_rejected_token(tiny, head_dir):
+    """Recomputed chains give back the head's own probability of every rejected token of the run (the trace's q)
+    at the level and row the rejection names: the training-time test matches drafting, level 1 and deeper."""
+    engine = build_engine(tiny, _config(head_dir, distill_every=1000), SamplingConfig(temperature=0.0))
+    engine.start(tiny.tokenizer.encode(PROMPT), 40)
+    distiller = engine.parts.distiller
+    rejected_q, record = {}, None
+    while not engine.finished:
+        step = engine.step()
+        if not engine.finished:
+            record = distiller._current
+        drafted = engine.last_step[0]
+        path = engine.last_step[1].result.path
+        level = len(path) + 1
+        below = path[-1] if path else -1
+        row = step.nodes[0].position_id - 1  # the root row: the anchor's position less one
+        for c in drafted.tree.children(below):
+            rejected_q.setdefault((row, level), []).append((drafted.tree.token[c], drafted.q_show[c]))
+    assert record is not None and {r.level for r in record.rejections} >= {1, 2}
+    record.tokens = engine.state.committed[record.start + 1:]
+    with torch.no_grad():
+        levels = chain_logits(distiller.head, record)
+    to_draft = {int(t): i for i, t in enumerate(distiller.head.target_ids().tolist())}
+    checked = 0
+    for r in record.rejections:
+        logits, rows = levels[r.level]
+        q = logits[rows.index(r.row)].softmax(-1)
+        for token, shown in rejected_q[(r.row, r.level)]:
+            assert float(q[to_draft[token]]) == pytest.approx(shown, abs=1e-4)
+            checked += 1
+    assert checked >= 3
+
+
+def test_a_learned_head_stays_lossless(tiny, head_dir):
+    distiller = None
+    for seed in range(3):
+        engine, _ = _request(tiny, _config(head_dir, distill_lr=1e-2), distiller, temperature=1.0, seed=seed)
+        distiller = engine.parts.distiller
+    assert distiller.version == 3
+    config = _config(head_dir, distill_every=8, head_topk=3)
+    engine = build_engine(tiny, config, SamplingConfig(temperature=1.0, seed=55_000), distiller=distiller)
+    r = audit_engine(engine, tiny.tokenizer.encode("def f(x):\n    return"), 400)
+    assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
+    assert distiller.version > 3  # it went on learning between the audit's samples, each one exact
+
+
+def test_a_learned_head_saves_and_loads_as_any_head(tiny, head_dir, tmp_path, capsys):
+    out = tmp_path / "learned"
+    assert main(["generate", "--models", "tiny", "--method", "eagle", "--head", head_dir, "--online-distill",
+                 "--distill-every", "1", "--distill-lr", "3e-3", "--prompt", PROMPT, "--no-chat-template",
+                 "--max-new-tokens", "24", "--save-distilled", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "head version 0" in printed and "updated (loss" in printed
+    saved = json.loads((out / DISTILL_FILE).read_text())
+    assert saved["version"] == 1 and saved["history"][0]["rejections"] > 0
+    learned, _ = head_for(tiny, str(out))
+    original, _ = head_for(tiny, head_dir)
+    assert not torch.equal(learned.lm_head.weight, original.lm_head.weight)
+    _, trace = _request(tiny, DEFAULTS["eagle"].with_(head=str(out), fallback="off"))
+    assert trace.generated_ids  # drafts with it, as any head
+
+
+def test_only_a_head_distils():
+    with pytest.raises(ValueError, match="EAGLE-3 head"):
+        MethodConfig(method="mcsd", online_distill=True)
+    with pytest.raises(ValueError, match="distill_every"):
+        DEFAULTS["eagle"].with_(online_distill=True, distill_every=0)
