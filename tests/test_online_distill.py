@@ -70,8 +70,14 @@ def test_an_update_waits_for_its_interval(tiny, head_dir):
 
 def test_the_update_trains_the_logits_that_drafted_each_rejected_token(tiny, head_dir):
     """Recomputed chains give back the head's own probability of every rejected token of the run (the trace's q)
-    at the level and row the rejection names: the training-time test matches drafting, level 1 and deeper."""
-    engine = build_engine(tiny, _config(head_dir, distill_every=1000), SamplingConfig(temperature=0.0))
+    at the level and row the rejection names: the training-time test matches drafting, level 1 and deeper (the head
+    first learns this prompt a little, so that some first tokens pass and deeper ones are rejected)."""
+    distiller = None
+    for _ in range(3):
+        engine, _ = _request(tiny, _config(head_dir, distill_lr=1e-2), distiller, n=40)
+        distiller = engine.parts.distiller
+    engine = build_engine(tiny, _config(head_dir, distill_every=1000), SamplingConfig(temperature=0.0),
+                          distiller=distiller)
     engine.start(tiny.tokenizer.encode(PROMPT), 40)
     distiller = engine.parts.distiller
     rejected_q, record = {}, None
@@ -111,7 +117,7 @@ def test_a_learned_head_stays_lossless(tiny, head_dir):
     engine = build_engine(tiny, config, SamplingConfig(temperature=1.0, seed=55_000), distiller=distiller)
     r = audit_engine(engine, tiny.tokenizer.encode("def f(x):\n    return"), 400)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
-    assert distiller.version > 3  # it went on learning between the audit's samples, each one exact
+    assert {s.drafter["head"]["version"] for s in engine.trace.steps if "head" in s.drafter} == {3}  # the learned
 
 
 def test_a_learned_head_saves_and_loads_as_any_head(tiny, head_dir, tmp_path, capsys):

@@ -49,13 +49,14 @@ def first_acceptance(traces: list[RunTrace]) -> dict:
 
 def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: float = 1e-4, every: int = 8,
                   max_new_tokens: int = 48, temperature: float = 0.0, head: str = "", seed: int = 77,
-                  progress=print) -> dict:
+                  before: dict | None = None, progress=print) -> dict:
     """The experiment of the module docstring on ``pair`` with ``eagle``'s head (``head``: a folder, empty for the
-    shipped one). Returns ``{"settings", "history" (per stream request), "before", "after" (per held-out kind:
-    ``first_acceptance`` pooled, and ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind or
-    bad settings."""
+    shipped one), its tree fixed (a tree sized online from wall times would make acceptance depend on the machine's
+    load). ``before``: an earlier report's ``before`` for the same prompts and head, reused. Returns ``{"settings",
+    "history" (per stream request), "before", "after" (per held-out kind: ``first_acceptance`` pooled, and
+    ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind or bad settings."""
     prompts = stream_prompts(kind, requests, held_out, seed)
-    base = DEFAULTS["eagle"].with_(head=head, fallback="off")
+    base = DEFAULTS["eagle"].with_(head=head, fallback="off", tree_choice="fixed")
     sampling = SamplingConfig(temperature=temperature, seed=seed)
     t0 = time.perf_counter()
 
@@ -75,7 +76,7 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
                      f"{out[k]['tokens_per_call']:.2f} tokens/call")
         return out
 
-    before = held(base, "before")
+    before = before or held(base, "before")
     learning = base.with_(online_distill=True, distill_lr=lr, distill_every=every)
     distiller = None
     for n, text in enumerate(prompts["stream"], 1):

@@ -174,7 +174,7 @@ class HeadDistiller:
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
         self.optimizer.step()
         self.version += 1
-        return float(loss)
+        return float(loss.detach())
 
     # ------------------------------------------------------------------ saving
 
