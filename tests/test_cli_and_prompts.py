@@ -101,6 +101,7 @@ BAD_INPUTS = {
     "heads train": (["heads", "train", "--models", "tiny", "--data", "{d}/nowhere", "--out", "{d}/h"],
                     "holds no head training data"),
     "heads respond": (["heads", "respond", "--models", "tiny", "--out", "{d}/bad.json/x"], "File exists"),
+    "heads online": (["heads", "online", "--models", "tiny", "--kind", "poetry"], "unknown kind"),
     "probe": (["probe", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
     "acceptance": (["acceptance", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
     "calibration": (["calibration", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),

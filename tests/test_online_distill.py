@@ -141,3 +141,23 @@ def test_only_a_head_distils():
         MethodConfig(method="mcsd", online_distill=True)
     with pytest.raises(ValueError, match="distill_every"):
         DEFAULTS["eagle"].with_(online_distill=True, distill_every=0)
+
+
+def test_a_lesson_learns_its_head_on_a_stream_before_its_runs(tiny, head_dir, tmp_path):
+    from explorer.heads.online import stream_prompts
+    from explorer.lessons.record import GREEDY, LEARNED_HEAD, LEARNING_PROMPT, LESSON_SPECS, LessonSpec, _learned_runs
+
+    before = DEFAULTS["eagle"].with_(head=head_dir, fallback="off", tree_choice="fixed")
+    spec = LessonSpec("x", "t", "q", PROMPT, (("before", before, GREEDY), ("after", before.with_(head=LEARNED_HEAD),
+                                                                            GREEDY)),
+                      lambda runs, info: [], max_new_tokens=16, learn=("code", 3, 3e-3, 1))
+    runs, history = _learned_runs(tiny, spec, str(tmp_path), stream=lambda kind, n: [PROMPT] * n)
+    assert runs[0][1].head == head_dir and runs[1][1].head == str(tmp_path) and (tmp_path / DISTILL_FILE).exists()
+    assert len(history) == 3 and history[-1]["updated"]
+    with pytest.raises(ValueError, match="stream"):
+        _learned_runs(tiny, spec, str(tmp_path))
+    # lesson 10's prompt is held out: the one after the stream it learns from
+    lesson = next(s for s in LESSON_SPECS if s.learn)
+    kind, requests, _, _ = lesson.learn
+    assert LEARNING_PROMPT == lesson.prompt == stream_prompts(kind, requests, 1)["held_out"][kind][0]
+    assert LEARNING_PROMPT not in stream_prompts(kind, requests, 1)["stream"]

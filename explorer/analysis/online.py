@@ -1,38 +1,16 @@
-"""What online distillation does for a head on a stream of one kind of prompt (``engine/online_distill.py``; ``python
--m explorer heads online``): held-out prompts of every kind drafted by the head as loaded, then a stream of
-``requests`` prompts of one kind with the head learning between them, then the same held-out prompts drafted by the
-learned head (saved and loaded back, as ``--head`` would load it, learning no further).
-
-Prompts come from ``heads/prompts.py``'s templates with a seed of their own (none of the bench's sets; the head's
-training used seed 0): the stream and the held-out prompts of its kind are disjoint draws, the other kinds' held-out
-prompts a second seed's. First-position acceptance is pooled over steps: steps whose first drafted level had a head
-token accepted over steps that drafted one (``machine.head_summary`` per request).
+"""Learning a head online on a stream of prompts (``engine/online_distill.py``): the runs one after the other, the
+head learning between them (``learn_stream``), and the head's first-position acceptance pooled over runs
+(``first_acceptance``). The stream experiment, its prompts and the held-out prompts of every kind, is
+``heads/online.py``; lesson 10 learns its head with ``learn_stream``.
 """
 
 from __future__ import annotations
 
-import random
-import tempfile
-import time
-
-from ..engine.config import DEFAULTS, MethodConfig
+from ..engine.config import MethodConfig
 from ..engine.factory import build_engine
-from ..engine.machine import head_summary
 from ..engine.sampling import SamplingConfig
-from ..heads.prompts import KINDS
 from ..trace.records import RunTrace
 from .prompts import encode_prompt
-
-
-def stream_prompts(kind: str, requests: int, held_out: int, seed: int = 77) -> dict:
-    """``{"stream": [...], "held_out": {kind: [...]}}``: ``requests`` prompts of ``kind`` to learn from and
-    ``held_out`` more of every kind (``heads.prompts.KINDS``) never learnt from. Raises ValueError for an unknown
-    kind."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
-    own = KINDS[kind](random.Random(seed), requests + held_out)
-    others = {k: make(random.Random(seed + 1), held_out) for k, make in KINDS.items() if k != kind}
-    return {"stream": own[:requests], "held_out": {kind: own[requests:], **others}}
 
 
 def first_acceptance(traces: list[RunTrace]) -> dict:
@@ -47,52 +25,14 @@ def first_acceptance(traces: list[RunTrace]) -> dict:
     return {"drafted": drafted, "accepted": accepted, "rate": accepted / drafted if drafted else None}
 
 
-def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: float = 1e-4, every: int = 8,
-                  max_new_tokens: int = 48, temperature: float = 0.0, head: str = "", seed: int = 77,
-                  before: dict | None = None, progress=print) -> dict:
-    """The experiment of the module docstring on ``pair`` with ``eagle``'s head (``head``: a folder, empty for the
-    shipped one), its tree fixed (a tree sized online from wall times would make acceptance depend on the machine's
-    load). ``before``: an earlier report's ``before`` for the same prompts and head, reused. Returns ``{"settings",
-    "history" (per stream request), "before", "after" (per held-out kind: ``first_acceptance`` pooled, and
-    ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind or bad settings."""
-    prompts = stream_prompts(kind, requests, held_out, seed)
-    base = DEFAULTS["eagle"].with_(head=head, fallback="off", tree_choice="fixed")
-    sampling = SamplingConfig(temperature=temperature, seed=seed)
-    t0 = time.perf_counter()
-
-    def run(config: MethodConfig, text: str, distiller=None):
+def learn_stream(pair, texts: list[str], config: MethodConfig, sampling: SamplingConfig, max_new_tokens: int,
+                 distiller=None, progress=lambda n, engine, trace: None):
+    """Run ``texts`` one after the other with ``config`` (``online_distill`` on), the head learning between them;
+    ``progress(n, engine, trace)`` after each. Returns the ``HeadDistiller`` (``distiller``, or a new one)."""
+    for n, text in enumerate(texts, 1):
         engine = build_engine(pair, config, sampling, distiller=distiller)
         engine.start(encode_prompt(pair.tokenizer, text, chat_template=True), max_new_tokens, prompt_text=text)
-        return engine, engine.run()
-
-    def held(config: MethodConfig, label: str) -> dict:
-        out = {}
-        for k, texts in prompts["held_out"].items():
-            traces = [run(config, text)[1] for text in texts]
-            calls = sum(s.target_calls for t in traces for s in t.steps) + len(traces)  # each run's prefill
-            out[k] = {"first_acceptance": first_acceptance(traces),
-                      "tokens_per_call": sum(len(t.generated_ids) for t in traces) / calls}
-            progress(f"[{label}] {k}: first-position acceptance {out[k]['first_acceptance']['rate']:.3f}, "
-                     f"{out[k]['tokens_per_call']:.2f} tokens/call")
-        return out
-
-    before = before or held(base, "before")
-    learning = base.with_(online_distill=True, distill_lr=lr, distill_every=every)
-    distiller = None
-    for n, text in enumerate(prompts["stream"], 1):
-        t = time.perf_counter()
-        engine, trace = run(learning, text, distiller)
+        trace = engine.run()
         distiller = engine.parts.distiller
-        row = distiller.history[-1]
-        row["seconds"] = time.perf_counter() - t  # the run and the update that followed it
-        progress(f"[stream] {n}/{requests}: version {row['version']}, first-position acceptance "
-                 f"{head_summary(trace)['first_acceptance']}" + (f", update loss {row['loss']:.3f}"
-                                                                 if row.get("updated") else ""))
-    with tempfile.TemporaryDirectory() as folder:
-        distiller.save(folder)
-        after = held(base.with_(head=folder), "after")
-    return {"settings": {"kind": kind, "requests": requests, "held_out": held_out, "lr": lr, "every": every,
-                         "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
-                         "head": head or "shipped", "version": distiller.version},
-            "history": distiller.history, "before": before, "after": after,
-            "seconds": time.perf_counter() - t0}
+        progress(n, engine, trace)
+    return distiller

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..analysis.online import online_stream
+from ..heads.online import online_stream
 from ..engine.parts import EngineError
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk, read_text

@@ -38,6 +38,7 @@ from ..engine.config import VERIFIERS
 from ..engine.machine import EngineError
 from ..engine.sampling import SamplingConfig
 from ..engine.tree import TreeShapeError
+from ..heads.online import stream_prompts
 from ..lessons.lesson import LESSONS_DIR, load_lesson, shipped_lessons
 from ..lessons.player import export_html, export_index, trace_html
 from ..lessons.record import record_lessons, time_lessons
@@ -264,11 +265,13 @@ def cmd_lessons(args) -> int:
         return 0
 
     pair = load_pair_from_args(args)
+    stream = lambda kind, n: stream_prompts(kind, n, 1)["stream"]  # noqa: E731 - a lesson's learning prompts
     if args.action == "time":
         time_lessons(pair, Path(args.out), only=only, graphs=args.graphs,
-                     progress=lambda msg: print(msg, file=sys.stderr))
+                     progress=lambda msg: print(msg, file=sys.stderr), stream=stream)
         return 0
-    written = record_lessons(pair, Path(args.out), only=only, progress=lambda msg: print(msg, file=sys.stderr))
+    written = record_lessons(pair, Path(args.out), only=only, progress=lambda msg: print(msg, file=sys.stderr),
+                             stream=stream)
     for path in written:  # each lesson file gets its page beside it
         print(export_html(load_lesson(path), Path(args.out)), file=sys.stderr)
     return 0

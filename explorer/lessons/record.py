@@ -9,12 +9,14 @@ with a residual, the first early stop, ...), so a lesson re-recorded on another 
 from __future__ import annotations
 
 import datetime
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
 from ..analysis.audit import audit
 from ..analysis.bench import run_facts
+from ..analysis.online import learn_stream
 from ..analysis.prompts import encode_prompt
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
@@ -25,6 +27,7 @@ from ..trace.records import REJECTED, RunTrace
 from .lesson import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
 from ..plugins.loading import load_bundled
 from .phases import quote_token
+from ..analysis.online import first_acceptance
 
 load_bundled()  # lessons 08 and 09 run the project's bundled plugins (spectr, rsd-s, pearl), named in LESSON_SPECS
 GREEDY = SamplingConfig(temperature=0.0)
@@ -33,7 +36,9 @@ GREEDY = SamplingConfig(temperature=0.0)
 @dataclass(frozen=True)
 class LessonSpec:
     """How to record one lesson: its runs (label, method, sampling) on one prompt, the notes rule, and the audit's
-    sample count (0: none)."""
+    sample count (0: none). With ``learn``, the head learns online on a stream of prompts of one kind first
+    (``analysis.online``), and a run whose config's head is ``LEARNED_HEAD`` drafts with what it learnt; the notes
+    rule then gets the learning's history in place of an audit."""
 
     id: str
     title: str
@@ -44,6 +49,15 @@ class LessonSpec:
     max_new_tokens: int = 48
     audit_samples: int = 0
     audit_run: int = 0
+    learn: tuple | None = None  # (kind, requests, lr, every): a head learnt online first (runs name LEARNED_HEAD)
+
+
+LEARNING_PROMPT = ("English to Dutch:\n\nWe are planning a picnic by the lake if the weather stays dry. He forgot his "
+                   "keys and had to wait outside for an hour.")
+"""Lesson 10's prompt: a held-out translation prompt of the templates (``heads.online.stream_prompts('translation',
+16, 1)``; the stream it learns from is the 16 before it)."""
+LEARNED_HEAD = "@learned"
+"""A lesson run's ``head``: the head its ``LessonSpec.learn`` stream taught (``_learned_runs``)."""
 
 
 def _per_call(trace: RunTrace) -> float:
@@ -271,6 +285,35 @@ def _pearl_notes(runs, audit):
     return notes
 
 
+def _learning_notes(runs, info):
+    """Lesson 10: one held-out prompt drafted by the head as shipped, then by the head after it learnt online from a
+    stream of prompts of the same kind; the learning's history in numbers."""
+    before, after = runs
+    history = (info or {}).get("learning") or []
+    first = [row["first_acceptance"] for row in history if row.get("first_acceptance") is not None]
+    rate = {name: first_acceptance([t])["rate"] for name, t in (("before", before), ("after", after))}
+    miss = next((s for s in before.steps if any(n.depth == 1 and n.source == "draft" for n in s.nodes)
+                 and not any(n.depth == 1 and n.committed for n in s.nodes if n.source == "draft")), None)
+    notes = []
+    if miss is not None:
+        wanted = "".join(miss.committed_text[:1])
+        notes.append(Note(0, miss.index, "commit", f"The head's first guesses here were all rejected; the target "
+                          f"wrote {quote_token(wanted)}. Online distillation keeps this position: the target's whole "
+                          "distribution there, which verification computed anyway, and the head's own logits that "
+                          "made the rejected guesses."))
+    updates = sum(1 for row in history if row.get("updated"))
+    half = max(1, len(first) // 2)
+    curve = (f" Over the stream, first-position acceptance went from {sum(first[:half]) / half:.2f} in its first "
+             f"half to {sum(first[half:]) / max(1, len(first) - half):.2f} in its second." if len(first) > 1 else "")
+    notes.append(Note(1, len(after.steps) - 1, "commit", f"The same prompt, which the head never learnt from, after "
+                      f"it learnt from {len(history)} other prompts of this kind ({updates} updates, one after each "
+                      f"prompt, never inside one: every step stays exact). First-position acceptance on this prompt: "
+                      f"{rate['before']:.2f} before, {rate['after']:.2f} after; tokens per target call "
+                      f"{_per_call(before):.2f} and {_per_call(after):.2f}.{curve} One prompt is noisy: "
+                      "`python -m explorer heads online` measures held-out prompts of every kind."))
+    return notes
+
+
 LESSON_SPECS = (
     LessonSpec("01-code-chains", "Code: long chains accepted",
                "Why does a small draft model save the large one so much work on code?",
@@ -325,6 +368,13 @@ LESSON_SPECS = (
                (("PEARL γ 8", DEFAULTS["pearl"].with_(gamma=8), GREEDY),
                 ("sd (chain of 4)", MethodConfig(method="sd", gamma=4, fallback="off"), GREEDY)),
                _pearl_notes, max_new_tokens=48),
+    LessonSpec("10-head-learns", "A draft that learns from its rejections",
+               "Can the head get better at a kind of prompt while it serves, without ever changing the output?",
+               LEARNING_PROMPT,
+               (("head as shipped", DEFAULTS["eagle"].with_(fallback="off", tree_choice="fixed"), GREEDY),
+                ("head after 16 prompts", DEFAULTS["eagle"].with_(head=LEARNED_HEAD, fallback="off",
+                                                                   tree_choice="fixed"), GREEDY)),
+               _learning_notes, max_new_tokens=48, learn=("translation", 16, 1e-4, 1)),
 )
 
 
@@ -367,15 +417,40 @@ def _runner(pair, spec: LessonSpec, ids: list[int], graphs: bool = False):
     return run
 
 
-def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
-    """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit)."""
+def _learned_runs(pair, spec: LessonSpec, folder: str, progress=print, stream=None) -> tuple[tuple, list[dict]]:
+    """``spec.runs`` with ``LEARNED_HEAD`` replaced by a head learnt online on ``spec.learn``'s stream (saved in
+    ``folder``), starting from the head of the runs' other head run (the shipped one by default), and that
+    learning's history; the runs unchanged and no history without ``learn``. ``stream(kind,
+    n)``: n prompts of a kind to learn from (the command line's, ``heads.online.stream_prompts``). Raises ValueError
+    for a lesson that learns without one."""
+    if spec.learn is None:
+        return spec.runs, []
+    if stream is None:
+        raise ValueError(f"lesson {spec.id} learns on a stream of prompts: give record/time a stream")
+    kind, requests, lr, every = spec.learn
+    start = next((c.head for _, c, _ in spec.runs if c.spec.uses_head and c.head != LEARNED_HEAD), "")
+    config = DEFAULTS["eagle"].with_(head=start, fallback="off", tree_choice="fixed", online_distill=True,
+                                     distill_lr=lr, distill_every=every)
+    told = lambda n, engine, trace: progress(  # noqa: E731 - one line
+        f"[{spec.id}] learning on {kind} prompt {n}/{requests}: head version {engine.parts.distiller.version}")
+    distiller = learn_stream(pair, stream(kind, requests), config, GREEDY, spec.max_new_tokens, progress=told)
+    distiller.save(folder)
+    runs = tuple((label, c.with_(head=folder) if c.head == LEARNED_HEAD else c, sampling)
+                 for label, c, sampling in spec.runs)
+    return runs, distiller.history
+
+
+def record_lesson(pair, spec: LessonSpec, progress=print, stream=None) -> Lesson:
+    """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit);
+    ``stream``: as ``_learned_runs``'s."""
     ids = _prompt_ids(pair, spec)
     run = _runner(pair, spec, ids)
-
-    traces = []
-    for label, config, sampling in spec.runs:
-        progress(f"[{spec.id}] {label}")
-        traces.append(run(config, sampling))
+    with tempfile.TemporaryDirectory() as folder:
+        runs, learning = _learned_runs(pair, spec, folder, progress, stream)
+        traces = []
+        for label, config, sampling in runs:
+            progress(f"[{spec.id}] {label}")
+            traces.append(run(config, sampling))
     progress(f"[{spec.id}] ar (the race's baseline)")
     baseline = run(DEFAULTS["ar"], spec.runs[0][2])
     result = None
@@ -389,17 +464,19 @@ def record_lesson(pair, spec: LessonSpec, progress=print) -> Lesson:
     recorded = _recorded(pair, f"python -m explorer lessons record --only {spec.id}")
     lesson = Lesson(spec.id, spec.title, spec.question, [LessonRun(label, t) for (label, _, _), t in
                                                          zip(spec.runs, traces)],
-                    spec.notes(traces, result), recorded, result, baseline)
+                    spec.notes(traces, {"learning": learning} if spec.learn else result), recorded, result, baseline)
     return Lesson.from_dict(lesson.to_dict())  # the file's own checks, before it is written
 
 
-def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None, progress=print) -> list[Path]:
-    """Record every lesson of ``LESSON_SPECS`` (or those named in ``only``) into ``out``; returns the files."""
+def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None, progress=print,
+                   stream=None) -> list[Path]:
+    """Record every lesson of ``LESSON_SPECS`` (or those named in ``only``) into ``out``; returns the files.
+    ``stream``: as ``_learned_runs``'s."""
     specs = _selected(only)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for spec in specs:
-        lesson = record_lesson(pair, spec, progress)
+        lesson = record_lesson(pair, spec, progress, stream)
         path = out / f"{spec.id}.json"
         path.write_text(lesson.to_json(), encoding="utf-8")
         progress(f"[{spec.id}] wrote {path} ({path.stat().st_size / 1e3:.0f} kB), "
@@ -408,23 +485,26 @@ def record_lessons(pair, out: Path = LESSONS_DIR, only: list[str] | None = None,
     return paths
 
 
-def time_lesson(pair, spec: LessonSpec, graphs: bool = False, progress=print) -> MachineTimings:
+def time_lesson(pair, spec: LessonSpec, graphs: bool = False, progress=print, stream=None) -> MachineTimings:
     """``spec``'s runs and its ``ar`` baseline timed on ``pair``'s machine, for the race on that machine. Each
     setting runs once untimed first (on a GPU that captures its CUDA graphs, which a timed run must not count)."""
     run = _runner(pair, spec, _prompt_ids(pair, spec), graphs)
     traces = []
-    for label, config, sampling in [*spec.runs, ("ar (the race's baseline)", DEFAULTS["ar"], spec.runs[0][2])]:
-        progress(f"[{spec.id}] {label}: warm-up, then timed")
-        run(config, sampling)
-        traces.append(run(config, sampling))
+    with tempfile.TemporaryDirectory() as folder:
+        runs, _ = _learned_runs(pair, spec, folder, progress, stream)
+        for label, config, sampling in [*runs, ("ar (the race's baseline)", DEFAULTS["ar"], spec.runs[0][2])]:
+            progress(f"[{spec.id}] {label}: warm-up, then timed")
+            run(config, sampling)
+            traces.append(run(config, sampling))
     command = f"python -m explorer lessons time --only {spec.id}" + (" --graphs" if graphs else "")
     return MachineTimings(_recorded(pair, command) | {"graphs": graphs}, traces[:-1], traces[-1])
 
 
 def time_lessons(pair, folder: Path = LESSONS_DIR, only: list[str] | None = None, graphs: bool = False,
-                 progress=print) -> list[Path]:
+                 progress=print, stream=None) -> list[Path]:
     """Time every lesson of ``LESSON_SPECS`` (or those in ``only``) on ``pair``'s machine and write the timings
     into the lesson files in ``folder`` (replacing an earlier timing of the same machine); returns the files.
+    ``stream``: as ``_learned_runs``'s.
 
     Raises:
         ValueError: an unknown lesson id.
@@ -433,7 +513,7 @@ def time_lessons(pair, folder: Path = LESSONS_DIR, only: list[str] | None = None
     paths = []
     for spec in _selected(only):
         path = Path(folder) / f"{spec.id}.json"
-        lesson = load_lesson(path).with_timings(time_lesson(pair, spec, graphs, progress))
+        lesson = load_lesson(path).with_timings(time_lesson(pair, spec, graphs, progress, stream))
         path.write_text(Lesson.from_dict(lesson.to_dict()).to_json(), encoding="utf-8")
         progress(f"[{spec.id}] timings for {lesson.timings[-1].machine} written to {path}")
         paths.append(path)

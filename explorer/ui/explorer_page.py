@@ -31,7 +31,8 @@ from .counterfactual_panel import counterfactual_section
 from .instruments_panel import (acceptance_report, acceptance_section, calibration_section, distill_section,
                                optimal_tree_section, timeline_section)
 from .lesson_panel import save_as_lesson
-from .state import Explorer, Shared, engine_lock, keep_learned, replay_in_explorer
+from .state import (Explorer, engine_lock, forget_learned_head, keep_learned, learned_head_history,
+                    replay_in_explorer)
 
 ERROR = Explorer.ERROR
 
@@ -444,8 +445,7 @@ def run_instruments(trace, teach: bool, pair=None) -> None:
     acceptance_section(trace, _costs_for(pair), can_measure=pair is not None, teach=teach)
     calibration_section(trace, teach)
     if (trace.settings.get("head") or {}).get("distilled") is not None:
-        held = Shared.DISTILLER.get()
-        distill_section(held[1].history if held else None, teach, reset=lambda: Shared.DISTILLER.set(None))
+        distill_section(learned_head_history(), teach, reset=forget_learned_head)
 
 
 def _results(key, trace, create: bool = False) -> dict:

@@ -326,6 +326,17 @@ def keep_learned(engine: Engine) -> None:
     Shared.CARRIED.set((Shared.CARRIED.get() or Carried()).updated(engine.carried()))
 
 
+def learned_head_history() -> list[dict] | None:
+    """The session's head learning online: its history by request (``HeadDistiller.history``), or None."""
+    held = Shared.DISTILLER.get()
+    return held[1].history if held else None
+
+
+def forget_learned_head() -> None:
+    """Drop the session's learning head: the next run starts from the head as loaded."""
+    Shared.DISTILLER.set(None)
+
+
 def hand_off_to_explorer(trace: RunTrace, step: int, title: str) -> None:
     """The Classroom's Continue live: the only place where one page writes another's state. Call it from a widget
     callback (it sets widget keys). Hands over exactly:
