@@ -141,3 +141,10 @@ def test_generate_runs_pearl_in_two_threads(capsys):
     assert main(["generate", "--models", "tiny", "--method", "pearl", "--lanes", "threads", "--gamma", "3",
                  "--prompt", PROMPT, "--max-new-tokens", "12", "--no-chat-template"]) == 0
     assert "tokens/call" in capsys.readouterr().out
+
+
+def test_a_round_cannot_be_edited_and_reverified_alone(tiny):
+    engine = build_engine(tiny, DEFAULTS["pearl"], SamplingConfig(temperature=0.0))
+    engine.start(tiny.tokenizer.encode(PROMPT), 8)
+    with pytest.raises(EngineError, match="cannot be edited"):
+        engine.step(edit=lambda eng, drafted: drafted)

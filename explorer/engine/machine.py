@@ -252,6 +252,9 @@ class Engine:
         if speculate:  # the room that capped the tree's depth (``Reach``), for the trace and teach mode
             drafted.info["tokens_left"] = s.tokens_left
         if edit is not None:
+            if drafted.unfed_leaf or drafted.own_draft_cache:
+                raise EngineError(f"{self.config.method}'s steps carry drafts from round to round: they cannot be "
+                                  "edited and re-verified one by one")
             drafted = edit(self, drafted)
         verified = verify_tree(self.forwards, s, drafted.tree, drafted.q_rows, self.sampling, self.verifier_name,
                                self.config.is_lossy, parts.drafter.target_layers, unfed_leaf=drafted.unfed_leaf,
