@@ -148,3 +148,11 @@ def test_a_round_cannot_be_edited_and_reverified_alone(tiny):
     engine.start(tiny.tokenizer.encode(PROMPT), 8)
     with pytest.raises(EngineError, match="cannot be edited"):
         engine.step(edit=lambda eng, drafted: drafted)
+
+
+def test_a_pearl_trace_replays_step_by_step(tiny):
+    from explorer.instruments.replay import replay_steps
+
+    run = _run(tiny, DEFAULTS["pearl"].with_(gamma=3), temperature=0.8, seed=4, n=24)
+    replayed = [engine.trace.steps[i].committed_ids for i, engine in replay_steps(tiny, run, len(run.steps) - 1)]
+    assert replayed == [s.committed_ids for s in run.steps]
