@@ -145,7 +145,8 @@ def test_only_a_head_distils():
 
 def test_a_lesson_learns_its_head_on_a_stream_before_its_runs(tiny, head_dir, tmp_path):
     from explorer.heads.online import stream_prompts
-    from explorer.lessons.record import GREEDY, LEARNED_HEAD, LEARNING_PROMPT, LESSON_SPECS, LessonSpec, _learned_runs
+    from explorer.lessons.record import (GREEDY, LEARNED_HEAD, LEARNING_LESSON, LEARNING_PROMPT, LessonSpec,
+                                         _learned_runs)
 
     before = DEFAULTS["eagle"].with_(head=head_dir, fallback="off", tree_choice="fixed")
     spec = LessonSpec("x", "t", "q", PROMPT, (("before", before, GREEDY), ("after", before.with_(head=LEARNED_HEAD),
@@ -157,7 +158,7 @@ def test_a_lesson_learns_its_head_on_a_stream_before_its_runs(tiny, head_dir, tm
     with pytest.raises(ValueError, match="stream"):
         _learned_runs(tiny, spec, str(tmp_path))
     # lesson 10's prompt is held out: the one after the stream it learns from
-    lesson = next(s for s in LESSON_SPECS if s.learn)
+    lesson = LEARNING_LESSON
     kind, requests, _, _ = lesson.learn
     assert LEARNING_PROMPT == lesson.prompt == stream_prompts(kind, requests, 1)["held_out"][kind][0]
     assert LEARNING_PROMPT not in stream_prompts(kind, requests, 1)["stream"]

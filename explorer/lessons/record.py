@@ -368,14 +368,18 @@ LESSON_SPECS = (
                (("PEARL γ 8", DEFAULTS["pearl"].with_(gamma=8), GREEDY),
                 ("sd (chain of 4)", MethodConfig(method="sd", gamma=4, fallback="off"), GREEDY)),
                _pearl_notes, max_new_tokens=48),
-    LessonSpec("10-head-learns", "A draft that learns from its rejections",
+)
+
+LEARNING_LESSON = LessonSpec(
+               "10-head-learns", "A draft that learns from its rejections",
                "Can the head get better at a kind of prompt while it serves, without ever changing the output?",
                LEARNING_PROMPT,
                (("head as shipped", DEFAULTS["eagle"].with_(fallback="off", tree_choice="fixed"), GREEDY),
                 ("head after 16 prompts", DEFAULTS["eagle"].with_(head=LEARNED_HEAD, fallback="off",
                                                                    tree_choice="fixed"), GREEDY)),
-               _learning_notes, max_new_tokens=48, learn=("translation", 16, 1e-4, 1)),
-)
+               _learning_notes, max_new_tokens=48, learn=("translation", 16, 1e-4, 1))
+"""Lesson 10, not among ``LESSON_SPECS`` yet: its learned head lives in a temporary folder, so its second run cannot
+be replayed (the Classroom's Continue live, the replay test) until the lesson can rebuild it from its stream."""
 
 
 def _prompt_ids(pair, spec: LessonSpec) -> list[int]:
