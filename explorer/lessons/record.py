@@ -276,12 +276,15 @@ def _pearl_notes(runs, audit):
                           "parallel are thrown away, and the next round starts afresh. That is PEARL's price: work "
                           "done at the same time can be wasted, where speculative decoding's draft waits instead."))
     two, one = lanes.two_lane_seconds(pearl), (sd.prefill_ms + sum(s.step_ms for s in sd.steps)) / 1e3
+    why = ("fewer: PEARL has no bonus token on a passed block, and a pre-verify round commits one token"
+           if _per_call(pearl) < _per_call(sd) else
+           "more: its blocks are longer, though a passed block has no bonus token and a pre-verify round commits one")
     notes.append(Note(1, len(sd.steps) - 1, "commit", f"Tokens per target call: PEARL {_per_call(pearl):.2f}, "
-                      f"speculative decoding {_per_call(sd):.2f} (PEARL has no bonus token on a passed block, and a "
-                      f"pre-verify round commits one token). But a PEARL round lasts as long as the slower lane, not "
-                      f"both: on two devices this prompt would take {two:.2f} s against sd's {one:.2f} s here "
-                      f"({one / two:.2f}x), simulated from the forward times this machine measured. On a 2-core CPU, "
-                      "two threads of one core each are slower than either on both cores (docs/bench.md)."))
+                      f"speculative decoding {_per_call(sd):.2f} ({why}). And a PEARL round lasts as long as the "
+                      f"slower lane, not both: on two devices this prompt would take {two:.2f} s against sd's "
+                      f"{one:.2f} s here ({one / two:.2f}x), simulated from the forward times this machine "
+                      "measured. On a 2-core CPU, two threads of one core each are slower than either on both cores "
+                      "(docs/bench.md)."))
     return notes
 
 
