@@ -3,7 +3,7 @@ smart-lty/ParallelSpeculativeDecoding, ``src/engine.py``) as the method ``pearl`
 target verifies, so that neither waits for the other.
 
 A round of PEARL is one step of this engine: one target forward and ``gamma`` draft forwards that do not depend on
-it (they run in parallel on two devices; ``explorer.engine.runtime.lanes`` draws the two lanes and the time they
+it (they run in parallel on two devices; ``explorer.trace.lanes`` lays out the two lanes and the time they
 would take). The round's target forward reads the tokens the *previous* round drafted and left unverified
 (``pending``), never this round's drafts:
 
