@@ -1,6 +1,6 @@
 """Learning a head online on a stream of prompts (``engine/online_distill.py``): the runs one after the other, the
-head learning between them (``learn_stream``), and the head's first-position acceptance pooled over runs
-(``first_acceptance``). The stream experiment, its prompts and the held-out prompts of every kind, is
+head learning between them (``learn_stream``); the head's first-position acceptance is
+``trace.metrics.first_acceptance``. The stream experiment, its prompts and the held-out prompts of every kind, is
 ``heads/online.py``; lesson 10 learns its head with ``learn_stream``.
 """
 
@@ -9,20 +9,7 @@ from __future__ import annotations
 from ..engine.config import MethodConfig
 from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
-from ..trace.records import RunTrace
 from .prompts import encode_prompt
-
-
-def first_acceptance(traces: list[RunTrace]) -> dict:
-    """Pooled over ``traces``' steps: ``{"drafted", "accepted", "rate"}`` of the head's first drafted level."""
-    drafted = accepted = 0
-    for trace in traces:
-        for s in trace.steps:
-            first = [n for n in s.nodes if n.depth == 1 and n.source == "draft"]
-            if first:
-                drafted += 1
-                accepted += any(n.committed for n in first)
-    return {"drafted": drafted, "accepted": accepted, "rate": accepted / drafted if drafted else None}
 
 
 def learn_stream(pair, texts: list[str], config: MethodConfig, sampling: SamplingConfig, max_new_tokens: int,

@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 
 from ..models.pair import ModelPair
-from ..trace.metrics import run_metrics
+from ..trace.metrics import first_acceptance, run_metrics
 from ..trace.records import RunTrace, StepTrace
 from .carried import Carried
 from .config import MethodConfig
@@ -416,9 +416,7 @@ class Engine:
 def head_summary(trace) -> dict:
     """A finished run's ``first_acceptance`` (steps that committed a head token at depth 1 over steps that drafted
     one; None where none did) and ``tokens_per_call``, for the online distillation's history."""
-    drafted = [s for s in trace.steps if any(n.depth == 1 and n.source == "draft" for n in s.nodes)]
-    hits = sum(1 for s in drafted if any(n.depth == 1 and n.source == "draft" and n.committed for n in s.nodes))
-    return {"first_acceptance": hits / len(drafted) if drafted else None,
+    return {"first_acceptance": first_acceptance(trace.steps)["rate"],
             "tokens_per_call": run_metrics(trace)["tokens_per_target_call"]}
 
 

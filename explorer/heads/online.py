@@ -15,12 +15,13 @@ import random
 import tempfile
 import time
 
-from ..analysis.online import first_acceptance, learn_stream
+from ..analysis.online import learn_stream
 from ..analysis.prompts import encode_prompt
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
 from ..engine.machine import head_summary
 from ..engine.sampling import SamplingConfig
+from ..trace.metrics import first_acceptance
 from ..trace.records import RunTrace
 from .prompts import KINDS
 
@@ -59,7 +60,7 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
         for k, texts in prompts["held_out"].items():
             traces = [run(config, text) for text in texts]
             calls = sum(s.target_calls for t in traces for s in t.steps) + len(traces)  # each run's prefill
-            out[k] = {"first_acceptance": first_acceptance(traces),
+            out[k] = {"first_acceptance": first_acceptance([s for t in traces for s in t.steps]),
                       "tokens_per_call": sum(len(t.generated_ids) for t in traces) / calls}
             progress(f"[{label}] {k}: first-position acceptance {out[k]['first_acceptance']['rate']:.3f}, "
                      f"{out[k]['tokens_per_call']:.2f} tokens/call")

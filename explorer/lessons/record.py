@@ -22,12 +22,11 @@ from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
 from ..trace import lanes
-from ..trace.metrics import prefill_calls
+from ..trace.metrics import first_acceptance, prefill_calls
 from ..trace.records import REJECTED, RunTrace
 from .lesson import LESSONS_DIR, Lesson, LessonRun, MachineTimings, Note, load_lesson
 from ..plugins.loading import load_bundled
 from .phases import quote_token
-from ..analysis.online import first_acceptance
 
 load_bundled()  # lessons 08 and 09 run the project's bundled plugins (spectr, rsd-s, pearl), named in LESSON_SPECS
 GREEDY = SamplingConfig(temperature=0.0)
@@ -294,7 +293,7 @@ def _learning_notes(runs, info):
     before, after = runs
     history = (info or {}).get("learning") or []
     first = [row["first_acceptance"] for row in history if row.get("first_acceptance") is not None]
-    rate = {name: first_acceptance([t])["rate"] for name, t in (("before", before), ("after", after))}
+    rate = {name: first_acceptance(t.steps)["rate"] for name, t in (("before", before), ("after", after))}
     miss = next((s for s in before.steps if any(n.depth == 1 and n.source == "draft" for n in s.nodes)
                  and not any(n.depth == 1 and n.committed for n in s.nodes if n.source == "draft")), None)
     notes = []

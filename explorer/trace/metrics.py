@@ -67,19 +67,28 @@ def acceptance_length(steps: list[StepTrace]) -> float | None:
     return sum(len(s.committed_ids) for s in steps) / len(steps) if steps else None
 
 
-def position_acceptance(steps: list[StepTrace]) -> list[dict]:
+def position_acceptance(steps: list[StepTrace], sources=DRAFT_SOURCES) -> list[dict]:
     """Per draft depth i = 1, 2, ...: ``{"position", "drafted", "accepted", "rate"}``, where ``drafted`` counts
-    steps with a proposed node at depth i and ``accepted`` steps that committed one there."""
+    steps with a proposed node at depth i and ``accepted`` steps that committed one there; ``sources``: the draft
+    sources counted (e.g. ``("draft",)``: an EAGLE head's or the draft model's nodes alone)."""
     drafted: dict[int, int] = {}
     accepted: dict[int, int] = {}
     for s in steps:
-        depths = {n.depth for n in s.nodes if n.source in DRAFT_SOURCES}
+        depths = {n.depth for n in s.nodes if n.source in sources}
         for d in depths:
             drafted[d] = drafted.get(d, 0) + 1
-        for d in {n.depth for n in s.nodes if n.source in DRAFT_SOURCES and n.committed}:
+        for d in {n.depth for n in s.nodes if n.source in sources and n.committed}:
             accepted[d] = accepted.get(d, 0) + 1
     return [{"position": d, "drafted": drafted[d], "accepted": accepted.get(d, 0),
              "rate": accepted.get(d, 0) / drafted[d]} for d in sorted(drafted)]
+
+
+def first_acceptance(steps: list[StepTrace], sources=("draft",)) -> dict:
+    """``position_acceptance``'s first position over ``steps`` (by default the draft model's or head's nodes alone):
+    ``{"drafted", "accepted", "rate"}``, the rate None where no step drafted there."""
+    first = next((row for row in position_acceptance(steps, sources) if row["position"] == 1), None)
+    return ({"drafted": first["drafted"], "accepted": first["accepted"], "rate": first["rate"]} if first
+            else {"drafted": 0, "accepted": 0, "rate": None})
 
 
 def draft_source_counts(steps: list[StepTrace]) -> dict[str, tuple[int, int]]:
