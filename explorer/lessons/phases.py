@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..trace.lanes import discarded
 from ..trace.records import ACCEPTED, CONTEXT, DRAFTED, FREE_SOURCES, REJECTED, UNVERIFIED, RunTrace, StepTrace
 
 PHASE_KINDS = ("draft", "mask", "verify", "commit")
@@ -246,7 +247,7 @@ def _pearl_account(step: StepTrace, phase: Phase, info: dict, anchor) -> list[st
                 "post-verifies them: the draft never waited."]
     if all(n.status == ACCEPTED for n in chain):  # nothing new was drafted (end of text, or of the budget)
         return [f"All checked tokens accepted, then the target's own next token: {quote_token(text)} committed."]
-    lost = sum(1 for n in chain if n.status != ACCEPTED) + max(0, len(info.get("drafted", [])) - 1)
+    lost = len(discarded(step))
     return [f"Committed {quote_token(text)}: the accepted tokens and the target's own token after the rejection.",
             f"{lost} drafted token{'s' if lost != 1 else ''} thrown away, drafted in parallel for nothing. The next "
             "round starts afresh in pre-verify."]

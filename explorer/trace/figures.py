@@ -605,7 +605,7 @@ def _round_hover(step: StepTrace, entry: dict) -> str:
     lanes, mode = entry["lanes"], info.get("mode", "?")
     lost = two_lanes.discarded(step)
     return (f"step {step.index + 1}, {html.escape(MODE_WORDS.get(mode, mode))}<br>"
-            f"target read {step.target_calls and len(step.mask_node_ids)} rows ({info.get('checked', 0)} drafted "
+            f"target read {len(step.mask_node_ids)} rows ({info.get('checked', 0)} drafted "
             f"last round); draft drafted {len(info.get('drafted', []))}<br>"
             f"committed {entry['committed']}, discarded {len(lost)}<br>"
             f"draft {lanes['draft_ms']:.0f} ms · target {lanes['target_ms']:.0f} ms · after {lanes['after_ms']:.0f} ms "
