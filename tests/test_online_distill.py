@@ -136,9 +136,10 @@ def test_a_learned_head_saves_and_loads_as_any_head(tiny, head_dir, tmp_path, ca
     assert trace.generated_ids  # drafts with it, as any head
 
 
-def test_only_a_head_distils():
+def test_only_a_head_or_a_draft_model_distils():
     with pytest.raises(ValueError, match="EAGLE-3 head"):
-        MethodConfig(method="mcsd", online_distill=True)
+        MethodConfig(method="token-recycling", online_distill=True)
+    assert MethodConfig(method="mcsd", online_distill=True).distils_draft  # a LoRA adapter: test_online_distill_draft
     with pytest.raises(ValueError, match="distill_every"):
         DEFAULTS["eagle"].with_(online_distill=True, distill_every=0)
 

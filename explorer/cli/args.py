@@ -85,7 +85,11 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gamma", type=int, help="sd, pearl: draft chain length (default 4)")
     g.add_argument("--online-distill", action="store_true", default=None,
                    help="eagle, eagle-hybrid: the head learns between prompts from the target's distributions where "
-                        "its tokens were rejected (OSD, online speculative decoding)")
+                        "its tokens were rejected (OSD, online speculative decoding); sd, mcsd, mcsd-improved, "
+                        "hybrid: a LoRA adapter on the draft does (a float draft: --draft-quant none "
+                        "--packed-weights off on a CPU)")
+    g.add_argument("--draft-adapter", metavar="DIR", help="sd, mcsd, mcsd-improved, hybrid: draft with the LoRA "
+                   "adapter in DIR (what --online-distill --save-distilled DIR wrote)")
     g.add_argument("--distill-lr", type=float, help="--online-distill: AdamW learning rate (default 1e-4)")
     g.add_argument("--distill-every", type=int, help="--online-distill: prompts between two updates (default 8)")
     g.add_argument("--lanes", default="one", choices=["one", "threads"],
@@ -186,7 +190,7 @@ def method_config_from_args(args) -> MethodConfig:
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
                  "lookup_tokens", "lookup_branches", "lookup_ngram", "lookup_alone", "recycling_k", "adapt",
                  "fallback", "free_rows", "cost_ratio", "tree_choice", "head", "head_topk", "head_depth",
-                 "head_tokens", "online_distill", "distill_lr", "distill_every"):
+                 "head_tokens", "online_distill", "distill_lr", "distill_every", "draft_adapter"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

@@ -95,11 +95,13 @@ def cmd_generate(args) -> int:
         if config.online_distill:
             row = session["distiller"].history[-1]
             first = row.get("first_acceptance")
-            print(f"--- head version {row['version']}: first-position acceptance "
+            what = "head" if config.spec.uses_head else "draft adapter"
+            print(f"--- {what} version {row['version']}: first-position acceptance "
                   f"{'n/a' if first is None else f'{first:.2f}'}, {row['rejections']} rejections kept"
                   + (f"; updated (loss {row['loss']:.3f})" if row.get("updated") else ""), flush=True)
     if args.save_distilled and session.get("distiller") is not None:
-        print(f"--- the learned head: {session['distiller'].save(args.save_distilled)}")
+        what = "head" if config.spec.uses_head else "draft adapter"
+        print(f"--- the learned {what}: {session['distiller'].save(args.save_distilled)}")
     return 0
 
 
@@ -292,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--html", metavar="DIR", help="write each run as one HTML page that plays its steps in any "
                                                    "browser, offline (DIR/trace_NNN.html, about 1.6 MB each)")
     gen.add_argument("--save-distilled", metavar="DIR", help="with --online-distill: write the learned head into DIR "
-                                                             "(loads with --head DIR)")
+                     "(loads with --head DIR), or the draft's learned LoRA adapter (loads with --draft-adapter DIR)")
     add_method_args(gen)
     add_sampling_args(gen)
     add_model_args(gen)

@@ -100,10 +100,13 @@ class MethodConfig:
         head_topk, head_depth, head_tokens: ``eagle``: EAGLE-2's dynamic tree (``drafters/eagle.py``): children
             drawn per expanded node (and nodes expanded per level), most levels drafted, most nodes verified (SGLang's
             ``speculative_eagle_topk``, ``speculative_num_steps``, ``speculative_num_draft_tokens``).
-        online_distill, distill_lr, distill_every: ``eagle``, ``eagle-hybrid``: OSD's online distillation of the
-            head between requests (``online_distill.py``): one AdamW step at ``distill_lr`` every ``distill_every``
-            requests on the target's distributions where the head's tokens were rejected (OSD: 1e-4 every 8, or 1e-5
-            every request).
+        online_distill, distill_lr, distill_every: OSD's online distillation between requests of the head
+            (``eagle``, ``eagle-hybrid``: ``online_distill.py``) or of a LoRA adapter on the draft model (``sd``,
+            ``mcsd``, ``mcsd-improved``, ``hybrid``: ``online_distill_draft.py``): one AdamW step at ``distill_lr``
+            every ``distill_every`` requests on the target's distributions where the drafted tokens were rejected
+            (OSD: 1e-4 every 8, or 1e-5 every request).
+        draft_adapter: a draft model's LoRA adapter folder (``online_distill_draft.DraftDistiller.save``) the draft
+            drafts with (and, with ``online_distill``, learns on from); empty = the draft as loaded.
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
             anchor) that replaces the full tree of ``k_config``, e.g. the optimal tree for measured acceptance
             rates (``instruments/optimal_tree.py``). None = the ``k_config`` tree.
@@ -139,11 +142,19 @@ class MethodConfig:
     online_distill: bool = False
     distill_lr: float = 1e-4
     distill_every: int = 8
+    draft_adapter: str = ""
 
     @property
     def spec(self):
         """The method's ``methods.MethodSpec``."""
         return METHOD_SPECS[self.method]
+
+    @property
+    def distils_draft(self) -> bool:
+        """Whether the method's own model drafter drafts (the project's ``sd``, ``mcsd``, ``mcsd-improved``,
+        ``hybrid``): a LoRA adapter on the draft can learn online (``online_distill_draft.py``)."""
+        spec = self.spec
+        return spec.uses_draft_model and not spec.self_draft and spec.drafter is None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -202,10 +213,14 @@ class MethodConfig:
             raise TreeShapeError(f"k_config {self.k_config} has more levels than max_depth {self.max_depth}")
         if self.verifier != "auto" and self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r}; use auto or one of {', '.join(VERIFIERS)}")
+        if (self.online_distill or self.draft_adapter) and not self.distils_draft and not (
+                self.online_distill and self.spec.uses_head):
+            raise ValueError(f"online distillation learns an EAGLE-3 head (eagle, eagle-hybrid) or a LoRA adapter on "
+                             f"the draft model (sd, mcsd, mcsd-improved, hybrid); {self.method} has neither"
+                             + (" to adapt" if self.draft_adapter else ""))
+        if not isinstance(self.draft_adapter, str):
+            raise ValueError(f"draft_adapter must be a folder path (or empty), got {self.draft_adapter!r}")
         if self.online_distill:
-            if not self.spec.uses_head:
-                raise ValueError(f"online distillation learns an EAGLE-3 head (eagle, eagle-hybrid); {self.method} "
-                                 "has none (a draft model's LoRA adapter is not offered yet)")
             lr, every = self.distill_lr, self.distill_every
             if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0.0 < lr <= 1.0:
                 raise ValueError(f"distill_lr must be a number in (0, 1], got {lr!r}")

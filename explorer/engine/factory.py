@@ -37,7 +37,7 @@ from ..models.pair import ModelPair
 from ..trace.records import RunTrace
 from .carried import Carried
 from .config import MethodConfig, free_row_budget
-from .drafters import DraftOffer, head_drafter, make_drafter
+from .drafters import DraftOffer, head_drafter, make_drafter, model_drafter
 from .drafters.row_pricing import RowPricing
 from .machine import Engine
 from .observers import (AdaptationObserver, CostRatioObserver, FallbackObserver, RowPricingObserver,
@@ -46,6 +46,7 @@ from .parts import EngineError, EngineParts
 from .policies.cost_ratio import CostRatioMeter
 from .policies.fallback import GoodputFallback, asks_row_costs, fallback_active
 from .online_distill import HeadDistiller
+from .online_distill_draft import AdapterError, DraftDistiller
 from .policies.head_tree import TreeSizer
 from .policies.stopping import LEARNED_POLICIES, adapt_problem, make_stop_policy
 from .policies.tree_choice import ONLINE_ROOTS, TreeChooser
@@ -120,7 +121,7 @@ def resolve_decision(pair: ModelPair, config: MethodConfig, decision_model=None)
 
 def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig, decision_model=None,
                 carried: Carried | None = None, follow: RunTrace | None = None,
-                distiller: HeadDistiller | None = None) -> EngineParts:
+                distiller: HeadDistiller | DraftDistiller | None = None) -> EngineParts:
     """The parts one run of ``config`` on ``pair`` steps with (arguments as ``build_engine``'s). The parts follow
     ``resolve_decision``'s config (a transferred decision model adapts online); ``build_engine`` gives the engine
     that config too.
@@ -150,7 +151,7 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
                               branch_threshold=config.branch_threshold)
         chooser.costs = costs
     head = _head(pair, config)
-    if config.online_distill:  # the session's own copy of the head learns; the pair's stays as loaded
+    if config.online_distill and config.spec.uses_head:  # the session's own copy of the head learns
         distiller = _distiller(head[0], config, distiller)
         head = (distiller.head, head[1], {**head[2], "distilled": distiller.describe()})
     parts = EngineParts(
@@ -182,20 +183,41 @@ def build_parts(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig,
     if follow is not None:
         _follow(parts, follow)
     parts.observers = _observers(parts, chooser)
-    if config.online_distill:
+    if config.online_distill and config.spec.uses_head:
         parts.distiller = distiller
         head_drafter(parts.drafter).distill = distiller
+    elif config.distils_draft and (config.online_distill or config.draft_adapter):
+        _adapt_draft(parts, pair, config, distiller)
     return parts
+
+
+def _adapt_draft(parts: EngineParts, pair: ModelPair, config: MethodConfig, distiller) -> None:
+    """The session's draft with a LoRA adapter (``online_distill_draft.py``): ``distiller`` where it adapts this
+    pair's draft from the same adapter folder (its settings set to the config's), else a new one; the drafter records
+    its rejections where it learns. Raises EngineError where the draft cannot take an adapter."""
+    same = (isinstance(distiller, DraftDistiller) and distiller.base is pair.draft
+            and distiller.source == config.draft_adapter)
+    if not same:
+        try:
+            distiller = DraftDistiller.for_draft(pair.draft, pair.vocab_size, config.distill_lr, config.distill_every,
+                                                 adapter=config.draft_adapter or None)
+        except AdapterError as exc:
+            raise EngineError(str(exc)) from None
+    distiller.set_schedule(config.distill_lr, config.distill_every)
+    parts.draft_model = distiller.model
+    drafter = model_drafter(parts.drafter)
+    drafter.adapter = distiller.describe()
+    if config.online_distill:
+        parts.distiller = distiller
+        drafter.distill = distiller
 
 
 def _distiller(head, config: MethodConfig, distiller: HeadDistiller | None) -> HeadDistiller:
     """The session's distiller of ``head`` at ``config``'s settings: ``distiller`` where it distils a head of the same
     shape (its learning rate and interval set to the config's), else a new one from a copy of ``head``."""
-    if distiller is None or distiller.head.config != head.config:
+    if not isinstance(distiller, HeadDistiller) or distiller.head.config != head.config:
         return HeadDistiller.for_head(head, config.distill_lr, config.distill_every)
-    distiller.lr, distiller.every = config.distill_lr, config.distill_every
-    for group in distiller.optimizer.param_groups:
-        group["lr"] = config.distill_lr
+    distiller.set_schedule(config.distill_lr, config.distill_every)
     return distiller
 
 
@@ -267,7 +289,7 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
                  capture_features: bool = False, kv_cache: str = "dynamic", graphs: bool = False,
                  carried: Carried | None = None, count_syncs: bool = False, chain_levels: int = 0,
                  joint_prefill: bool = False, follow: RunTrace | None = None, lanes: str = "one",
-                 lane_threads: int = 1, distiller: HeadDistiller | None = None) -> Engine:
+                 lane_threads: int = 1, distiller: HeadDistiller | DraftDistiller | None = None) -> Engine:
     """An ``Engine`` for ``config`` on ``pair``, its parts built by ``build_parts``.
 
     Args:
@@ -286,9 +308,9 @@ def build_engine(pair: ModelPair, config: MethodConfig, sampling: SamplingConfig
             (``adaptation_carried``) for replays. None starts afresh.
         follow: a recorded run to replay (``instruments/replay.py``): the parts start from what it started from
             (``carried_from_trace``, in place of ``carried``) and take its timing-driven decisions (``_follow``).
-        distiller: with ``online_distill``, the session's ``online_distill.HeadDistiller`` (an earlier run's
-            ``engine.parts.distiller``): the run drafts with its head and it learns when the run finishes; None
-            starts one from the pair's head.
+        distiller: with ``online_distill``, the session's ``online_distill.HeadDistiller`` or
+            ``online_distill_draft.DraftDistiller`` (an earlier run's ``engine.parts.distiller``): the run drafts with
+            its head or adapter and it learns when the run finishes; None starts one from the pair's head or draft.
     Raises:
         EngineError: as ``build_parts`` and ``Engine`` do (no decision model for a learned stop policy, an unknown
             ``kv_cache``, graphs without a static cache).

@@ -29,6 +29,8 @@ class Forwards:
         pair: the loaded models (forwards hold ``pair.lock``).
         kv_cache: ``dynamic`` or ``static`` (``runtime/kv_cache.py``).
         graphs: run forwards through graph runners (``runtime/graphs.GraphRunner``; a static cache).
+        draft: the session's own draft model (``online_distill_draft.py``: the pair's weights and a LoRA adapter),
+            run eagerly (the pair's graph runners hold the pair's draft); None for ``pair.draft``.
     Attributes:
         target_kv, draft_kv: the caches of the current run (``open``); ``draft_kv`` None without a draft model.
         timeline: the current step's ``StepTimeline`` (each forward is a segment of it), or None between steps.
@@ -37,8 +39,10 @@ class Forwards:
         lock_held: the engine holds ``pair.lock`` for the whole step, for its threads (set only while they run).
     """
 
-    def __init__(self, pair: ModelPair, kv_cache: str, graphs: bool):
+    def __init__(self, pair: ModelPair, kv_cache: str, graphs: bool, draft: torch.nn.Module | None = None):
         self.pair, self.kv_cache, self.graphs = pair, kv_cache, graphs
+        self.draft_model = pair.draft if draft is None else draft
+        self.own_draft = draft is not None
         self.runners: dict = {}  # role -> GraphRunner (graphs only)
         self.target_kv: KVCache | None = None
         self.draft_kv: KVCache | None = None
@@ -50,14 +54,16 @@ class Forwards:
         """Fresh caches for a run needing ``positions`` positions; a draft cache where ``drafts``. With graphs, the
         runners come from the pair's idle ones (padding rows of the largest bucket need room past the last row)."""
         self.release()
+        self.draft_kv = None
         if self.graphs:
-            roles = ("target", "draft") if drafts else ("target",)
+            roles = ("target", "draft") if drafts and not self.own_draft else ("target",)
             self.runners = {role: acquire_runner(self.pair, role, positions + max(BUCKETS)) for role in roles}
             self.target_kv = self.runners["target"].kv
-            self.draft_kv = self.runners["draft"].kv if drafts else None
+            self.draft_kv = self.runners["draft"].kv if "draft" in self.runners else None
         else:
             self.target_kv = new_kv_cache(self.kv_cache, self.pair.target, positions)
-            self.draft_kv = new_kv_cache(self.kv_cache, self.pair.draft, positions) if drafts else None
+        if drafts and self.draft_kv is None:
+            self.draft_kv = new_kv_cache(self.kv_cache, self.draft_model, positions)
 
     def release(self) -> None:
         """Give the graph runners back to the pair for the next run."""
@@ -83,7 +89,7 @@ class Forwards:
         ``keep`` rows ``(keep, vocab)`` cut to the shared vocabulary, with ``hidden`` the last hidden state float32
         ``(hidden_rows or keep, hidden_size)``, with ``layers`` the named layers' states ``(q, len(layers),
         hidden_size)`` in the model dtype."""
-        model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.pair.draft, self.draft_kv)
+        model, kv = (self.pair.target, self.target_kv) if role == "target" else (self.draft_model, self.draft_kv)
         runner = self.runners.get(role)
         lock = contextlib.nullcontext() if self.lock_held else self.pair.lock
         with torch.inference_mode(), lock, self.segment(role, len(input_ids)):

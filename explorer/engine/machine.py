@@ -84,7 +84,7 @@ class Engine:
         self.options.check(pair)
         self.pair, self.config, self.sampling, self.parts = pair, config, sampling, parts
         self.verifier_name = parts.verifier_name
-        self.forwards = Forwards(pair, kv_cache, self.options.graphs)
+        self.forwards = Forwards(pair, kv_cache, self.options.graphs, draft=parts.draft_model)
         self.recorder = Recorder(pair.tokenizer)
         self.state: RunState | None = None
         self.trace: RunTrace | None = None
@@ -274,7 +274,7 @@ class Engine:
         self._notify(ObservedStep(drafted=drafted, verified=verified, record=record, context=context,
                                   committed=committed, history=s.committed, speculated=speculate, one_off=one_off),
                      timeline)
-        if s.finished and parts.distiller is not None:  # between requests: the head may learn (online_distill.py)
+        if s.finished and parts.distiller is not None:  # between requests: the head or adapter may learn
             parts.distiller.end_request(s.committed, head_summary(self.trace))
         return record
 
@@ -400,8 +400,8 @@ class Engine:
     def _view(self, prompt_top: list | None = None, target_states: torch.Tensor | None = None) -> DraftView:
         """What the drafter sees of the run now (``DraftView``), built for each step."""
         s, parts = self.state, self.parts
-        draft = (DraftModelAccess(self.forwards, self.sampling, self.options.chain_levels)
-                 if s.draft_kv is not None else None)
+        chains = self.options.chain_levels if "draft" in self.forwards.runners else 0  # replays need a draft runner
+        draft = DraftModelAccess(self.forwards, self.sampling, chains) if s.draft_kv is not None else None
         return DraftView(
             committed=tuple(s.committed), n_prompt=s.n_prompt, steps_done=len(self.trace.steps) if self.trace else 0,
             config=self.config, sampling=self.sampling, verifier_name=self.verifier_name, branching=self._branching,

@@ -103,6 +103,12 @@ class HeadDistiller:
         """Plain data for a run's trace: the settings, the version and the requests seen."""
         return {"lr": self.lr, "every": self.every, "version": self.version, "requests": self.requests}
 
+    def set_schedule(self, lr: float, every: int) -> None:
+        """Learn at ``lr`` every ``every`` requests from now on (a session's settings changed)."""
+        self.lr, self.every = float(lr), int(every)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+
     # ------------------------------------------------------------------ a request's record
 
     def begin(self) -> None:

@@ -50,8 +50,10 @@ class EngineParts:
             recorded run's), or None where the tree is fixed.
         observers: what else learns from a verified step (``observers.StepObserver``), in the order the step
             notifies them after the drafter.
-        distiller: the session's online distillation of the head (``online_distill.HeadDistiller``), told when a
-            run finishes; None where the method does not distil.
+        distiller: the session's online distillation of the head or the draft (``online_distill.HeadDistiller``,
+            ``online_distill_draft.DraftDistiller``), told when a run finishes; None where the method does not distil.
+        draft_model: the session's own draft model (the pair's weights with a LoRA adapter,
+            ``online_distill_draft.py``) the draft forwards run on, or None for the pair's.
     """
 
     drafter: Drafter
@@ -71,6 +73,7 @@ class EngineParts:
     tree_costs: dict | None = None
     observers: list = field(default_factory=list)
     distiller: object = None
+    draft_model: object = None
 
 
 LANES = ("one", "threads")

@@ -73,6 +73,11 @@ def _check_head(trace: RunTrace, loaded: dict) -> None:
         raise ReplayError(f"the trace was drafted by a head that had learned online for {learned} updates "
                           "(online distillation): save that head (generate --save-distilled DIR) and replay with "
                           "--head DIR")
+    adapted = (trace.settings.get("draft_adapter") or {}).get("version", 0)
+    if adapted:  # likewise a draft's LoRA adapter (online_distill_draft.py)
+        raise ReplayError(f"the trace was drafted by a draft whose LoRA adapter had learned online for {adapted} "
+                          "updates (online distillation): save that adapter (generate --save-distilled DIR) and "
+                          "replay with --draft-adapter DIR")
     if recorded and loaded.get("weights_sha256") != recorded:
         raise ReplayError(f"the trace was drafted by another version of the EAGLE-3 head (weights sha256 {recorded}; "
                           f"{loaded.get('path')} holds {loaded.get('weights_sha256')}): replay it with that head "

@@ -22,13 +22,20 @@ from .model import ModelDrafter
 from .recycling import RecyclingDrafter
 
 __all__ = ["DraftOffer", "Drafted", "Drafter", "FreeNode", "HeadDrafter", "HybridDrafter", "LookupDrafter",
-           "ModelDrafter", "RecyclingDrafter", "head_drafter", "lookup_continuations", "make_drafter", "merge_free"]
+           "ModelDrafter", "RecyclingDrafter", "head_drafter", "lookup_continuations", "make_drafter", "merge_free",
+           "model_drafter"]
 
 
 def head_drafter(drafter: Drafter) -> HeadDrafter | None:
     """The EAGLE-3 head's drafter in ``drafter`` (itself, or the model part of ``eagle-hybrid``), else None."""
     inner = drafter.model if isinstance(drafter, HybridDrafter) else drafter
     return inner if isinstance(inner, HeadDrafter) else None
+
+
+def model_drafter(drafter: Drafter) -> ModelDrafter | None:
+    """The draft model's drafter in ``drafter`` (itself, or the model part of ``hybrid``), else None."""
+    inner = drafter.model if isinstance(drafter, HybridDrafter) else drafter
+    return inner if isinstance(inner, ModelDrafter) else None
 
 
 def make_drafter(config, recycling_state: dict | None = None, layer_skip_state: dict | None = None,

@@ -27,6 +27,7 @@ from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
 from ..sampling import LazyRows, RowDists
 from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, NodeFeatures, TargetMemory, dist_features,
                                     model_inputs)
+from ..online_distill_draft import LABEL_K
 from ..tree import DraftTree, step_mask, step_position_ids
 from ..carried import Carried
 from ..parts import EngineError
@@ -53,6 +54,8 @@ class ModelDrafter(Drafter):
         self.memory = TargetMemory()
         self._after_prompt = TargetMemory()  # the memory right after the prefill, where ``rewind`` returns
         self._chain_used: int | None = None  # chain levels read from replays in the last step that replayed
+        self.adapter: dict | None = None  # what the trace records of the draft's LoRA adapter, or None
+        self.distill = None  # the session's online distillation (``online_distill_draft.DraftDistiller``), or None
 
     @staticmethod
     def wants_features(view) -> bool:
@@ -70,6 +73,8 @@ class ModelDrafter(Drafter):
         self.memory = TargetMemory()
         self.remember_prompt(list(view.committed[:view.n_prompt]), view.prompt_top)
         self._start_chooser()
+        if self.distill is not None:
+            self.distill.begin()
 
     def remember_prompt(self, prompt: list[int], top: list | None) -> None:
         """Remember the target's candidates ``top`` at the last rows of ``prompt`` (when given)."""
@@ -92,8 +97,10 @@ class ModelDrafter(Drafter):
         return Carried(tree={"key": key, "state": self.tree_chooser.state()})
 
     def state_for_trace(self) -> dict:
-        """The tree chooser's state the run started from, so a replay makes the same choices."""
-        return {"tree_carried": self.tree_carried} if self.tree_carried is not None else {}
+        """The tree chooser's state the run started from, so a replay makes the same choices, and the draft's
+        adapter (``online_distill_draft.DraftDistiller.describe``) where it has one."""
+        return ({"tree_carried": self.tree_carried} if self.tree_carried is not None else {}) | (
+            {"draft_adapter": self.adapter} if self.adapter is not None else {})
 
     def observe(self, step) -> None:
         """Remember the target's candidates at the prompt (a joint prefill's first step) and at every row that had
@@ -101,6 +108,8 @@ class ModelDrafter(Drafter):
         choice learns apart (``observers.TreeChoiceObserver``)."""
         if step.verified.prompt_top is not None:
             self.remember_prompt(step.context, step.verified.prompt_top)
+        if self.distill is not None:
+            self._record_rejection(step)
         drafted, verified = step.drafted, step.verified
         if not drafted.features:
             return
@@ -111,8 +120,23 @@ class ModelDrafter(Drafter):
         keys = [(prev, tok) for tok, prev in (_parent_tokens(step.context, tree, r - 1) for r in rows)]
         self.memory.update(keys, [top[r] for r in rows])
 
+    def _record_rejection(self, step) -> None:
+        """Tell the distiller where the verifier rejected the draft's children of the last accepted node: the
+        position they were drafted for and the target's distribution there (that node's row). Steps whose accepted
+        path is not the draft's alone (target-initialized roots, free branches) teach nothing."""
+        tree, path = step.drafted.tree, step.verified.result.path
+        if not len(tree) or any(tree.source[i] != "draft" for i in path):
+            return
+        last = path[-1] if path else -1
+        if not any(tree.source[c] == "draft" for c in tree.children(last)):
+            return  # the walk ended at a leaf: nothing of the draft's was rejected
+        top = step.verified.p_rows.plain_top([last + 1], LABEL_K)[last + 1]
+        self.distill.rejected(len(step.context) + len(path), [t for t, _ in top], [p for _, p in top])
+
     def rewind(self) -> None:
         self.memory = self._after_prompt.copy()  # the tree chooser keeps what it measured, as the fallback's rates do
+        if self.distill is not None:
+            self.distill.begin()
 
     def draft(self, view) -> Drafted:
         """Grow the step's tree with the draft model, ``view.draft`` (after the target-sampled roots, if lossy).
@@ -270,6 +294,8 @@ class ModelDrafter(Drafter):
             info = {}
         if choice is not None:
             info["tree_choice"] = choice
+        if self.distill is not None:  # which version of the learning adapter drafted this step
+            info["draft_adapter"] = {"version": self.distill.version}
         return Drafted(tree, q_rows=q_rows, q_show=q_show, signals=signals, calls=calls, draft_rows=rows_of,
                        tree_start=past + len(uncached), features=features, q_top=q_top, predicted=dict(accept),
                        info=info, roots=root_candidates)
