@@ -567,3 +567,21 @@ def test_the_rule_comparison_ranks_every_rule_on_the_prompt(app):
     assert all(r["generated_tokens"] == 8 for r in ran.values())
     assert [r["label"] for r in rows if "skipped" in r] == ["spechub"]  # the default tree has 4 children a node
     assert len(app.get("plotly_chart")) == 2 and not app.exception  # the runs, then the paired comparison
+
+
+def test_the_draft_learns_online_between_prompts_and_resets(app):
+    """sd with "Draft: learn online": each finished prompt gives the session's LoRA adapter an update, the
+    Explorer's panel draws acceptance by prompt, and its reset drops the adapter."""
+    app.sidebar.selectbox(key="method").set_value("sd").run()
+    app.sidebar.checkbox(key="head_distill").check().run()
+    app.sidebar.slider(key="max_new").set_value(12)
+    app.text_area(key="prompt_text").set_value("def add(a, b):")
+    for _ in range(2):
+        click(app, "run_btn")
+        click(app, "reset_btn")
+    click(app, "run_btn")
+    trace = app.session_state["engine"].trace
+    assert {s.drafter["draft_adapter"]["version"] for s in trace.steps} == {2}  # two updates before this prompt
+    assert any("3 prompts finished; 3 updates (draft's adapter version 3)" in c.value for c in app.caption)
+    click(app, "distill_reset")
+    assert app.session_state["distiller"] is None

@@ -230,19 +230,19 @@ def threshold_cost_figure(report: dict) -> go.Figure:
     return fig
 
 
-def learning_figure(history: list[dict]) -> go.Figure:
-    """An online-distilled head's acceptance by request (``engine/online_distill.HeadDistiller.history``): the
-    first-position acceptance of each finished request, coloured by the head version that drafted it, and the
-    update's loss where one followed."""
+def learning_figure(history: list[dict], who: str = "head") -> go.Figure:
+    """An online-distilled head's (``who``: head) or draft adapter's (``who``: draft adapter) acceptance by request
+    (the distiller's ``history``, ``engine/online_distill*.py``): the first-position acceptance of each finished
+    request, coloured by the version that drafted it, and the update's loss where one followed."""
     xs = [row["request"] for row in history]
     fig = go.Figure(go.Scatter(
         x=xs, y=[row.get("first_acceptance") for row in history], mode="lines+markers", name="first-position "
         "acceptance", marker=dict(color=[row["version"] for row in history], colorscale="Viridis", size=9,
-                                  colorbar=dict(title="head version", thickness=10)),
-        hovertext=[f"request {row['request']}, head version {row['version']}: {row['rejections']} rejections kept"
+                                  colorbar=dict(title=f"{who} version", thickness=10)),
+        hovertext=[f"request {row['request']}, {who} version {row['version']}: {row['rejections']} rejections kept"
                    + (f"; update, loss {row['loss']:.3f}" if row.get("updated") else "") for row in history],
         hoverinfo="text+y"))
-    fig.update_layout(title="The head learning: acceptance by request", height=320,
+    fig.update_layout(title=f"The {who} learning: acceptance by request", height=320,
                       xaxis=dict(title="request", dtick=max(1, len(xs) // 8)),
                       yaxis=dict(title="first-position acceptance", range=[0, 1.05]),
                       margin=dict(l=10, r=10, t=50, b=10), showlegend=False)

@@ -446,6 +446,8 @@ def run_instruments(trace, teach: bool, pair=None) -> None:
     calibration_section(trace, teach)
     if (trace.settings.get("head") or {}).get("distilled") is not None:
         distill_section(learned_head_history(), teach, reset=forget_learned_head)
+    elif (trace.settings.get("method") or {}).get("online_distill"):  # a draft's LoRA adapter learning
+        distill_section(learned_head_history(), teach, reset=forget_learned_head, who="draft")
 
 
 def _results(key, trace, create: bool = False) -> dict:

@@ -221,28 +221,32 @@ def lanes_section(trace: RunTrace, step: StepTrace, teach: bool) -> None:
                if two else "No round has a timeline.")
 
 
-TEACH_DISTILL = ("After each prompt, the head looks at the places where the target rejected its guesses and "
+TEACH_DISTILL = ("After each prompt, the {who} looks at the places where the target rejected its guesses and "
                  "nudges itself towards what the target wanted there. It never changes in the middle of a prompt, "
                  "so the output stays exactly the target's; over a stream of similar prompts it should guess "
                  "right more often.")
 
 
-def distill_section(history: list[dict] | None, teach: bool, reset: Callable[[], None]) -> None:
-    """The session's head learning online (``engine/online_distill.py``): acceptance by request, the version, and
-    a button that starts the head afresh (``reset``)."""
-    with st.expander("The head learning online (OSD)"):
+def distill_section(history: list[dict] | None, teach: bool, reset: Callable[[], None], who: str = "head") -> None:
+    """The session's head (``who``: head) or draft's LoRA adapter (draft) learning online (``engine/online_distill*``):
+    acceptance by request, the version, and a button that starts it afresh (``reset``)."""
+    learner = "head" if who == "head" else "draft's adapter"
+    with st.expander(f"The {'head' if who == 'head' else 'draft'} learning online (OSD)"):
         if teach:
-            teach_caption(TEACH_DISTILL)
+            teach_caption(TEACH_DISTILL.format(who="head" if who == "head" else "draft"))
         if not history:
-            st.info("No prompt has finished yet: the head learns when a run ends (Step until the end, or Run).")
+            st.info(f"No prompt has finished yet: the {learner} learns when a run ends (Step until the end, or "
+                    "Run).")
         else:
-            st.plotly_chart(ifig.learning_figure(history), width="stretch", key="distill_curve")
+            figure = ifig.learning_figure(history, "head" if who == "head" else "draft adapter")
+            st.plotly_chart(figure, width="stretch", key="distill_curve")
             last = history[-1]
             updates = sum(1 for row in history if row.get("updated"))
-            st.caption(f"{len(history)} prompts finished; {updates} updates (head version "
+            st.caption(f"{len(history)} prompts finished; {updates} updates ({learner} version "
                        f"{last['version'] + (1 if last.get('updated') else 0)}). Each point is one prompt's share "
                        "of steps whose first drafted token was accepted.")
-        st.button("Reset the head to the shipped one", key="distill_reset", on_click=reset)
+        st.button("Reset the head to the shipped one" if who == "head" else "Reset the draft (drop its adapter)",
+                  key="distill_reset", on_click=reset)
 
 
 def calibration_section(trace: RunTrace, teach: bool) -> None:

@@ -152,17 +152,10 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                    "acceptance measured so far and this machine's costs (a head level, a target "
                                    "row) say pay; off: every level and node. Never changes the output law")
         changes["tree_choice"] = "online" if online else "fixed"
-        changes["online_distill"] = box.checkbox(
-            "Head: learn online between prompts (OSD)", value=False, key=Sidebar.HEAD_DISTILL.widget_key(prefix),
-            help="after each finished prompt the session's own copy of the head learns the target's distribution "
-                 "where its tokens were rejected (online speculative decoding); never inside a run, so the output "
-                 "law never changes. The Explorer's 'The head learning' panel shows acceptance by prompt")
-        if changes["online_distill"]:
-            changes["distill_every"] = box.select_slider("Head: prompts between updates", [1, 2, 4, 8], 1,
-                                                         key=Sidebar.DISTILL_EVERY.widget_key(prefix))
-            changes["distill_lr"] = box.select_slider("Head: learning rate", [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], 1e-4,
-                                                      format_func=lambda v: f"{v:.0e}",
-                                                      key=Sidebar.DISTILL_LR.widget_key(prefix))
+        _distill_widgets(box, changes, prefix, "Head", "the session's own copy of the head")
+    if d.distils_draft:
+        _distill_widgets(box, changes, prefix, "Draft", "a LoRA adapter of the session's on the draft (a float "
+                         "draft: int8 or packed drafts, a CPU's default, have no gradients)")
     if "recycling" in spec.free:
         changes["recycling_widths"] = box.text_input(
             "Recycling tree template (widths per level)", ",".join(map(str, d.recycling_widths)),
@@ -193,6 +186,22 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
                                             help="at temperature 0 every rule is greedy matching; free drafts "
                                                  "(lookup, recycled) are tested after the rule's own children")
     return changes
+
+
+def _distill_widgets(box, changes: dict, prefix: str, who: str, learner: str) -> None:
+    """The online distillation's widgets (``engine/online_distill*.py``) for ``who`` (Head or Draft), which learns
+    through ``learner``, into ``changes``."""
+    changes["online_distill"] = box.checkbox(
+        f"{who}: learn online between prompts (OSD)", value=False, key=Sidebar.HEAD_DISTILL.widget_key(prefix),
+        help=f"after each finished prompt {learner} learns the target's distribution where the drafted tokens were "
+             "rejected (online speculative decoding); never inside a run, so the output law never changes. The "
+             "Explorer's 'learning online' panel shows acceptance by prompt")
+    if changes["online_distill"]:
+        changes["distill_every"] = box.select_slider(f"{who}: prompts between updates", [1, 2, 4, 8], 1,
+                                                     key=Sidebar.DISTILL_EVERY.widget_key(prefix))
+        changes["distill_lr"] = box.select_slider(f"{who}: learning rate", [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], 1e-4,
+                                                  format_func=lambda v: f"{v:.0e}",
+                                                  key=Sidebar.DISTILL_LR.widget_key(prefix))
 
 
 def sidebar() -> dict:

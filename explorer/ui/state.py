@@ -180,7 +180,8 @@ class Sidebar:
     HEAD_TOKENS: Key[int] = Key("head_tokens", "eagle: most draft tokens verified", widget=True)
     HEAD_ONLINE: Key[bool] = Key("head_online", "eagle: levels drafted and nodes verified, chosen online",
                                  widget=True)
-    HEAD_DISTILL: Key[bool] = Key("head_distill", "eagle: the head learns online between prompts (OSD)",
+    HEAD_DISTILL: Key[bool] = Key("head_distill", "eagle, or a draft model's LoRA adapter: learns online between "
+                                  "prompts (OSD)",
                                   widget=True)
     DISTILL_EVERY: Key[int] = Key("distill_every", "eagle, online distillation: prompts between updates",
                                   widget=True)
@@ -301,8 +302,9 @@ class Shared:
                                                   "(engine_lock())")
     CARRIED: Key[Carried | None] = Key("carried", "what the session's runs learned for the next one (the recycling "
                                        "matrix, the fallback's rates, the online adaptation: engine/carried.py)")
-    DISTILLER: Key[tuple | None] = Key("distiller", "the session's head learning online (OSD): (pair name, "
-                                       "engine/online_distill.HeadDistiller); reset drops it")
+    DISTILLER: Key[tuple | None] = Key("distiller", "the session's head or draft adapter learning online (OSD): "
+                                       "(pair name, online_distill.HeadDistiller or online_distill_draft."
+                                       "DraftDistiller); reset drops it")
 
 
 GROUPS: tuple[type, ...] = (App, Sidebar, Explorer, Classroom, Compare, Forensics, Shared)
@@ -327,13 +329,13 @@ def keep_learned(engine: Engine) -> None:
 
 
 def learned_head_history() -> list[dict] | None:
-    """The session's head learning online: its history by request (``HeadDistiller.history``), or None."""
+    """The session's head (or draft adapter) learning online: its history by request (``history``), or None."""
     held = Shared.DISTILLER.get()
     return held[1].history if held else None
 
 
 def forget_learned_head() -> None:
-    """Drop the session's learning head: the next run starts from the head as loaded."""
+    """Drop the session's learning head or adapter: the next run starts from the head or draft as loaded."""
     Shared.DISTILLER.set(None)
 
 
