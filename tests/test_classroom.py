@@ -173,7 +173,8 @@ def replayable_runs() -> list[tuple]:
     runs in the lesson's dtype: every run on the CPU model it was recorded on (``UNNAMED_CPU`` for lines that name
     none); on another CPU model only runs drafted without a model (prompt lookup, Token Recycling), which read the
     target's choices alone. Another CPU's kernels round otherwise: its int8 draft model draws other trees, and a
-    head's bf16 top-k orders near-equal candidates otherwise, so their acceptance lengths differ."""
+    head's bf16 top-k orders near-equal candidates otherwise, so their acceptance lengths differ. Never a run drafted
+    by a head a lesson learnt online (not kept: ``lessons/record._mark_learned``)."""
     from explorer.analysis.bench import cpu_label
     from explorer.engine.methods import METHOD_SPECS
     from explorer.models.loading import default_dtype
@@ -186,7 +187,8 @@ def replayable_runs() -> list[tuple]:
         if lesson.recorded.get("dtype") != dtype:
             continue
         kept += [(lesson, r) for r, run in enumerate(lesson.runs)
-                 if named == cpu or METHOD_SPECS[run.trace.settings["method"]["method"]].model_tree == "none"]
+                 if (named == cpu or METHOD_SPECS[run.trace.settings["method"]["method"]].model_tree == "none")
+                 and not (run.trace.settings.get("head") or {}).get("learned")]  # lesson 10's head is not kept
     return kept
 
 

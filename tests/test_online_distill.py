@@ -163,3 +163,28 @@ def test_a_lesson_learns_its_head_on_a_stream_before_its_runs(tiny, head_dir, tm
     kind, requests, _, _ = lesson.learn
     assert LEARNING_PROMPT == lesson.prompt == stream_prompts(kind, requests, 1)["held_out"][kind][0]
     assert LEARNING_PROMPT not in stream_prompts(kind, requests, 1)["stream"]
+
+
+def test_a_lessons_learned_run_says_what_taught_it_and_goes_on_live_with_the_head_it_started_from(tiny, head_dir):
+    """The learned head is not kept: the recorded run names its stream in place of a temporary folder, a replay
+    refuses it with that reason, and the Classroom's Continue live goes on from its text with the starting head."""
+    from explorer.instruments.replay import ReplayError, engine_after_text, replay_steps
+    from explorer.lessons.lesson import Note
+    from explorer.lessons.record import GREEDY, LEARNED_HEAD, LessonSpec, record_lesson
+
+    before = DEFAULTS["eagle"].with_(head=head_dir, fallback="off", tree_choice="fixed")
+    spec = LessonSpec("x", "t", "q", PROMPT, (("before", before, GREEDY), ("after", before.with_(head=LEARNED_HEAD),
+                                                                            GREEDY)),
+                      lambda runs, info: [Note(0, 0, "draft", "a note")], max_new_tokens=12, learn=("code", 2, 3e-3, 1))
+    lesson = record_lesson(tiny, spec, progress=lambda msg: None, stream=lambda kind, n: [PROMPT] * n)
+    learned = lesson.runs[1].trace
+    assert learned.settings["head"]["learned"] == {"kind": "code", "requests": 2, "lr": 3e-3, "every": 1,
+                                                   "version": 2}
+    assert learned.settings["method"]["head"] == head_dir and "path" not in learned.settings["head"]
+    assert lesson.recorded["threads"] == torch.get_num_threads()
+    with pytest.raises(ReplayError, match="learned online on 2 code prompts"):
+        next(replay_steps(tiny, learned, 0))
+    assert len(list(replay_steps(tiny, lesson.runs[0].trace, len(lesson.runs[0].trace.steps) - 1))) == len(
+        lesson.runs[0].trace.steps)
+    engine = engine_after_text(tiny, learned, 1)
+    assert engine.trace.settings["head"]["path"] == head_dir

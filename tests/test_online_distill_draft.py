@@ -145,3 +145,18 @@ def test_drafts_that_cannot_take_an_adapter_are_clear_errors(tiny, tmp_path):
     (tmp_path / ADAPTER_CONFIG).write_text("{not json")
     with pytest.raises(EngineError, match="cannot read a draft adapter"):
         build_engine(tiny, DEFAULTS["sd"].with_(draft_adapter=str(tmp_path)), SamplingConfig(temperature=0.0))
+
+
+def test_the_stream_experiment_learns_the_drafts_adapter(tiny, monkeypatch, capsys):
+    """``heads online --method sd``: held-out prompts before, a stream with the adapter learning, the same prompts
+    after with the adapter saved and loaded back (short prompts: the tiny pair holds 512 positions)."""
+    from explorer.heads import online
+
+    monkeypatch.setattr(online, "stream_prompts", lambda kind, n, held, seed: {
+        "stream": [PROMPT] * n, "held_out": {"code": ["def f(x):\n    return"], "chat": ["hello there"]}})
+    report = online.online_stream(tiny, "code", requests=2, held_out=1, lr=1e-2, every=1, max_new_tokens=12,
+                                  method="sd", progress=lambda msg: None)
+    assert report["settings"]["method"] == "sd" and report["settings"]["version"] == 2
+    assert set(report["before"]) == set(report["after"]) == {"code", "chat"} and len(report["history"]) == 2
+    assert main(["heads", "online", "--models", "tiny", "--method", "token-recycling", "--kind", "code"]) == 2
+    assert "cannot learn online" in capsys.readouterr().err

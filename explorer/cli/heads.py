@@ -146,7 +146,7 @@ def cmd_online(args) -> int:
     try:
         report = online_stream(pair, args.kind, requests=args.requests, held_out=args.held_out, lr=args.lr,
                                every=args.every, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                               head=args.head or "", seed=args.seed,
+                               head=args.head or "", seed=args.seed, method=args.method,
                                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except (EngineError, HeadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -240,7 +240,10 @@ def add_heads_parser(sub) -> None:
     on.add_argument("--every", type=int, default=8, help="requests between two updates")
     on.add_argument("--max-new-tokens", type=int, default=48)
     on.add_argument("--temperature", type=float, default=0.0)
-    on.add_argument("--head", help="the head's folder (default: the one shipped for the target)")
+    on.add_argument("--method", default="eagle", help="eagle (the head learns; default), or sd / mcsd (a LoRA "
+                    "adapter on the draft learns: load a float draft, --draft-quant none --packed-weights off)")
+    on.add_argument("--head", help="the head's folder (default: the one shipped for the target); with sd / mcsd, an "
+                    "adapter folder to start from")
     on.add_argument("--seed", type=int, default=77)
     on.add_argument("--out", help="write the report (JSON) here")
     add_model_args(on)

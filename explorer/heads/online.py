@@ -1,7 +1,8 @@
-"""What online distillation does for a head on a stream of one kind of prompt (``engine/online_distill.py``; ``python
--m explorer heads online``): held-out prompts of every kind drafted by the head as loaded, then a stream of
-``requests`` prompts of one kind with the head learning between them, then the same held-out prompts drafted by the
-learned head (saved and loaded back, as ``--head`` would load it, learning no further).
+"""What online distillation does for a head (``engine/online_distill.py``), or for the draft model's LoRA adapter
+(``engine/online_distill_draft.py``, ``--method sd``), on a stream of one kind of prompt (``python -m explorer heads
+online``): held-out prompts of every kind drafted as loaded, then a stream of ``requests`` prompts of one kind with
+the head or adapter learning between them, then the same held-out prompts drafted by what it learned (saved and
+loaded back, as ``--head`` or ``--draft-adapter`` would load it, learning no further).
 
 Prompts come from ``heads/prompts.py``'s templates with a seed of their own (none of the bench's sets; the head's
 training used seed 0): the stream and the held-out prompts of its kind are disjoint draws, the other kinds' held-out
@@ -39,14 +40,20 @@ def stream_prompts(kind: str, requests: int, held_out: int, seed: int = 77) -> d
 
 def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: float = 1e-4, every: int = 8,
                   max_new_tokens: int = 48, temperature: float = 0.0, head: str = "", seed: int = 77,
-                  before: dict | None = None, progress=print) -> dict:
-    """The experiment of the module docstring on ``pair`` with ``eagle``'s head (``head``: a folder, empty for the
-    shipped one), its tree fixed (a tree sized online from wall times would make acceptance depend on the machine's
-    load). ``before``: an earlier report's ``before`` for the same prompts and head, reused. Returns ``{"settings",
+                  before: dict | None = None, progress=print, method: str = "eagle") -> dict:
+    """The experiment of the module docstring on ``pair`` with ``method``'s drafter: ``eagle``'s head (``head``: a
+    folder, empty for the shipped one), or the draft model of ``sd`` / ``mcsd`` with a LoRA adapter
+    (``engine/online_distill_draft.py``; ``head`` is then an adapter folder to start from, empty for a new one); its
+    tree fixed (a tree sized online from wall times would make acceptance depend on the machine's load).
+    ``before``: an earlier report's ``before`` for the same prompts and drafter, reused. Returns ``{"settings",
     "history" (per stream request), "before", "after" (per held-out kind: ``first_acceptance`` pooled, and
-    ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind or bad settings."""
+    ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind, a method that cannot learn online,
+    or bad settings."""
     prompts = stream_prompts(kind, requests, held_out, seed)
-    base = DEFAULTS["eagle"].with_(head=head, fallback="off", tree_choice="fixed")
+    if method not in DEFAULTS or not (DEFAULTS[method].spec.uses_head or DEFAULTS[method].distils_draft):
+        raise ValueError(f"{method!r} cannot learn online: use eagle, or sd / mcsd for the draft's LoRA adapter")
+    weights = "head" if DEFAULTS[method].spec.uses_head else "draft_adapter"
+    base = DEFAULTS[method].with_(fallback="off", tree_choice="fixed", **{weights: head})
     sampling = SamplingConfig(temperature=temperature, seed=seed)
     t0 = time.perf_counter()
 
@@ -82,9 +89,11 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
     distiller = learn_stream(pair, prompts["stream"], learning, sampling, max_new_tokens, progress=told)
     with tempfile.TemporaryDirectory() as folder:
         distiller.save(folder)
-        after = held(base.with_(head=folder), "after")
-    return {"settings": {"kind": kind, "requests": requests, "held_out": held_out, "lr": lr, "every": every,
+        after = held(base.with_(**{weights: folder}), "after")
+    return {"settings": {"method": method, "kind": kind, "requests": requests, "held_out": held_out, "lr": lr,
+                         "every": every,
                          "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
-                         "head": head or "shipped", "version": distiller.version},
+                         weights: head or ("shipped" if weights == "head" else "new"), "version": distiller.version,
+                         "draft_quant": pair.draft_quant},
             "history": distiller.history, "before": before, "after": after,
             "seconds": time.perf_counter() - t0}

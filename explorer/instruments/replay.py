@@ -68,6 +68,11 @@ def _check_head(trace: RunTrace, loaded: dict) -> None:
     what the engine built for the replay records of its head, or had learned online: the drafts would differ from
     the first step on."""
     recorded = (trace.settings.get("head") or {}).get("weights_sha256")
+    taught = (trace.settings.get("head") or {}).get("learned")
+    if taught:  # a lesson's head, learnt on a stream of prompts and not kept (lessons/record._mark_learned)
+        raise ReplayError(f"the run was drafted by a head that learned online on {taught.get('requests')} "
+                          f"{taught.get('kind')} prompts, which is not kept: a live run goes on with the head it "
+                          "started from")
     learned = ((trace.settings.get("head") or {}).get("distilled") or {}).get("version", 0)
     if learned:  # the weights that drafted it were learned in a session, not the folder's
         raise ReplayError(f"the trace was drafted by a head that had learned online for {learned} updates "

@@ -316,6 +316,18 @@ def _learning_notes(runs, info):
     return notes
 
 
+LEARNING_LESSON = LessonSpec(
+               "10-head-learns", "A draft that learns from its rejections",
+               "Can the head get better at a kind of prompt while it serves, without ever changing the output?",
+               LEARNING_PROMPT,
+               (("head as shipped", DEFAULTS["eagle"].with_(fallback="off", tree_choice="fixed"), GREEDY),
+                ("head after 16 prompts", DEFAULTS["eagle"].with_(head=LEARNED_HEAD, fallback="off",
+                                                                   tree_choice="fixed"), GREEDY)),
+               _learning_notes, max_new_tokens=48, learn=("translation", 16, 1e-4, 1))
+"""Lesson 10: its learned head is not kept (``_mark_learned``), so its second run plays from the file, and the
+Classroom's Continue live goes on from its text with the shipped head."""
+
+
 LESSON_SPECS = (
     LessonSpec("01-code-chains", "Code: long chains accepted",
                "Why does a small draft model save the large one so much work on code?",
@@ -370,18 +382,9 @@ LESSON_SPECS = (
                (("PEARL γ 8", DEFAULTS["pearl"].with_(gamma=8), GREEDY),
                 ("sd (chain of 4)", MethodConfig(method="sd", gamma=4, fallback="off"), GREEDY)),
                _pearl_notes, max_new_tokens=48),
+    LEARNING_LESSON,
 )
 
-LEARNING_LESSON = LessonSpec(
-               "10-head-learns", "A draft that learns from its rejections",
-               "Can the head get better at a kind of prompt while it serves, without ever changing the output?",
-               LEARNING_PROMPT,
-               (("head as shipped", DEFAULTS["eagle"].with_(fallback="off", tree_choice="fixed"), GREEDY),
-                ("head after 16 prompts", DEFAULTS["eagle"].with_(head=LEARNED_HEAD, fallback="off",
-                                                                   tree_choice="fixed"), GREEDY)),
-               _learning_notes, max_new_tokens=48, learn=("translation", 16, 1e-4, 1))
-"""Lesson 10, not among ``LESSON_SPECS`` yet: its learned head lives in a temporary folder, so its second run cannot
-be replayed (the Classroom's Continue live, the replay test) until the lesson can rebuild it from its stream."""
 
 
 def _prompt_ids(pair, spec: LessonSpec) -> list[int]:
@@ -393,7 +396,7 @@ def _recorded(pair, command: str) -> dict:
     """What a lesson file says of the machine a recording or a timing ran on: ``command`` and ``bench.run_facts``."""
     facts = run_facts(pair)
     return {"command": command, **{k: facts[k] for k in ("machine", "date", "commit", "dtype", "device",
-                                                          "draft_quant", "torch", "transformers")}}
+                                                          "draft_quant", "torch", "transformers", "threads")}}
 
 
 def _selected(only: list[str] | None) -> list[LessonSpec]:
@@ -446,6 +449,24 @@ def _learned_runs(pair, spec: LessonSpec, folder: str, progress=print, stream=No
     return runs, distiller.history
 
 
+def _mark_learned(spec: LessonSpec, traces: list, learning: list[dict]) -> None:
+    """Say in each trace of ``spec``'s runs drafted by the head it learnt (``LEARNED_HEAD``) what taught it, in place
+    of the temporary folder it was read from: ``settings["head"]["learned"]`` = the stream (kind, requests, lr,
+    every) and the head's version, and the method's head the one the stream started from, which a replay refuses
+    and a live continuation drafts with (``instruments/replay.py``)."""
+    if spec.learn is None:
+        return
+    kind, requests, lr, every = spec.learn
+    start = next((c.head for _, c, _ in spec.runs if c.spec.uses_head and c.head != LEARNED_HEAD), "")
+    version = sum(1 for row in learning if row.get("updated"))
+    for (_, config, _), trace in zip(spec.runs, traces):
+        if config.head == LEARNED_HEAD:
+            trace.settings["method"]["head"] = start
+            head = {k: v for k, v in (trace.settings.get("head") or {}).items() if k != "path"}
+            trace.settings["head"] = head | {"learned": {"kind": kind, "requests": requests, "lr": lr,
+                                                         "every": every, "version": version}}
+
+
 def record_lesson(pair, spec: LessonSpec, progress=print, stream=None) -> Lesson:
     """Run ``spec`` on ``pair`` and return the lesson (its runs, the ``ar`` baseline of the race, notes, audit);
     ``stream``: as ``_learned_runs``'s."""
@@ -457,6 +478,7 @@ def record_lesson(pair, spec: LessonSpec, progress=print, stream=None) -> Lesson
         for label, config, sampling in runs:
             progress(f"[{spec.id}] {label}")
             traces.append(run(config, sampling))
+    _mark_learned(spec, traces, learning)
     progress(f"[{spec.id}] ar (the race's baseline)")
     baseline = run(DEFAULTS["ar"], spec.runs[0][2])
     result = None
@@ -497,11 +519,12 @@ def time_lesson(pair, spec: LessonSpec, graphs: bool = False, progress=print, st
     run = _runner(pair, spec, _prompt_ids(pair, spec), graphs)
     traces = []
     with tempfile.TemporaryDirectory() as folder:
-        runs, _ = _learned_runs(pair, spec, folder, progress, stream)
+        runs, learning = _learned_runs(pair, spec, folder, progress, stream)
         for label, config, sampling in [*runs, ("ar (the race's baseline)", DEFAULTS["ar"], spec.runs[0][2])]:
             progress(f"[{spec.id}] {label}: warm-up, then timed")
             run(config, sampling)
             traces.append(run(config, sampling))
+    _mark_learned(spec, traces, learning)
     command = f"python -m explorer lessons time --only {spec.id}" + (" --graphs" if graphs else "")
     return MachineTimings(_recorded(pair, command) | {"graphs": graphs}, traces[:-1], traces[-1])
 
