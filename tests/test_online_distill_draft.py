@@ -132,12 +132,36 @@ def _learned_logits(tiny, folder, ids):
     return model(input_ids=ids).logits
 
 
-def test_drafts_that_cannot_take_an_adapter_are_clear_errors(tiny, tmp_path):
+def test_an_int8_draft_learns_on_float_layers_shared_by_every_session(tiny):
+    """The CPU's int8 draft has no gradients: a session's adapter sits on float32 copies of its linear layers,
+    dequantized once per draft and shared, and the run stays greedy-equal."""
+    from explorer.engine.online_distill_draft import float_linears
     from explorer.models.loading import quantize_draft
 
     int8 = quantize_draft(tiny, "int8")
-    with pytest.raises(EngineError, match="--draft-quant none"):
-        build_engine(int8, _config(), SamplingConfig(temperature=0.0))
+    engine, trace = _request(int8, _config(), n=16)
+    first = engine.parts.distiller
+    assert first.version == 1 and first.history[0]["rejections"] > 0
+    engine2, _ = _request(int8, _config(), n=16)
+    layers = float_linears(int8.draft)
+    assert layers and all(any(m is layer for m in first.model.modules()) for layer in layers.values())
+    assert all(any(m is layer for m in engine2.parts.distiller.model.modules()) for layer in layers.values())
+    ar = build_engine(int8, DEFAULTS["ar"], SamplingConfig(temperature=0.0))
+    ar.start(tiny.tokenizer.encode(PROMPT), 16)
+    assert ar.run().generated_ids == trace.generated_ids
+
+
+def test_drafts_that_cannot_take_an_adapter_are_clear_errors(tiny, tmp_path):
+    import copy
+    import dataclasses
+
+    from explorer.models.packed_weights import can_pack, pack_linear_weights
+
+    draft = copy.deepcopy(tiny.draft)
+    if can_pack(draft):  # oneDNN-packed weights keep no plain weight to adapt
+        pack_linear_weights(draft)
+        with pytest.raises(EngineError, match="--packed-weights off"):
+            build_engine(dataclasses.replace(tiny, draft=draft), _config(), SamplingConfig(temperature=0.0))
     with pytest.raises(ValueError, match="has neither"):
         DEFAULTS["prompt-lookup"].with_(online_distill=True)
     with pytest.raises(ValueError, match="has neither to adapt"):

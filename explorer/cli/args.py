@@ -86,8 +86,7 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--online-distill", action="store_true", default=None,
                    help="eagle, eagle-hybrid: the head learns between prompts from the target's distributions where "
                         "its tokens were rejected (OSD, online speculative decoding); sd, mcsd, mcsd-improved, "
-                        "hybrid: a LoRA adapter on the draft does (a float draft: --draft-quant none "
-                        "--packed-weights off on a CPU)")
+                        "hybrid: a LoRA adapter on the draft does")
     g.add_argument("--draft-adapter", metavar="DIR", help="sd, mcsd, mcsd-improved, hybrid: draft with the LoRA "
                    "adapter in DIR (what --online-distill --save-distilled DIR wrote)")
     g.add_argument("--distill-lr", type=float, help="--online-distill: AdamW learning rate (default 1e-4)")

@@ -241,7 +241,7 @@ def add_heads_parser(sub) -> None:
     on.add_argument("--max-new-tokens", type=int, default=48)
     on.add_argument("--temperature", type=float, default=0.0)
     on.add_argument("--method", default="eagle", help="eagle (the head learns; default), or sd / mcsd (a LoRA "
-                    "adapter on the draft learns: load a float draft, --draft-quant none --packed-weights off)")
+                    "adapter on the draft learns)")
     on.add_argument("--head", help="the head's folder (default: the one shipped for the target); with sd / mcsd, an "
                     "adapter folder to start from")
     on.add_argument("--seed", type=int, default=77)

@@ -16,14 +16,19 @@ committed tokens: a drafted node's context is the committed text up to it (the a
 row before a rejection's position holds the logits that drafted the rejected tokens. LoRA's B starts at zero, so
 version 0 drafts exactly as the base draft.
 
-The adapter needs a draft with plain ``torch.nn.Linear`` layers: an int8 draft (the CPU default, ``--draft-quant``)
-and oneDNN-packed weights (``--packed-weights``) have no gradients, and are refused with a message.
+The adapter needs gradients through the draft's linear layers. An int8 draft (the CPU default, ``--draft-quant``) has
+none, so its session copy drafts and learns on float32 linears dequantized from the int8 weights, made once per
+loaded draft and shared by every session (``float_linears``; the draft only proposes, so the rounding changes no
+output, and that copy drafts about as fast as an unquantized draft). oneDNN-packed weights (``--packed-weights``)
+keep no plain weight and are refused with a message.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,15 +63,37 @@ class DraftRecord:
     rejections: list[DraftRejection] = field(default_factory=list)
 
 
+_FLOAT_LINEARS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FLOAT_LOCK = threading.Lock()
+
+
+def float_linears(draft: torch.nn.Module) -> dict[int, torch.nn.Linear]:
+    """id of each int8 dynamic linear layer of ``draft`` -> a float32 ``torch.nn.Linear`` with its dequantized
+    weight and bias, made once per draft and shared (empty for a draft with no int8 layers)."""
+    from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+
+    with _FLOAT_LOCK:
+        if draft not in _FLOAT_LINEARS:
+            out = {}
+            for m in draft.modules():
+                if isinstance(m, Int8Linear):
+                    bias = m.bias()
+                    linear = torch.nn.Linear(m.in_features, m.out_features, bias=bias is not None)
+                    with torch.no_grad():
+                        linear.weight.copy_(m.weight().dequantize())
+                        if bias is not None:
+                            linear.bias.copy_(bias)
+                    linear.requires_grad_(False)
+                    out[id(m)] = linear
+            _FLOAT_LINEARS[draft] = out
+        return _FLOAT_LINEARS[draft]
+
+
 def trainable(draft: torch.nn.Module) -> str | None:
-    """Why ``draft`` cannot take a LoRA adapter (int8 or packed linear layers), or None where it can."""
-    kinds = {type(m).__name__ for m in draft.modules()}
-    if any("Quantized" in k or k == "DynamicQuantizedLinear" for k in kinds) or any(
-            type(m).__module__.startswith("torch.ao.nn.quantized") for m in draft.modules()):
-        return ("the draft is int8 (its quantized layers have no gradients); load the pair with --draft-quant none "
-                "(and --packed-weights off) to distil the draft online")
-    if "PackedLinear" in kinds:
-        return "the draft's weights are packed for oneDNN (no gradients); load the pair with --packed-weights off"
+    """Why ``draft`` cannot take a LoRA adapter (oneDNN-packed linear layers), or None where it can."""
+    if any(type(m).__name__ == "PackedLinear" for m in draft.modules()):
+        return ("the draft's weights are packed for oneDNN (no plain weights for an adapter); load the pair with "
+                "--packed-weights off to distil the draft online")
     return None
 
 
@@ -114,12 +141,13 @@ class DraftDistiller:
         config = LoraConfig(**saved[0]) if saved else LoraConfig(
             r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(TARGET_MODULES), bias="none")
         tensors = list(draft.parameters()) + list(draft.buffers())
-        own = copy.deepcopy(draft, memo={id(t): t for t in tensors})  # the pair's weights, this session's modules
+        memo = {id(t): t for t in tensors} | float_linears(draft)  # an int8 layer's place: its shared float copy
+        own = copy.deepcopy(draft, memo=memo)  # the pair's weights, this session's modules
         try:
             inject_adapter_in_model(config, own)
         except ValueError as exc:
             raise AdapterError(f"the draft cannot take a LoRA adapter: {exc}") from None
-        dtype = next(draft.parameters()).dtype
+        dtype = next(own.parameters()).dtype
         for name, p in own.named_parameters():
             if "lora_" in name:
                 p.data = p.data.to(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype)

@@ -154,8 +154,8 @@ def method_widgets(box, method: str, prefix: str = "") -> dict:
         changes["tree_choice"] = "online" if online else "fixed"
         _distill_widgets(box, changes, prefix, "Head", "the session's own copy of the head")
     if d.distils_draft:
-        _distill_widgets(box, changes, prefix, "Draft", "a LoRA adapter of the session's on the draft (a float "
-                         "draft: int8 or packed drafts, a CPU's default, have no gradients)")
+        _distill_widgets(box, changes, prefix, "Draft", "a LoRA adapter of the session's on the draft (on float "
+                         "layers where the draft is int8)")
     if "recycling" in spec.free:
         changes["recycling_widths"] = box.text_input(
             "Recycling tree template (widths per level)", ",".join(map(str, d.recycling_widths)),
