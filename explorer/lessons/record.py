@@ -51,10 +51,10 @@ class LessonSpec:
     learn: tuple | None = None  # (kind, requests, lr, every): a head learnt online first (runs name LEARNED_HEAD)
 
 
-LEARNING_PROMPT = ("English to Dutch:\n\nWe are planning a picnic by the lake if the weather stays dry. He forgot his "
-                   "keys and had to wait outside for an hour.")
+LEARNING_PROMPT = ("English to Dutch:\n\nCould you tell me where the nearest pharmacy is? The train was late, so we "
+                   "missed the beginning of the concert.")
 """Lesson 10's prompt: a held-out translation prompt of the templates (``heads.online.stream_prompts('translation',
-16, 1)``; the stream it learns from is the 16 before it)."""
+32, 1)``; the stream it learns from is the 32 before it, as ``heads online --kind translation --requests 32``'s)."""
 LEARNED_HEAD = "@learned"
 """A lesson run's ``head``: the head its ``LessonSpec.learn`` stream taught (``_learned_runs``)."""
 
@@ -321,9 +321,9 @@ LEARNING_LESSON = LessonSpec(
                "Can the head get better at a kind of prompt while it serves, without ever changing the output?",
                LEARNING_PROMPT,
                (("head as shipped", DEFAULTS["eagle"].with_(fallback="off", tree_choice="fixed"), GREEDY),
-                ("head after 16 prompts", DEFAULTS["eagle"].with_(head=LEARNED_HEAD, fallback="off",
+                ("head after 32 prompts", DEFAULTS["eagle"].with_(head=LEARNED_HEAD, fallback="off",
                                                                    tree_choice="fixed"), GREEDY)),
-               _learning_notes, max_new_tokens=48, learn=("translation", 16, 1e-4, 1))
+               _learning_notes, max_new_tokens=48, learn=("translation", 32, 1e-4, 1))
 """Lesson 10: its learned head is not kept (``_mark_learned``), so its second run plays from the file, and the
 Classroom's Continue live goes on from its text with the shipped head."""
 
