@@ -21,6 +21,7 @@ from ..analysis.prompts import encode_prompt
 from ..engine.config import DEFAULTS, MethodConfig
 from ..engine.factory import build_engine
 from ..engine.machine import head_summary
+from ..engine.online_distill_draft import DraftDistiller
 from ..engine.sampling import SamplingConfig
 from ..trace.metrics import first_acceptance
 from ..trace.records import RunTrace
@@ -73,8 +74,6 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
                      f"{out[k]['tokens_per_call']:.2f} tokens/call")
         return out
 
-    before = before or held(base, "before")
-    learning = base.with_(online_distill=True, distill_lr=lr, distill_every=every)
     clock = [time.perf_counter()]
 
     def told(n, engine, trace):
@@ -86,7 +85,14 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
                  f"{'n/a' if first is None else f'{first:.3f}'}"
                  + (f", update loss {row['loss']:.3f}" if row.get("updated") else ""))
 
-    distiller = learn_stream(pair, prompts["stream"], learning, sampling, max_new_tokens, progress=told)
+    with tempfile.TemporaryDirectory() as fresh:
+        if weights == "draft_adapter" and not head:  # before: a new adapter (B = 0), on the layers the learning uses
+            DraftDistiller.for_draft(pair.draft, pair.vocab_size).save(fresh)
+            base = base.with_(draft_adapter=fresh)
+        before = before or held(base, "before")
+        clock[0] = time.perf_counter()
+        learning = base.with_(online_distill=True, distill_lr=lr, distill_every=every)
+        distiller = learn_stream(pair, prompts["stream"], learning, sampling, max_new_tokens, progress=told)
     with tempfile.TemporaryDirectory() as folder:
         distiller.save(folder)
         after = held(base.with_(**{weights: folder}), "after")
