@@ -43,6 +43,65 @@ def test_a_saved_head_loads_back_in_the_checkpoint_format(tiny, tmp_path):
     assert torch.equal(load_head(folder).midlayer.self_attn.q_proj.weight, head.midlayer.self_attn.q_proj.weight)
 
 
+def test_a_head_in_vllm_speculators_layout_loads_and_drafts_as_the_same_head(tiny, tmp_path):
+    """``save_head(layout="speculators")`` writes speculators' ``Eagle3Speculator`` config and ``layers.0.*``
+    names; it loads back as the same head (the same logits), and a speculators checkpoint of the whole vocabulary
+    (no d2t / t2d, as speculators writes it) loads too."""
+    from safetensors.torch import load_file, save_file
+
+    head = random_head(_config(tiny), seed=1, draft_ids=list(range(10, 74)))
+    folder = save_head(head, tmp_path / "spec", layout="speculators", verifier="tiny-target")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Eagle3Speculator"] and config["speculators_model_type"] == "eagle3"
+    assert config["transformer_layer_config"]["hidden_size"] == head.config.hidden_size
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "tiny-target"
+    assert all(not k.startswith("midlayer.") for k in load_file(str(folder / "model.safetensors")))
+    loaded = load_head(folder, target=tiny.target)
+    assert loaded.config == head.config
+    loaded.to(torch.float32), head.set_embeddings(tiny.target.get_input_embeddings())
+    states, tokens = torch.randn(5, 3, head.config.hidden_size), torch.tensor([3, 7, 9, 11, 2])
+    with torch.no_grad():
+        a, _ = head(tokens, head.features(states), torch.arange(5), HeadCache())
+        b, _ = loaded(tokens, loaded.features(states), torch.arange(5), HeadCache())
+    assert torch.allclose(a, b.float(), atol=1e-5)
+
+    full = random_head(_config(tiny, draft_vocab_size=tiny.target.config.vocab_size), seed=2)
+    folder = save_head(full, tmp_path / "full", layout="speculators")
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k not in ("d2t", "t2d")}, str(folder / "model.safetensors"))
+    assert load_head(folder).target_ids().tolist() == list(range(tiny.target.config.vocab_size))
+
+
+def test_a_speculators_head_with_norm_before_residual_takes_the_normed_feature_as_its_residual(tiny):
+    plain = random_head(_config(tiny), seed=3)
+    with torch.no_grad():
+        plain.midlayer.mlp.down_proj.weight.zero_()  # the layer's output: its attention's residual plus attention
+    config = _config(tiny, norm_before_residual=True)
+    assert HeadConfig.from_dict(config.to_speculators()) == config == HeadConfig.from_dict(config.to_dict())
+    normed = random_head(config, seed=3)
+    normed.load_state_dict(plain.state_dict())
+    for h in (plain, normed):
+        h.set_embeddings(tiny.target.get_input_embeddings())
+    g, tokens = torch.randn(4, plain.config.hidden_size) * 5, torch.tensor([1, 2, 3, 4])
+    with torch.no_grad():
+        out_plain = plain.midlayer(plain.embed(tokens), g, torch.arange(4), HeadCache(), None)
+        out_normed = normed.midlayer(normed.embed(tokens), g, torch.arange(4), HeadCache(), None)
+        attn = out_normed - plain.midlayer.hidden_norm(g) - (out_plain - g)  # the same attention on both
+    assert not torch.allclose(out_plain, out_normed, atol=1e-3)
+    assert torch.allclose(attn, torch.zeros_like(attn), atol=1e-4)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"norm_before_fc": True}, "norm_before_fc"),
+    ({"speculators_model_type": "mlp"}, "only eagle3 heads load"),
+    ({"transformer_layer_config": {"model_type": "qwen3", "hidden_size": 64}}, "a qwen3 layer"),
+])
+def test_speculators_options_the_layer_lacks_are_refused_by_name(tiny, change, message):
+    with pytest.raises(HeadError, match=message):
+        HeadConfig.from_dict(_config(tiny).to_speculators() | change)
+
+
 def test_the_default_feature_layers_are_vllms_reading():
     assert HeadConfig(8, 8, 2, 2, 4, 10, 10).aux_layers(28) == default_aux_layers(28) == (2, 14, 25)
     assert default_aux_layers(2) == (2, 1, 0)  # a tiny target's layers, all within 0 .. L
@@ -327,3 +386,20 @@ def test_the_head_passes_the_audit_on_cuda(tiny_cuda, tmp_path):
     r = audit(tiny_cuda, _eagle_on(tiny_cuda, tmp_path, tree_choice="fixed"),
               SamplingConfig(temperature=1.0, seed=7_000), tiny_cuda.tokenizer.encode("a b c a b c a b"), 600)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
+
+
+def test_heads_export_writes_either_layout_and_each_loads_back(tiny, tmp_path, capsys):
+    from explorer.cli.main import main
+
+    head, folder = _saved(tiny, tmp_path)
+    for layout in ("speculators", "specforge"):
+        out = tmp_path / layout
+        assert main(["heads", "export", "--head", str(folder if layout == "speculators" else tmp_path / "speculators"),
+                     "--out", str(out), "--format", layout, "--verifier", "tiny"]) == 0
+        assert f"the head in the {layout} layout" in capsys.readouterr().out
+        loaded = load_head(out, target=tiny.target)
+        assert torch.equal(loaded.midlayer.self_attn.q_proj.weight.float(),
+                           head.midlayer.self_attn.q_proj.weight.float())
+    assert json.loads((tmp_path / "specforge" / "config.json").read_text())["architectures"] == [ARCHITECTURE]
+    assert main(["heads", "export", "--head", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
+    assert "no head folder" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from ..heads.prompts import training_prompts
 from ..heads.respond import prompts_of, records, respond
 from ..heads.selfinstruct import WRITE_TOKENS, writing_prompts, written_prompts
 from ..heads.train import train_head
-from ..models.eagle3 import HeadError, default_aux_layers
+from ..models.eagle3 import LAYOUTS, HeadError, default_aux_layers, load_head, save_head
 from .args import add_model_args, load_pair_from_args
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -163,6 +163,17 @@ def cmd_online(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """A head checkpoint written again in the layout ``--format`` names (``eagle3.save_head``)."""
+    try:
+        folder = save_head(load_head(args.head), args.out, layout=args.format, verifier=args.verifier or "")
+    except HeadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{folder}: the head in the {args.format} layout (it loads with --head {folder})")
+    return 0
+
+
 def add_heads_parser(sub) -> None:
     heads = sub.add_parser("heads", help="train EAGLE-3 draft heads for the pair's target")
     hsub = heads.add_subparsers(dest="heads_command", required=True)
@@ -248,3 +259,10 @@ def add_heads_parser(sub) -> None:
     on.add_argument("--out", help="write the report (JSON) here")
     add_model_args(on)
     on.set_defaults(func=cmd_online)
+    ex = hsub.add_parser("export", help="write a head checkpoint in SpecForge's layout (SGLang, vLLM) or vLLM "
+                         "speculators' (Eagle3Speculator)")
+    ex.add_argument("--head", required=True, help="the head's folder (the shipped one: assets/heads/<target>)")
+    ex.add_argument("--out", required=True, help="the folder to write")
+    ex.add_argument("--format", default="specforge", choices=list(LAYOUTS))
+    ex.add_argument("--verifier", help="speculators: the target's name or path its config records")
+    ex.set_defaults(func=cmd_export)

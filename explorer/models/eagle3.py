@@ -13,7 +13,9 @@ counts, ``intermediate_size``, ``vocab_size`` (the target's), ``draft_vocab_size
 safetensors weights: ``fc.weight [H, 3H]``, ``midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}``,
 ``midlayer.self_attn.{q,k,v}_proj`` (input width 2H) and ``o_proj``, ``midlayer.mlp.{gate,up,down}_proj``,
 ``norm.weight``, ``lm_head.weight [draft_vocab, H]``, ``d2t`` and ``t2d``; ``embed_tokens.weight`` optional (the
-target's when absent). The ``speculators`` package's ``layers.0.`` names load too. Pickled weights are refused.
+target's when absent). The ``speculators`` package's ``layers.0.`` names and its own ``config.json`` layout
+(``Eagle3Speculator``: ``from_speculators``) load too, and ``save_head`` writes either layout. Pickled weights are
+refused.
 
 The layer, as vLLM runs it: the attention reads ``concat(input_layernorm(embed(token)), hidden_norm(g))`` and adds
 its output to g (the residual); then ``post_attention_layernorm``, the MLP and its residual; the logits are
@@ -35,6 +37,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCHITECTURE = "Eagle3Speculator"  # vLLM speculators' eagle3 class, as its config.json names it
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PICKLED = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -58,6 +61,8 @@ class HeadConfig:
         vocab_size: the target's vocabulary; ``draft_vocab_size`` the head's (its logits' width).
         rms_norm_eps, rope_theta, max_position_embeddings: as in a Llama config (no RoPE scaling).
         aux_layer_ids: the target layers whose inputs feed ``fc``, or None for the default (``aux_layers``).
+        norm_before_residual: the attention's residual is the normed feature ``hidden_norm(g)`` instead of g
+            (speculators' option; vLLM's ``_norm_before_residual``).
     """
 
     hidden_size: int
@@ -72,6 +77,7 @@ class HeadConfig:
     max_position_embeddings: int = 32768
     target_hidden_size: int | None = None
     aux_layer_ids: tuple[int, ...] | None = None
+    norm_before_residual: bool = False
 
     @property
     def feature_size(self) -> int:
@@ -84,10 +90,14 @@ class HeadConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> HeadConfig:
-        """Parse a ``config.json``. Raises HeadError for another architecture, more than one layer, a missing or
-        malformed field, or RoPE scaling (not supported)."""
+        """Parse a ``config.json``: SpecForge's layout, or vLLM speculators' (``speculators_model_type: eagle3``,
+        ``from_speculators``). Raises HeadError for another architecture, more than one layer, a missing or
+        malformed field, or RoPE scaling or a speculators option that is not supported."""
         if not isinstance(raw, dict):
             raise HeadError("config.json is not a JSON object")
+        if raw.get("speculators_model_type") is not None or SPECULATORS_ARCHITECTURE in (raw.get("architectures")
+                                                                                         or []):
+            raw = from_speculators(raw)
         arch = raw.get("architectures") or []
         if ARCHITECTURE not in arch:
             raise HeadError(f"config.json names architectures {arch}: not an EAGLE-3 head ({ARCHITECTURE})")
@@ -109,7 +119,8 @@ class HeadConfig:
                          rope_theta=rope_theta_of(raw),
                          max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
                          target_hidden_size=int(raw["target_hidden_size"]) if raw.get("target_hidden_size") else None,
-                         aux_layer_ids=tuple(int(i) for i in aux) if aux else None)
+                         aux_layer_ids=tuple(int(i) for i in aux) if aux else None,
+                         norm_before_residual=bool(raw.get("norm_before_residual", False)))
         except KeyError as exc:
             raise HeadError(f"config.json lacks {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
@@ -139,7 +150,55 @@ class HeadConfig:
         if self.aux_layer_ids is not None:
             out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
                                    "use_aux_hidden_state": True}
+        if self.norm_before_residual:
+            out["norm_before_residual"] = True
         return out
+
+    def to_speculators(self, verifier: str = "") -> dict:
+        """``config.json`` in vLLM speculators' layout (``Eagle3Speculator``): the layer's Llama config under
+        ``transformer_layer_config``, the EAGLE-3 fields at the top, ``verifier`` the target's name or path."""
+        layer = {k: v for k, v in self.to_dict().items()
+                 if k not in ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config",
+                              "norm_before_residual", "torch_dtype")}
+        return {"architectures": [SPECULATORS_ARCHITECTURE], "speculators_model_type": "eagle3",
+                "transformer_layer_config": layer | {"attention_bias": False, "mlp_bias": False},
+                "draft_vocab_size": self.draft_vocab_size, "norm_before_residual": self.norm_before_residual,
+                "norm_before_fc": False, "fc_norm": False, "norm_output": False, "embed_requires_grad": False,
+                "target_hidden_size": self.target_hidden_size,
+                "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids) if self.aux_layer_ids else None,
+                "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                       "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5,
+                                                             "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                                       "verifier": {"name_or_path": verifier, "architectures": []}}}
+
+
+def from_speculators(raw: dict) -> dict:
+    """A speculators ``config.json`` (``speculators_model_type: eagle3``) in SpecForge's flat layout: the layer's
+    config from ``transformer_layer_config``, the EAGLE-3 fields from the top. Raises HeadError for another
+    speculator type, a missing layer config, or an option the head does not implement (``norm_before_fc``,
+    ``fc_norm``, ``norm_output``, attention or MLP biases, a Qwen3 layer's query/key norms)."""
+    kind = raw.get("speculators_model_type")
+    if kind != "eagle3":
+        raise HeadError(f"config.json is a speculators {kind!r} model: only eagle3 heads load")
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise HeadError("the speculators config.json has no transformer_layer_config")
+    unsupported = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if raw.get(k)]
+    unsupported += [k for k in ("attention_bias", "mlp_bias") if layer.get(k)]
+    if layer.get("model_type", "qwen3") not in ("llama",):
+        unsupported.append(f"a {layer.get('model_type', 'qwen3 (no model_type)')} layer")
+    if unsupported:
+        raise HeadError(f"the speculators head uses {', '.join(unsupported)}, which this project's EAGLE-3 layer "
+                        "does not implement")
+    flat = dict(layer)
+    flat["architectures"] = [ARCHITECTURE]
+    for key in ("draft_vocab_size", "target_hidden_size", "norm_before_residual"):
+        if raw.get(key) is not None:
+            flat[key] = raw[key]
+    if raw.get("eagle_aux_hidden_state_layer_ids"):
+        flat["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": raw["eagle_aux_hidden_state_layer_ids"]}
+    return flat
 
 
 def rope_theta_of(raw: dict) -> float:
@@ -226,7 +285,8 @@ class HeadLayer(nn.Module):
         cache.length + rows)`` (True = attend) or None for causal rows after the cache. Returns ``(rows, H)``, the
         layer's output before the final norm; appends the rows' keys and values to ``cache``."""
         c, rows = self.c, g.shape[0]
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(g)], dim=-1)
+        normed = self.hidden_norm(g)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         attn = self.self_attn
         q = attn.q_proj(x).view(rows, c.num_attention_heads, c.head_dim).transpose(0, 1)
         k = attn.k_proj(x).view(rows, c.num_key_value_heads, c.head_dim).transpose(0, 1)
@@ -243,7 +303,7 @@ class HeadLayer(nn.Module):
         with _attention_kernels(q.device):
             out = torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
                                                                    scale=1.0 / math.sqrt(c.head_dim))[0]
-        h = g + attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
+        h = (normed if c.norm_before_residual else g) + attn.o_proj(out.transpose(0, 1).reshape(rows, -1))
         m = self.mlp
         y = self.post_attention_layernorm(h)
         return h + m.down_proj(torch.nn.functional.silu(m.gate_proj(y)) * m.up_proj(y))
@@ -359,6 +419,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 _RENAMES = (("layers.0.", "midlayer."), ("model.", ""))
+LAYOUTS = ("specforge", "speculators")
 
 
 def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3Head:
@@ -404,6 +465,9 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
         raise HeadError(f"cannot read the weights in {folder}: {exc}") from None
     if target is not None:
         check_fit(config, target)
+    if config.draft_vocab_size == config.vocab_size and "d2t" not in tensors and "t2d" not in tensors:
+        tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)  # speculators: no maps, the whole vocab
+        tensors["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
     head = Eagle3Head(config, own_embeddings="embed_tokens.weight" in tensors)
     expected = head.state_dict()
     missing = sorted(set(expected) - set(tensors))
@@ -462,15 +526,23 @@ def check_fit(config: HeadConfig, target) -> None:
                         "(three ids from 0 to that count)")
 
 
-def save_head(head: Eagle3Head, path: str | Path) -> Path:
+def save_head(head: Eagle3Head, path: str | Path, layout: str = "specforge", verifier: str = "") -> Path:
     """Write ``head`` as an EAGLE-3 checkpoint folder (``config.json``, ``model.safetensors``; the target's
-    embedding is not saved unless the head has its own). Returns the folder."""
+    embedding is not saved unless the head has its own) in ``layout``: ``specforge`` (``midlayer.*``, the flat
+    config SpecForge writes and SGLang and vLLM load) or ``speculators`` (``layers.0.*`` and vLLM speculators'
+    config, ``verifier`` naming the target). Returns the folder. Raises HeadError for another layout."""
     from safetensors.torch import save_file
 
+    if layout not in LAYOUTS:
+        raise HeadError(f"unknown checkpoint layout {layout!r}; use {' or '.join(LAYOUTS)}")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
+    config = head.config.to_dict() if layout == "specforge" else head.config.to_speculators(verifier)
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    if layout == "speculators":
+        state = {("layers.0." + k[len("midlayer."):]) if k.startswith("midlayer.") else k: v
+                 for k, v in state.items()}
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     return folder
 
