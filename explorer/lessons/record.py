@@ -386,7 +386,6 @@ LESSON_SPECS = (
 )
 
 
-
 def _prompt_ids(pair, spec: LessonSpec) -> list[int]:
     """The lesson's prompt as the recorder and the timer feed it: the chat template applied."""
     return encode_prompt(pair.tokenizer, spec.prompt, chat_template=True)
