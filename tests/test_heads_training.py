@@ -420,3 +420,33 @@ def test_fine_tuning_with_a_vocabulary_swap_keeps_the_kept_rows_and_starts_new_o
         assert torch.allclose(tuned.lm_head.weight[i], want, atol=1e-3), t
     with pytest.raises(ValueError, match="needs a trained head"):
         train_head(tiny, data, tmp_path / "new", draft_vocab=48, steps=1, ttt=2, progress=False, swap_vocab=8)
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_the_engine_reads_the_features_the_head_trained_on(tiny, tmp_path, joint):
+    """A mismatch between training and serving features (another layer, a norm, what the KV cache and the tree
+    mask do to the rows) would cost acceptance unseen: the target states the engine hands the head at every
+    committed position equal the cached training features of the same text (``heads.data.build``: one plain
+    forward with ``output_hidden_states``), for the head's layers including the last (the final norm's output)."""
+    from explorer.engine.factory import build_engine
+    from explorer.models.eagle3 import HeadConfig, save_head
+
+    t = tiny.target.config
+    layers = (0, 1, t.num_hidden_layers)
+    config = HeadConfig(hidden_size=t.hidden_size, intermediate_size=96, num_attention_heads=t.num_attention_heads,
+                        num_key_value_heads=t.num_key_value_heads, head_dim=t.hidden_size // t.num_attention_heads,
+                        vocab_size=t.vocab_size, draft_vocab_size=64, aux_layer_ids=layers)
+    folder = save_head(random_head(config, seed=5, draft_ids=list(range(32, 96))), tmp_path / "head")
+    run = DEFAULTS["eagle"].with_(head=str(folder), online_distill=True, distill_every=1000, fallback="off",
+                                  head_topk=2, head_depth=3, head_tokens=6)
+    engine = build_engine(tiny, run, GREEDY, joint_prefill=joint)
+    engine.start(tiny.tokenizer.encode(TEXT[:60]), 30)
+    record = None
+    while not engine.finished:
+        record = engine.parts.distiller._current  # the rows the head read, as the engine gave them
+        engine.step()
+    served = torch.cat(record.states)
+    assert served.shape[0] >= 20
+    cached = load(build(tiny, [list(engine.state.committed)], layers, tmp_path / "features", progress=False))[0]
+    trained = cached.states[record.start: record.start + served.shape[0]].float()
+    assert torch.allclose(served, trained, atol=1e-4), (served - trained).abs().amax(dim=(0, 2))
