@@ -102,6 +102,7 @@ BAD_INPUTS = {
                     "holds no head training data"),
     "heads respond": (["heads", "respond", "--models", "tiny", "--out", "{d}/bad.json/x"], "File exists"),
     "heads online": (["heads", "online", "--models", "tiny", "--kind", "poetry"], "unknown kind"),
+    "heads export": (["heads", "export", "--head", "{d}/nowhere", "--out", "{d}/h"], "no head folder"),
     "probe": (["probe", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
     "acceptance": (["acceptance", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
     "calibration": (["calibration", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
