@@ -63,6 +63,7 @@ def cmd_generate(args) -> int:
     if args.save_distilled and not config.online_distill:
         raise ValueError("--save-distilled saves what --online-distill learned: add --online-distill")
     session: dict = {}
+    learner = "head" if config.spec.uses_head else "draft adapter"  # what --online-distill teaches
     for n, prompt, trace in runs_from_args(args, pair, prompts, config, session=session):
         m = run_metrics(trace)
         if args.save_trace:
@@ -95,13 +96,11 @@ def cmd_generate(args) -> int:
         if config.online_distill:
             row = session["distiller"].history[-1]
             first = row.get("first_acceptance")
-            what = "head" if config.spec.uses_head else "draft adapter"
-            print(f"--- {what} version {row['version']}: first-position acceptance "
+            print(f"--- {learner} version {row['version']}: first-position acceptance "
                   f"{'n/a' if first is None else f'{first:.2f}'}, {row['rejections']} rejections kept"
                   + (f"; updated (loss {row['loss']:.3f})" if row.get("updated") else ""), flush=True)
     if args.save_distilled and session.get("distiller") is not None:
-        what = "head" if config.spec.uses_head else "draft adapter"
-        print(f"--- the learned {what}: {session['distiller'].save(args.save_distilled)}")
+        print(f"--- the learned {learner}: {session['distiller'].save(args.save_distilled)}")
     return 0
 
 

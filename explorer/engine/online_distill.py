@@ -67,37 +67,32 @@ class RequestRecord:
         return sum(s.shape[0] for s in self.states)
 
 
-class HeadDistiller:
-    """A session's online distillation of an EAGLE-3 head (module docstring).
+class OnlineDistiller:
+    """What the head's and the draft's online distillation share: the schedule (one AdamW step at ``lr`` every
+    ``every`` requests), the finished requests' records waiting for the next update, and the history by request.
+    A subclass records a request (``begin``, its own ``rejected``), says what of it is kept (``_finish``) and takes
+    the step (``update``).
 
     Args:
-        head: the session's own head (``for_head`` copies a loaded one); updated in place.
-        lr: the AdamW learning rate. every: requests between two updates (>= 1).
+        params: the weights that learn. lr: the AdamW learning rate. every: requests between two updates (>= 1).
     Attributes:
-        version: updates so far (0: the head as loaded). requests: requests seen.
+        version: updates so far (0: as loaded). requests: requests seen.
         history: one row per request: ``{"request", "version", "first_acceptance", "tokens_per_call",
             "rejections"}`` (the version that drafted it), then ``loss`` / ``updated`` where an update followed.
-    Raises ValueError: ``lr`` not positive or ``every`` below 1.
+    Raises ``error`` (ValueError, or the subclass's): ``lr`` not positive or ``every`` below 1.
     """
 
-    def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8):
+    error: type[ValueError] = ValueError
+
+    def __init__(self, params, lr: float, every: int):
         if not lr > 0 or int(every) < 1:
-            raise ValueError(f"online distillation needs a positive learning rate and every >= 1, got {lr}, {every}")
-        self.head, self.lr, self.every = head, float(lr), int(every)
-        self.params = [p for p in head.parameters() if p.dtype.is_floating_point]
+            raise self.error(f"online distillation needs a positive learning rate and every >= 1, got {lr}, {every}")
+        self.lr, self.every = float(lr), int(every)
+        self.params = list(params)
         self.optimizer = torch.optim.AdamW(self.params, lr=self.lr, weight_decay=0.0)
         self.version, self.requests = 0, 0
         self.history: list[dict] = []
-        self.buffer: list[RequestRecord] = []
-        self._current = RequestRecord()
-
-    @classmethod
-    def for_head(cls, head: Eagle3Head, lr: float = 1e-4, every: int = 8) -> HeadDistiller:
-        """A distiller of a copy of ``head`` (float32; the target's embedding it reads stays shared, not copied)."""
-        shared = {id(m): m for m in head._target_embed}
-        own = copy.deepcopy(head, memo=shared).float()
-        own._target_embed = head._target_embed
-        return cls(own, lr, every)
+        self.buffer: list = []
 
     def describe(self) -> dict:
         """Plain data for a run's trace: the settings, the version and the requests seen."""
@@ -108,6 +103,56 @@ class HeadDistiller:
         self.lr, self.every = float(lr), int(every)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
+
+    def end_request(self, committed: list[int], summary: dict) -> bool:
+        """The request finished with ``committed`` (prompt and output ids): its record goes to the buffer (where
+        ``_finish`` keeps it and it has a rejection), and every ``every`` requests the weights are updated.
+        ``summary``: the run's ``first_acceptance`` and ``tokens_per_call`` for the history. Returns whether they
+        were updated."""
+        rec, keep = self._finish(committed)
+        if keep and rec.rejections:
+            self.buffer = (self.buffer + [rec])[-MAX_BUFFERED:]
+        self.requests += 1
+        row = {"request": self.requests, "version": self.version, "rejections": len(rec.rejections), **summary}
+        self.history.append(row)
+        if self.requests % self.every:
+            return False
+        loss = self.update()
+        row.update(updated=loss is not None, **({"loss": loss} if loss is not None else {}))
+        return loss is not None
+
+    def _finish(self, committed: list[int]):
+        """The finished request's record, cut to what the update can use, and whether it may be kept; the next
+        request starts a new record."""
+        raise NotImplementedError
+
+    def update(self) -> float | None:
+        """One step over the buffered records (the buffer empties); the loss before it, or None."""
+        raise NotImplementedError
+
+
+class HeadDistiller(OnlineDistiller):
+    """A session's online distillation of an EAGLE-3 head (module docstring; the schedule and history:
+    ``OnlineDistiller``).
+
+    Args:
+        head: the session's own head (``for_head`` copies a loaded one); updated in place.
+        lr, every: as ``OnlineDistiller``'s.
+    Raises ValueError: ``lr`` not positive or ``every`` below 1.
+    """
+
+    def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8):
+        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point], lr, every)
+        self.head = head
+        self._current = RequestRecord()
+
+    @classmethod
+    def for_head(cls, head: Eagle3Head, lr: float = 1e-4, every: int = 8) -> HeadDistiller:
+        """A distiller of a copy of ``head`` (float32; the target's embedding it reads stays shared, not copied)."""
+        shared = {id(m): m for m in head._target_embed}
+        own = copy.deepcopy(head, memo=shared).float()
+        own._target_embed = head._target_embed
+        return cls(own, lr, every)
 
     # ------------------------------------------------------------------ a request's record
 
@@ -132,25 +177,15 @@ class HeadDistiller:
         ``ids`` with plain probabilities ``probs`` at that position."""
         self._current.rejections.append(Rejection(int(row), int(level), list(ids), list(probs)))
 
-    def end_request(self, committed: list[int], summary: dict) -> bool:
-        """The request finished with ``committed`` (prompt and output ids): its record goes to the buffer, and every
-        ``every`` requests the head is updated. ``summary``: the run's ``first_acceptance`` and ``tokens_per_call``
-        for the history. Returns whether the head was updated."""
+    def _finish(self, committed: list[int]) -> tuple[RequestRecord, bool]:
+        """Every token after each row read (and beyond), and the rejections within the rows read and the text; a
+        request whose rows were never read is not kept."""
         rec, self._current = self._current, RequestRecord()
         if rec.states:
             rec.tokens = [int(t) for t in committed[rec.start + 1:]]  # every token after each row, and beyond
             rec.rejections = [r for r in rec.rejections if rec.start <= r.row < rec.start + rec.rows
                               and r.row + r.level <= len(committed) - 1]
-            if rec.rejections:
-                self.buffer = (self.buffer + [rec])[-MAX_BUFFERED:]
-        self.requests += 1
-        row = {"request": self.requests, "version": self.version, "rejections": len(rec.rejections), **summary}
-        self.history.append(row)
-        if self.requests % self.every:
-            return False
-        loss = self.update()
-        row.update(updated=loss is not None, **({"loss": loss} if loss is not None else {}))
-        return loss is not None
+        return rec, bool(rec.states)
 
     # ------------------------------------------------------------------ the update
 

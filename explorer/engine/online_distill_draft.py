@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-LABEL_K = 32  # the target's best tokens kept per rejection
-MAX_BUFFERED = 64  # requests held between two updates at most (the oldest go first)
+from .online_distill import OnlineDistiller
+
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PEFT_PREFIX = "base_model.model."  # a PeftModel's weights sit under its base model
 ADAPTER_CONFIG, ADAPTER_WEIGHTS, DISTILL_FILE = "adapter_config.json", "adapter_model.safetensors", "distill.json"
@@ -97,31 +97,26 @@ def trainable(draft: torch.nn.Module) -> str | None:
     return None
 
 
-class DraftDistiller:
-    """A session's online distillation of a draft model through a LoRA adapter (module docstring).
+class DraftDistiller(OnlineDistiller):
+    """A session's online distillation of a draft model through a LoRA adapter (module docstring; the schedule and
+    history: ``online_distill.OnlineDistiller``).
 
     Args:
         model: the session's draft (``for_draft``: the pair's base weights shared, the adapter its own).
-        lr: the AdamW learning rate. every: requests between two updates (>= 1). vocab_size: the pair's shared
-            vocabulary (the draft's logits are cut to it, as its forwards are).
+        lr, every: as ``OnlineDistiller``'s. vocab_size: the pair's shared vocabulary (the draft's logits are cut to
+            it, as its forwards are).
         lora: the adapter's settings (``peft.LoraConfig.to_dict()``), for saving.
-    Attributes:
-        version: updates so far (0: the base draft). requests: requests seen.
-        history: one row per request, as ``HeadDistiller``'s.
     Raises AdapterError: ``lr`` not positive or ``every`` below 1.
     """
 
+    error = AdapterError
+
     def __init__(self, model: torch.nn.Module, lr: float, every: int, vocab_size: int, lora: dict):
-        if not lr > 0 or int(every) < 1:
-            raise AdapterError(f"online distillation needs a positive learning rate and every >= 1, got {lr}, {every}")
-        self.model, self.lr, self.every, self.vocab_size, self.lora = model, float(lr), int(every), vocab_size, lora
-        self.params = [p for n, p in model.named_parameters() if "lora_" in n]
-        for p in self.params:
+        params = [p for n, p in model.named_parameters() if "lora_" in n]
+        for p in params:
             p.requires_grad_(True)
-        self.optimizer = torch.optim.AdamW(self.params, lr=self.lr, weight_decay=0.0)
-        self.version, self.requests = 0, 0
-        self.history: list[dict] = []
-        self.buffer: list[DraftRecord] = []
+        super().__init__(params, lr, every)
+        self.model, self.vocab_size, self.lora = model, vocab_size, lora
         self._current = DraftRecord()
         self.base: torch.nn.Module | None = None  # the pair's draft it adapts (``for_draft``)
         self.source = ""  # the adapter folder it started from, empty for a new adapter
@@ -162,14 +157,7 @@ class DraftDistiller:
     def describe(self) -> dict:
         """Plain data for a run's trace: the adapter's folder (empty: a new one), rank, settings, version and
         requests seen."""
-        return {"path": self.source, "rank": self.lora.get("r"), "lr": self.lr, "every": self.every,
-                "version": self.version, "requests": self.requests}
-
-    def set_schedule(self, lr: float, every: int) -> None:
-        """Learn at ``lr`` every ``every`` requests from now on (a session's settings changed)."""
-        self.lr, self.every = float(lr), int(every)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+        return {"path": self.source, "rank": self.lora.get("r"), **super().describe()}
 
     # ------------------------------------------------------------------ a request's record
 
@@ -182,23 +170,12 @@ class DraftDistiller:
         with plain probabilities ``probs`` there."""
         self._current.rejections.append(DraftRejection(int(position), list(ids), list(probs)))
 
-    def end_request(self, committed: list[int], summary: dict) -> bool:
-        """The request finished with ``committed`` (prompt and output ids): its record goes to the buffer, and every
-        ``every`` requests the adapter is updated. ``summary``: the run's ``first_acceptance`` and
-        ``tokens_per_call``. Returns whether the adapter was updated."""
+    def _finish(self, committed: list[int]) -> tuple[DraftRecord, bool]:
+        """The committed ids, and the rejections at positions within them."""
         rec, self._current = self._current, DraftRecord()
         rec.committed = [int(t) for t in committed]
         rec.rejections = [r for r in rec.rejections if 0 < r.position < len(rec.committed)]
-        if rec.rejections:
-            self.buffer = (self.buffer + [rec])[-MAX_BUFFERED:]
-        self.requests += 1
-        row = {"request": self.requests, "version": self.version, "rejections": len(rec.rejections), **summary}
-        self.history.append(row)
-        if self.requests % self.every:
-            return False
-        loss = self.update()
-        row.update(updated=loss is not None, **({"loss": loss} if loss is not None else {}))
-        return loss is not None
+        return rec, True
 
     # ------------------------------------------------------------------ the update
 

@@ -230,22 +230,23 @@ TEACH_DISTILL = ("After each prompt, the {who} looks at the places where the tar
 def distill_section(history: list[dict] | None, teach: bool, reset: Callable[[], None], who: str = "head") -> None:
     """The session's head (``who``: head) or draft's LoRA adapter (draft) learning online (``engine/online_distill*``):
     acceptance by request, the version, and a button that starts it afresh (``reset``)."""
-    learner = "head" if who == "head" else "draft's adapter"
-    with st.expander(f"The {'head' if who == 'head' else 'draft'} learning online (OSD)"):
+    head = who == "head"
+    learner = "head" if head else "draft's adapter"
+    with st.expander(f"The {who} learning online (OSD)"):
         if teach:
-            teach_caption(TEACH_DISTILL.format(who="head" if who == "head" else "draft"))
+            teach_caption(TEACH_DISTILL.format(who=who))
         if not history:
             st.info(f"No prompt has finished yet: the {learner} learns when a run ends (Step until the end, or "
                     "Run).")
         else:
-            figure = ifig.learning_figure(history, "head" if who == "head" else "draft adapter")
+            figure = ifig.learning_figure(history, "head" if head else "draft adapter")
             st.plotly_chart(figure, width="stretch", key="distill_curve")
             last = history[-1]
             updates = sum(1 for row in history if row.get("updated"))
             st.caption(f"{len(history)} prompts finished; {updates} updates ({learner} version "
                        f"{last['version'] + (1 if last.get('updated') else 0)}). Each point is one prompt's share "
                        "of steps whose first drafted token was accepted.")
-        st.button("Reset the head to the shipped one" if who == "head" else "Reset the draft (drop its adapter)",
+        st.button("Reset the head to the shipped one" if head else "Reset the draft (drop its adapter)",
                   key="distill_reset", on_click=reset)
 
 

@@ -246,6 +246,21 @@ class DraftView:
     time_forward: Callable[[int], ContextManager] = lambda rows: nullcontext()
 
 
+def rejected_below(step, k: int) -> tuple[list[int], list[tuple[int, float]]] | None:
+    """Where a verified step (``ObservedStep``) rejected the drafter's own tokens, for online distillation: the
+    accepted path (node indices) and the target's ``k`` best tokens with plain probabilities at its last node's row
+    (the anchor's where nothing was accepted), whose drafted children the verifier rejected. None where the path
+    holds a node of another source (prompt lookup's copies, target-initialized roots), or the walk ended at a leaf:
+    nothing of the drafter's was rejected."""
+    tree, path = step.drafted.tree, step.verified.result.path
+    if not len(tree) or any(tree.source[i] != "draft" for i in path):
+        return None
+    last = path[-1] if path else -1
+    if not any(tree.source[c] == "draft" for c in tree.children(last)):
+        return None
+    return list(path), step.verified.p_rows.plain_top([last + 1], k)[last + 1]
+
+
 def empty_draft(context_len: int) -> Drafted:
     """A step's draft with no tree yet (the draft model not run), anchored after ``context_len`` committed tokens."""
     return Drafted(DraftTree(), tree_start=context_len)

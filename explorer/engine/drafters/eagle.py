@@ -33,7 +33,7 @@ from .. import drafting
 from ..policies.head_tree import TreeSizer
 from ..sampling import LazyRows, RowDists
 from ..tree import DraftTree
-from .base import Drafted, Drafter, empty_draft
+from .base import Drafted, Drafter, empty_draft, rejected_below
 
 
 class HeadDrafter(Drafter):
@@ -117,17 +117,13 @@ class HeadDrafter(Drafter):
         self._sized = None
 
     def _record_rejection(self, step) -> None:
-        """Tell the distiller where the verifier rejected the head's tokens: the chain level that drafted them from
-        the step's root row, and the target's distribution there (the row of the last accepted head node). Steps
-        whose accepted path is not the head's alone (prompt lookup's copies, a plain step) teach nothing."""
-        tree, path = step.drafted.tree, step.verified.result.path
-        if not len(tree) or any(tree.source[i] != "draft" for i in path):
-            return
-        last = path[-1] if path else -1
-        if not any(tree.source[c] == "draft" for c in tree.children(last)):
-            return  # the walk ended at a leaf: nothing of the head's was rejected
-        top = step.verified.p_rows.plain_top([last + 1], LABEL_K)[last + 1]
-        self.distill.rejected(len(step.context) - 2, len(path) + 1, [t for t, _ in top], [p for _, p in top])
+        """Tell the distiller where the verifier rejected the head's tokens (``rejected_below``): the chain level
+        that drafted them from the step's root row, and the target's distribution there (the row of the last
+        accepted head node)."""
+        found = rejected_below(step, LABEL_K)
+        if found is not None:
+            path, top = found
+            self.distill.rejected(len(step.context) - 2, len(path) + 1, [t for t, _ in top], [p for _, p in top])
 
     def _catch_up(self, committed, timed) -> bool:
         """Feed the head the committed positions t it has not read, up to the anchor's parent (the token at t + 1

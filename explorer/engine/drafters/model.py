@@ -27,11 +27,11 @@ from ..policies.tree_choice import ONLINE_ROOTS, TreeChooser
 from ..sampling import LazyRows, RowDists
 from ..stop_models.features import (MEMORY_K, PROMPT_MEMORY_ROWS, CopyIndex, NodeFeatures, TargetMemory, dist_features,
                                     model_inputs)
-from ..online_distill_draft import LABEL_K
+from ..online_distill import LABEL_K
 from ..tree import DraftTree, step_mask, step_position_ids
 from ..carried import Carried
 from ..parts import EngineError
-from .base import Drafted, Drafter, Reach
+from .base import Drafted, Drafter, Reach, rejected_below
 
 
 CHAIN_MAX_WIDTH = 8
@@ -121,17 +121,12 @@ class ModelDrafter(Drafter):
         self.memory.update(keys, [top[r] for r in rows])
 
     def _record_rejection(self, step) -> None:
-        """Tell the distiller where the verifier rejected the draft's children of the last accepted node: the
-        position they were drafted for and the target's distribution there (that node's row). Steps whose accepted
-        path is not the draft's alone (target-initialized roots, free branches) teach nothing."""
-        tree, path = step.drafted.tree, step.verified.result.path
-        if not len(tree) or any(tree.source[i] != "draft" for i in path):
-            return
-        last = path[-1] if path else -1
-        if not any(tree.source[c] == "draft" for c in tree.children(last)):
-            return  # the walk ended at a leaf: nothing of the draft's was rejected
-        top = step.verified.p_rows.plain_top([last + 1], LABEL_K)[last + 1]
-        self.distill.rejected(len(step.context) + len(path), [t for t, _ in top], [p for _, p in top])
+        """Tell the distiller where the verifier rejected the draft's children of the last accepted node
+        (``rejected_below``): the position they were drafted for and the target's distribution there."""
+        found = rejected_below(step, LABEL_K)
+        if found is not None:
+            path, top = found
+            self.distill.rejected(len(step.context) + len(path), [t for t, _ in top], [p for _, p in top])
 
     def rewind(self) -> None:
         self.memory = self._after_prompt.copy()  # the tree chooser keeps what it measured, as the fallback's rates do
