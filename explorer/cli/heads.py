@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..heads.gap import measure
 from ..heads.online import online_stream
 from ..engine.parts import EngineError
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
@@ -22,6 +23,7 @@ from ..heads.train import train_head
 from ..models.eagle3 import LAYOUTS, HeadError, default_aux_layers, load_head, save_head
 from .args import add_model_args, load_pair_from_args
 
+GAP_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "gap" / "prompts.jsonl"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -163,6 +165,39 @@ def cmd_online(args) -> int:
     return 0
 
 
+def cmd_gap(args) -> int:
+    """The head's teacher-forced agreement beside its first-position acceptance in the engine (``heads/gap.py``)."""
+    try:
+        prompts = records(Path(args.prompts))
+        if not prompts:
+            raise HeadDataError(f"{args.prompts} holds no prompt record")
+        kept, dropped = clean([(str(i), r["prompt"]) for i, r in enumerate(prompts)])
+        if dropped:
+            raise HeadDataError(f"{len(dropped)} of the prompts hold a bench prompt: the gap is measured on new "
+                                "texts")
+        pair = load_pair_from_args(args)
+        report = measure(pair, prompts, head_path=args.head or "", max_new_tokens=args.max_new_tokens,
+                         progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True))
+    except (HeadDataError, HeadError, EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.answers:
+        Path(args.answers).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.answers).write_text("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in report["answers"]),
+                                      encoding="utf-8")
+    report = {k: v for k, v in report.items() if k != "answers"}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(f"{'kind':14s} {'tf top1':>8s} {'oov':>6s} {'iv miss':>8s} {'iv top1':>8s} | {'engine':>7s} "
+          f"{'tf@step':>8s} {'tf top-k':>8s} {'same':>6s} {'steps':>6s}")
+    for kind, r in list(report["by_kind"].items()) + [("all", report["all"])]:
+        print(f"{kind:14s} {r['teacher_forced_top1']:8.3f} {r['oov_miss']:6.3f} {r['in_vocab_miss']:8.3f} "
+              f"{r['in_vocab_top1']:8.3f} | {r['engine_first'] or 0:7.3f} {r['step_top1'] or 0:8.3f} "
+              f"{r['step_topk'] or 0:8.3f} {r['same_top1'] or 0:6.3f} {r['steps']:6d}")
+    return 0
+
+
 def cmd_export(args) -> int:
     """A head checkpoint written again in the layout ``--format`` names (``eagle3.save_head``)."""
     try:
@@ -259,6 +294,17 @@ def add_heads_parser(sub) -> None:
     on.add_argument("--out", help="write the report (JSON) here")
     add_model_args(on)
     on.set_defaults(func=cmd_online)
+    gp = hsub.add_parser("gap", help="the head's teacher-forced level-1 agreement beside its first-position "
+                         "acceptance in the engine, on the target's answers to new prompts, by kind")
+    gp.add_argument("--prompts", default=str(GAP_PROMPTS),
+                    help="JSONL of {\"kind\", \"prompt\"} (default: 56 prompts written for this, 8 of each kind)")
+    gp.add_argument("--head", help="the head's folder (default: the one shipped for the target)")
+    gp.add_argument("--max-new-tokens", type=int, default=128)
+    gp.add_argument("--out", help="write the report (JSON) here")
+    gp.add_argument("--answers", help="write the target's answers here (JSONL, as heads respond writes them)")
+    gp.add_argument("--quiet", action="store_true")
+    add_model_args(gp)
+    gp.set_defaults(func=cmd_gap)
     ex = hsub.add_parser("export", help="write a head checkpoint in SpecForge's layout (SGLang, vLLM) or vLLM "
                          "speculators' (Eagle3Speculator)")
     ex.add_argument("--head", required=True, help="the head's folder (the shipped one: assets/heads/<target>)")

@@ -54,6 +54,17 @@ def chunk(token_lists: list[list[int]], seq_len: int) -> list[list[int]]:
     return out
 
 
+def target_features(pair, ids: list[int], layers: tuple[int, ...]) -> Sequence:
+    """One forward of ``pair``'s target over ``ids`` (no cache): the ``Sequence`` a head trains on, on the CPU, states
+    in the target's dtype (the inputs of ``layers``, transformers' ``hidden_states[id]``)."""
+    with torch.inference_mode(), pair.lock:
+        out = pair.target(input_ids=torch.tensor([ids], device=pair.device), output_hidden_states=True)
+    states = torch.stack([out.hidden_states[j][0] for j in layers], dim=1)
+    top = out.logits[0, :, : pair.vocab_size].float().softmax(-1).topk(LABEL_K, dim=-1)
+    return Sequence(torch.tensor(ids, dtype=torch.long), states.contiguous().cpu(), top.indices.cpu(),
+                    top.values.cpu())
+
+
 def build(pair, sequences: list[list[int]], layers: tuple[int, ...], folder: str | Path,
           progress: bool = True) -> Path:
     """Run the target over ``sequences`` and cache what a head trains on in ``folder`` (one shard per sequence).
@@ -78,16 +89,10 @@ def build(pair, sequences: list[list[int]], layers: tuple[int, ...], folder: str
         except json.JSONDecodeError:
             pass
     folder.mkdir(parents=True, exist_ok=True)
-    target, device = pair.target, pair.device
     for i, ids in enumerate(tqdm(sequences, desc="target features", unit="seq", disable=not progress)):
-        with torch.inference_mode(), pair.lock:
-            out = target(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
-        states = torch.stack([out.hidden_states[j][0] for j in layers], dim=1)
-        probs = out.logits[0, :, : pair.vocab_size].float().softmax(-1)
-        top = probs.topk(LABEL_K, dim=-1)
-        save_file({"tokens": torch.tensor(ids, dtype=torch.long), "states": states.contiguous().cpu(),
-                   "label_ids": top.indices.cpu(), "label_probs": top.values.cpu()},
-                  str(folder / f"{i:06d}.safetensors"))
+        seq = target_features(pair, ids, layers)
+        save_file({"tokens": seq.tokens, "states": seq.states, "label_ids": seq.label_ids,
+                   "label_probs": seq.label_probs}, str(folder / f"{i:06d}.safetensors"))
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return folder
 
