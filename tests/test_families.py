@@ -161,3 +161,41 @@ def test_calibration_trains_models_for_the_pair_that_are_found_next_time(tmp_pat
     assert engine.config.adapt == "off"  # a model of this pair's own needs no adaptation switched on
     with pytest.raises(ValueError, match="at least 4"):
         calibrate(pair, prompts=2)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_head_reading_the_targets_output_rows_keeps_generates_tokens_on_each_family(family, tmp_path):
+    """A tied head (``lm_head_from_verifier``: no ``lm_head`` stored, the target's output rows read at load) on each
+    family's output layer (tied or not to its embedding)."""
+    from dataclasses import replace
+
+    from explorer.models.eagle3 import load_head
+
+    pair = tiny_family_pair(family)
+    layers = default_aux_layers(pair.target.config.num_hidden_layers)
+    config = replace(head_config(pair.target, layers, draft_vocab=64), lm_head_from_verifier=True)
+    folder = save_head(random_head(config, seed=3, draft_ids=list(range(40, 104))), tmp_path / "tied")
+    head = load_head(folder, target=pair.target, dtype=torch.float32)
+    rows = pair.target.get_output_embeddings().weight[40:104].float()
+    assert torch.equal(head.lm_head.weight, rows)
+    ids = pair.tokenizer.encode(PROMPT)
+    engine = build_engine(pair, DEFAULTS["eagle"].with_(head=str(folder), fallback="off"),
+                          SamplingConfig(temperature=0.0))
+    engine.start(ids, NEW_TOKENS)
+    engine.run()
+    assert engine.state.committed[len(ids):] == reference(pair, ids)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+def test_a_tied_head_passes_the_audit_on_a_windowed_family(family, tmp_path):
+    from dataclasses import replace
+
+    pair = tiny_family_pair(family)
+    layers = default_aux_layers(pair.target.config.num_hidden_layers)
+    config = replace(head_config(pair.target, layers, draft_vocab=64), lm_head_from_verifier=True)
+    folder = save_head(random_head(config, seed=4), tmp_path / "tied")
+    ids = pair.tokenizer.encode(PROMPT[:40])
+    r = audit(pair, DEFAULTS["eagle"].with_(head=str(folder), fallback="off"),
+              SamplingConfig(temperature=1.0, seed=33_000), ids, AUDIT_SAMPLES)
+    assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
+    assert len(r.first.exact) >= 4

@@ -15,12 +15,12 @@ from ..heads.gap import measure
 from ..heads.online import online_stream
 from ..engine.parts import EngineError
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
-from ..heads.data import HeadDataError, build, chunk, read_text
+from ..heads.data import HeadDataError, build, chunk, coverage, load_all, read_text
 from ..heads.prompts import training_prompts
 from ..heads.respond import prompts_of, records, respond
 from ..heads.selfinstruct import WRITE_TOKENS, writing_prompts, written_prompts
 from ..heads.train import train_head
-from ..models.eagle3 import LAYOUTS, HeadError, default_aux_layers, load_head, save_head
+from ..models.eagle3 import LAYOUTS, LM_HEAD_KEY, HeadError, default_aux_layers, load_head, save_head
 from .args import add_model_args, load_pair_from_args
 
 GAP_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "gap" / "prompts.jsonl"
@@ -104,7 +104,8 @@ def cmd_train(args) -> int:
                           progress=not args.quiet, command="python -m explorer " + shlex.join(sys.argv[1:]),
                           vocab_data_share=args.vocab_data_share, autocast=args.autocast,
                           eval_folders=args.eval_data or [], freeze_lm_head=args.freeze_lm_head, init=args.init,
-                          swap_vocab=args.swap_vocab)
+                          swap_vocab=args.swap_vocab, tie_lm_head=args.tie_lm_head, grow_vocab=args.grow_vocab,
+                          grow_mlp=args.grow_mlp, epochs=args.epochs, patience=args.patience)
     except (HeadDataError, HeadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -199,13 +200,39 @@ def cmd_gap(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """A head checkpoint written again in the layout ``--format`` names (``eagle3.save_head``)."""
+    """A head checkpoint written again in the layout ``--format`` names (``eagle3.save_head``); a head whose output
+    layer is the target's gets it written out (read from the pair's target) unless ``--keep-tied``."""
     try:
-        folder = save_head(load_head(args.head), args.out, layout=args.format, verifier=args.verifier or "")
+        head = None
+        try:
+            head = load_head(args.head)
+        except HeadError as exc:
+            if LM_HEAD_KEY not in str(exc):
+                raise
+        if head is None:  # its output layer lives in the target
+            head = load_head(args.head, target=load_pair_from_args(args).target)
+        folder = save_head(head, args.out, layout=args.format, verifier=args.verifier or "",
+                           materialise=not args.keep_tied)
     except HeadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{folder}: the head in the {args.format} layout (it loads with --head {folder})")
+    tied = head.config.lm_head_from_verifier
+    print(f"{folder}: the head in the {args.format} layout"
+          + (", its output layer written out from the target's rows" if tied and not args.keep_tied else "")
+          + f" (it loads with --head {folder})")
+    return 0
+
+
+def cmd_vocab(args) -> int:
+    """The coverage curve a draft vocabulary's size is chosen from (``data.coverage``)."""
+    try:
+        data, manifests = load_all(args.data)
+    except HeadDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    vocab = args.vocab or max(int(s.label_ids.max()) for s in data) + 1
+    curve = coverage(data, args.sizes, vocab)
+    print(json.dumps({"tokens": sum(m["tokens"] for m in manifests), "curve": curve}, indent=1))
     return 0
 
 
@@ -240,6 +267,16 @@ def add_heads_parser(sub) -> None:
                     "vocabulary are kept; a new optimizer and learning-rate schedule)")
     tr.add_argument("--swap-vocab", type=int, default=0, help="with --init: exchange up to this many of the head's "
                     "draft tokens (the data's least used) for the data's most frequent tokens it lacks")
+    tr.add_argument("--tie-lm-head", action="store_true", help="the head's output layer is the target's output rows "
+                    "at its draft ids: frozen, never stored (config.json: lm_head_from_verifier)")
+    tr.add_argument("--grow-vocab", type=int, default=0, help="with --init: grow the draft vocabulary to this many "
+                    "tokens (the data's most frequent ones it lacks; see heads vocab)")
+    tr.add_argument("--grow-mlp", type=int, default=0, help="with --init: widen the MLP to this many neurons (the new "
+                    "ones add nothing until they learn)")
+    tr.add_argument("--epochs", type=float, default=0.0, help="passes over the data (replaces --steps), each in a "
+                    "new order")
+    tr.add_argument("--patience", type=int, default=0, help="with --eval-data: stop after this many saves without a "
+                    "better held-out score (the best save is kept in OUT/best either way)")
     tr.add_argument("--save-every", type=int, default=100)
     tr.add_argument("--save-dtype", choices=sorted(DTYPES), help="the saved head's dtype (default: the target's)")
     tr.add_argument("--train-device", help="where to train (default: the pair's device), e.g. cuda")
@@ -311,4 +348,14 @@ def add_heads_parser(sub) -> None:
     ex.add_argument("--out", required=True, help="the folder to write")
     ex.add_argument("--format", default="specforge", choices=list(LAYOUTS))
     ex.add_argument("--verifier", help="speculators: the target's name or path its config records")
+    ex.add_argument("--keep-tied", action="store_true", help="a head whose output layer is the target's: keep it so "
+                    "(no lm_head written) instead of writing the rows out")
+    add_model_args(ex)
     ex.set_defaults(func=cmd_export)
+    vc = hsub.add_parser("vocab", help="the coverage curve of draft vocabulary sizes over cached features: the share "
+                         "of the target's favourite tokens the N most frequent tokens hold")
+    vc.add_argument("--data", action="append", required=True, help="cached features (heads features)")
+    vc.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[8192, 12288, 16384, 24576, 32768, 49152, 65536])
+    vc.add_argument("--vocab", type=int, help="the target's vocabulary (default: from the data)")
+    vc.set_defaults(func=cmd_vocab)

@@ -142,7 +142,9 @@ class HeadDistiller(OnlineDistiller):
     """
 
     def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8):
-        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point], lr, every)
+        frozen = {id(head.lm_head.weight)} if head.config.lm_head_from_verifier else set()  # the target's rows
+        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point and id(p) not in frozen], lr,
+                         every)
         self.head = head
         self._current = RequestRecord()
 

@@ -179,3 +179,34 @@ def swapped_vocabulary(data: list[Sequence], draft_ids: list[int], vocab: int, s
     pairs = [(i, o) for i, o in zip(incoming, outgoing) if counts[i] > counts[o]]
     chosen = set(draft_ids) - {o for _, o in pairs} | {i for i, _ in pairs}
     return sorted(chosen)
+
+
+def grown_vocabulary(data: list[Sequence], draft_ids: list[int], size: int, vocab: int) -> list[int]:
+    """``draft_ids`` (a trained head's draft vocabulary) grown to ``size`` target ids, ascending: every one of them
+    kept, then the data's most frequent tokens they lack (``token_counts``), then the lowest ids. Raises ValueError
+    for a ``size`` below ``len(draft_ids)`` or above ``vocab``."""
+    if not len(draft_ids) <= size <= vocab:
+        raise ValueError(f"a draft vocabulary of {len(draft_ids)} cannot grow to {size} (the target has {vocab})")
+    counts = token_counts(data, vocab)
+    counts[torch.tensor(draft_ids, dtype=torch.long)] = -1
+    chosen = set(draft_ids)
+    for t in counts.argsort(descending=True, stable=True).tolist():
+        if len(chosen) >= size or counts[t] <= 0:
+            break
+        chosen.add(t)
+    rest = (i for i in range(vocab) if i not in chosen)
+    chosen.update(next(rest) for _ in range(size - len(chosen)))
+    return sorted(chosen)
+
+
+def coverage(data: list[Sequence], sizes: list[int], vocab: int) -> list[dict]:
+    """The coverage curve a draft vocabulary's size is chosen from: for each size N, the share of the data's
+    target-favourite tokens (``label_ids[:, 0]``, what a greedy target commits) among its N most frequent tokens
+    (``token_counts``: favourites and text). Returns ``[{"size", "covered"}]``."""
+    counts = token_counts(data, vocab)
+    favourites = torch.zeros(vocab, dtype=torch.long)
+    for s in data:
+        favourites += torch.bincount(s.label_ids[:, 0].clamp(max=vocab - 1), minlength=vocab)
+    total = max(int(favourites.sum()), 1)
+    order = counts.argsort(descending=True, stable=True)
+    return [{"size": n, "covered": round(int(favourites[order[:n]].sum()) / total, 4)} for n in sizes]

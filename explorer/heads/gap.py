@@ -110,7 +110,8 @@ def summarise(c: dict) -> dict:
 def measure(pair, records: list[dict], head_path: str = "", max_new_tokens: int = 128, progress=None) -> dict:
     """The gap by kind over ``records`` (``{"kind", "prompt"}``): ``{"by_kind": {kind: summarise(...)}, "all":
     ..., "answers": [{"kind", "prompt", "text", "response"}]}`` (the target's answers, ``text`` chat-formatted
-    with the prompt as ``heads respond`` writes it: held-out data for ``heads features``). Raises HeadError (the head) or EngineError (a run)."""
+    with the prompt as ``heads respond`` writes it: held-out data for ``heads features``). Raises HeadError (the
+    head) or EngineError (a run)."""
     head, _ = head_for(pair, head_path)
     pooled: dict[str, dict] = {}
     answers = []

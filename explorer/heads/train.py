@@ -35,8 +35,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..models.eagle3 import (Eagle3Head, HeadCache, HeadConfig, HeadError, load_head, random_head,
-                              rope_theta_of, save_head)
-from .data import Sequence, draft_vocabulary, load_all, swapped_vocabulary
+                              rope_theta_of, save_head, verifier_rows)
+from .data import Sequence, draft_vocabulary, grown_vocabulary, load_all, swapped_vocabulary
 
 STATE = "train_state"
 
@@ -87,6 +87,56 @@ def set_draft_vocabulary(head: Eagle3Head, target, draft_ids: list[int]) -> None
         kept = [i for i, t in enumerate(draft_ids) if t in row]
         weight[kept] = head.lm_head.weight[[row[draft_ids[i]] for i in kept]]
         head.lm_head.weight.copy_(weight)
+
+
+def reshape(head: Eagle3Head, target, draft_ids: list[int] | None = None, intermediate: int | None = None,
+            tie_lm_head: bool = False, seed: int = 0) -> Eagle3Head:
+    """A trained ``head`` made larger without forgetting what it drafts: an MLP ``intermediate`` wide (the new
+    neurons' input rows random and small, their output columns zero, so the head's output is unchanged until they
+    learn), the draft vocabulary ``draft_ids`` (ascending target ids; a kept token keeps its ``lm_head`` row, a new
+    one gets the target's output row, as ``set_draft_vocabulary``), and with ``tie_lm_head`` its output layer the
+    target's rows at the draft ids, frozen and not stored (``HeadConfig.lm_head_from_verifier``). Returns a new
+    float32 head on ``head``'s device, its embedding the target's. Raises HeadError for a narrower MLP."""
+    from dataclasses import replace
+
+    c = head.config
+    width = intermediate or c.intermediate_size
+    if width < c.intermediate_size:
+        raise HeadError(f"the MLP can only grow: {c.intermediate_size} -> {width}")
+    old_ids = head.target_ids().tolist()
+    ids = list(draft_ids) if draft_ids is not None else old_ids
+    config = replace(c, intermediate_size=width, draft_vocab_size=len(ids),
+                     lm_head_from_verifier=c.lm_head_from_verifier or tie_lm_head)
+    grown = random_head(config, seed=seed, draft_ids=ids).to(device=head.fc.weight.device, dtype=torch.float32)
+    own, state = head.state_dict(), grown.state_dict()
+    gate, up, down = (f"midlayer.mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
+    n = c.intermediate_size
+    row = {t: i for i, t in enumerate(old_ids)}
+    kept = [i for i, t in enumerate(ids) if t in row]
+    out = target.get_output_embeddings().weight
+    with torch.no_grad():
+        for name, value in own.items():
+            if name not in (gate, up, down, "lm_head.weight", "d2t", "t2d"):
+                state[name].copy_(value)
+        for name in (gate, up):
+            state[name][n:].mul_(0.1)  # new neurons start small ...
+            state[name][:n].copy_(own[name])
+        state[down].zero_()  # ... and add nothing until they learn
+        state[down][:, :n].copy_(own[down])
+        state["lm_head.weight"].copy_(out[torch.tensor(ids, device=out.device)])
+        state["lm_head.weight"][kept] = own["lm_head.weight"][[row[ids[i]] for i in kept]].float()
+    grown.set_embeddings(target.get_input_embeddings())
+    if config.lm_head_from_verifier:
+        tie_to_target(grown, target)
+    return grown
+
+
+def tie_to_target(head: Eagle3Head, target) -> None:
+    """Set ``head``'s output layer to the target's rows at its draft ids and freeze it (``reshape``)."""
+    rows = verifier_rows(target, head.d2t, head.config.draft_vocab_size)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(rows.to(head.lm_head.weight))
+    head.lm_head.weight.requires_grad_(False)
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int = 20) -> float:
@@ -176,7 +226,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                save_every: int = 100, save_dtype: torch.dtype | None = None, progress: bool = True,
                command: str = "", vocab_data_share: float = 1.0, autocast: str | None = None,
                eval_folders: list[str | Path] = (), freeze_lm_head: bool = False,
-               init: str | Path | None = None, swap_vocab: int = 0) -> dict:
+               init: str | Path | None = None, swap_vocab: int = 0, tie_lm_head: bool = False,
+               grow_vocab: int = 0, grow_mlp: int = 0, epochs: float = 0.0, patience: int = 0) -> dict:
     """Train (or go on training) a head for ``pair``'s target on the cached data of ``data_folder``, saving it in
     ``out`` in the checkpoint format (``models/eagle3.save_head``) with its facts (``card.json``: data, command,
     steps, time, loss and agreement by level) and the training state (float32 weights and the optimizer's moments,
@@ -200,10 +251,20 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             holds a state to go on from.
         swap_vocab: with ``init``, exchange up to this many of its draft tokens for the data's frequent tokens it
             lacks (``data.swapped_vocabulary``; an incoming token's ``lm_head`` row starts as the target's).
+        tie_lm_head: the head's output layer is the target's output rows at its draft ids, frozen and not stored
+            (``HeadConfig.lm_head_from_verifier``; the bytes it frees can go to the MLP).
+        grow_vocab, grow_mlp: with ``init``, a draft vocabulary of this many tokens (``data.grown_vocabulary``) and
+            an MLP this wide (``reshape``); 0 keeps the head's.
+        epochs: passes over the data (``steps`` = epochs x the sequences; each pass in a new order); 0 uses
+            ``steps``.
+        patience: with ``eval_folders``, stop when the held-out score (the levels' agreements weighed as the loss
+            weighs them) has not risen for this many saves; 0 trains every step. The best save is kept in
+            ``out/best`` either way.
     Raises:
         HeadDataError: no data in a folder, or folders of different targets or layers; HeadError: a saved state that
         does not fit this run, or an ``init`` head that does not load, fit the target or read the data's layers;
-        ValueError: ``swap_vocab`` without ``init`` for a new run.
+        ValueError: ``swap_vocab``, ``grow_vocab`` or ``grow_mlp`` without ``init`` for a new run, or a
+            vocabulary that cannot grow to ``grow_vocab``.
     """
     started = time.perf_counter()
     folders = [data_folder] if isinstance(data_folder, (str, Path)) else list(data_folder)
@@ -233,19 +294,29 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             info["vocab_swapped"] = len(set(new_ids) - set(draft_ids))
             set_draft_vocabulary(head, pair.target, new_ids)
             draft_ids = new_ids
+        if grow_vocab or grow_mlp or tie_lm_head:
+            if grow_vocab:
+                draft_ids = grown_vocabulary(data, draft_ids, grow_vocab, pair.target.config.vocab_size)
+            head = reshape(head, pair.target, draft_ids, grow_mlp or None, tie_lm_head, seed)
+            info["reshaped"] = {"draft_vocab": len(draft_ids), "intermediate": head.config.intermediate_size,
+                                "tie_lm_head": head.config.lm_head_from_verifier}
     else:
-        if swap_vocab:
-            raise ValueError("a vocabulary swap (swap_vocab, --swap-vocab) needs a trained head to start from "
-                             "(init, --init): a new head's draft vocabulary is chosen from its data")
+        if swap_vocab or grow_vocab or grow_mlp:
+            raise ValueError("a vocabulary swap or growth, or a wider MLP (--swap-vocab, --grow-vocab, --grow-mlp) "
+                             "needs a trained head to start from (init, --init): a new head is shaped by "
+                             "--draft-vocab and --intermediate")
         draft_ids = draft_vocabulary(data, draft_vocab, pair.target.config.vocab_size, vocab_data_share)
         config = head_config(pair.target, tuple(manifest["layers"]), len(draft_ids), intermediate)
+        if tie_lm_head:
+            from dataclasses import replace
+            config = replace(config, lm_head_from_verifier=True)
         head = random_head(config, seed=seed, draft_ids=draft_ids)
         init_from_target(head, pair.target, draft_ids)
         head = head.to(device=device, dtype=torch.float32)
         head.set_embeddings(pair.target.get_input_embeddings())
         info, done = {"step": 0, "seconds": 0.0, "history": []}, 0
     head.train()
-    head.lm_head.weight.requires_grad_(not freeze_lm_head)
+    head.lm_head.weight.requires_grad_(not (freeze_lm_head or head.config.lm_head_from_verifier))
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     if done and state_file.is_file():
@@ -261,11 +332,17 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
     to_draft = torch.full((pair.target.config.vocab_size,), -1, dtype=torch.long, device=device)
     to_draft[torch.tensor(draft_ids, device=device)] = torch.arange(len(draft_ids), device=device)
     usable = [s for s in data if s.tokens.shape[0] > ttt]
-    order = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed)).tolist()
+    if epochs:
+        steps = math.ceil(epochs * len(usable))
+    orders: dict[int, list[int]] = {}  # a new order each pass, the same for a resumed run
     recent: list[tuple[float, list[float]]] = []
     bar = tqdm(total=steps, initial=done, desc="head training", unit="seq", disable=not progress)
     for step in range(done, steps):
-        seq = usable[order[step % len(usable)]]
+        epoch = step // len(usable)
+        if epoch not in orders:
+            gen = torch.Generator().manual_seed(seed + 1000 * epoch)
+            orders[epoch] = torch.randperm(len(usable), generator=gen).tolist()
+        seq = usable[orders[epoch][step % len(usable)]]
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, steps, lr)
         with _autocast(device, autocast):
@@ -279,9 +356,21 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
         bar.set_postfix(loss=f"{sum(r[0] for r in recent) / len(recent):.3f}")
         if (step + 1) % save_every == 0 or step + 1 == steps:
             held = held_out_agreement(head, held_out, ttt, to_draft, autocast) if held_out else None
-            info = _save(head, opt, out, step + 1, info, recent, time.perf_counter() - started,
-                         save_dtype or next(pair.target.parameters()).dtype, held)
+            dtype = save_dtype or next(pair.target.parameters()).dtype
+            info = _save(head, opt, out, step + 1, info, recent, time.perf_counter() - started, dtype, held)
             started = time.perf_counter()
+            if held is not None:
+                score = held_out_score(held, decay)
+                if score > (info.get("best") or {}).get("score", -1.0):
+                    info["best"] = {"step": step + 1, "score": round(score, 4), "held_out": held}
+                    saved = Eagle3Head(head.config)
+                    saved.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
+                    save_head(saved.to(dtype), out / "best")
+                    (out / f"{STATE}.json").write_text(json.dumps(info, indent=1) + "\n")
+        if patience and _stale(info, patience):
+            info["stopped_early"] = step + 1
+            (out / f"{STATE}.json").write_text(json.dumps(info, indent=1) + "\n")
+            break
     bar.close()
     card = {"steps": info["step"], "seconds": round(info["seconds"], 1), "sequences": len(usable),
             "tokens": manifest["tokens"], "draft_vocab": len(draft_ids), "ttt": ttt, "lr": lr,
@@ -290,9 +379,27 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             "held_out_agreement_by_level": (info["history"][-1].get("held_out") or []) if info["history"] else [],
             "autocast": autocast, "vocab_data_share": vocab_data_share, "freeze_lm_head": freeze_lm_head,
             "data": manifest, "command": command, "parameters": sum(p.numel() for p in params),
-            "init": info.get("init"), "vocab_swapped": info.get("vocab_swapped", 0)}
+            "init": info.get("init"), "vocab_swapped": info.get("vocab_swapped", 0),
+            "tie_lm_head": head.config.lm_head_from_verifier, "intermediate": head.config.intermediate_size,
+            "reshaped": info.get("reshaped"), "epochs": round(info["step"] / max(len(usable), 1), 2),
+            "best": info.get("best"), "stopped_early": info.get("stopped_early"), "decay": decay}
     (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
+
+
+def held_out_score(agreement: list[float], decay: float) -> float:
+    """One number for early stopping and the best save: the levels' held-out agreements weighed as ``ttt_loss``
+    weighs the levels (``decay ** (j - 1)``), normalised."""
+    weights = [decay ** j for j in range(len(agreement))]
+    return sum(w * a for w, a in zip(weights, agreement)) / max(sum(weights), 1e-9)
+
+
+def _stale(info: dict, patience: int) -> bool:
+    """Whether ``patience`` saves with a held-out measure have passed since the best one."""
+    best = (info.get("best") or {}).get("step")
+    if best is None:
+        return False
+    return sum(1 for h in info.get("history", []) if h.get("held_out") is not None and h["step"] > best) >= patience
 
 
 def _save(head: Eagle3Head, opt, out: Path, step: int, info: dict, recent, seconds: float, dtype,

@@ -13,9 +13,11 @@ counts, ``intermediate_size``, ``vocab_size`` (the target's), ``draft_vocab_size
 safetensors weights: ``fc.weight [H, 3H]``, ``midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}``,
 ``midlayer.self_attn.{q,k,v}_proj`` (input width 2H) and ``o_proj``, ``midlayer.mlp.{gate,up,down}_proj``,
 ``norm.weight``, ``lm_head.weight [draft_vocab, H]``, ``d2t`` and ``t2d``; ``embed_tokens.weight`` optional (the
-target's when absent). The ``speculators`` package's ``layers.0.`` names and its own ``config.json`` layout
-(``Eagle3Speculator``: ``from_speculators``) load too, and ``save_head`` writes either layout. Pickled weights are
-refused.
+target's when absent). A head whose ``config.json`` says ``lm_head_from_verifier`` stores no ``lm_head``: its output
+layer is the target's output rows at its draft ids, read when it loads (EAGLE-1 used the target's LM head; vLLM's
+speculators starts its heads' lm_head from those rows). The ``speculators`` package's ``layers.0.`` names and its
+own ``config.json`` layout (``Eagle3Speculator``: ``from_speculators``) load too, and ``save_head`` writes either
+layout. Pickled weights are refused.
 
 The layer, as vLLM runs it: the attention reads ``concat(input_layernorm(embed(token)), hidden_norm(g))`` and adds
 its output to g (the residual); then ``post_attention_layernorm``, the MLP and its residual; the logits are
@@ -42,6 +44,11 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PICKLED = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 MAX_CONFIG_BYTES = 1 << 20
+# config.json's mark of a head whose output layer is the target's rows at d2t, not stored. speculators has no such key
+# (its Eagle3 model builds lm_head from the verifier's rows at t2d when it is made, then trains and saves it; only the
+# embedding has a flag, embed_requires_grad): a speculators loader given a checkpoint without lm_head.weight keeps
+# those rows, which is this head. Named after the verifier as speculators names the target.
+LM_HEAD_KEY = "lm_head_from_verifier"
 
 
 class HeadError(ValueError):
@@ -63,6 +70,8 @@ class HeadConfig:
         aux_layer_ids: the target layers whose inputs feed ``fc``, or None for the default (``aux_layers``).
         norm_before_residual: the attention's residual is the normed feature ``hidden_norm(g)`` instead of g
             (speculators' option; vLLM's ``_norm_before_residual``).
+        lm_head_from_verifier: the output layer is the target's output rows at the draft ids (``d2t``), frozen and
+            never stored (``config.json``: ``LM_HEAD_KEY``); ``load_head`` reads them from the target.
     """
 
     hidden_size: int
@@ -78,6 +87,7 @@ class HeadConfig:
     target_hidden_size: int | None = None
     aux_layer_ids: tuple[int, ...] | None = None
     norm_before_residual: bool = False
+    lm_head_from_verifier: bool = False
 
     @property
     def feature_size(self) -> int:
@@ -120,7 +130,8 @@ class HeadConfig:
                          max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
                          target_hidden_size=int(raw["target_hidden_size"]) if raw.get("target_hidden_size") else None,
                          aux_layer_ids=tuple(int(i) for i in aux) if aux else None,
-                         norm_before_residual=bool(raw.get("norm_before_residual", False)))
+                         norm_before_residual=bool(raw.get("norm_before_residual", False)),
+                         lm_head_from_verifier=bool(raw.get(LM_HEAD_KEY, False)))
         except KeyError as exc:
             raise HeadError(f"config.json lacks {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
@@ -152,6 +163,8 @@ class HeadConfig:
                                    "use_aux_hidden_state": True}
         if self.norm_before_residual:
             out["norm_before_residual"] = True
+        if self.lm_head_from_verifier:
+            out[LM_HEAD_KEY] = True
         return out
 
     def to_speculators(self, verifier: str = "") -> dict:
@@ -159,7 +172,7 @@ class HeadConfig:
         ``transformer_layer_config``, the EAGLE-3 fields at the top, ``verifier`` the target's name or path."""
         layer = {k: v for k, v in self.to_dict().items()
                  if k not in ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config",
-                              "norm_before_residual", "torch_dtype")}
+                              "norm_before_residual", "torch_dtype", LM_HEAD_KEY)}
         return {"architectures": [SPECULATORS_ARCHITECTURE], "speculators_model_type": "eagle3",
                 "transformer_layer_config": layer | {"attention_bias": False, "mlp_bias": False},
                 "draft_vocab_size": self.draft_vocab_size, "norm_before_residual": self.norm_before_residual,
@@ -167,6 +180,7 @@ class HeadConfig:
                 "target_hidden_size": self.target_hidden_size,
                 "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids) if self.aux_layer_ids else None,
                 "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                **({LM_HEAD_KEY: True} if self.lm_head_from_verifier else {}),
                 "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5,
                                                              "verifier_accept_k": 1, "accept_tolerance": 0.0}],
@@ -193,7 +207,7 @@ def from_speculators(raw: dict) -> dict:
                         "does not implement")
     flat = dict(layer)
     flat["architectures"] = [ARCHITECTURE]
-    for key in ("draft_vocab_size", "target_hidden_size", "norm_before_residual"):
+    for key in ("draft_vocab_size", "target_hidden_size", "norm_before_residual", LM_HEAD_KEY):
         if raw.get(key) is not None:
             flat[key] = raw[key]
     if raw.get("eagle_aux_hidden_state_layer_ids"):
@@ -468,6 +482,11 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
     if config.draft_vocab_size == config.vocab_size and "d2t" not in tensors and "t2d" not in tensors:
         tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)  # speculators: no maps, the whole vocab
         tensors["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+    if config.lm_head_from_verifier and "lm_head.weight" not in tensors:
+        if target is None:
+            raise HeadError(f"the head in {folder} reads its output layer from the target ({LM_HEAD_KEY}): load it "
+                            "with its target")
+        tensors["lm_head.weight"] = verifier_rows(target, tensors.get("d2t"), config.draft_vocab_size)
     head = Eagle3Head(config, own_embeddings="embed_tokens.weight" in tensors)
     expected = head.state_dict()
     missing = sorted(set(expected) - set(tensors))
@@ -493,6 +512,19 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
     if device is not None or dtype is not None:
         head = head.to(device=device, dtype=dtype)  # floating weights only: d2t and t2d keep their dtypes
     return head.eval()
+
+
+def verifier_rows(target, d2t: torch.Tensor | None, draft_vocab: int) -> torch.Tensor:
+    """The target's output rows of the draft vocabulary (``d2t``: int ``(draft_vocab,)``, target id = draft id +
+    d2t): ``(draft_vocab, H)`` in the target's dtype, on the CPU, a copy. Raises HeadError without ``d2t`` or for
+    an id past the target's output layer."""
+    if d2t is None or d2t.numel() != draft_vocab:
+        raise HeadError(f"the head has no d2t of {draft_vocab} draft ids to read the target's output rows with")
+    out = target.get_output_embeddings().weight
+    ids = torch.arange(draft_vocab) + d2t.long().cpu()
+    if bool(((ids < 0) | (ids >= out.shape[0])).any()):
+        raise HeadError("d2t maps a draft id outside the target's output layer")
+    return out.detach()[ids.to(out.device)].cpu().clone()
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -526,20 +558,29 @@ def check_fit(config: HeadConfig, target) -> None:
                         "(three ids from 0 to that count)")
 
 
-def save_head(head: Eagle3Head, path: str | Path, layout: str = "specforge", verifier: str = "") -> Path:
+def save_head(head: Eagle3Head, path: str | Path, layout: str = "specforge", verifier: str = "",
+              materialise: bool = False) -> Path:
     """Write ``head`` as an EAGLE-3 checkpoint folder (``config.json``, ``model.safetensors``; the target's
     embedding is not saved unless the head has its own) in ``layout``: ``specforge`` (``midlayer.*``, the flat
     config SpecForge writes and SGLang and vLLM load) or ``speculators`` (``layers.0.*`` and vLLM speculators'
-    config, ``verifier`` naming the target). Returns the folder. Raises HeadError for another layout."""
+    config, ``verifier`` naming the target). A head whose output layer is the target's
+    (``lm_head_from_verifier``) is saved without it, unless ``materialise``: then its rows are written and the
+    config no longer says so, a self-contained checkpoint for engines that expect ``lm_head.weight``. Returns the
+    folder. Raises HeadError for another layout."""
+    from dataclasses import replace
+
     from safetensors.torch import save_file
 
     if layout not in LAYOUTS:
         raise HeadError(f"unknown checkpoint layout {layout!r}; use {' or '.join(LAYOUTS)}")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    config = head.config.to_dict() if layout == "specforge" else head.config.to_speculators(verifier)
+    tied = head.config.lm_head_from_verifier and not materialise
+    c = replace(head.config, lm_head_from_verifier=tied)
+    config = c.to_dict() if layout == "specforge" else c.to_speculators(verifier)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()
+             if not (tied and k == "lm_head.weight")}
     if layout == "speculators":
         state = {("layers.0." + k[len("midlayer."):]) if k.startswith("midlayer.") else k: v
                  for k, v in state.items()}
