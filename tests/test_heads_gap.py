@@ -59,3 +59,29 @@ def test_measure_pools_the_prompts_of_a_kind(tiny, tmp_path):
                      head_path=str(folder), max_new_tokens=10)
     assert list(report["by_kind"]) == ["qa"] and report["by_kind"]["qa"] == report["all"]
     assert report["all"]["positions"] == 20
+
+
+def test_heads_are_compared_teacher_forced_on_earlier_answers(tiny, tmp_path, capsys):
+    folder = _head(tiny, tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"kind": k, "prompt": p}) + "\n"
+                               for k, p in [("code", TEXT[:30]), ("chat", TEXT[10:50])]))
+    answers, out = tmp_path / "answers.jsonl", tmp_path / "tf.json"
+    assert main(["heads", "gap", "--models", "tiny", "--prompts", str(prompts), "--head", str(folder),
+                 "--max-new-tokens", "12", "--out", str(tmp_path / "gap.json"), "--answers", str(answers),
+                 "--quiet"]) == 0
+    engine = json.loads((tmp_path / "gap.json").read_text())
+    other = tmp_path / "other"
+    train_head(tiny, build(tiny, chunk([tiny.tokenizer.encode(TEXT)], 96), (0, 1, 2), tmp_path / "d2",
+                           progress=False), other, draft_vocab=40, intermediate=32, steps=2, lr=1e-3, ttt=2,
+               save_every=2, progress=False)
+    capsys.readouterr()
+    assert main(["heads", "gap", "--models", "tiny", "--answers-from", str(answers), "--head", str(folder),
+                 "--head", str(other), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {str(folder), str(other)}
+    mine = report[str(folder)]["all"]
+    # the same texts, the same head: the engine run's teacher-forced figures again
+    assert mine["positions"] == engine["all"]["positions"] == 24
+    assert mine["teacher_forced_top1"] == engine["all"]["teacher_forced_top1"]
+    assert mine["engine_first"] is None and str(other) in capsys.readouterr().out

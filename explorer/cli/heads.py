@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..heads.gap import measure
+from ..heads.gap import measure, teacher_forced
 from ..heads.online import online_stream
 from ..engine.parts import EngineError
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
@@ -21,6 +21,7 @@ from ..heads.respond import prompts_of, records, respond
 from ..heads.selfinstruct import WRITE_TOKENS, writing_prompts, written_prompts
 from ..heads.train import train_head
 from ..models.eagle3 import LAYOUTS, LM_HEAD_KEY, HeadError, default_aux_layers, load_head, save_head
+from ..models.head_store import head_for
 from .args import add_model_args, load_pair_from_args
 
 GAP_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "heads" / "gap" / "prompts.jsonl"
@@ -166,8 +167,43 @@ def cmd_online(args) -> int:
     return 0
 
 
+def _gap_row(kind: str, r: dict) -> str:
+    engine = (f"{r['engine_first']:7.3f} {r['step_top1']:8.3f} {r['step_topk']:8.3f} {r['same_top1']:6.3f} "
+              f"{r['steps']:6d}") if r["steps"] else ""
+    return (f"{kind:14s} {r['teacher_forced_top1']:8.3f} {r['oov_miss']:6.3f} {r['in_vocab_miss']:8.3f} "
+            f"{r['in_vocab_top1']:8.3f} {r['positions']:6d} | {engine}")
+
+
+def _gap_compare(args) -> int:
+    """``heads gap --answers-from``: teacher-forced agreement of several heads on earlier answers."""
+    try:
+        answers = records(Path(args.answers_from))
+        if not answers or not all(isinstance(a.get("ids"), list) and isinstance(a.get("prompt_tokens"), int)
+                                  for a in answers):
+            raise HeadDataError(f"{args.answers_from} holds no answers with their token ids (heads gap --answers)")
+        pair = load_pair_from_args(args)
+        heads = {path or "shipped": head_for(pair, path)[0] for path in (args.head or [""])}
+        report = teacher_forced(pair, heads, answers)
+    except (HeadDataError, HeadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    for name, r in report.items():
+        print(f"{name}\n{'kind':14s} {'tf top1':>8s} {'oov':>6s} {'iv miss':>8s} {'iv top1':>8s} {'pos':>6s}")
+        for kind, row in list(r["by_kind"].items()) + [("all", r["all"])]:
+            print(_gap_row(kind, row))
+    return 0
+
+
 def cmd_gap(args) -> int:
     """The head's teacher-forced agreement beside its first-position acceptance in the engine (``heads/gap.py``)."""
+    if args.answers_from:
+        return _gap_compare(args)
+    if args.head and len(args.head) > 1:
+        print("error: the engine runs one head: give several --head with --answers-from", file=sys.stderr)
+        return 2
     try:
         prompts = records(Path(args.prompts))
         if not prompts:
@@ -177,7 +213,7 @@ def cmd_gap(args) -> int:
             raise HeadDataError(f"{len(dropped)} of the prompts hold a bench prompt: the gap is measured on new "
                                 "texts")
         pair = load_pair_from_args(args)
-        report = measure(pair, prompts, head_path=args.head or "", max_new_tokens=args.max_new_tokens,
+        report = measure(pair, prompts, head_path=(args.head or [""])[0], max_new_tokens=args.max_new_tokens,
                          progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True))
     except (HeadDataError, HeadError, EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -190,12 +226,10 @@ def cmd_gap(args) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print(f"{'kind':14s} {'tf top1':>8s} {'oov':>6s} {'iv miss':>8s} {'iv top1':>8s} | {'engine':>7s} "
-          f"{'tf@step':>8s} {'tf top-k':>8s} {'same':>6s} {'steps':>6s}")
+    print(f"{'kind':14s} {'tf top1':>8s} {'oov':>6s} {'iv miss':>8s} {'iv top1':>8s} {'pos':>6s} | "
+          f"{'engine':>7s} {'tf@step':>8s} {'tf top-k':>8s} {'same':>6s} {'steps':>6s}")
     for kind, r in list(report["by_kind"].items()) + [("all", report["all"])]:
-        print(f"{kind:14s} {r['teacher_forced_top1']:8.3f} {r['oov_miss']:6.3f} {r['in_vocab_miss']:8.3f} "
-              f"{r['in_vocab_top1']:8.3f} | {r['engine_first'] or 0:7.3f} {r['step_top1'] or 0:8.3f} "
-              f"{r['step_topk'] or 0:8.3f} {r['same_top1'] or 0:6.3f} {r['steps']:6d}")
+        print(_gap_row(kind, r))
     return 0
 
 
@@ -335,7 +369,10 @@ def add_heads_parser(sub) -> None:
                          "acceptance in the engine, on the target's answers to new prompts, by kind")
     gp.add_argument("--prompts", default=str(GAP_PROMPTS),
                     help="JSONL of {\"kind\", \"prompt\"} (default: 56 prompts written for this, 8 of each kind)")
-    gp.add_argument("--head", help="the head's folder (default: the one shipped for the target)")
+    gp.add_argument("--head", action="append", help="the head's folder (default: the one shipped for the target); "
+                    "several with --answers-from")
+    gp.add_argument("--answers-from", help="teacher-forced only, no engine run: earlier --answers (JSONL), for "
+                    "comparing heads (--head, repeated) on the same texts")
     gp.add_argument("--max-new-tokens", type=int, default=128)
     gp.add_argument("--out", help="write the report (JSON) here")
     gp.add_argument("--answers", help="write the target's answers here (JSONL, as heads respond writes them)")

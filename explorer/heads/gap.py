@@ -26,7 +26,7 @@ from ..analysis.prompts import encode_prompt
 from ..engine.config import DEFAULTS
 from ..engine.factory import build_engine
 from ..engine.sampling import SamplingConfig
-from ..models.eagle3 import HeadCache
+from ..models.eagle3 import HeadCache, HeadError
 from ..models.head_store import head_for
 from .data import target_features
 
@@ -41,6 +41,42 @@ def level1_logits(head, states: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
         logits, _ = head(tokens[1:].to(device), head.features(states[: n - 1].to(device)),
                          torch.arange(n - 1, device=device), HeadCache())
     return logits.float().cpu()
+
+
+def _count_answer(c: dict, top: torch.Tensor, tokens: torch.Tensor, n_prompt: int, in_vocab: torch.Tensor) -> None:
+    """Add to ``c`` the teacher-forced counts of every answer position (``tokens[n_prompt:]``): ``top`` the head's
+    best target ids by row (``(n - 1, k)``), ``in_vocab`` bool ``(vocab,)`` (``t2d``)."""
+    for t in range(max(n_prompt - 2, 0), tokens.shape[0] - 2):  # row t drafts position t + 2
+        want = int(tokens[t + 2])
+        c["positions"] += 1
+        c["top1"] += int(top[t, 0]) == want
+        c["oov"] += not bool(in_vocab[want])
+
+
+def teacher_forced(pair, heads: dict, answers: list[dict]) -> dict:
+    """Teacher-forced counts alone (no engine run) for several heads on the same earlier answers (``measure``'s
+    ``answers``: ``{"kind", "ids", "prompt_tokens"}``; the target runs once per answer): ``{name: {"by_kind": {kind:
+    summarise(...)}, "all": ...}}``, the engine's fields None. Raises HeadError for heads reading different target
+    layers."""
+    n_layers = pair.target.config.num_hidden_layers
+    layers = {tuple(h.config.aux_layers(n_layers)) for h in heads.values()}
+    if len(layers) != 1:
+        raise HeadError(f"the heads read different target layers: {sorted(layers)}")
+    pooled: dict[str, dict[str, dict]] = {name: {} for name in heads}
+    for a in answers:
+        ids, n_prompt = [int(i) for i in a["ids"]], int(a["prompt_tokens"])
+        seq = target_features(pair, ids, next(iter(layers)))
+        for name, head in heads.items():
+            top = head.target_ids().cpu()[level1_logits(head, seq.states, seq.tokens).argmax(-1, keepdim=True)]
+            _count_answer(pooled[name].setdefault(a["kind"], _empty()), top, seq.tokens, n_prompt, head.t2d.cpu())
+    out = {}
+    for name, kinds in pooled.items():
+        total = _empty()
+        for acc in kinds.values():
+            for key, value in acc.items():
+                total[key] += value
+        out[name] = {"by_kind": {k: summarise(v) for k, v in kinds.items()}, "all": summarise(total)}
+    return out
 
 
 def _empty() -> dict:
@@ -60,18 +96,10 @@ def compare(pair, head, prompt: str, max_new_tokens: int = 128, head_path: str =
     layers = head.config.aux_layers(pair.target.config.num_hidden_layers)
     seq = target_features(pair, ids, tuple(layers))
     logits = level1_logits(head, seq.states, seq.tokens)  # row t drafts position t + 2
-    target_ids = head.target_ids().cpu()
-    in_vocab = head.t2d.cpu()
-    top = target_ids[logits.topk(min(8, logits.shape[1]), dim=-1).indices]  # (n - 1, 8) target ids, best first
+    top = head.target_ids().cpu()[logits.topk(min(8, logits.shape[1]), dim=-1).indices]  # (n - 1, 8) best first
     tokens = seq.tokens
-    n_prompt = len(prompt_ids)
     c = _empty()
-    rows = range(max(n_prompt - 2, 0), len(ids) - 2)  # every answer position t + 2
-    for t in rows:
-        want = int(tokens[t + 2])
-        c["positions"] += 1
-        c["top1"] += int(top[t, 0]) == want
-        c["oov"] += not bool(in_vocab[want])
+    _count_answer(c, top, tokens, len(prompt_ids), head.t2d.cpu())
     for step in trace.steps:
         anchor = step.nodes[0]
         first = [n for n in step.nodes[1:] if n.depth == 1 and n.source == "draft"]
@@ -88,7 +116,8 @@ def compare(pair, head, prompt: str, max_new_tokens: int = 128, head_path: str =
         c["same_top1"] += best.token_id == int(top[t, 0])
     c["tokens"] = len(trace.generated_ids)
     c["calls"] = sum(s.target_calls for s in trace.steps) + 1  # the prefill
-    return {"counts": c, "text": pair.tokenizer.decode(ids, skip_special_tokens=False),
+    return {"counts": c, "text": pair.tokenizer.decode(ids, skip_special_tokens=False), "ids": ids,
+            "prompt_tokens": len(prompt_ids),
             "response": pair.tokenizer.decode(trace.generated_ids, skip_special_tokens=True)}
 
 
@@ -109,8 +138,9 @@ def summarise(c: dict) -> dict:
 
 def measure(pair, records: list[dict], head_path: str = "", max_new_tokens: int = 128, progress=None) -> dict:
     """The gap by kind over ``records`` (``{"kind", "prompt"}``): ``{"by_kind": {kind: summarise(...)}, "all":
-    ..., "answers": [{"kind", "prompt", "text", "response"}]}`` (the target's answers, ``text`` chat-formatted
-    with the prompt as ``heads respond`` writes it: held-out data for ``heads features``). Raises HeadError (the
+    ..., "answers": [{"kind", "prompt", "text", "response", "ids", "prompt_tokens"}]}`` (the target's answers,
+    ``text`` chat-formatted with the prompt as ``heads respond`` writes it: held-out data for ``heads features``;
+    ``ids`` the token ids of prompt and answer, the first ``prompt_tokens`` the prompt's). Raises HeadError (the
     head) or EngineError (a run)."""
     head, _ = head_for(pair, head_path)
     pooled: dict[str, dict] = {}
@@ -120,7 +150,8 @@ def measure(pair, records: list[dict], head_path: str = "", max_new_tokens: int 
         acc = pooled.setdefault(r["kind"], _empty())
         for key, value in got["counts"].items():
             acc[key] += value
-        answers.append({"kind": r["kind"], "prompt": r["prompt"], "text": got["text"], "response": got["response"]})
+        answers.append({"kind": r["kind"], "prompt": r["prompt"], "text": got["text"], "response": got["response"],
+                        "ids": got["ids"], "prompt_tokens": got["prompt_tokens"]})
         if progress:
             progress(f"{i + 1}/{len(records)} {r['kind']}: {summarise(got['counts'])}")
     total = _empty()
