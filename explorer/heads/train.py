@@ -19,6 +19,12 @@ The recipe follows EAGLE-3 (Li et al. 2025, arXiv 2503.01840) as SpecForge and v
 * Held-out data (``eval_folders``): the top-1 agreement of each level with the target on sequences never trained on,
   at every save; the gap to the training agreement shows how much of it is memorised.
 
+* **The target's output layer** (``tie_lm_head``): the head's ``lm_head`` is the target's output rows at its draft
+  ids, frozen and never stored (vLLM's speculators starts from those rows; EAGLE-1 used the target's LM head). A
+  trained head can be grown (``reshape``: a larger draft vocabulary, a wider MLP) without changing what it drafts.
+* Several passes (``epochs``, each in a new order), the best save by held-out score kept in ``out/best`` and early
+  stopping (``patience``), as EAGLE-3's and SpecForge's recipes train for several epochs.
+
 Resumable: ``train_state.safetensors`` (the head and the optimizer's moments, never a pickled file) and
 ``train_state.json`` beside the saved head; a run started again on the same folder goes on from the last save.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -97,8 +104,6 @@ def reshape(head: Eagle3Head, target, draft_ids: list[int] | None = None, interm
     one gets the target's output row, as ``set_draft_vocabulary``), and with ``tie_lm_head`` its output layer the
     target's rows at the draft ids, frozen and not stored (``HeadConfig.lm_head_from_verifier``). Returns a new
     float32 head on ``head``'s device, its embedding the target's. Raises HeadError for a narrower MLP."""
-    from dataclasses import replace
-
     c = head.config
     width = intermediate or c.intermediate_size
     if width < c.intermediate_size:
@@ -308,7 +313,6 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
         draft_ids = draft_vocabulary(data, draft_vocab, pair.target.config.vocab_size, vocab_data_share)
         config = head_config(pair.target, tuple(manifest["layers"]), len(draft_ids), intermediate)
         if tie_lm_head:
-            from dataclasses import replace
             config = replace(config, lm_head_from_verifier=True)
         head = random_head(config, seed=seed, draft_ids=draft_ids)
         init_from_target(head, pair.target, draft_ids)
@@ -338,6 +342,10 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
     recent: list[tuple[float, list[float]]] = []
     bar = tqdm(total=steps, initial=done, desc="head training", unit="seq", disable=not progress)
     for step in range(done, steps):
+        if patience and _stale(info, patience):  # checked before a step: a resumed stale run trains no further
+            info["stopped_early"] = step
+            (out / f"{STATE}.json").write_text(json.dumps(info, indent=1) + "\n")
+            break
         epoch = step // len(usable)
         if epoch not in orders:
             gen = torch.Generator().manual_seed(seed + 1000 * epoch)
@@ -367,10 +375,6 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                     saved.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
                     save_head(saved.to(dtype), out / "best")
                     (out / f"{STATE}.json").write_text(json.dumps(info, indent=1) + "\n")
-        if patience and _stale(info, patience):
-            info["stopped_early"] = step + 1
-            (out / f"{STATE}.json").write_text(json.dumps(info, indent=1) + "\n")
-            break
     bar.close()
     card = {"steps": info["step"], "seconds": round(info["seconds"], 1), "sequences": len(usable),
             "tokens": manifest["tokens"], "draft_vocab": len(draft_ids), "ttt": ttt, "lr": lr,
