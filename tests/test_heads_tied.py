@@ -123,3 +123,28 @@ def test_the_coverage_curve_rises_to_every_favourite(tiny, tmp_path):
     curve = coverage(cached, [1, 4, 16, 256], tiny.target.config.vocab_size)
     covered = [c["covered"] for c in curve]
     assert covered == sorted(covered) and covered[-1] == 1.0 and covered[0] < 1.0
+
+
+def test_a_tied_head_learns_online_with_its_output_layer_frozen(tiny, tmp_path):
+    from explorer.engine.online_distill import HeadDistiller
+
+    train_head(tiny, _data(tiny, tmp_path), tmp_path / "tied", draft_vocab=48, intermediate=32, steps=2, lr=3e-3,
+               ttt=2, save_every=2, progress=False, tie_lm_head=True)
+    head = load_head(tmp_path / "tied", target=tiny.target, dtype=torch.float32)
+    distiller = HeadDistiller.for_head(head)
+    learned = {id(p) for group in distiller.optimizer.param_groups for p in group["params"]}
+    assert not distiller.head.lm_head.weight.requires_grad and distiller.head.fc.weight.requires_grad
+    assert id(distiller.head.lm_head.weight) not in learned and id(distiller.head.fc.weight) in learned
+
+
+def test_a_malformed_tied_checkpoint_is_refused(tiny, tmp_path):
+    train_head(tiny, _data(tiny, tmp_path), tmp_path / "tied", draft_vocab=48, intermediate=32, steps=2, lr=3e-3,
+               ttt=2, save_every=2, progress=False, tie_lm_head=True)
+    assert main(["heads", "export", "--head", str(tmp_path / "tied"), "--out", str(tmp_path / "full"),
+                 "--models", "tiny"]) == 0
+    config = json.loads((tmp_path / "full" / "config.json").read_text())
+    (tmp_path / "full" / "config.json").write_text(json.dumps({**config, LM_HEAD_KEY: True}))
+    with pytest.raises(HeadError, match="drop one"):
+        load_head(tmp_path / "full", target=tiny.target)
+    with pytest.raises(ValueError, match="held-out"):
+        train_head(tiny, _data(tiny, tmp_path), tmp_path / "x", steps=2, ttt=2, progress=False, patience=2)

@@ -264,7 +264,7 @@ def cmd_vocab(args) -> int:
     except HeadDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    vocab = args.vocab or max(int(s.label_ids.max()) for s in data) + 1
+    vocab = args.vocab or max(max(int(s.label_ids.max()), int(s.tokens.max())) for s in data) + 1
     curve = coverage(data, args.sizes, vocab)
     print(json.dumps({"tokens": sum(m["tokens"] for m in manifests), "curve": curve}, indent=1))
     return 0

@@ -142,9 +142,11 @@ class HeadDistiller(OnlineDistiller):
     """
 
     def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8):
-        frozen = {id(head.lm_head.weight)} if head.config.lm_head_from_verifier else set()  # the target's rows
-        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point and id(p) not in frozen], lr,
-                         every)
+        for p in head.parameters():  # the session's own copy: every weight learns but a tied output layer
+            p.requires_grad_(p.dtype.is_floating_point)
+        if head.config.lm_head_from_verifier:  # the target's rows: frozen
+            head.lm_head.weight.requires_grad_(False)
+        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point and p.requires_grad], lr, every)
         self.head = head
         self._current = RequestRecord()
 

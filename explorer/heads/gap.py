@@ -96,7 +96,8 @@ def compare(pair, head, prompt: str, max_new_tokens: int = 128, head_path: str =
     layers = head.config.aux_layers(pair.target.config.num_hidden_layers)
     seq = target_features(pair, ids, tuple(layers))
     logits = level1_logits(head, seq.states, seq.tokens)  # row t drafts position t + 2
-    top = head.target_ids().cpu()[logits.topk(min(8, logits.shape[1]), dim=-1).indices]  # (n - 1, 8) best first
+    widest = max((sum(1 for n in s.nodes if n.depth == 1) for s in trace.steps), default=1)
+    top = head.target_ids().cpu()[logits.topk(min(max(widest, 1), logits.shape[1]), dim=-1).indices]  # best first
     tokens = seq.tokens
     c = _empty()
     _count_answer(c, top, tokens, len(prompt_ids), head.t2d.cpu())

@@ -21,7 +21,7 @@ The recipe follows EAGLE-3 (Li et al. 2025, arXiv 2503.01840) as SpecForge and v
 
 * **The target's output layer** (``tie_lm_head``): the head's ``lm_head`` is the target's output rows at its draft
   ids, frozen and never stored (vLLM's speculators starts from those rows; EAGLE-1 used the target's LM head). A
-  trained head can be grown (``reshape``: a larger draft vocabulary, a wider MLP) without changing what it drafts.
+  trained head can be grown (``reshape``: a larger draft vocabulary, a wider MLP), its kept tokens' logits unchanged.
 * Several passes (``epochs``, each in a new order), the best save by held-out score kept in ``out/best`` and early
   stopping (``patience``), as EAGLE-3's and SpecForge's recipes train for several epochs.
 
@@ -98,12 +98,15 @@ def set_draft_vocabulary(head: Eagle3Head, target, draft_ids: list[int]) -> None
 
 def reshape(head: Eagle3Head, target, draft_ids: list[int] | None = None, intermediate: int | None = None,
             tie_lm_head: bool = False, seed: int = 0) -> Eagle3Head:
-    """A trained ``head`` made larger without forgetting what it drafts: an MLP ``intermediate`` wide (the new
-    neurons' input rows random and small, their output columns zero, so the head's output is unchanged until they
-    learn), the draft vocabulary ``draft_ids`` (ascending target ids; a kept token keeps its ``lm_head`` row, a new
-    one gets the target's output row, as ``set_draft_vocabulary``), and with ``tie_lm_head`` its output layer the
+    """A trained ``head`` made larger: an MLP ``intermediate`` wide (the new neurons' input rows random and small,
+    their output columns zero, so the kept tokens' logits are unchanged until they learn), the draft vocabulary
+    ``draft_ids`` (ascending target ids; a kept token keeps its ``lm_head`` row, a new one gets the target's output
+    row, as ``set_draft_vocabulary``, and may outrank kept ones), and with ``tie_lm_head`` its output layer the
     target's rows at the draft ids, frozen and not stored (``HeadConfig.lm_head_from_verifier``). Returns a new
-    float32 head on ``head``'s device, its embedding the target's. Raises HeadError for a narrower MLP."""
+    float32 head on ``head``'s device, its embedding the target's. Raises HeadError for a narrower MLP or a head
+    with its own embedding."""
+    if head.embed_tokens is not None:
+        raise HeadError("a head with its own token embedding cannot be reshaped (its embedding would be lost)")
     c = head.config
     width = intermediate or c.intermediate_size
     if width < c.intermediate_size:
@@ -268,9 +271,11 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
     Raises:
         HeadDataError: no data in a folder, or folders of different targets or layers; HeadError: a saved state that
         does not fit this run, or an ``init`` head that does not load, fit the target or read the data's layers;
-        ValueError: ``swap_vocab``, ``grow_vocab`` or ``grow_mlp`` without ``init`` for a new run, or a
-            vocabulary that cannot grow to ``grow_vocab``.
+        ValueError: ``swap_vocab``, ``grow_vocab`` or ``grow_mlp`` without ``init`` for a new run, a
+            vocabulary that cannot grow to ``grow_vocab``, or ``patience`` without ``eval_folders``.
     """
+    if patience and not eval_folders:
+        raise ValueError("early stopping (patience, --patience) needs held-out data (eval_folders, --eval-data)")
     started = time.perf_counter()
     folders = [data_folder] if isinstance(data_folder, (str, Path)) else list(data_folder)
     data, manifests = load_all(folders)
@@ -327,7 +332,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
         moments = load_file(str(state_file), device=str(device))
         with torch.no_grad():
             for name, p in head.named_parameters():
-                p.copy_(moments[f"param.{name}"])
+                if f"param.{name}" in moments:  # a tied lm_head is not saved: the target's rows, read at load
+                    p.copy_(moments[f"param.{name}"])
         for name, p in head.named_parameters():
             if not p.requires_grad:
                 continue
@@ -338,6 +344,7 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
     usable = [s for s in data if s.tokens.shape[0] > ttt]
     if epochs:
         steps = math.ceil(epochs * len(usable))
+    info.pop("stopped_early", None)  # a resumed run decides again, with this run's patience
     orders: dict[int, list[int]] = {}  # a new order each pass, the same for a resumed run
     recent: list[tuple[float, list[float]]] = []
     bar = tqdm(total=steps, initial=done, desc="head training", unit="seq", disable=not progress)
@@ -370,7 +377,7 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             if held is not None:
                 score = held_out_score(held, decay)
                 if score > (info.get("best") or {}).get("score", -1.0):
-                    info["best"] = {"step": step + 1, "score": round(score, 4), "held_out": held}
+                    info["best"] = {"step": step + 1, "score": score, "held_out": held}
                     saved = Eagle3Head(head.config)
                     saved.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
                     save_head(saved.to(dtype), out / "best")
@@ -414,6 +421,8 @@ def _save(head: Eagle3Head, opt, out: Path, step: int, info: dict, recent, secon
     save_head(saved.to(dtype), out)
     moments = {}
     for name, p in head.named_parameters():
+        if name == "lm_head.weight" and head.config.lm_head_from_verifier:
+            continue  # the target's rows: never stored
         st = opt.state.get(p, {})
         moments[f"param.{name}"] = p.detach().float().cpu().contiguous()
         if "exp_avg" in st:

@@ -46,8 +46,8 @@ PICKLED = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 MAX_CONFIG_BYTES = 1 << 20
 # config.json's mark of a head whose output layer is the target's rows at d2t, not stored. speculators has no such key
 # (its Eagle3 model builds lm_head from the verifier's rows at t2d when it is made, then trains and saves it; only the
-# embedding has a flag, embed_requires_grad): a speculators loader given a checkpoint without lm_head.weight keeps
-# those rows, which is this head. Named after the verifier as speculators names the target.
+# embedding has a flag, embed_requires_grad), and its loader would report lm_head.weight missing: heads export writes
+# the rows out for it. Named after the verifier as speculators names the target.
 LM_HEAD_KEY = "lm_head_from_verifier"
 
 
@@ -482,7 +482,10 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
     if config.draft_vocab_size == config.vocab_size and "d2t" not in tensors and "t2d" not in tensors:
         tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)  # speculators: no maps, the whole vocab
         tensors["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
-    if config.lm_head_from_verifier and "lm_head.weight" not in tensors:
+    if config.lm_head_from_verifier and "lm_head.weight" in tensors:
+        raise HeadError(f"{config_path} says {LM_HEAD_KEY} (the output layer is the target's) but the weights hold "
+                        "lm_head.weight: drop one of them")
+    if config.lm_head_from_verifier:
         if target is None:
             raise HeadError(f"the head in {folder} reads its output layer from the target ({LM_HEAD_KEY}): load it "
                             "with its target")
