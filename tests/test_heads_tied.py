@@ -119,10 +119,13 @@ def test_training_for_epochs_stops_early_and_keeps_the_best_save(tiny, tmp_path)
 
 
 def test_the_coverage_curve_rises_to_every_favourite(tiny, tmp_path):
-    cached = load(_data(tiny, tmp_path))
-    curve = coverage(cached, [1, 4, 16, 256], tiny.target.config.vocab_size)
+    cached, vocab = load(_data(tiny, tmp_path)), tiny.target.config.vocab_size
+    curve = coverage(cached, [1, 4, 16, vocab], vocab)
     covered = [c["covered"] for c in curve]
     assert covered == sorted(covered) and covered[-1] == 1.0 and covered[0] < 1.0
+    held = load(_data(tiny, tmp_path, OTHER, "held"))
+    apart = [c["covered"] for c in coverage(cached, [1, 4, 16, vocab], vocab, held)]
+    assert apart == sorted(apart) and apart[-1] == 1.0 and apart[1] < covered[1]  # other text: less covered
 
 
 def test_a_tied_head_learns_online_with_its_output_layer_frozen(tiny, tmp_path):

@@ -261,11 +261,12 @@ def cmd_vocab(args) -> int:
     """The coverage curve a draft vocabulary's size is chosen from (``data.coverage``)."""
     try:
         data, manifests = load_all(args.data)
+        held = load_all(args.eval_data)[0] if args.eval_data else []
     except HeadDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    vocab = args.vocab or max(max(int(s.label_ids.max()), int(s.tokens.max())) for s in data) + 1
-    curve = coverage(data, args.sizes, vocab)
+    vocab = args.vocab or max(max(int(s.label_ids.max()), int(s.tokens.max())) for s in data + held) + 1
+    curve = coverage(data, args.sizes, vocab, held)
     print(json.dumps({"tokens": sum(m["tokens"] for m in manifests), "curve": curve}, indent=1))
     return 0
 
@@ -392,6 +393,8 @@ def add_heads_parser(sub) -> None:
     vc = hsub.add_parser("vocab", help="the coverage curve of draft vocabulary sizes over cached features: the share "
                          "of the target's favourite tokens the N most frequent tokens hold")
     vc.add_argument("--data", action="append", required=True, help="cached features (heads features)")
+    vc.add_argument("--eval-data", action="append", help="held-out cached features whose favourites are counted "
+                    "(default: the --data itself)")
     vc.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")],
                     default=[8192, 12288, 16384, 24576, 32768, 49152, 65536])
     vc.add_argument("--vocab", type=int, help="the target's vocabulary (default: from the data)")

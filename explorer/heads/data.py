@@ -199,14 +199,17 @@ def grown_vocabulary(data: list[Sequence], draft_ids: list[int], size: int, voca
     return sorted(chosen)
 
 
-def coverage(data: list[Sequence], sizes: list[int], vocab: int) -> list[dict]:
-    """The coverage curve a draft vocabulary's size is chosen from: for each size N, the share of the data's
-    target-favourite tokens (``label_ids[:, 0]``, what a greedy target commits) among its N most frequent tokens
-    (``token_counts``: favourites and text). Returns ``[{"size", "covered"}]``."""
+def coverage(data: list[Sequence], sizes: list[int], vocab: int, held_out: list[Sequence] = ()) -> list[dict]:
+    """The coverage curve a draft vocabulary's size is chosen from: for each size N, the share of the target's
+    favourite tokens (``label_ids[:, 0]``, what a greedy target commits) in ``held_out`` (default: ``data`` itself)
+    among ``data``'s N most frequent tokens (``token_counts``: favourites and text; the rest by lowest id, as
+    ``grown_vocabulary`` fills). On its own data the curve reaches 1 at the data's distinct tokens; on held-out text it
+    shows what a larger vocabulary buys. Returns ``[{"size", "covered"}]``."""
     counts = token_counts(data, vocab)
+    counts = counts * (vocab + 1) + torch.arange(vocab, 0, -1)  # ties and unseen tokens: the lowest ids first
     favourites = torch.zeros(vocab, dtype=torch.long)
-    for s in data:
+    for s in held_out or data:
         favourites += torch.bincount(s.label_ids[:, 0].clamp(max=vocab - 1), minlength=vocab)
     total = max(int(favourites.sum()), 1)
-    order = counts.argsort(descending=True, stable=True)
+    order = counts.argsort(descending=True)
     return [{"size": n, "covered": round(int(favourites[order[:n]].sum()) / total, 4)} for n in sizes]
