@@ -103,6 +103,8 @@ BAD_INPUTS = {
     "heads respond": (["heads", "respond", "--models", "tiny", "--out", "{d}/bad.json/x"], "File exists"),
     "heads online": (["heads", "online", "--models", "tiny", "--kind", "poetry"], "unknown kind"),
     "heads export": (["heads", "export", "--head", "{d}/nowhere", "--out", "{d}/h"], "no head folder"),
+    "heads gap": (["heads", "gap", "--models", "tiny", "--prompts", "{d}/bad.json"], "not a response record"),
+    "heads vocab": (["heads", "vocab", "--data", "{d}/nowhere"], "holds no head training data"),
     "probe": (["probe", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
     "acceptance": (["acceptance", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
     "calibration": (["calibration", "--models", "tiny", "--trace", "{d}/bad.json"], "trace is not valid JSON"),
