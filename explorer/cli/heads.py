@@ -20,7 +20,7 @@ from ..heads.prompts import training_prompts
 from ..heads.respond import prompts_of, records, respond
 from ..heads.selfinstruct import WRITE_TOKENS, writing_prompts, written_prompts
 from ..heads.train import train_head
-from ..models.eagle3 import LAYOUTS, LM_HEAD_KEY, HeadError, default_aux_layers, load_head, save_head
+from ..models.eagle3 import LAYOUTS, HeadError, default_aux_layers, load_head, read_config, save_head
 from ..models.head_store import head_for
 from .args import add_model_args, load_pair_from_args
 
@@ -155,16 +155,20 @@ def cmd_online(args) -> int:
     except (EngineError, HeadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(report, indent=1)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
+        _write(args.out, json.dumps(report, indent=1))
     for kind in report["before"]:
         b, a = report["before"][kind], report["after"][kind]
         print(f"{kind:12s} first-position acceptance {b['first_acceptance']['rate']:.3f} -> "
               f"{a['first_acceptance']['rate']:.3f}, tokens/call {b['tokens_per_call']:.2f} -> "
               f"{a['tokens_per_call']:.2f}")
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    """Write a report's ``text`` to ``path`` (UTF-8), its folder made first."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")
 
 
 def _gap_row(kind: str, r: dict) -> str:
@@ -188,8 +192,7 @@ def _gap_compare(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        _write(args.out, json.dumps(report, indent=1) + "\n")
     for name, r in report.items():
         print(f"{name}\n{'kind':14s} {'tf top1':>8s} {'oov':>6s} {'iv miss':>8s} {'iv top1':>8s} {'pos':>6s}")
         for kind, row in list(r["by_kind"].items()) + [("all", r["all"])]:
@@ -219,13 +222,10 @@ def cmd_gap(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.answers:
-        Path(args.answers).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.answers).write_text("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in report["answers"]),
-                                      encoding="utf-8")
+        _write(args.answers, "".join(json.dumps(a, ensure_ascii=False) + "\n" for a in report["answers"]))
     report = {k: v for k, v in report.items() if k != "answers"}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        _write(args.out, json.dumps(report, indent=1) + "\n")
     print(f"{'kind':14s} {'tf top1':>8s} {'oov':>6s} {'iv miss':>8s} {'iv top1':>8s} {'pos':>6s} | "
           f"{'engine':>7s} {'tf@step':>8s} {'tf top-k':>8s} {'same':>6s} {'steps':>6s}")
     for kind, r in list(report["by_kind"].items()) + [("all", report["all"])]:
@@ -237,20 +237,13 @@ def cmd_export(args) -> int:
     """A head checkpoint written again in the layout ``--format`` names (``eagle3.save_head``); a head whose output
     layer is the target's gets it written out (read from the pair's target) unless ``--keep-tied``."""
     try:
-        head = None
-        try:
-            head = load_head(args.head)
-        except HeadError as exc:
-            if LM_HEAD_KEY not in str(exc):
-                raise
-        if head is None:  # its output layer lives in the target
-            head = load_head(args.head, target=load_pair_from_args(args).target)
+        tied = read_config(args.head).lm_head_from_verifier  # its output layer lives in the target: load the pair
+        head = load_head(args.head, target=load_pair_from_args(args).target if tied else None)
         folder = save_head(head, args.out, layout=args.format, verifier=args.verifier or "",
                            materialise=not args.keep_tied)
     except HeadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    tied = head.config.lm_head_from_verifier
     print(f"{folder}: the head in the {args.format} layout"
           + (", its output layer written out from the target's rows" if tied and not args.keep_tied else "")
           + f" (it loads with --head {folder})")

@@ -69,19 +69,27 @@ def teacher_forced(pair, heads: dict, answers: list[dict]) -> dict:
         for name, head in heads.items():
             top = head.target_ids().cpu()[level1_logits(head, seq.states, seq.tokens).argmax(-1, keepdim=True)]
             _count_answer(pooled[name].setdefault(a["kind"], _empty()), top, seq.tokens, n_prompt, head.t2d.cpu())
-    out = {}
-    for name, kinds in pooled.items():
-        total = _empty()
-        for acc in kinds.values():
-            for key, value in acc.items():
-                total[key] += value
-        out[name] = {"by_kind": {k: summarise(v) for k, v in kinds.items()}, "all": summarise(total)}
-    return out
+    return {name: _report(kinds) for name, kinds in pooled.items()}
 
 
 def _empty() -> dict:
     return {"positions": 0, "top1": 0, "oov": 0, "steps": 0, "engine_first": 0, "step_top1": 0, "step_topk": 0,
             "same_top1": 0, "tokens": 0, "calls": 0}
+
+
+def _add(into: dict, counts: dict) -> dict:
+    """``into`` with ``counts`` (``_empty``'s fields) added to it."""
+    for key, value in counts.items():
+        into[key] += value
+    return into
+
+
+def _report(kinds: dict[str, dict]) -> dict:
+    """Pooled counts by kind -> ``{"by_kind": {kind: summarise(...)}, "all": summarise(every kind's)}``."""
+    total = _empty()
+    for acc in kinds.values():
+        _add(total, acc)
+    return {"by_kind": {k: summarise(v) for k, v in kinds.items()}, "all": summarise(total)}
 
 
 def compare(pair, head, prompt: str, max_new_tokens: int = 128, head_path: str = "") -> dict:
@@ -96,8 +104,8 @@ def compare(pair, head, prompt: str, max_new_tokens: int = 128, head_path: str =
     layers = head.config.aux_layers(pair.target.config.num_hidden_layers)
     seq = target_features(pair, ids, tuple(layers))
     logits = level1_logits(head, seq.states, seq.tokens)  # row t drafts position t + 2
-    widest = max((sum(1 for n in s.nodes if n.depth == 1) for s in trace.steps), default=1)
-    top = head.target_ids().cpu()[logits.topk(min(max(widest, 1), logits.shape[1]), dim=-1).indices]  # best first
+    widest = max([sum(1 for n in s.nodes if n.depth == 1) for s in trace.steps] + [1])
+    top = head.target_ids().cpu()[logits.topk(min(widest, logits.shape[1]), dim=-1).indices]  # best first
     tokens = seq.tokens
     c = _empty()
     _count_answer(c, top, tokens, len(prompt_ids), head.t2d.cpu())
@@ -148,15 +156,9 @@ def measure(pair, records: list[dict], head_path: str = "", max_new_tokens: int 
     answers = []
     for i, r in enumerate(records):
         got = compare(pair, head, r["prompt"], max_new_tokens, head_path)
-        acc = pooled.setdefault(r["kind"], _empty())
-        for key, value in got["counts"].items():
-            acc[key] += value
+        _add(pooled.setdefault(r["kind"], _empty()), got["counts"])
         answers.append({"kind": r["kind"], "prompt": r["prompt"], "text": got["text"], "response": got["response"],
                         "ids": got["ids"], "prompt_tokens": got["prompt_tokens"]})
         if progress:
             progress(f"{i + 1}/{len(records)} {r['kind']}: {summarise(got['counts'])}")
-    total = _empty()
-    for acc in pooled.values():
-        for key, value in acc.items():
-            total[key] += value
-    return {"by_kind": {k: summarise(v) for k, v in pooled.items()}, "all": summarise(total), "answers": answers}
+    return {**_report(pooled), "answers": answers}

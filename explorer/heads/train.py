@@ -85,15 +85,22 @@ def set_draft_vocabulary(head: Eagle3Head, target, draft_ids: list[int]) -> None
     keeps its ``lm_head`` row, a new one gets the target's output row (as ``init_from_target`` starts a head);
     ``d2t`` and ``t2d`` follow (``Eagle3Head.set_target_ids``). Raises HeadError (a ValueError) for another number
     of ids."""
+    weight = output_rows(head, target, draft_ids)
+    head.set_target_ids(torch.tensor(draft_ids, dtype=torch.long))
+    with torch.no_grad():
+        head.lm_head.weight.copy_(weight)
+
+
+def output_rows(head: Eagle3Head, target, draft_ids: list[int]) -> torch.Tensor:
+    """``lm_head`` rows for the draft vocabulary ``draft_ids`` (target ids): ``head``'s own row for a token it has,
+    the target's output row for a new one. Returns ``(len(draft_ids), H)`` in ``head``'s dtype and device."""
     row = {t: i for i, t in enumerate(head.target_ids().tolist())}
-    ids = torch.tensor(draft_ids, dtype=torch.long)
-    head.set_target_ids(ids)
     out = target.get_output_embeddings().weight
     with torch.no_grad():
-        weight = out[ids.to(out.device)].to(head.lm_head.weight)
+        weight = out[torch.tensor(draft_ids, device=out.device)].to(head.lm_head.weight)
         kept = [i for i, t in enumerate(draft_ids) if t in row]
         weight[kept] = head.lm_head.weight[[row[draft_ids[i]] for i in kept]]
-        head.lm_head.weight.copy_(weight)
+    return weight
 
 
 def reshape(head: Eagle3Head, target, draft_ids: list[int] | None = None, intermediate: int | None = None,
@@ -111,17 +118,13 @@ def reshape(head: Eagle3Head, target, draft_ids: list[int] | None = None, interm
     width = intermediate or c.intermediate_size
     if width < c.intermediate_size:
         raise HeadError(f"the MLP can only grow: {c.intermediate_size} -> {width}")
-    old_ids = head.target_ids().tolist()
-    ids = list(draft_ids) if draft_ids is not None else old_ids
+    ids = list(draft_ids) if draft_ids is not None else head.target_ids().tolist()
     config = replace(c, intermediate_size=width, draft_vocab_size=len(ids),
                      lm_head_from_verifier=c.lm_head_from_verifier or tie_lm_head)
     grown = random_head(config, seed=seed, draft_ids=ids).to(device=head.fc.weight.device, dtype=torch.float32)
     own, state = head.state_dict(), grown.state_dict()
     gate, up, down = (f"midlayer.mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
     n = c.intermediate_size
-    row = {t: i for i, t in enumerate(old_ids)}
-    kept = [i for i, t in enumerate(ids) if t in row]
-    out = target.get_output_embeddings().weight
     with torch.no_grad():
         for name, value in own.items():
             if name not in (gate, up, down, "lm_head.weight", "d2t", "t2d"):
@@ -131,8 +134,7 @@ def reshape(head: Eagle3Head, target, draft_ids: list[int] | None = None, interm
             state[name][:n].copy_(own[name])
         state[down].zero_()  # ... and add nothing until they learn
         state[down][:, :n].copy_(own[down])
-        state["lm_head.weight"].copy_(out[torch.tensor(ids, device=out.device)])
-        state["lm_head.weight"][kept] = own["lm_head.weight"][[row[ids[i]] for i in kept]].float()
+        state["lm_head.weight"].copy_(output_rows(head, target, ids))
     grown.set_embeddings(target.get_input_embeddings())
     if config.lm_head_from_verifier:
         tie_to_target(grown, target)
@@ -378,9 +380,7 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                 score = held_out_score(held, decay)
                 if score > (info.get("best") or {}).get("score", -1.0):
                     info["best"] = {"step": step + 1, "score": score, "held_out": held}
-                    saved = Eagle3Head(head.config)
-                    saved.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
-                    save_head(saved.to(dtype), out / "best")
+                    _write_head(head, out / "best", dtype)
                     (out / f"{STATE}.json").write_text(json.dumps(info, indent=1) + "\n")
     bar.close()
     card = {"steps": info["step"], "seconds": round(info["seconds"], 1), "sequences": len(usable),
@@ -413,12 +413,17 @@ def _stale(info: dict, patience: int) -> bool:
     return sum(1 for h in info.get("history", []) if h.get("held_out") is not None and h["step"] > best) >= patience
 
 
+def _write_head(head: Eagle3Head, folder: Path, dtype) -> None:
+    """Save a copy of ``head`` on the CPU in ``dtype`` (the training head stays float32 where it is)."""
+    saved = Eagle3Head(head.config)
+    saved.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
+    save_head(saved.to(dtype), folder)
+
+
 def _save(head: Eagle3Head, opt, out: Path, step: int, info: dict, recent, seconds: float, dtype,
           held: list[float] | None = None) -> dict:
     """Write the head (in ``dtype``), the optimizer's moments and the progress; returns the progress record."""
-    saved = Eagle3Head(head.config)
-    saved.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()})
-    save_head(saved.to(dtype), out)
+    _write_head(head, out, dtype)
     moments = {}
     for name, p in head.named_parameters():
         if name == "lm_head.weight" and head.config.lm_head_from_verifier:

@@ -449,17 +449,8 @@ def load_head(path: str | Path, target=None, device=None, dtype=None) -> Eagle3H
     from safetensors import SafetensorError
 
     folder = Path(path)
-    if not folder.is_dir():
-        raise HeadError(f"no head folder at {folder}")
     config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        raise HeadError(f"{folder} has no {CONFIG_FILE}: not an EAGLE-3 head checkpoint")
-    if config_path.stat().st_size > MAX_CONFIG_BYTES:
-        raise HeadError(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        config = HeadConfig.from_dict(json.loads(config_path.read_text()))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HeadError(f"{config_path} is not valid JSON: {exc}") from None
+    config = read_config(folder)
     files = weight_files(folder)
     if not files:
         pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
@@ -528,6 +519,23 @@ def verifier_rows(target, d2t: torch.Tensor | None, draft_vocab: int) -> torch.T
     if bool(((ids < 0) | (ids >= out.shape[0])).any()):
         raise HeadError("d2t maps a draft id outside the target's output layer")
     return out.detach()[ids.to(out.device)].cpu().clone()
+
+
+def read_config(path: str | Path) -> HeadConfig:
+    """The ``HeadConfig`` of the checkpoint folder ``path`` (its ``config.json``), weights unread. Raises HeadError:
+    no such folder, no, oversized or malformed ``config.json``, another architecture (``HeadConfig.from_dict``)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise HeadError(f"no head folder at {folder}")
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise HeadError(f"{folder} has no {CONFIG_FILE}: not an EAGLE-3 head checkpoint")
+    if config_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise HeadError(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        return HeadConfig.from_dict(json.loads(config_path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HeadError(f"{config_path} is not valid JSON: {exc}") from None
 
 
 def weight_files(folder: Path) -> list[Path]:
