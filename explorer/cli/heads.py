@@ -106,7 +106,8 @@ def cmd_train(args) -> int:
                           vocab_data_share=args.vocab_data_share, autocast=args.autocast,
                           eval_folders=args.eval_data or [], freeze_lm_head=args.freeze_lm_head, init=args.init,
                           swap_vocab=args.swap_vocab, tie_lm_head=args.tie_lm_head, grow_vocab=args.grow_vocab,
-                          grow_mlp=args.grow_mlp, epochs=args.epochs, patience=args.patience)
+                          grow_mlp=args.grow_mlp, epochs=args.epochs, patience=args.patience,
+                          loss_on=args.loss_on)
     except (HeadDataError, HeadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -305,6 +306,8 @@ def add_heads_parser(sub) -> None:
                     "new order")
     tr.add_argument("--patience", type=int, default=0, help="with --eval-data: stop after this many saves without a "
                     "better held-out score (the best save is kept in OUT/best either way)")
+    tr.add_argument("--loss-on", choices=("all", "answers"), default="all", help="answers: the loss (and the held-out "
+                    "agreement) only where the next token is an assistant answer's, found by the chat template")
     tr.add_argument("--save-every", type=int, default=100)
     tr.add_argument("--save-dtype", choices=sorted(DTYPES), help="the saved head's dtype (default: the target's)")
     tr.add_argument("--train-device", help="where to train (default: the pair's device), e.g. cuda")

@@ -213,3 +213,48 @@ def coverage(data: list[Sequence], sizes: list[int], vocab: int, held_out: list[
     total = max(int(favourites.sum()), 1)
     order = counts.argsort(descending=True)
     return [{"size": n, "covered": round(int(favourites[order[:n]].sum()) / total, 4)} for n in sizes]
+
+
+def generation_prompt(tokenizer) -> list[int]:
+    """The token ids a chat template writes before an answer (Qwen's ``<|im_start|>assistant\\n``): the template of
+    one user message with the generation prompt, less the same without it, encoded as the training texts are.
+
+    Raises:
+        HeadDataError: the tokenizer has no chat template, or its generation prompt is empty or not a suffix."""
+    messages = [{"role": "user", "content": "x"}]
+    try:
+        with_prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        without = tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+    except (ValueError, AttributeError) as exc:
+        raise HeadDataError(f"the tokenizer has no chat template to find answers by: {exc}") from None
+    if not with_prompt.startswith(without) or not with_prompt[len(without):]:
+        raise HeadDataError("the chat template's generation prompt is empty or not a suffix: answers cannot be found")
+    return tokenizer.encode(with_prompt[len(without):], add_special_tokens=False)
+
+
+def answer_masks(data: list[Sequence], marker: list[int]) -> list[torch.Tensor]:
+    """Which tokens of ``data`` belong to an answer: for each sequence a bool ``(n,)``. ``marker`` is the chat
+    template's generation prompt (``generation_prompt``) and its first id opens every turn. The sequences are read
+    as one stream in order (a text's chunks are consecutive, ``chunk``), so a chunk cut inside an answer or a marker
+    continues it: a token is an answer's after a marker, up to and including its end-of-turn token, until the next
+    turn opens; text before any turn (no chat template) counts as an answer. SpecForge and speculators take the loss
+    on the assistant's tokens alone: a head drafts answers, never the user's prompt."""
+    if not marker:
+        raise HeadDataError("an empty generation prompt marks no answer")
+    stream = torch.cat([s.tokens for s in data]).tolist() if data else []
+    inside, m, answer = True, len(marker), [False] * len(stream)
+    i = 0
+    while i < len(stream):
+        if stream[i:i + m] == marker:
+            inside, i = True, i + m  # the marker itself is the template's, not the answer's
+            continue
+        if stream[i] == marker[0]:
+            inside = False
+        answer[i] = inside
+        i += 1
+    out, start = [], 0
+    for s in data:
+        n = s.tokens.shape[0]
+        out.append(torch.tensor(answer[start:start + n], dtype=torch.bool))
+        start += n
+    return out

@@ -43,7 +43,8 @@ from tqdm import tqdm
 
 from ..models.eagle3 import (Eagle3Head, HeadCache, HeadConfig, HeadError, load_head, random_head,
                               rope_theta_of, save_head, verifier_rows)
-from .data import Sequence, draft_vocabulary, grown_vocabulary, load_all, swapped_vocabulary
+from .data import (Sequence, answer_masks, draft_vocabulary, generation_prompt, grown_vocabulary, load_all,
+                   swapped_vocabulary)
 
 STATE = "train_state"
 
@@ -181,12 +182,13 @@ def ttt_levels(head: Eagle3Head, seq: Sequence, ttt: int) -> list[torch.Tensor]:
     return out
 
 
-def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: torch.Tensor
-             ) -> tuple[torch.Tensor, list[float]]:
+def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: torch.Tensor,
+             counted: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float]]:
     """The training-time-test loss of one sequence (``ttt_levels``; soft cross-entropy against the target's
     distribution restricted to the draft vocabulary, level j weighed ``decay ** (j - 1)``) and each level's top-1
     agreement with the target (on positions that count). ``to_draft``: int64 ``(vocab,)``, the draft id of each
-    target id, -1 outside the draft vocabulary. Returns the loss (a scalar with gradients) and the agreements."""
+    target id, -1 outside the draft vocabulary; ``counted``: bool ``(n,)``, the positions whose next token the loss
+    takes (``next_in_answer``; default all). Returns the loss (a scalar with gradients) and the agreements."""
     device = head.fc.weight.device
     total, agree = torch.zeros((), device=device), []
     for j, logits in enumerate(ttt_levels(head, seq, ttt), start=1):
@@ -195,6 +197,8 @@ def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: 
         draft = to_draft[ids]  # (rows, K) draft ids, -1 outside
         label = torch.zeros_like(logits).scatter_add_(1, draft.clamp(min=0), probs * (draft >= 0))
         valid = (draft[:, 0] >= 0) & (label.sum(-1) > 0)
+        if counted is not None:
+            valid &= counted[j:j + rows].to(device)
         if not bool(valid.any()):
             agree.append(0.0)
             continue
@@ -206,21 +210,31 @@ def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: 
 
 
 def held_out_agreement(head: Eagle3Head, data: list[Sequence], ttt: int, to_draft: torch.Tensor,
-                       autocast: str | None = None) -> list[float]:
+                       autocast: str | None = None, counted: list[torch.Tensor] | None = None) -> list[float]:
     """Each level's top-1 agreement with the target over all positions of ``data`` that count (as ``ttt_loss``:
-    the target's favourite in the draft vocabulary), without training. Returns ``ttt`` fractions."""
+    the target's favourite in the draft vocabulary; with ``counted``, one bool ``(n,)`` per sequence, only where
+    it is set), without training. Returns ``ttt`` fractions."""
     device = head.fc.weight.device
     hits, counts = [0] * ttt, [0] * ttt
     with torch.no_grad(), _autocast(device, autocast):
-        for seq in data:
+        for i, seq in enumerate(data):
             if seq.tokens.shape[0] <= ttt:
                 continue
             for j, logits in enumerate(ttt_levels(head, seq, ttt), start=1):
                 draft = to_draft[seq.label_ids[j:j + logits.shape[0], 0].to(device)]
                 valid = draft >= 0
+                if counted is not None:
+                    valid &= counted[i][j:j + logits.shape[0]].to(device)
                 hits[j - 1] += int((logits.argmax(-1)[valid] == draft[valid]).sum())
                 counts[j - 1] += int(valid.sum())
     return [round(h / max(c, 1), 4) for h, c in zip(hits, counts)]
+
+
+def next_in_answer(masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The positions whose next token is an answer's (``data.answer_masks``), the ``counted`` of ``ttt_loss``: a
+    position's label is the target's distribution for the token after it. A chunk's last position takes its own
+    token's answer flag (its next token opens the following chunk)."""
+    return [torch.cat([m[1:], m[-1:]]) for m in masks]
 
 
 def _autocast(device: torch.device, dtype: str | None):
@@ -237,7 +251,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                command: str = "", vocab_data_share: float = 1.0, autocast: str | None = None,
                eval_folders: list[str | Path] = (), freeze_lm_head: bool = False,
                init: str | Path | None = None, swap_vocab: int = 0, tie_lm_head: bool = False,
-               grow_vocab: int = 0, grow_mlp: int = 0, epochs: float = 0.0, patience: int = 0) -> dict:
+               grow_vocab: int = 0, grow_mlp: int = 0, epochs: float = 0.0, patience: int = 0,
+               loss_on: str = "all") -> dict:
     """Train (or go on training) a head for ``pair``'s target on the cached data of ``data_folder``, saving it in
     ``out`` in the checkpoint format (``models/eagle3.save_head``) with its facts (``card.json``: data, command,
     steps, time, loss and agreement by level) and the training state (float32 weights and the optimizer's moments,
@@ -270,14 +285,22 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
         patience: with ``eval_folders``, stop when the held-out score (the levels' agreements weighed as the loss
             weighs them) has not risen for this many saves; 0 trains every step. The best save is kept in
             ``out/best`` either way.
+        loss_on: ``"all"`` positions, or ``"answers"``: only those whose next token is an assistant answer's
+            (``data.answer_masks`` by the tokenizer's chat template; SpecForge's and speculators' loss mask), in
+            training and in the held-out agreement; sequences with no such position are skipped. A resumed run
+            must name the setting it started with.
     Raises:
         HeadDataError: no data in a folder, or folders of different targets or layers; HeadError: a saved state that
         does not fit this run, or an ``init`` head that does not load, fit the target or read the data's layers;
         ValueError: ``swap_vocab``, ``grow_vocab`` or ``grow_mlp`` without ``init`` for a new run, a
-            vocabulary that cannot grow to ``grow_vocab``, or ``patience`` without ``eval_folders``.
+            vocabulary that cannot grow to ``grow_vocab``, ``patience`` without ``eval_folders``, an unknown
+            ``loss_on`` or one that differs from the resumed run's.
+        HeadDataError (also): ``loss_on="answers"`` with a tokenizer that has no chat template.
     """
     if patience and not eval_folders:
         raise ValueError("early stopping (patience, --patience) needs held-out data (eval_folders, --eval-data)")
+    if loss_on not in ("all", "answers"):
+        raise ValueError(f"loss_on {loss_on!r}: choose 'all' or 'answers'")
     started = time.perf_counter()
     folders = [data_folder] if isinstance(data_folder, (str, Path)) else list(data_folder)
     data, manifests = load_all(folders)
@@ -343,7 +366,15 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
                             "exp_avg_sq": moments[f"exp_avg_sq.{name}"]}
     to_draft = torch.full((pair.target.config.vocab_size,), -1, dtype=torch.long, device=device)
     to_draft[torch.tensor(draft_ids, device=device)] = torch.arange(len(draft_ids), device=device)
-    usable = [s for s in data if s.tokens.shape[0] > ttt]
+    if info.setdefault("loss_on", loss_on) != loss_on:
+        raise ValueError(f"{out} was trained with the loss on {info['loss_on']}, not {loss_on}: go on as it started "
+                         "or train into a new folder")
+    counted, held_counted = [None] * len(data), None  # per sequence: the positions the loss takes (None: all)
+    if loss_on == "answers":
+        marker = generation_prompt(pair.tokenizer)
+        counted = next_in_answer(answer_masks(data, marker))
+        held_counted = next_in_answer(answer_masks(held_out, marker)) if held_out else None
+    usable = [(s, c) for s, c in zip(data, counted) if s.tokens.shape[0] > ttt and (c is None or bool(c[1:].any()))]
     if epochs:
         steps = math.ceil(epochs * len(usable))
     info.pop("stopped_early", None)  # a resumed run decides again, with this run's patience
@@ -359,11 +390,11 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
         if epoch not in orders:
             gen = torch.Generator().manual_seed(seed + 1000 * epoch)
             orders[epoch] = torch.randperm(len(usable), generator=gen).tolist()
-        seq = usable[orders[epoch][step % len(usable)]]
+        seq, seq_counted = usable[orders[epoch][step % len(usable)]]
         for group in opt.param_groups:
             group["lr"] = learning_rate(step, steps, lr)
         with _autocast(device, autocast):
-            loss, agree = ttt_loss(head, seq, ttt, decay, to_draft)
+            loss, agree = ttt_loss(head, seq, ttt, decay, to_draft, seq_counted)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, clip)
@@ -372,7 +403,7 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
         bar.update(1)
         bar.set_postfix(loss=f"{sum(r[0] for r in recent) / len(recent):.3f}")
         if (step + 1) % save_every == 0 or step + 1 == steps:
-            held = held_out_agreement(head, held_out, ttt, to_draft, autocast) if held_out else None
+            held = held_out_agreement(head, held_out, ttt, to_draft, autocast, held_counted) if held_out else None
             dtype = save_dtype or next(pair.target.parameters()).dtype
             info = _save(head, opt, out, step + 1, info, recent, time.perf_counter() - started, dtype, held)
             started = time.perf_counter()
@@ -393,7 +424,8 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             "init": info.get("init"), "vocab_swapped": info.get("vocab_swapped", 0),
             "tie_lm_head": head.config.lm_head_from_verifier, "intermediate": head.config.intermediate_size,
             "reshaped": info.get("reshaped"), "epochs": round(info["step"] / max(len(usable), 1), 2),
-            "best": info.get("best"), "stopped_early": info.get("stopped_early"), "decay": decay}
+            "best": info.get("best"), "stopped_early": info.get("stopped_early"), "decay": decay,
+            "loss_on": info["loss_on"]}
     (out / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     return card
 
