@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..heads.gap import measure, teacher_forced
-from ..heads.online import online_stream
+from ..heads.online import online_stream, stream_prompts_from
 from ..engine.parts import EngineError
 from ..heads.corpus import clean, pydoc_texts, stdlib_range, stdlib_texts
 from ..heads.data import HeadDataError, build, chunk, coverage, load_all, read_text
@@ -122,6 +122,11 @@ def cmd_respond(args) -> int:
         if args.prompts and args.written:
             raise HeadDataError("--prompts answers an earlier file's prompts and --written has the target write new "
                                 "ones: give one of them")
+        if args.write_only and not args.written:
+            raise HeadDataError("--write-only keeps the prompts the target writes: it needs --written")
+        kinds = args.kinds.split(",") if args.kinds else list(WRITE_TOKENS)
+        if unknown := [k for k in kinds if k not in WRITE_TOKENS]:
+            raise HeadDataError(f"unknown kind {unknown[0]!r}; use some of {', '.join(WRITE_TOKENS)}")
         # the same prompts again, e.g. sampled (--temperature); read first: a bad file is said before the pair loads
         prompts = prompts_of(args.prompts) if args.prompts else None
         pair = load_pair_from_args(args)
@@ -129,14 +134,20 @@ def cmd_respond(args) -> int:
             writings = Path(str(args.out) + ".writings.jsonl")
             asks = writing_prompts(args.per_kind, seed=args.seed)
             for kind, limit in WRITE_TOKENS.items():
-                respond(pair, [a for a in asks if a[0] == kind], writings, max_new_tokens=limit, batch=args.batch,
-                        progress=not args.quiet, temperature=args.write_temperature, seed=args.seed)
+                if kind in kinds:
+                    respond(pair, [a for a in asks if a[0] == kind], writings, max_new_tokens=limit,
+                            batch=args.batch, progress=not args.quiet, temperature=args.write_temperature,
+                            seed=args.seed)
             prompts = written_prompts(records(writings), seed=args.seed)
             if not prompts:
                 raise HeadDataError(f"the target wrote nothing usable as a prompt ({writings}): a chat model "
                                     "writes requests, a random or base model rarely does")
+            if args.write_only:
+                _write(args.out, "".join(json.dumps({"kind": k, "prompt": p}) + "\n" for k, p in prompts))
+                print(f"{args.out}: {len(prompts)} prompts the target wrote (heads online --prompts {args.out})")
+                return 0
         elif prompts is None:
-            prompts = training_prompts(args.per_kind, seed=args.seed)
+            prompts = [(k, p) for k, p in training_prompts(args.per_kind, seed=args.seed) if k in kinds]
         out = respond(pair, prompts, args.out, max_new_tokens=args.max_new_tokens, batch=args.batch,
                       progress=not args.quiet, temperature=args.temperature, seed=args.seed)
     except HeadDataError as exc:
@@ -147,13 +158,16 @@ def cmd_respond(args) -> int:
 
 
 def cmd_online(args) -> int:
-    pair = load_pair_from_args(args)
     try:
+        prompts = prompts_of(args.prompts) if args.prompts else None  # a bad file is said before the pair loads
+        if prompts is not None:
+            stream_prompts_from(prompts, args.kind, args.requests, args.held_out, args.seed)
+        pair = load_pair_from_args(args)
         report = online_stream(pair, args.kind, requests=args.requests, held_out=args.held_out, lr=args.lr,
                                every=args.every, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                               head=args.head or "", seed=args.seed, method=args.method,
+                               head=args.head or "", seed=args.seed, method=args.method, prompts=prompts,
                                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except (EngineError, HeadError, ValueError) as exc:
+    except (EngineError, HeadError, HeadDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.out:
@@ -331,6 +345,9 @@ def add_heads_parser(sub) -> None:
     rs.add_argument("--per-kind", type=int, default=40, help="prompts of each of the seven kinds")
     rs.add_argument("--written", action="store_true", help="prompts the target writes itself (self-instruct, "
                     "heads/selfinstruct.py; what it wrote is kept in OUT.writings.jsonl) instead of templates")
+    rs.add_argument("--kinds", help="comma-separated kinds to write or assemble prompts of (default: all seven)")
+    rs.add_argument("--write-only", action="store_true", help="with --written: write the prompts (JSONL of "
+                    "\"kind\", \"prompt\") to OUT and answer none, e.g. for heads online --prompts")
     rs.add_argument("--max-new-tokens", type=int, default=256)
     rs.add_argument("--batch", type=int, default=16, help="prompts decoded together")
     rs.add_argument("--write-temperature", type=float, default=0.0, help="with --written: sample the target's "
@@ -359,6 +376,10 @@ def add_heads_parser(sub) -> None:
     on.add_argument("--head", help="the head's folder (default: the one shipped for the target); with sd / mcsd, an "
                     "adapter folder to start from")
     on.add_argument("--seed", type=int, default=77)
+    on.add_argument("--prompts", action="append", help="response or prompt files (JSONL with \"kind\" and "
+                    "\"prompt\", gzipped or not; repeatable) to draw the stream's kind from, in their order, instead "
+                    "of the templates (the other kinds' held-out prompts stay the templates'): e.g. what heads "
+                    "respond --written --write-only wrote")
     on.add_argument("--out", help="write the report (JSON) here")
     add_model_args(on)
     on.set_defaults(func=cmd_online)

@@ -6,7 +6,8 @@ loaded back, as ``--head`` or ``--draft-adapter`` would load it, learning no fur
 
 Prompts come from ``heads/prompts.py``'s templates with a seed of their own (none of the bench's sets; the head's
 training used seed 0): the stream and the held-out prompts of its kind are disjoint draws, the other kinds' held-out
-prompts a second seed's. First-position acceptance is pooled over steps: steps whose first drafted level had a head
+prompts a second seed's. The stream's kind can instead come from a file (``--prompts``), such as prompts the target
+wrote itself. First-position acceptance is pooled over steps: steps whose first drafted level had a head
 token accepted over steps that drafted one (``machine.head_summary`` per request).
 """
 
@@ -39,9 +40,25 @@ def stream_prompts(kind: str, requests: int, held_out: int, seed: int = 77) -> d
     return {"stream": own[:requests], "held_out": {kind: own[requests:], **others}}
 
 
+def stream_prompts_from(prompts: list[tuple[str, str]], kind: str, requests: int, held_out: int,
+                        seed: int = 77) -> dict:
+    """``stream_prompts``'s split with the prompts of ``kind`` taken from given ``(kind, prompt)`` pairs (for
+    instance those the target wrote itself, ``heads respond --written --write-only``), in their order: the first
+    ``requests`` to learn from, the next ``held_out`` never learnt from; the other kinds' held-out prompts are the
+    templates' (``stream_prompts``), so they match a template stream's. Raises ValueError for an unknown kind or
+    when the pairs hold fewer than ``requests + held_out`` prompts of ``kind``."""
+    own = [text for k, text in prompts if k == kind]
+    if len(own) < requests + held_out:
+        raise ValueError(f"the prompts hold {len(own)} of kind {kind!r}: {requests} requests and {held_out} held "
+                         "out need more")
+    drawn = stream_prompts(kind, 0, held_out, seed)
+    return {"stream": own[:requests], "held_out": {**drawn["held_out"], kind: own[requests:requests + held_out]}}
+
+
 def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: float = 1e-4, every: int = 8,
                   max_new_tokens: int = 48, temperature: float = 0.0, head: str = "", seed: int = 77,
-                  before: dict | None = None, progress=print, method: str = "eagle") -> dict:
+                  before: dict | None = None, progress=print, method: str = "eagle",
+                  prompts: list[tuple[str, str]] | None = None) -> dict:
     """The experiment of the module docstring on ``pair`` with ``method``'s drafter: ``eagle``'s head (``head``: a
     folder, empty for the shipped one), or the draft model of ``sd`` / ``mcsd`` with a LoRA adapter
     (``engine/online_distill_draft.py``; ``head`` is then an adapter folder to start from, empty for a new one); its
@@ -49,8 +66,11 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
     ``before``: an earlier report's ``before`` for the same prompts and drafter, reused. Returns ``{"settings",
     "history" (per stream request), "before", "after" (per held-out kind: ``first_acceptance`` pooled, and
     ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind, a method that cannot learn online,
-    or bad settings."""
-    prompts = stream_prompts(kind, requests, held_out, seed)
+    or bad settings. ``prompts``: ``(kind, prompt)`` pairs to draw the stream and the held-out prompts from
+    (``stream_prompts_from``) instead of the templates."""
+    source = "templates" if prompts is None else "given"
+    prompts = (stream_prompts(kind, requests, held_out, seed) if prompts is None
+               else stream_prompts_from(prompts, kind, requests, held_out, seed))
     if method not in DEFAULTS or not (DEFAULTS[method].spec.uses_head or DEFAULTS[method].distils_draft):
         raise ValueError(f"{method!r} cannot learn online: use eagle, or sd / mcsd for the draft's LoRA adapter")
     weights = "head" if DEFAULTS[method].spec.uses_head else "draft_adapter"
@@ -96,8 +116,8 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
     with tempfile.TemporaryDirectory() as folder:
         distiller.save(folder)
         after = held(base.with_(**{weights: folder}), "after")
-    return {"settings": {"method": method, "kind": kind, "requests": requests, "held_out": held_out, "lr": lr,
-                         "every": every,
+    return {"settings": {"method": method, "kind": kind, "prompts": source, "requests": requests,
+                         "held_out": held_out, "lr": lr, "every": every,
                          "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                          weights: head or ("shipped" if weights == "head" else "new"), "version": distiller.version,
                          "draft_quant": pair.draft_quant},
