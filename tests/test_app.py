@@ -574,6 +574,7 @@ def test_the_draft_learns_online_between_prompts_and_resets(app):
     Explorer's panel draws acceptance by prompt, and its reset drops the adapter."""
     app.sidebar.selectbox(key="method").set_value("sd").run()
     app.sidebar.checkbox(key="head_distill").check().run()
+    app.sidebar.select_slider(key="distill_replay").set_value(2)
     app.sidebar.slider(key="max_new").set_value(12)
     app.text_area(key="prompt_text").set_value("def add(a, b):")
     for _ in range(2):
@@ -583,5 +584,6 @@ def test_the_draft_learns_online_between_prompts_and_resets(app):
     trace = app.session_state["engine"].trace
     assert {s.drafter["draft_adapter"]["version"] for s in trace.steps} == {2}  # two updates before this prompt
     assert any("3 prompts finished; 3 updates (draft's adapter version 3)" in c.value for c in app.caption)
+    assert app.session_state["distiller"][1].replay == 2  # the sidebar's replay window reached the distiller
     click(app, "distill_reset")
     assert app.session_state["distiller"] is None

@@ -68,6 +68,26 @@ def test_an_update_waits_for_its_interval(tiny, head_dir):
     assert len(distiller.buffer) == 1  # the third request's rejections wait for the next update
 
 
+def test_a_replay_window_learns_from_earlier_requests_again(tiny, head_dir):
+    """``distill_replay`` R: an update learns from the requests since the last one and the R before them (the
+    buffer keeps them), so each update after the first has R + 1 requests' rejections; 0 empties the buffer."""
+    distiller, taken = None, []
+    for n in range(4):
+        engine, _ = _request(tiny, _config(head_dir, distill_replay=2), distiller, prompt=PROMPT + "#" * n)
+        distiller = engine.parts.distiller
+        if n == 0:
+            def counting(d=distiller, update=distiller.update):
+                taken.append(len(d.buffer))
+                return update()
+            distiller.update = counting
+    assert taken == [2, 3, 3] and len(distiller.buffer) == 2 and distiller.version == 4
+    assert distiller.describe()["replay"] == 2
+    engine, _ = _request(tiny, _config(head_dir, distill_replay=0), distiller)  # settings changed: no replay
+    assert engine.parts.distiller is distiller and distiller.buffer == [] and distiller.version == 5
+    with pytest.raises(ValueError, match="distill_replay"):
+        DEFAULTS["eagle"].with_(online_distill=True, distill_replay=65)
+
+
 def test_the_update_trains_the_logits_that_drafted_each_rejected_token(tiny, head_dir):
     """Recomputed chains give back the head's own probability of every rejected token of the run (the trace's q)
     at the level and row the rejection names: the training-time test matches drafting, level 1 and deeper (the head

@@ -91,6 +91,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    "adapter in DIR (what --online-distill --save-distilled DIR wrote)")
     g.add_argument("--distill-lr", type=float, help="--online-distill: AdamW learning rate (default 1e-4)")
     g.add_argument("--distill-every", type=int, help="--online-distill: prompts between two updates (default 8)")
+    g.add_argument("--distill-replay", type=int, help="--online-distill: earlier prompts each update learns from "
+                   "again (default 0: only those since the last update)")
     g.add_argument("--lanes", default="one", choices=["one", "threads"],
                    help="pearl: 'threads' drafts in a thread of its own while the target verifies (one CPU core "
                         "each); 'one' (default) drafts, then verifies, and the trace simulates the two lanes")
@@ -189,7 +191,7 @@ def method_config_from_args(args) -> MethodConfig:
     for name in ("gamma", "width", "max_depth", "stop", "threshold", "decision_model", "branch_threshold",
                  "lookup_tokens", "lookup_branches", "lookup_ngram", "lookup_alone", "recycling_k", "adapt",
                  "fallback", "free_rows", "cost_ratio", "tree_choice", "head", "head_topk", "head_depth",
-                 "head_tokens", "online_distill", "distill_lr", "distill_every", "draft_adapter"):
+                 "head_tokens", "online_distill", "distill_lr", "distill_every", "distill_replay", "draft_adapter"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

@@ -166,6 +166,7 @@ def cmd_online(args) -> int:
         report = online_stream(pair, args.kind, requests=args.requests, held_out=args.held_out, lr=args.lr,
                                every=args.every, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                head=args.head or "", seed=args.seed, method=args.method, prompts=prompts,
+                               replay=args.replay,
                                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except (EngineError, HeadError, HeadDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -369,6 +370,8 @@ def add_heads_parser(sub) -> None:
     on.add_argument("--held-out", type=int, default=8, help="held-out prompts of each kind")
     on.add_argument("--lr", type=float, default=1e-4)
     on.add_argument("--every", type=int, default=8, help="requests between two updates")
+    on.add_argument("--replay", type=int, default=0, help="earlier requests each update learns from again (default "
+                    "0: only those since the last update)")
     on.add_argument("--max-new-tokens", type=int, default=48)
     on.add_argument("--temperature", type=float, default=0.0)
     on.add_argument("--method", default="eagle", help="eagle (the head learns; default), or sd / mcsd (a LoRA "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .online_distill import MAX_BUFFERED
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .policies.cost_ratio import COST_RATIO_MODES
 from .policies.fallback import FALLBACK_MODES
@@ -104,7 +105,8 @@ class MethodConfig:
             (``eagle``, ``eagle-hybrid``: ``online_distill.py``) or of a LoRA adapter on the draft model (``sd``,
             ``mcsd``, ``mcsd-improved``, ``hybrid``: ``online_distill_draft.py``): one AdamW step at ``distill_lr``
             every ``distill_every`` requests on the target's distributions where the drafted tokens were rejected
-            (OSD: 1e-4 every 8, or 1e-5 every request).
+            (OSD: 1e-4 every 8, or 1e-5 every request); ``distill_replay``: earlier requests each update learns
+            from again (0, OSD's: only those since the last update).
         draft_adapter: a draft model's LoRA adapter folder (``online_distill_draft.DraftDistiller.save``) the draft
             drafts with (and, with ``online_distill``, learns on from); empty = the draft as loaded.
         tree: ``mcsd`` only: a tree template (``tree.parse_tree_template``: breadth-first parents, -1 = the
@@ -142,6 +144,7 @@ class MethodConfig:
     online_distill: bool = False
     distill_lr: float = 1e-4
     distill_every: int = 8
+    distill_replay: int = 0
     draft_adapter: str = ""
 
     @property
@@ -226,6 +229,9 @@ class MethodConfig:
                 raise ValueError(f"distill_lr must be a number in (0, 1], got {lr!r}")
             if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 1000:
                 raise ValueError(f"distill_every must be an integer in [1, 1000] requests, got {every!r}")
+            replay = self.distill_replay
+            if isinstance(replay, bool) or not isinstance(replay, int) or not 0 <= replay <= MAX_BUFFERED:
+                raise ValueError(f"distill_replay must be an integer in [0, {MAX_BUFFERED}] requests, got {replay!r}")
         if not isinstance(self.head, str):
             raise ValueError(f"head must be a folder path (or empty for the shipped head), got {self.head!r}")
         if self.lossy and self.method != "mcsd-improved":

@@ -203,7 +203,7 @@ def _adapt_draft(parts: EngineParts, pair: ModelPair, config: MethodConfig, dist
                                                  adapter=config.draft_adapter or None)
         except AdapterError as exc:
             raise EngineError(str(exc)) from None
-    distiller.set_schedule(config.distill_lr, config.distill_every)
+    distiller.set_schedule(config.distill_lr, config.distill_every, config.distill_replay)
     parts.draft_model = distiller.model
     drafter = model_drafter(parts.drafter)
     drafter.adapter = distiller.describe()
@@ -214,10 +214,11 @@ def _adapt_draft(parts: EngineParts, pair: ModelPair, config: MethodConfig, dist
 
 def _distiller(head, config: MethodConfig, distiller: HeadDistiller | None) -> HeadDistiller:
     """The session's distiller of ``head`` at ``config``'s settings: ``distiller`` where it distils a head of the same
-    shape (its learning rate and interval set to the config's), else a new one from a copy of ``head``."""
+    shape, else a new one from a copy of ``head``; its learning rate, interval and replay window set to the
+    config's."""
     if not isinstance(distiller, HeadDistiller) or distiller.head.config != head.config:
-        return HeadDistiller.for_head(head, config.distill_lr, config.distill_every)
-    distiller.set_schedule(config.distill_lr, config.distill_every)
+        distiller = HeadDistiller.for_head(head, config.distill_lr, config.distill_every)
+    distiller.set_schedule(config.distill_lr, config.distill_every, config.distill_replay)
     return distiller
 
 

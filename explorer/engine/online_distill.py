@@ -15,7 +15,8 @@ What a request leaves (``HeadDistiller.read``, ``rejected``, fed by ``drafters/e
 Between requests only (``Engine`` calls ``end_request`` when a run finishes, so the head never changes between
 drafting and verifying a step, and every step stays lossless), every ``every`` requests the head takes one AdamW
 step on the forward KL ``KL(p || q)`` from the target's distribution (restricted to the draft vocabulary) to the
-head's, averaged over the rejections buffered since the last update; the buffer then empties. The chains are
+head's, averaged over the rejections buffered since the last update; the buffer then empties, or, with a replay
+window of R requests, keeps the last R requests' records for the next updates as well. The chains are
 recomputed as drafting computed them (training-time test, ``heads/train.py``): level 1 over every row read, level j
 at a rejection's row from level j - 1's output. All the head's weights learn but the target's embedding it reads.
 OSD's settings: learning rate 1e-4 every 8 requests, or 1e-5 every request.
@@ -69,25 +70,31 @@ class RequestRecord:
 
 class OnlineDistiller:
     """What the head's and the draft's online distillation share: the schedule (one AdamW step at ``lr`` every
-    ``every`` requests), the finished requests' records waiting for the next update, and the history by request.
+    ``every`` requests, over the records of the requests since the last step and, with ``replay`` R, of the R
+    requests before them too), the finished requests' records waiting for the next update, and the history by
+    request.
     A subclass records a request (``begin``, its own ``rejected``), says what of it is kept (``_finish``) and takes
     the step (``update``).
 
     Args:
         params: the weights that learn. lr: the AdamW learning rate. every: requests between two updates (>= 1).
+        replay: requests (with rejections) whose records an update keeps for the next ones (0: none, OSD's; at most
+            ``MAX_BUFFERED``).
     Attributes:
         version: updates so far (0: as loaded). requests: requests seen.
         history: one row per request: ``{"request", "version", "first_acceptance", "tokens_per_call",
             "rejections"}`` (the version that drafted it), then ``loss`` / ``updated`` where an update followed.
-    Raises ``error`` (ValueError, or the subclass's): ``lr`` not positive or ``every`` below 1.
+    Raises ``error`` (ValueError, or the subclass's): ``lr`` not positive, ``every`` below 1 or ``replay`` outside
+    [0, ``MAX_BUFFERED``].
     """
 
     error: type[ValueError] = ValueError
 
-    def __init__(self, params, lr: float, every: int):
-        if not lr > 0 or int(every) < 1:
-            raise self.error(f"online distillation needs a positive learning rate and every >= 1, got {lr}, {every}")
-        self.lr, self.every = float(lr), int(every)
+    def __init__(self, params, lr: float, every: int, replay: int = 0):
+        if not lr > 0 or int(every) < 1 or not 0 <= int(replay) <= MAX_BUFFERED:
+            raise self.error(f"online distillation needs a positive learning rate, every >= 1 and a replay in "
+                             f"[0, {MAX_BUFFERED}], got {lr}, {every}, {replay}")
+        self.lr, self.every, self.replay = float(lr), int(every), int(replay)
         self.params = list(params)
         self.optimizer = torch.optim.AdamW(self.params, lr=self.lr, weight_decay=0.0)
         self.version, self.requests = 0, 0
@@ -96,11 +103,13 @@ class OnlineDistiller:
 
     def describe(self) -> dict:
         """Plain data for a run's trace: the settings, the version and the requests seen."""
-        return {"lr": self.lr, "every": self.every, "version": self.version, "requests": self.requests}
+        return {"lr": self.lr, "every": self.every, "replay": self.replay, "version": self.version,
+                "requests": self.requests}
 
-    def set_schedule(self, lr: float, every: int) -> None:
-        """Learn at ``lr`` every ``every`` requests from now on (a session's settings changed)."""
-        self.lr, self.every = float(lr), int(every)
+    def set_schedule(self, lr: float, every: int, replay: int = 0) -> None:
+        """Learn at ``lr`` every ``every`` requests, replaying ``replay`` earlier requests, from now on (a session's
+        settings changed)."""
+        self.lr, self.every, self.replay = float(lr), int(every), int(replay)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
 
@@ -127,8 +136,14 @@ class OnlineDistiller:
         raise NotImplementedError
 
     def update(self) -> float | None:
-        """One step over the buffered records (the buffer empties); the loss before it, or None."""
+        """One step over the buffered records (``_take``); the loss before it, or None."""
         raise NotImplementedError
+
+    def _take(self) -> list:
+        """The buffered records for an update; the buffer keeps the last ``replay`` of them for the next ones."""
+        records = self.buffer
+        self.buffer = records[-self.replay:] if self.replay else []
+        return records
 
 
 class HeadDistiller(OnlineDistiller):
@@ -141,22 +156,23 @@ class HeadDistiller(OnlineDistiller):
     Raises ValueError: ``lr`` not positive or ``every`` below 1.
     """
 
-    def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8):
+    def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8, replay: int = 0):
         for p in head.parameters():  # the session's own copy: every weight learns but a tied output layer
             p.requires_grad_(p.dtype.is_floating_point)
         if head.config.lm_head_from_verifier:  # the target's rows: frozen
             head.lm_head.weight.requires_grad_(False)
-        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point and p.requires_grad], lr, every)
+        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point and p.requires_grad], lr, every,
+                         replay)
         self.head = head
         self._current = RequestRecord()
 
     @classmethod
-    def for_head(cls, head: Eagle3Head, lr: float = 1e-4, every: int = 8) -> HeadDistiller:
+    def for_head(cls, head: Eagle3Head, lr: float = 1e-4, every: int = 8, replay: int = 0) -> HeadDistiller:
         """A distiller of a copy of ``head`` (float32; the target's embedding it reads stays shared, not copied)."""
         shared = {id(m): m for m in head._target_embed}
         own = copy.deepcopy(head, memo=shared).float()
         own._target_embed = head._target_embed
-        return cls(own, lr, every)
+        return cls(own, lr, every, replay)
 
     # ------------------------------------------------------------------ a request's record
 
@@ -194,10 +210,9 @@ class HeadDistiller(OnlineDistiller):
     # ------------------------------------------------------------------ the update
 
     def update(self) -> float | None:
-        """One AdamW step on the mean forward KL over the buffered rejections; the buffer empties. Returns the loss
-        before the step, or None where nothing was buffered (or no rejection's target token is in the draft
-        vocabulary)."""
-        records, self.buffer = self.buffer, []
+        """One AdamW step on the mean forward KL over the buffered rejections (``_take``). Returns the loss before
+        the step, or None where nothing was buffered (or no rejection's target token is in the draft vocabulary)."""
+        records = self._take()
         if not records:
             return None
         head = self.head

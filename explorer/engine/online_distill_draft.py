@@ -180,9 +180,9 @@ class DraftDistiller(OnlineDistiller):
     # ------------------------------------------------------------------ the update
 
     def update(self) -> float | None:
-        """One AdamW step on the mean forward KL over the buffered rejections; the buffer empties. Returns the loss
-        before the step, or None where nothing was buffered."""
-        records, self.buffer = self.buffer, []
+        """One AdamW step on the mean forward KL over the buffered rejections (``_take``). Returns the loss before
+        the step, or None where nothing was buffered."""
+        records = self._take()
         if not records:
             return None
         self.optimizer.zero_grad(set_to_none=True)

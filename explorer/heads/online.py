@@ -58,7 +58,7 @@ def stream_prompts_from(prompts: list[tuple[str, str]], kind: str, requests: int
 def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: float = 1e-4, every: int = 8,
                   max_new_tokens: int = 48, temperature: float = 0.0, head: str = "", seed: int = 77,
                   before: dict | None = None, progress=print, method: str = "eagle",
-                  prompts: list[tuple[str, str]] | None = None) -> dict:
+                  prompts: list[tuple[str, str]] | None = None, replay: int = 0) -> dict:
     """The experiment of the module docstring on ``pair`` with ``method``'s drafter: ``eagle``'s head (``head``: a
     folder, empty for the shipped one), or the draft model of ``sd`` / ``mcsd`` with a LoRA adapter
     (``engine/online_distill_draft.py``; ``head`` is then an adapter folder to start from, empty for a new one); its
@@ -66,7 +66,8 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
     ``before``: an earlier report's ``before`` for the same prompts and drafter, reused. Returns ``{"settings",
     "history" (per stream request), "before", "after" (per held-out kind: ``first_acceptance`` pooled, and
     ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind, a method that cannot learn online,
-    or bad settings. ``prompts``: ``(kind, prompt)`` pairs to draw the stream and the held-out prompts from
+    or bad settings. ``replay``: earlier requests each update learns from again (``MethodConfig.distill_replay``).
+    ``prompts``: ``(kind, prompt)`` pairs to draw the stream and the held-out prompts from
     (``stream_prompts_from``) instead of the templates."""
     source = "templates" if prompts is None else "given"
     prompts = (stream_prompts(kind, requests, held_out, seed) if prompts is None
@@ -111,13 +112,13 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
             base = base.with_(draft_adapter=fresh)
         before = before or held(base, "before")
         clock[0] = time.perf_counter()
-        learning = base.with_(online_distill=True, distill_lr=lr, distill_every=every)
+        learning = base.with_(online_distill=True, distill_lr=lr, distill_every=every, distill_replay=replay)
         distiller = learn_stream(pair, prompts["stream"], learning, sampling, max_new_tokens, progress=told)
     with tempfile.TemporaryDirectory() as folder:
         distiller.save(folder)
         after = held(base.with_(**{weights: folder}), "after")
     return {"settings": {"method": method, "kind": kind, "prompts": source, "requests": requests,
-                         "held_out": held_out, "lr": lr, "every": every,
+                         "held_out": held_out, "lr": lr, "every": every, "replay": replay,
                          "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                          weights: head or ("shipped" if weights == "head" else "new"), "version": distiller.version,
                          "draft_quant": pair.draft_quant},

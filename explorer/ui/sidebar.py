@@ -202,6 +202,10 @@ def _distill_widgets(box, changes: dict, prefix: str, who: str, learner: str) ->
         changes["distill_lr"] = box.select_slider(f"{who}: learning rate", [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], 1e-4,
                                                   format_func=lambda v: f"{v:.0e}",
                                                   key=Sidebar.DISTILL_LR.widget_key(prefix))
+        changes["distill_replay"] = box.select_slider(
+            f"{who}: earlier prompts replayed", [0, 2, 4, 8, 16], 0, key=Sidebar.DISTILL_REPLAY.widget_key(prefix),
+            help="each update also learns again from the rejections of this many earlier prompts (0: only those "
+                 "since the last update, as OSD does)")
 
 
 def sidebar() -> dict:

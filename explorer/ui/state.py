@@ -186,6 +186,8 @@ class Sidebar:
     DISTILL_EVERY: Key[int] = Key("distill_every", "eagle, online distillation: prompts between updates",
                                   widget=True)
     DISTILL_LR: Key[float] = Key("distill_lr", "eagle, online distillation: learning rate", widget=True)
+    DISTILL_REPLAY: Key[int] = Key("distill_replay", "eagle, online distillation: earlier prompts each update "
+                                   "learns from again", widget=True)
     FREE_ROWS: Key[int] = Key("free_rows", "free branches' most target rows (0 = auto)", widget=True)
     FALLBACK: Key[str] = Key("fallback", "the goodput fallback to plain decoding", widget=True)
     VERIFIER: Key[str] = Key("verifier", "the verification rule", widget=True, kept=True)
