@@ -8,6 +8,10 @@
 #               bench --chain-levels / +chain=N) on the same sets, ar in the same run
 #   fused-*     ar and the chained model-drafting methods with the models' norms, MLPs and rotary embedding compiled
 #               into fused kernels (--fused-kernels on) and without, one bench run each (ratios within a run)
+#   pearl       PEARL beside sd and ar on the kinds set, greedy, both models on the GPU: the two lanes simulated
+#               from the forwards each round measured (docs/bench.md, "PEARL on two lanes")
+#   pearl-split the same with the draft on the CPU (--draft-device cpu): sd and PEARL on one lane, and PEARL's
+#               draft in a thread of its own while the GPU verifies (+lanes=threads), time measured
 #   syncs       host synchronisations per step and the step's phases, ar and eagle (scripts/gpu_syncs.py)
 #   cuda-real   the CUDA tests on the embedded pair (the tiny-pair CUDA tests: pytest -m "cuda and not real")
 #   lessons     every lesson's runs and ar timed on this machine (OUT_DIR/lessons/*.json: assets/lessons/)
@@ -16,8 +20,8 @@
 # output is OUT_DIR/<part>.log and OUT_DIR/progress says where the run is. Environment: DEADLINE (epoch seconds: no
 # part runs past it), WAIT_FOR (a file whose existence means the GPU is free; waited for before the timed parts),
 # MODELS (default; tiny for a dry run), DEVICE (cuda), SETS, RANGE, TOKENS, BENCH_METHODS, CHAIN_METHODS,
-# FUSED_METHODS, FUSED_TEMPS, SYNC_METHODS, PARTS (the parts to run, default all: prepare bench chain fused syncs cuda-real
-# lessons app).
+# FUSED_METHODS, FUSED_TEMPS, SYNC_METHODS, PEARL_METHODS, SPLIT_METHODS, PEARL_SET, PARTS (the parts to run, default all:
+# prepare bench chain fused pearl syncs cuda-real lessons app).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${1:?usage: scripts/gpu_check.sh OUT_DIR}
@@ -30,7 +34,9 @@ DEADLINE=${DEADLINE:-$(( $(date +%s) + 3600 ))}
 M=${BENCH_METHODS:-ar,hf-assisted,hf-prompt-lookup,sd,mcsd,mcsd-improved,prompt-lookup,token-recycling,hybrid,eagle}
 C=${CHAIN_METHODS:-ar,sd,sd+chain=4,mcsd-improved,mcsd-improved+chain=16,hybrid,hybrid+chain=16}
 F=${FUSED_METHODS:-ar,sd+chain=4,mcsd-improved+chain=16,hybrid+chain=16}
-PARTS=${PARTS:-prepare bench chain fused syncs cuda-real lessons app}
+P=${PEARL_METHODS:-ar,sd,pearl,pearl+gamma=8}
+S=${SPLIT_METHODS:-ar,sd,pearl,pearl+lanes=threads,pearl+gamma=8+lanes=threads}
+PARTS=${PARTS:-prepare bench chain fused pearl syncs cuda-real lessons app}
 
 part() {
   local name=$1 left=$(( DEADLINE - $(date +%s) ))
@@ -64,6 +70,10 @@ for set in ${SETS:-humaneval mt-bench}; do
       --methods "$F" --fused-kernels "$fused" --out "$R/fused-$set-$fused"
   done
 done
+part pearl "$PY" -m explorer bench --models "$MODELS" --device "$DEVICE" --prompt-file "${PEARL_SET:-kinds}" --temperatures 0 \
+  --max-new-tokens "${TOKENS:-128}" --graphs --methods "$P" --out "$R/pearl"
+part pearl-split "$PY" -m explorer bench --models "$MODELS" --device "$DEVICE" --draft-device cpu \
+  --prompt-file "${PEARL_SET:-kinds}" --temperatures 0 --max-new-tokens 64 --methods "$S" --out "$R/pearl-split"
 part syncs "$PY" scripts/gpu_syncs.py --models "$MODELS" --methods "${SYNC_METHODS:-ar,eagle}" --graphs \
   --max-new-tokens "${TOKENS:-128}"
 part cuda-real "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -m "cuda and real" tests

@@ -156,3 +156,38 @@ def test_a_pearl_trace_replays_step_by_step(tiny):
     run = _run(tiny, DEFAULTS["pearl"].with_(gamma=3), temperature=0.8, seed=4, n=24)
     replayed = [engine.trace.steps[i].committed_ids for i, engine in replay_steps(tiny, run, len(run.steps) - 1)]
     assert replayed == [s.committed_ids for s in run.steps]
+
+
+def test_a_draft_on_a_device_of_its_own_drafts_the_same(tiny, capsys):
+    """``place_draft`` / ``--draft-device``: the draft on a device of its own, e.g. the CPU beside a GPU target,
+    where PEARL's lanes overlap for real. This machine has one device, so the draft is marked as elsewhere (meta)
+    while it stays on the CPU: what the split changes runs (no graph runner for the draft, its outputs brought to
+    the target's device, the draft lane's own clock, the trace's record); the copy between two real devices is
+    checked on a GPU (scripts/gpu_check.sh, part pearl-split)."""
+    import dataclasses
+
+    import torch
+
+    from explorer.models.early_exit import self_draft_pair
+    from explorer.models.loading import ModelPairError, place_draft
+
+    expected = _run(tiny, DEFAULTS["ar"].with_(fallback="off")).generated_ids
+    pair = dataclasses.replace(tiny, graph_runners={}, measured={})
+    assert place_draft(pair, "cpu") is pair and not pair.split  # the target's device: nothing moves
+    pair.draft_device = torch.device("meta")
+    assert pair.split and pair.draft_at.type == "meta"
+    config = DEFAULTS["pearl"].with_(gamma=3)
+    engine = build_engine(pair, config, SamplingConfig(temperature=0.0), lanes="threads", kv_cache="static",
+                          graphs=True)
+    engine.start(pair.tokenizer.encode(PROMPT), 40)
+    run = engine.run()
+    assert run.generated_ids == expected and lanes.measured_lanes(run)
+    assert set(engine.forwards.runners) == {"target"}  # the draft runs eagerly where it is
+    assert run.model["draft_device"] == "meta" and "draft_device" not in _run(tiny, config).model
+    assert self_draft_pair(pair).draft_device is None  # the target's own layers run where the target does
+    with pytest.raises(ModelPairError, match="target's own first layers"):
+        place_draft(self_draft_pair(tiny), "meta")
+    with pytest.raises(ModelPairError, match="cannot place the draft on 'nowhere'"):
+        place_draft(tiny, "nowhere")
+    assert main(["generate", "--models", "tiny", "--prompt", "x", "--draft-device", "nowhere"]) == 2
+    assert "cannot place the draft" in capsys.readouterr().err

@@ -155,6 +155,7 @@ def run_facts(pair) -> dict:
     cpu = f", {cpu}" if cpu else ""
     return {"pair": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
             "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
+            **({"draft_device": str(pair.draft_at)} if pair.split else {}),
             "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights, "fused_kernels": pair.fused_kernels,
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs{cpu}{gpu}", "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),

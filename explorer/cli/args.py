@@ -51,6 +51,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None,
                    help="auto (default: bf16 on CUDA and on CPUs with native bf16, else fp32), bf16, fp16 or fp32")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--draft-device", default=None, help="run the draft model there instead (e.g. cpu while the "
+                   "target runs on cuda): PEARL's lanes (--lanes threads) then overlap for real")
     g.add_argument("--draft-quant", default="auto", choices=["auto", "none", "int8"],
                    help="int8: the draft's linear layers dynamically quantized (lossless; faster drafting on CPU). "
                         "auto (default): int8 on CPU for real pairs, none on CUDA and for the tiny pair")
@@ -267,4 +269,5 @@ def load_pair_from_args(args, keep_unquantized: bool = False):
     return load_named_pair(spec, dtype=args.dtype, device=args.device, draft=args.draft, target=args.target,
                            draft_quant=args.draft_quant, keep_unquantized=keep_unquantized,
                            packed=args.packed_weights, fused=getattr(args, "fused_kernels", "off"),
+                           draft_device=getattr(args, "draft_device", None),
                            progress=lambda msg, frac: print(f"[models] {msg}", file=sys.stderr) if frac == 0 else None)

@@ -55,8 +55,8 @@ class Forwards:
         runners come from the pair's idle ones (padding rows of the largest bucket need room past the last row)."""
         self.release()
         self.draft_kv = None
-        if self.graphs:
-            roles = ("target", "draft") if drafts and not self.own_draft else ("target",)
+        if self.graphs:  # a draft of its own, or on a device of its own, runs eagerly
+            roles = ("target", "draft") if drafts and not self.own_draft and not self.pair.split else ("target",)
             self.runners = {role: acquire_runner(self.pair, role, positions + max(BUCKETS)) for role in roles}
             self.target_kv = self.runners["target"].kv
             self.draft_kv = self.runners["draft"].kv if "draft" in self.runners else None
@@ -97,6 +97,8 @@ class Forwards:
                 out = runner.forward(input_ids, position_ids, mask, keep, hidden, hidden_rows, layers)
             else:
                 out = eager_forward(model, kv, input_ids, position_ids, mask, keep, hidden, hidden_rows, layers)
+        if role == "draft" and self.pair.split:  # the engine's tensors live on the target's device
+            out = ForwardOutput(*(None if t is None else t.to(self.pair.device) for t in out))
         return out._replace(logits=out.logits[:, : self.pair.vocab_size])
 
     def draft_chain(self, input_ids: list[int], position_ids: list[int], mask, levels: int, sampling: SamplingConfig,

@@ -281,15 +281,16 @@ class Engine:
     def _two_lanes(self, ahead: list[int], timeline: StepTimeline):
         """Draft in a thread of its own while this thread runs the target's forward over the uncached committed
         tokens and ``ahead`` (PEARL's lanes, ``EngineOptions.lanes``). The engine holds ``pair.lock`` for both;
-        each lane runs on ``lane_threads`` intra-op threads (a per-thread setting); the draft's segments join the
-        step's timeline as the ``draft`` lane. Returns ``(Drafted, TargetRead)``; what the drafter raised is raised
-        here."""
+        each lane runs on ``lane_threads`` intra-op threads (a per-thread setting; with the draft on a device of its
+        own, torch's setting); the draft's segments join the step's timeline as the ``draft`` lane. Returns
+        ``(Drafted, TargetRead)``; what the drafter raised is raised here."""
         chain = DraftTree()
         for i, token in enumerate(ahead):
             chain.add_level([i - 1], [int(token)], source="draft")
-        lane = StepTimeline(self.pair.device)
+        lane = StepTimeline(self.pair.draft_at)  # a draft on the CPU beside a GPU target: wall-clock segments
         out: dict = {}
-        threads = self.options.lane_threads
+        # two devices: the draft's lane has the host's cores to itself (the target's only launches kernels)
+        threads = 0 if self.pair.split else self.options.lane_threads
 
         def draft_lane():
             if threads:

@@ -112,7 +112,7 @@ class EngineOptions:
             threads; the step's timeline keeps the draft's segments as a lane (``runtime/timeline.py``). Other
             drafters step as with ``one``.
         lane_threads: intra-op CPU threads of each lane with ``lanes="threads"`` (1: one core each); 0 leaves
-            torch's setting.
+            torch's setting, as does a pair whose draft is on a device of its own (``ModelPair.split``).
     """
 
     capture_features: bool = False

@@ -176,6 +176,7 @@ def run_header(engine, prompt_text: str, prefill_ms: float, joint_prefill: bool)
                 **({"plugins": plugins} if (plugins := run_plugins(engine.config, engine.verifier_name)) else {})}
     model = {"name": pair.name, "draft_id": pair.draft_id, "target_id": pair.target_id,
              "dtype": str(pair.dtype).removeprefix("torch."), "device": str(pair.device),
+             **({"draft_device": str(pair.draft_at)} if pair.split else {}),
              "draft_quant": pair.draft_quant, "packed_weights": pair.packed_weights,
              "kv_cache": opts.kv_cache, "graphs": opts.graphs,
              **({"chain_levels": opts.chain_levels} if opts.chain_levels else {}),

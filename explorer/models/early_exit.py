@@ -124,7 +124,7 @@ def self_draft_pair(pair):
     if getattr(pair.draft, "shares_target", False):
         return pair
     return replace(pair, draft=EarlyExitDraft(pair.target), draft_quant="none", unquantized_draft=None,
-                   draft_id=f"{pair.target_id} (its own first layers)", graph_runners={})
+                   draft_device=None, draft_id=f"{pair.target_id} (its own first layers)", graph_runners={})
 
 
 __all__ = ["EarlyExitDraft", "LayerSkipError", "self_draft_pair"]

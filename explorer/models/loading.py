@@ -393,13 +393,14 @@ def load_default_pair(*, dtype=None, device=None, progress: ProgressFn = _noop_p
 
 def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = None, target: str | None = None,
                     draft_quant: str | None = None, keep_unquantized: bool = False, packed: str | None = None,
-                    fused: str = "off", progress: ProgressFn = _noop_progress) -> ModelPair:
+                    fused: str = "off", draft_device=None, progress: ProgressFn = _noop_progress) -> ModelPair:
     """``spec``: ``"default"``, ``"tiny"`` or ``"custom"`` (then ``draft`` and ``target`` name the models).
 
     ``draft_quant``: ``none``, ``int8`` or None / ``auto`` (int8 on CPU for real pairs, none on CUDA and for the
     tiny pair); see ``quantize_draft``. ``packed``: ``on``, ``off`` or None / ``auto`` (on where ``pack_weights``
     can, for real pairs; off for the tiny pair). ``fused``: ``on`` compiles the models' elementwise pieces into
-    fused kernels (``fuse_pair``), ``off`` (default) leaves them.
+    fused kernels (``fuse_pair``), ``off`` (default) leaves them. ``draft_device``: run the draft there
+    (``place_draft``); None: with the target.
     """
     if spec == "default":
         pair = load_default_pair(dtype=dtype, device=device, progress=progress)
@@ -415,7 +416,9 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
                 load_target_alone(target, dtype=dtype, device=device, progress=progress))
     else:
         raise ModelPairError(f"unknown model pair {spec!r}; use default, tiny or custom")
-    how = default_draft_quant(pair.device) if draft_quant in (None, "auto") else draft_quant
+    if draft_device:
+        pair = place_draft(pair, draft_device)
+    how = default_draft_quant(pair.draft_at) if draft_quant in (None, "auto") else draft_quant
     if getattr(pair.draft, "shares_target", False):
         how = "none"  # the target's own layers: nothing of its own to quantize
     if how != "none":
@@ -424,6 +427,26 @@ def load_named_pair(spec: str, *, dtype=None, device=None, draft: str | None = N
     pair = pack_weights(pair, packed or "auto", progress)
     pair = fuse_pair(pair, fused, progress)
     freeze_heap()
+    return pair
+
+
+def place_draft(pair: ModelPair, device) -> ModelPair:
+    """``pair`` with its draft moved to ``device`` (in place), e.g. the draft on the CPU and the target on a GPU:
+    the engine's tensors stay on the target's device and each draft forward's outputs are brought there
+    (``engine/forwarding.py``), so PEARL's draft lane runs while the target verifies (``lanes="threads"``). The
+    draft keeps its dtype: a CPU draft is quantized to int8 afterwards by default (``load_named_pair``).
+
+    Raises ModelPairError for a device torch cannot use, or a draft that is the target's own layers."""
+    try:
+        device = torch.empty(0, device=device).device  # "cuda" becomes "cuda:0", as the target's device reads
+    except (RuntimeError, AssertionError) as exc:  # an unknown name, or CUDA asked for without one
+        raise ModelPairError(f"cannot place the draft on {str(device)!r}: {exc}") from None
+    if device == pair.device:
+        return pair
+    if getattr(pair.draft, "shares_target", False):
+        raise ModelPairError("this draft is the target's own first layers: it runs where the target does")
+    pair.draft.to(device)
+    pair.draft_device = device
     return pair
 
 
@@ -539,7 +562,7 @@ def quantize_draft(pair: ModelPair, how: str = "int8", keep_unquantized: bool = 
         return pair
     if pair.draft_quant == how:
         return pair
-    if pair.device.type != "cpu":
+    if pair.draft_at.type != "cpu":
         raise ModelPairError("int8 draft quantization runs on the CPU only (fbgemm kernels); use --draft-quant none")
     try:
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic

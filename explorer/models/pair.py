@@ -18,8 +18,12 @@ class ModelPair:
 
     Attributes:
         draft, target: causal LMs in eval mode, on ``device`` in ``dtype`` (an int8 draft computes in float32
-            around its int8 matrix multiplies: ``draft_quant``). Shared and read-only: engines keep
-            their own KV caches, and ``lock`` serialises forwards when several sessions share one pair.
+            around its int8 matrix multiplies: ``draft_quant``; a draft placed elsewhere is on ``draft_device``).
+            Shared and read-only: engines keep their own KV caches, and ``lock`` serialises forwards when several
+            sessions share one pair.
+        device: the target's device, where the engine's tensors live.
+        draft_device: the draft's device where it is not ``device`` (``loading.place_draft``: say the draft on
+            the CPU, the target on a GPU, so that PEARL's two lanes run at once for real); None: ``device``.
         tokenizer: the common tokenizer.
         vocab_size: logits columns used by the engine, ``min`` of the two models' output sizes (padding rows of an
             embedding matrix are never real tokens).
@@ -50,6 +54,17 @@ class ModelPair:
     packed_weights: bool = False  # float32 linears packed once for oneDNN (models/packed_weights.py)
     fused_kernels: bool = False  # norms, MLPs and rotary compiled into fused kernels (models/fused_kernels.py)
     heads: dict = field(default_factory=dict, repr=False)  # loaded EAGLE-3 heads by folder (models/head_store.py)
+    draft_device: torch.device | None = None
+
+    @property
+    def draft_at(self) -> torch.device:
+        """The device the draft model runs on."""
+        return self.draft_device or self.device
+
+    @property
+    def split(self) -> bool:
+        """The draft and the target are on different devices (their forwards can overlap for real)."""
+        return self.draft_at != self.device
 
 
 def _eos_ids(lm, tok) -> tuple[int, ...]:

@@ -55,9 +55,9 @@ def measure_forward_costs(pair, context: list[int], widths=COST_WIDTHS, repeats:
     if not context:
         raise ValueError("measuring forward costs needs a non-empty context")
     out: dict = {}
-    device = pair.device
     for role in roles:
         model = pair.target if role == "target" else pair.draft
+        device = pair.device if role == "target" else pair.draft_at
         kv = DynamicKVCache()
         with torch.inference_mode(), pair.lock:
             eager_forward(model, kv, list(context), list(range(len(context))), None, keep=1)
