@@ -265,6 +265,17 @@ def test_a_course_opens_the_index_and_plays_a_lesson_offline_in_a_real_browser(e
         page.goto(folder + f"{head.id}.html")
         page.wait_for_function("window.shownPhase === 0", timeout=60_000)
         assert page.evaluate("document.getElementById('tree')._fullLayout.margin.t") >= tree["layout"]["margin"]["t"]
+        if phone:  # the widest tree's rows each keep a label's room: the tree's box grows with its leaves
+            learns = next(lesson for lesson in LESSONS if lesson.id == "10-head-learns")
+            page.goto(folder + f"{learns.id}.html")
+            page.wait_for_function("window.shownPhase === 0", timeout=60_000)
+            spans = [p["tree"]["layout"]["yaxis"]["range"] for run in _page_data(exported, learns)["runs"]
+                     for _, p in run["phases"]]
+            widest = max(range(len(spans)), key=lambda i: spans[i][1] - spans[i][0])
+            rows = spans[widest][1] - spans[widest][0]
+            assert rows >= 10  # a head's wide level: the case the growing box is for
+            page.evaluate(f"show({widest})")
+            assert page.evaluate("document.getElementById('tree')._fullLayout._size.h") / rows >= 30
         browser.close()
     assert outside == [] and errors == []
 
