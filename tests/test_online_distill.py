@@ -208,3 +208,36 @@ def test_a_lessons_learned_run_says_what_taught_it_and_goes_on_live_with_the_hea
         lesson.runs[0].trace.steps)
     engine = engine_after_text(tiny, learned, 1)
     assert engine.trace.settings["head"]["path"] == head_dir
+
+
+def test_the_stream_experiment_pairs_the_two_heads_on_the_held_out_answers(tiny, head_dir, tmp_path, monkeypatch):
+    """``heads online``: the learned head is kept with ``save`` and loads as any head; ``paired_top1`` counts both
+    heads teacher-forced at the same answer positions (after = before + gained - lost). On an answer made of the
+    first head's own top-1 tokens, it is right everywhere, and a head that differs loses what it misses."""
+    from explorer.heads import online
+    from explorer.heads.data import target_features
+    from explorer.heads.gap import level1_logits
+
+    monkeypatch.setattr(online, "stream_prompts", lambda kind, n, held, seed: {
+        "stream": [PROMPT] * n, "held_out": {"code": ["def f(x):\n    return"], "chat": ["hello there"]}})
+    kept = tmp_path / "learned"
+    report = online.online_stream(tiny, "code", requests=2, held_out=1, lr=1e-2, every=1, max_new_tokens=12,
+                                  head=head_dir, save=str(kept), progress=lambda msg: None)
+    paired = report["paired_top1"]
+    assert set(paired) == {"code", "chat"} and all(c["positions"] >= 12 for c in paired.values())
+    assert all(c["after"] == c["before"] + c["gained"] - c["lost"] for c in paired.values())
+    learned, _ = head_for(tiny, str(kept))
+    original, _ = head_for(tiny, head_dir)
+    assert json.loads((kept / DISTILL_FILE).read_text())["version"] == 2
+    assert not torch.equal(learned.lm_head.weight, original.lm_head.weight)
+    ids, layers = tiny.tokenizer.encode(PROMPT), tuple(original.config.aux_layers(3))
+    n_prompt = len(ids)
+    for _ in range(8):  # each token the head's own top-1 at its row (the target is causal: earlier rows stay)
+        seq = target_features(tiny, ids + [0], layers)
+        ids.append(int(original.target_ids().cpu()[level1_logits(original, seq.states, seq.tokens)[-2].argmax()]))
+    answers = [{"kind": "code", "ids": ids, "prompt_tokens": n_prompt}]
+    same = online.paired_top1(tiny, original, original, answers)["code"]
+    assert same == {"positions": 8, "before": 8, "after": 8, "gained": 0, "lost": 0}
+    other = online.paired_top1(tiny, original, learned, answers)["code"]
+    assert other["before"] == 8 and other["lost"] == 8 - other["after"] and other["gained"] == 0
+    assert online.paired_top1(tiny, learned, original, answers)["code"]["gained"] == 8 - other["after"]

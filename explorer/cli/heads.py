@@ -166,7 +166,7 @@ def cmd_online(args) -> int:
         report = online_stream(pair, args.kind, requests=args.requests, held_out=args.held_out, lr=args.lr,
                                every=args.every, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                head=args.head or "", seed=args.seed, method=args.method, prompts=prompts,
-                               replay=args.replay,
+                               replay=args.replay, save=args.save or "",
                                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except (EngineError, HeadError, HeadDataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -178,6 +178,11 @@ def cmd_online(args) -> int:
         print(f"{kind:12s} first-position acceptance {b['first_acceptance']['rate']:.3f} -> "
               f"{a['first_acceptance']['rate']:.3f}, tokens/call {b['tokens_per_call']:.2f} -> "
               f"{a['tokens_per_call']:.2f}")
+    for kind, c in (report["paired_top1"] or {}).items():
+        n = max(c["positions"], 1)
+        print(f"{kind:12s} teacher-forced top-1 at {c['positions']} answer positions {c['before'] / n:.3f} -> "
+              f"{c['after'] / n:.3f} ({(c['after'] - c['before']) / n:+.3f} +- "
+              f"{(c['gained'] + c['lost']) ** 0.5 / n:.3f}, paired)")
     return 0
 
 
@@ -384,6 +389,7 @@ def add_heads_parser(sub) -> None:
                     "of the templates (the other kinds' held-out prompts stay the templates'): e.g. what heads "
                     "respond --written --write-only wrote")
     on.add_argument("--out", help="write the report (JSON) here")
+    on.add_argument("--save", help="keep the learned head (or adapter) in this folder")
     add_model_args(on)
     on.set_defaults(func=cmd_online)
     gp = hsub.add_parser("gap", help="the head's teacher-forced level-1 agreement beside its first-position "

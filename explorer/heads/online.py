@@ -24,8 +24,12 @@ from ..engine.factory import build_engine
 from ..engine.machine import head_summary
 from ..engine.online_distill_draft import DraftDistiller
 from ..engine.sampling import SamplingConfig
+from ..models.eagle3 import HeadError, load_head
+from ..models.head_store import head_for
 from ..trace.metrics import first_acceptance
 from ..trace.records import RunTrace
+from .data import target_features
+from .gap import level1_logits
 from .prompts import KINDS
 
 
@@ -58,7 +62,7 @@ def stream_prompts_from(prompts: list[tuple[str, str]], kind: str, requests: int
 def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: float = 1e-4, every: int = 8,
                   max_new_tokens: int = 48, temperature: float = 0.0, head: str = "", seed: int = 77,
                   before: dict | None = None, progress=print, method: str = "eagle",
-                  prompts: list[tuple[str, str]] | None = None, replay: int = 0) -> dict:
+                  prompts: list[tuple[str, str]] | None = None, replay: int = 0, save: str = "") -> dict:
     """The experiment of the module docstring on ``pair`` with ``method``'s drafter: ``eagle``'s head (``head``: a
     folder, empty for the shipped one), or the draft model of ``sd`` / ``mcsd`` with a LoRA adapter
     (``engine/online_distill_draft.py``; ``head`` is then an adapter folder to start from, empty for a new one); its
@@ -67,6 +71,8 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
     "history" (per stream request), "before", "after" (per held-out kind: ``first_acceptance`` pooled, and
     ``tokens_per_call``), "seconds"}``. Raises ValueError for an unknown kind, a method that cannot learn online,
     or bad settings. ``replay``: earlier requests each update learns from again (``MethodConfig.distill_replay``).
+    ``save``: a folder to keep what was learned in (``--head`` or ``--draft-adapter`` loads it). With a head, the
+    report's ``paired_top1`` compares the two heads teacher-forced on the held-out answers (``paired_top1``).
     ``prompts``: ``(kind, prompt)`` pairs to draw the stream and the held-out prompts from
     (``stream_prompts_from``) instead of the templates."""
     source = "templates" if prompts is None else "given"
@@ -84,10 +90,13 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
         engine.start(encode_prompt(pair.tokenizer, text, chat_template=True), max_new_tokens, prompt_text=text)
         return engine.run()
 
-    def held(config: MethodConfig, label: str) -> dict:
+    def held(config: MethodConfig, label: str, texts_of: list | None = None) -> dict:
         out = {}
         for k, texts in prompts["held_out"].items():
             traces = [run(config, text) for text in texts]
+            if texts_of is not None:  # the held-out answers, for the paired teacher-forced measure
+                texts_of += [{"kind": k, "ids": list(t.prompt_ids) + list(t.generated_ids),
+                              "prompt_tokens": len(t.prompt_ids)} for t in traces]
             calls = sum(s.target_calls for t in traces for s in t.steps) + len(traces)  # each run's prefill
             out[k] = {"first_acceptance": first_acceptance([s for t in traces for s in t.steps]),
                       "tokens_per_call": sum(len(t.generated_ids) for t in traces) / calls}
@@ -114,13 +123,47 @@ def online_stream(pair, kind: str, requests: int = 32, held_out: int = 8, lr: fl
         clock[0] = time.perf_counter()
         learning = base.with_(online_distill=True, distill_lr=lr, distill_every=every, distill_replay=replay)
         distiller = learn_stream(pair, prompts["stream"], learning, sampling, max_new_tokens, progress=told)
+    answers: list[dict] = []
     with tempfile.TemporaryDirectory() as folder:
-        distiller.save(folder)
-        after = held(base.with_(**{weights: folder}), "after")
+        distiller.save(save or folder)
+        after = held(base.with_(**{weights: save or folder}), "after", answers)
+        paired = None
+        if weights == "head":
+            progress("[paired] both heads teacher-forced on the held-out answers")
+            paired = paired_top1(pair, head_for(pair, head)[0], load_head(save or folder, target=pair.target),
+                                 answers)
     return {"settings": {"method": method, "kind": kind, "prompts": source, "requests": requests,
                          "held_out": held_out, "lr": lr, "every": every, "replay": replay,
                          "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                          weights: head or ("shipped" if weights == "head" else "new"), "version": distiller.version,
                          "draft_quant": pair.draft_quant},
-            "history": distiller.history, "before": before, "after": after,
+            "history": distiller.history, "before": before, "after": after, "paired_top1": paired,
             "seconds": time.perf_counter() - t0}
+
+
+def paired_top1(pair, before, after, answers: list[dict]) -> dict:
+    """Two heads' teacher-forced level-1 top-1 (``heads.gap``'s measure) at the same answer positions, paired:
+    ``answers`` ``{"kind", "ids", "prompt_tokens"}`` (the target runs once over each). Returns ``{kind: {"positions",
+    "before", "after", "gained", "lost"}}``: positions each head gets right, and those only ``after`` (gained) or
+    only ``before`` (lost) gets right. The change (after - before) / positions has the standard error sqrt(gained +
+    lost) / positions (McNemar's pairs): at the same positions it resolves far smaller changes than the engine's
+    first-position acceptance over a few prompts' steps. Raises HeadError for heads reading different layers."""
+    n_layers = pair.target.config.num_hidden_layers
+    layers = tuple(before.config.aux_layers(n_layers))
+    if tuple(after.config.aux_layers(n_layers)) != layers:
+        raise HeadError("the two heads read different target layers")
+    out: dict[str, dict] = {}
+    for a in answers:
+        seq = target_features(pair, [int(i) for i in a["ids"]], layers)
+        before_top, after_top = (h.target_ids().cpu()[level1_logits(h, seq.states, seq.tokens).argmax(-1)]
+                                 for h in (before, after))
+        c = out.setdefault(a["kind"], {"positions": 0, "before": 0, "after": 0, "gained": 0, "lost": 0})
+        for t in range(max(int(a["prompt_tokens"]) - 2, 0), seq.tokens.shape[0] - 2):  # row t drafts t + 2
+            want = int(seq.tokens[t + 2])
+            b, f = int(before_top[t]) == want, int(after_top[t]) == want
+            c["positions"] += 1
+            c["before"] += b
+            c["after"] += f
+            c["gained"] += f and not b
+            c["lost"] += b and not f
+    return out
