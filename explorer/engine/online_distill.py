@@ -156,23 +156,22 @@ class HeadDistiller(OnlineDistiller):
     Raises ValueError: ``lr`` not positive or ``every`` below 1.
     """
 
-    def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8, replay: int = 0):
+    def __init__(self, head: Eagle3Head, lr: float = 1e-4, every: int = 8):
         for p in head.parameters():  # the session's own copy: every weight learns but a tied output layer
             p.requires_grad_(p.dtype.is_floating_point)
         if head.config.lm_head_from_verifier:  # the target's rows: frozen
             head.lm_head.weight.requires_grad_(False)
-        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point and p.requires_grad], lr, every,
-                         replay)
+        super().__init__([p for p in head.parameters() if p.dtype.is_floating_point and p.requires_grad], lr, every)
         self.head = head
         self._current = RequestRecord()
 
     @classmethod
-    def for_head(cls, head: Eagle3Head, lr: float = 1e-4, every: int = 8, replay: int = 0) -> HeadDistiller:
+    def for_head(cls, head: Eagle3Head, lr: float = 1e-4, every: int = 8) -> HeadDistiller:
         """A distiller of a copy of ``head`` (float32; the target's embedding it reads stays shared, not copied)."""
         shared = {id(m): m for m in head._target_embed}
         own = copy.deepcopy(head, memo=shared).float()
         own._target_embed = head._target_embed
-        return cls(own, lr, every, replay)
+        return cls(own, lr, every)
 
     # ------------------------------------------------------------------ a request's record
 
