@@ -9,7 +9,7 @@ import torch
 
 from explorer.cli.main import main
 from explorer.heads.data import HeadDataError, Sequence, answer_masks, build, chunk, generation_prompt, load
-from explorer.heads.train import head_config, next_in_answer, train_head, ttt_loss
+from explorer.heads.train import head_config, next_in_answer, train_head, ttt_levels, ttt_loss
 from explorer.models.eagle3 import random_head
 from explorer.models.tiny import tiny_tokenizer
 
@@ -72,6 +72,30 @@ def test_the_loss_takes_only_the_counted_positions(tiny, tmp_path):
     part, _ = ttt_loss(head, seq, 2, 0.8, to_draft, answers)
     assert torch.equal(full, every) and float(none.detach()) == 0.0 and agree == [0.0, 0.0]
     assert 0 < int(answers.sum()) < n and float(part.detach()) != float(full.detach())
+    # the output layer runs on the counted rows alone: the same loss and gradients as every row's logits masked
+    head.zero_grad()
+    part.backward()
+    grads = {k: p.grad.clone() for k, p in head.named_parameters() if p.grad is not None}
+    head.zero_grad()
+    reference = _masked_loss(head, seq, 2, 0.8, to_draft, answers)
+    reference.backward()
+    assert torch.allclose(part, reference, atol=1e-6) and grads
+    for k, p in head.named_parameters():
+        if k in grads:
+            assert torch.allclose(grads[k], p.grad, atol=1e-6), k
+
+
+def _masked_loss(head, seq, ttt, decay, to_draft, counted):
+    """``ttt_loss`` as written first: every row's logits, the rows that do not count masked out afterwards."""
+    total = torch.zeros(())
+    for j, logits in enumerate(ttt_levels(head, seq, ttt), start=1):
+        rows = logits.shape[0]
+        draft = to_draft[seq.label_ids[j:j + rows]]
+        label = torch.zeros_like(logits).scatter_add_(1, draft.clamp(min=0), seq.label_probs[j:j + rows] * (draft >= 0))
+        valid = (draft[:, 0] >= 0) & (label.sum(-1) > 0) & counted[j:j + rows]
+        label = label[valid] / label[valid].sum(-1, keepdim=True)
+        total = total + decay ** (j - 1) * -(label * logits[valid].log_softmax(-1)).sum(-1).mean()
+    return total
 
 
 def test_training_on_answers_skips_prompt_only_chunks_and_keeps_its_setting(tiny, tmp_path):

@@ -159,12 +159,15 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int = 20) -> float
     return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def ttt_levels(head: Eagle3Head, seq: Sequence, ttt: int) -> list[torch.Tensor]:
+def ttt_levels(head: Eagle3Head, seq: Sequence, ttt: int,
+               keep: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """The head's draft-vocabulary logits at every training-time-test level of one sequence (module docstring):
     level j's row t (t < n - ttt) reads the token at t + j and, as its feature, level j - 1's output at row t (the
     target's features at level 1); it sits at position t + j - 1 and sees the level-1 rows 0 .. t and its own
-    chain's rows of the earlier levels, as the drafter's tree rows do. Returns ``ttt`` tensors ``(n - ttt,
-    draft_vocab)`` float32."""
+    chain's rows of the earlier levels, as the drafter's tree rows do. ``keep``: per level a bool ``(n - ttt,)``,
+    the rows whose logits are wanted (the output layer, up to half a tied head's step, runs on those alone; every
+    row still feeds the next level). Returns ``ttt`` tensors ``(n - ttt, draft_vocab)`` float32, or ``(kept rows,
+    draft_vocab)`` with ``keep``."""
     n = seq.tokens.shape[0]
     rows = n - ttt  # every level reads rows 0 .. rows - 1 (their tokens and labels exist at every level)
     if rows < 1:
@@ -177,8 +180,8 @@ def ttt_levels(head: Eagle3Head, seq: Sequence, ttt: int) -> list[torch.Tensor]:
     out = []
     for j in range(1, ttt + 1):
         mask = torch.cat([tril] + [eye] * (j - 1), dim=1)
-        logits, g = head(seq.tokens[j:j + rows].to(device), g, t + (j - 1), cache, mask)
-        out.append(logits)
+        g = head.step(seq.tokens[j:j + rows].to(device), g, t + (j - 1), cache, mask)
+        out.append(head.logits(g if keep is None else g[keep[j - 1]]))
     return out
 
 
@@ -190,22 +193,26 @@ def ttt_loss(head: Eagle3Head, seq: Sequence, ttt: int, decay: float, to_draft: 
     target id, -1 outside the draft vocabulary; ``counted``: bool ``(n,)``, the positions whose next token the loss
     takes (``next_in_answer``; default all). Returns the loss (a scalar with gradients) and the agreements."""
     device = head.fc.weight.device
-    total, agree = torch.zeros((), device=device), []
-    for j, logits in enumerate(ttt_levels(head, seq, ttt), start=1):
-        rows = logits.shape[0]
+    rows = seq.tokens.shape[0] - ttt
+    drafts, valids = [], []  # per level: the labels' draft ids and the rows the loss takes, known before the head runs
+    for j in range(1, ttt + 1):
         ids, probs = seq.label_ids[j:j + rows].to(device), seq.label_probs[j:j + rows].to(device)
         draft = to_draft[ids]  # (rows, K) draft ids, -1 outside
-        label = torch.zeros_like(logits).scatter_add_(1, draft.clamp(min=0), probs * (draft >= 0))
-        valid = (draft[:, 0] >= 0) & (label.sum(-1) > 0)
+        valid = (draft[:, 0] >= 0) & ((probs * (draft >= 0)).sum(-1) > 0)
         if counted is not None:
             valid &= counted[j:j + rows].to(device)
-        if not bool(valid.any()):
+        drafts.append((draft[valid], probs[valid]))
+        valids.append(valid)
+    total, agree = torch.zeros((), device=device), []
+    for j, logits in enumerate(ttt_levels(head, seq, ttt, keep=valids), start=1):
+        draft, probs = drafts[j - 1]
+        if not draft.shape[0]:
             agree.append(0.0)
             continue
-        label = label[valid] / label[valid].sum(-1, keepdim=True)
-        logp = logits[valid].log_softmax(-1)
-        total = total + decay ** (j - 1) * -(label * logp).sum(-1).mean()
-        agree.append(float((logits[valid].argmax(-1) == draft[valid, 0]).float().mean()))
+        label = torch.zeros_like(logits).scatter_add_(1, draft.clamp(min=0), probs * (draft >= 0))
+        label = label / label.sum(-1, keepdim=True)
+        total = total + decay ** (j - 1) * -(label * logits.log_softmax(-1)).sum(-1).mean()
+        agree.append(float((logits.argmax(-1) == draft[:, 0]).float().mean()))
     return total, agree
 
 
@@ -220,13 +227,14 @@ def held_out_agreement(head: Eagle3Head, data: list[Sequence], ttt: int, to_draf
         for i, seq in enumerate(data):
             if seq.tokens.shape[0] <= ttt:
                 continue
-            for j, logits in enumerate(ttt_levels(head, seq, ttt), start=1):
-                draft = to_draft[seq.label_ids[j:j + logits.shape[0], 0].to(device)]
-                valid = draft >= 0
-                if counted is not None:
-                    valid &= counted[i][j:j + logits.shape[0]].to(device)
-                hits[j - 1] += int((logits.argmax(-1)[valid] == draft[valid]).sum())
-                counts[j - 1] += int(valid.sum())
+            rows = seq.tokens.shape[0] - ttt
+            drafts = [to_draft[seq.label_ids[j:j + rows, 0].to(device)] for j in range(1, ttt + 1)]
+            valids = [d >= 0 for d in drafts]
+            if counted is not None:
+                valids = [v & counted[i][j:j + rows].to(device) for j, v in enumerate(valids, start=1)]
+            for j, logits in enumerate(ttt_levels(head, seq, ttt, keep=valids), start=1):
+                hits[j - 1] += int((logits.argmax(-1) == drafts[j - 1][valids[j - 1]]).sum())
+                counts[j - 1] += int(valids[j - 1].sum())
     return [round(h / max(c, 1), 4) for h, c in zip(hits, counts)]
 
 

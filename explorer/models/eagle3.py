@@ -370,8 +370,18 @@ class Eagle3Head(nn.Module):
         """One head step over ``rows``: ``tokens`` int64 ``(rows,)`` (the token after each feature's position),
         ``g`` ``(rows, H)``, ``positions`` int64 ``(rows,)``, ``mask`` as ``HeadLayer.forward``. Returns the
         draft-vocabulary logits ``(rows, draft_vocab)`` float32 and the next g ``(rows, H)`` (before the norm)."""
-        out = self.midlayer(self.embed(tokens), g, positions, cache, mask)
-        return self.lm_head(self.norm(out)).float(), out
+        out = self.step(tokens, g, positions, cache, mask)
+        return self.logits(out), out
+
+    def step(self, tokens: torch.Tensor, g: torch.Tensor, positions: torch.Tensor, cache: HeadCache,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``forward`` without the output layer: the next g ``(rows, H)`` (before the norm), for training, which
+        needs the logits of only some rows (``heads.train.ttt_levels``)."""
+        return self.midlayer(self.embed(tokens), g, positions, cache, mask)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """``(rows, H)`` layer outputs (``step``) -> draft-vocabulary logits ``(rows, draft_vocab)`` float32."""
+        return self.lm_head(self.norm(out)).float()
 
     def set_target_ids(self, ids: torch.Tensor) -> None:
         """Map draft id i to target id ``ids[i]`` (int64 ``(draft_vocab,)``): ``d2t`` and ``t2d`` follow. Raises
