@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from .online_distill import MAX_BUFFERED
 from .methods import METHOD_LABELS, METHOD_SPECS, METHODS  # noqa: F401  (re-exported: the UI and CLI read them)
 from .policies.cost_ratio import COST_RATIO_MODES
 from .policies.fallback import FALLBACK_MODES
@@ -18,6 +17,7 @@ from .tree import TreeShapeError, parse_k_config, parse_tree_template, rank_deca
 from .verify.registry import VERIFIER_REGISTRY, names, view
 
 MAX_TREE_NODES = 512
+MAX_BUFFERED = 64  # online distillation: requests' records held between two updates at most (the oldest go first)
 FREE_ROWS_CPU = 32
 """Free branches fill a step's tree to at most this many target rows on the CPU. Measured here (bf16 target, 2
 cores, oneDNN; docs/bench.md): a forward of 1 / 16 / 32 / 33 / 40 / 64 rows takes 201 / 215 / 234 / 283 / 302 / 336

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 
 from ..models.eagle3 import Eagle3Head, HeadCache, save_head
+from .config import MAX_BUFFERED
 
 LABEL_K = 32  # the target's best tokens kept per rejection (as the head's training data keeps them)
-MAX_BUFFERED = 64  # requests' records held between two updates at most (the oldest go first)
 DISTILL_FILE = "distill.json"
 
 
