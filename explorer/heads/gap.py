@@ -43,14 +43,20 @@ def level1_logits(head, states: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
     return logits.float().cpu()
 
 
+def answer_rows(tokens: torch.Tensor, n_prompt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher-forced rows that draft an answer's tokens (``tokens[n_prompt:]``, int64 ``(n,)``): row t's level
+    1 drafts position t + 2. Returns the rows and the tokens they should draft, int64 ``(answer positions,)`` each."""
+    rows = torch.arange(max(n_prompt - 2, 0), max(tokens.shape[0] - 2, 0))
+    return rows, tokens[rows + 2]
+
+
 def _count_answer(c: dict, top: torch.Tensor, tokens: torch.Tensor, n_prompt: int, in_vocab: torch.Tensor) -> None:
-    """Add to ``c`` the teacher-forced counts of every answer position (``tokens[n_prompt:]``): ``top`` the head's
-    best target ids by row (``(n - 1, k)``), ``in_vocab`` bool ``(vocab,)`` (``t2d``)."""
-    for t in range(max(n_prompt - 2, 0), tokens.shape[0] - 2):  # row t drafts position t + 2
-        want = int(tokens[t + 2])
-        c["positions"] += 1
-        c["top1"] += int(top[t, 0]) == want
-        c["oov"] += not bool(in_vocab[want])
+    """Add to ``c`` the teacher-forced counts of every answer position (``answer_rows``): ``top`` the head's best
+    target ids by row (``(n - 1, k)``), ``in_vocab`` bool ``(vocab,)`` (``t2d``)."""
+    rows, want = answer_rows(tokens, n_prompt)
+    c["positions"] += int(rows.shape[0])
+    c["top1"] += int((top[rows, 0] == want).sum())
+    c["oov"] += int((~in_vocab[want].bool()).sum())
 
 
 def teacher_forced(pair, heads: dict, answers: list[dict]) -> dict:

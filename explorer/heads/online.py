@@ -29,7 +29,7 @@ from ..models.head_store import head_for
 from ..trace.metrics import first_acceptance
 from ..trace.records import RunTrace
 from .data import target_features
-from .gap import level1_logits
+from .gap import answer_rows, level1_logits
 from .prompts import KINDS
 
 
@@ -157,13 +157,10 @@ def paired_top1(pair, before, after, answers: list[dict]) -> dict:
         seq = target_features(pair, [int(i) for i in a["ids"]], layers)
         before_top, after_top = (h.target_ids().cpu()[level1_logits(h, seq.states, seq.tokens).argmax(-1)]
                                  for h in (before, after))
+        rows, want = answer_rows(seq.tokens, int(a["prompt_tokens"]))
+        b, f = before_top[rows] == want, after_top[rows] == want
         c = out.setdefault(a["kind"], {"positions": 0, "before": 0, "after": 0, "gained": 0, "lost": 0})
-        for t in range(max(int(a["prompt_tokens"]) - 2, 0), seq.tokens.shape[0] - 2):  # row t drafts t + 2
-            want = int(seq.tokens[t + 2])
-            b, f = int(before_top[t]) == want, int(after_top[t]) == want
-            c["positions"] += 1
-            c["before"] += b
-            c["after"] += f
-            c["gained"] += f and not b
-            c["lost"] += b and not f
+        for key, value in (("positions", rows.shape[0]), ("before", b.sum()), ("after", f.sum()),
+                           ("gained", (f & ~b).sum()), ("lost", (b & ~f).sum())):
+            c[key] += int(value)
     return out
