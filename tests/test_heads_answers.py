@@ -119,3 +119,16 @@ def test_training_on_answers_skips_prompt_only_chunks_and_keeps_its_setting(tiny
                  "--draft-vocab", "64", "--intermediate", "32", "--steps", "2", "--ttt", "2", "--save-every", "2",
                  "--loss-on", "answers", "--quiet"]) == 0
     assert json.loads((tmp_path / "cli" / "card.json").read_text())["loss_on"] == "answers"
+
+
+def test_a_sequence_whose_answer_lies_outside_the_draft_vocabulary_is_passed_over(tiny, tmp_path):
+    """Its loss has no position to take (``ttt_loss`` returns a constant): the step updates nothing instead of
+    failing, as a 16,384-token head's run never met but a small draft vocabulary on short answers does."""
+    tok = tiny.tokenizer
+    common = _chat(tok, "Say it.", "the cat sat on the mat. " * 20)
+    rare = _chat(tok, "Say it.", "Zyx qwv!")
+    data = build(tiny, chunk([tok.encode(common), tok.encode(rare)], 256), (0, 1, 2), tmp_path / "data",
+                 progress=False)
+    card = train_head(tiny, data, tmp_path / "head", draft_vocab=12, intermediate=32, steps=4, lr=3e-3, ttt=2,
+                      save_every=4, progress=False, loss_on="answers", vocab_data_share=1.0)
+    assert card["steps"] == 4 and card["sequences"] >= 2

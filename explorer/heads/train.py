@@ -403,10 +403,11 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             group["lr"] = learning_rate(step, steps, lr)
         with _autocast(device, autocast):
             loss, agree = ttt_loss(head, seq, ttt, decay, to_draft, seq_counted)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, clip)
-        opt.step()
+        if loss.requires_grad:  # else no position the loss takes has its label in the draft vocabulary: no update
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, clip)
+            opt.step()
         recent = (recent + [(float(loss.detach()), agree)])[-50:]
         bar.update(1)
         bar.set_postfix(loss=f"{sum(r[0] for r in recent) / len(recent):.3f}")
