@@ -133,11 +133,13 @@ def test_a_learned_head_stays_lossless(tiny, head_dir):
         engine, _ = _request(tiny, _config(head_dir, distill_lr=1e-2), distiller, temperature=1.0, seed=seed)
         distiller = engine.parts.distiller
     assert distiller.version == 3
-    config = _config(head_dir, distill_every=8, head_topk=3)
+    # No update inside the audit: a sample that ends its run (EOS, or a whole tree accepted) ends a request, and how
+    # many do depends on the online tree's timings; every 1,000 requests keeps the learned version for 400 samples.
+    config = _config(head_dir, distill_every=1000, head_topk=3)
     engine = build_engine(tiny, config, SamplingConfig(temperature=1.0, seed=55_000), distiller=distiller)
     r = audit_engine(engine, tiny.tokenizer.encode("def f(x):\n    return"), 400)
     assert r.first.p_value > 0.001 and r.pairs.p_value > 0.001, (r.first.p_value, r.pairs.p_value)
-    assert {s.drafter["head"]["version"] for s in engine.trace.steps if "head" in s.drafter} == {3}  # the learned
+    assert {s.drafter["head"]["version"] for s in engine.trace.steps if "head" in s.drafter} == {3}  # the learned one
 
 
 def test_a_learned_head_saves_and_loads_as_any_head(tiny, head_dir, tmp_path, capsys):
