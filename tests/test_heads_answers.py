@@ -9,6 +9,7 @@ import torch
 
 from explorer.cli.main import main
 from explorer.heads.data import HeadDataError, Sequence, answer_masks, build, chunk, generation_prompt, load
+from explorer.heads import train as train_module
 from explorer.heads.train import head_config, next_in_answer, train_head, ttt_levels, ttt_loss
 from explorer.models.eagle3 import random_head
 from explorer.models.tiny import tiny_tokenizer
@@ -121,9 +122,18 @@ def test_training_on_answers_skips_prompt_only_chunks_and_keeps_its_setting(tiny
     assert json.loads((tmp_path / "cli" / "card.json").read_text())["loss_on"] == "answers"
 
 
-def test_a_sequence_whose_answer_lies_outside_the_draft_vocabulary_is_passed_over(tiny, tmp_path):
+def test_a_sequence_whose_answer_lies_outside_the_draft_vocabulary_is_passed_over(tiny, tmp_path, monkeypatch):
     """Its loss has no position to take (``ttt_loss`` returns a constant): the step updates nothing instead of
-    failing, as a 16,384-token head's run never met but a small draft vocabulary on short answers does."""
+    failing, as a 16,384-token head's run never met but a small draft vocabulary on short answers does, and records
+    nothing: the saved training loss is the mean of the steps that took a position."""
+    losses = []
+
+    def spy(*args, **kwargs):
+        loss, agree = ttt_loss(*args, **kwargs)
+        losses.append(float(loss.detach()) if loss.requires_grad else None)
+        return loss, agree
+
+    monkeypatch.setattr(train_module, "ttt_loss", spy)
     tok = tiny.tokenizer
     common = _chat(tok, "Say it.", "the cat sat on the mat. " * 20)
     rare = _chat(tok, "Say it.", "Zyx qwv!")
@@ -132,3 +142,7 @@ def test_a_sequence_whose_answer_lies_outside_the_draft_vocabulary_is_passed_ove
     card = train_head(tiny, data, tmp_path / "head", draft_vocab=12, intermediate=32, steps=4, lr=3e-3, ttt=2,
                       save_every=4, progress=False, loss_on="answers", vocab_data_share=1.0)
     assert card["steps"] == 4 and card["sequences"] >= 2
+    taken = [x for x in losses if x is not None]
+    assert len(losses) == 4 and None in losses and taken  # both kinds of step ran
+    state = json.loads((tmp_path / "head" / "train_state.json").read_text())
+    assert state["history"][-1]["loss"] == pytest.approx(sum(taken) / len(taken), abs=1e-4)

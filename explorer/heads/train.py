@@ -403,14 +403,15 @@ def train_head(pair, data_folder: str | Path | list[str | Path], out: str | Path
             group["lr"] = learning_rate(step, steps, lr)
         with _autocast(device, autocast):
             loss, agree = ttt_loss(head, seq, ttt, decay, to_draft, seq_counted)
-        if loss.requires_grad:  # else no position the loss takes has its label in the draft vocabulary: no update
-            opt.zero_grad(set_to_none=True)
+        if loss.requires_grad:  # else no position the loss takes has its label in the draft vocabulary: no update,
+            opt.zero_grad(set_to_none=True)  # and nothing recorded (its 0 loss and agreement would skew the card's)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
-        recent = (recent + [(float(loss.detach()), agree)])[-50:]
+            recent = (recent + [(float(loss.detach()), agree)])[-50:]
         bar.update(1)
-        bar.set_postfix(loss=f"{sum(r[0] for r in recent) / len(recent):.3f}")
+        if recent:
+            bar.set_postfix(loss=f"{sum(r[0] for r in recent) / len(recent):.3f}")
         if (step + 1) % save_every == 0 or step + 1 == steps:
             held = held_out_agreement(head, held_out, ttt, to_draft, autocast, held_counted) if held_out else None
             dtype = save_dtype or next(pair.target.parameters()).dtype
