@@ -24,7 +24,11 @@ W=${WORK:-/tmp/head-work}
 SHIPPED=assets/heads/qwen2.5-coder-1.5b-instruct
 INIT=${INIT-$SHIPPED}
 LAYERS=${LAYERS:-2,14,27}
-if [ -n "$INIT" ]; then shape=(--init "$INIT" --tie-lm-head --grow-vocab 16384); else shape=(--draft-vocab "${DRAFT_VOCAB:-16384}" --tie-lm-head); fi
+if [ -n "$INIT" ]; then
+  shape=(--init "$INIT" --tie-lm-head --grow-vocab 16384)
+else
+  shape=(--draft-vocab "${DRAFT_VOCAB:-16384}" --tie-lm-head)
+fi
 mkdir -p "$R" "$W"
 NEW="$W/new.jsonl"
 written=(--written --write-temperature 0.8)
@@ -35,17 +39,18 @@ if [ "$WHAT" != train ]; then
   gzip -c "$NEW" > "$R/new-train.jsonl.gz"
 fi
 if [ "$WHAT" != respond ]; then
+  features() {  # TEXTS NAME: the target's features of TEXTS cached in WORK/features/NAME (reused when it matches)
+    "$PY" -m explorer heads features --models "$MODELS" --device "$DEVICE" --texts "$1" --data "$W/features/$2" \
+      --layers "$LAYERS" --quiet
+  }
   data=()
   for f in "$SHIPPED"/responses/w[0-9]*-train.jsonl.gz; do
     s=$(basename "$f" -train.jsonl.gz)
-    "$PY" -m explorer heads features --models "$MODELS" --device "$DEVICE" --texts "$f" --data "$W/features/$s" \
-      --layers "$LAYERS" --quiet
+    features "$f" "$s"
     data+=(--data "$W/features/$s")
   done
-  "$PY" -m explorer heads features --models "$MODELS" --device "$DEVICE" --texts "$NEW" --data "$W/features/new" \
-    --layers "$LAYERS" --quiet
-  "$PY" -m explorer heads features --models "$MODELS" --device "$DEVICE" --data "$W/features/stop" --layers "$LAYERS" \
-    --texts assets/heads/gap/stop-answers.jsonl.gz --quiet
+  features "$NEW" new
+  features assets/heads/gap/stop-answers.jsonl.gz stop
   "$PY" -m explorer heads train --models "$MODELS" --device "$DEVICE" --train-device "$DEVICE" "${shape[@]}" \
     "${data[@]}" --data "$W/features/new" --eval-data "$W/features/stop" --ttt 4 \
     --epochs "${EPOCHS:-3}" --lr 1e-4 --save-every 150 --patience 4 --loss-on answers --out "$W/head" --quiet
